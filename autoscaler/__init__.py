@@ -1,0 +1,1 @@
+"""autoscaler package of faro-serve."""

@@ -1,0 +1,1 @@
+"""deployments package of faro-serve."""

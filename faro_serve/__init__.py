@@ -1,0 +1,2 @@
+"""faro-serve: SLO-aware autoscaling for multi-model Ray Serve clusters."""
+__version__ = "0.1.0"

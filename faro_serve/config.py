@@ -1,0 +1,160 @@
+"""SLO and cluster schema: one pydantic model for Python, YAML and JSON (paper Table 4).
+
+Units are the ones people write: milliseconds for latencies, seconds for intervals, CPUs
+and GiB for resources. The engine converts to seconds internally.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Objective = Literal["sum", "fair", "fair_sum", "penalty_sum", "penalty_fair_sum"]
+Estimator = Literal["mdc", "upper", "mdc-exact"]
+
+
+class ConfigError(ValueError):
+    """A configuration file or object is invalid; the message names field, value and reason."""
+
+
+class ModelSLO(BaseModel):
+    """One served model and its latency SLO."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64,
+                      description="unique model name (letters, digits, '_', '-', '.')")
+    slo_ms: float = Field(gt=0, description="latency target in milliseconds")
+    percentile: float = Field(99.0, gt=0, lt=100, description="SLO percentile k, e.g. 99")
+    priority: float = Field(1.0, gt=0, description="weight pi in the sum objectives")
+    min_replicas: int = Field(1, ge=1, description="never scaled below this")
+    max_replicas: int = Field(100, ge=1, description="never scaled above this")
+    cpus: float = Field(1.0, gt=0, description="vCPU per replica")
+    memory_gb: float = Field(1.0, gt=0, description="GiB of memory per replica")
+    processing_ms: float | None = Field(None, gt=0, description="prior per-request processing "
+                                        "time; replaced by measurements at run time")
+    allow_drop: bool = Field(True, description="penalty objectives may drop this model's requests")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "ModelSLO":
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) is below min_replicas "
+                             f"({self.min_replicas})")
+        if self.processing_ms is not None and self.processing_ms >= self.slo_ms:
+            raise ValueError(f"processing_ms ({self.processing_ms:g}) must be below slo_ms "
+                             f"({self.slo_ms:g}): no replica count could meet the SLO")
+        return self
+
+
+class ClusterSpec(BaseModel):
+    """The fixed-size cluster and the autoscaler's settings (paper sections 3.2, 4.4)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus: float = Field(gt=0, description="total vCPU the models may use")
+    memory_gb: float | None = Field(None, gt=0, description="total GiB; None = not binding")
+    objective: Objective = "fair_sum"
+    gamma: float | None = Field(None, ge=0, description="fairness weight; default = number of models")
+    alpha: float = Field(1.0, gt=0, description="utility exponent")
+    rho_max: float = Field(0.95, gt=0, lt=1, description="relaxation knob of M/D/c")
+    groups: int | None = Field(None, ge=1, description="hierarchical groups G; default 1 "
+                               "below 50 models, 10 from 50")
+    estimator: Estimator = "mdc"
+    long_term_interval_s: float = Field(300.0, gt=0)
+    window_s: float = Field(420.0, gt=0)
+    cold_start_s: float = Field(65.0, ge=0)
+    reactive_interval_s: float = Field(10.0, gt=0)
+    reactive_trigger_s: float = Field(30.0, gt=0)
+    fair_tiebreak: float = Field(1e-3, ge=0, description="weight of mean utility added to "
+                                 "'fair' so equally fair allocations prefer more utility")
+    shrink: bool = Field(True, description="run the shrink pass (paper section 4.3)")
+    solver: Literal["nlopt", "scipy"] = Field("nlopt", description="COBYLA implementation: "
+                                              "NLopt (compiled) or scipy.optimize (pure Python)")
+    seed: int = 0
+
+    def resolved_gamma(self, n_models: int) -> float:
+        return float(n_models) if self.gamma is None else float(self.gamma)
+
+    def resolved_groups(self, n_models: int) -> int:
+        g = self.groups if self.groups is not None else (1 if n_models < 50 else 10)
+        return max(1, min(g, n_models))
+
+
+class FaroConfig(BaseModel):
+    """A cluster and its models, as written in YAML/JSON or built in Python."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cluster: ClusterSpec
+    models: list[ModelSLO] = Field(min_length=1)
+
+    @field_validator("models")
+    @classmethod
+    def _unique(cls, models: list[ModelSLO]) -> list[ModelSLO]:
+        seen: set[str] = set()
+        for m in models:
+            if m.name in seen:
+                raise ValueError(f"model name {m.name!r} appears twice")
+            seen.add(m.name)
+        return models
+
+    @model_validator(mode="after")
+    def _minimums_fit(self) -> "FaroConfig":
+        check_minimums_fit(self.models, self.cluster.cpus, self.cluster.memory_gb)
+        return self
+
+
+def check_minimums_fit(models, cpus: float, memory_gb: float | None) -> None:
+    """Raise ValueError when the models' minimum replicas alone exceed the capacity."""
+    need_cpu = sum(m.min_replicas * m.cpus for m in models)
+    if need_cpu > cpus + 1e-9:
+        raise ValueError(f"the models' min_replicas need {need_cpu:g} CPUs but the cluster "
+                         f"has {cpus:g}")
+    if memory_gb is not None:
+        need_mem = sum(m.min_replicas * m.memory_gb for m in models)
+        if need_mem > memory_gb + 1e-9:
+            raise ValueError(f"the models' min_replicas need {need_mem:g} GiB but the cluster "
+                             f"has {memory_gb:g}")
+
+
+def format_validation_error(err: ValidationError, source: str = "") -> str:
+    """One line per problem: where (dotted path), the value given, and why."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e.get("loc", ())) or "(top level)"
+        msg = e.get("msg", "invalid").removeprefix("Value error, ")
+        val = e.get("input")
+        shown = "" if isinstance(val, (dict, list)) or val is None else f" (got {val!r})"
+        lines.append(f"{loc}: {msg}{shown}")
+    head = f"invalid configuration{f' in {source}' if source else ''}:"
+    return head + "\n  " + "\n  ".join(lines)
+
+
+def parse_config(data: Any, source: str = "") -> FaroConfig:
+    """Validate a dict into a :class:`FaroConfig`, raising :class:`ConfigError` with a clear message."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid configuration{f' in {source}' if source else ''}: expected a "
+                          f"mapping with 'cluster' and 'models', got {type(data).__name__}")
+    try:
+        return FaroConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def load_document(path: str | Path) -> Any:
+    """Read a YAML or JSON file, raising :class:`ConfigError` when it cannot be read or parsed."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read {p}: {err.strerror or err}") from None
+    try:
+        if p.suffix.lower() == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot parse {p}: {err}") from None

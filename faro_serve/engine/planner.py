@@ -1,0 +1,235 @@
+"""``plan(...)``: the one entry point of the Faro decision engine (paper sections 3-4).
+
+The live autoscaler and the simulator both call exactly this. It turns SLOs, forecasts
+(samples x window steps of request rates) and the current replicas into an
+:class:`Allocation`: per-model replicas and drop rates, with predicted latency and utility.
+With ``G > 1`` groups it solves the hierarchical problem of section 3.4: random groups act
+as single jobs (summed rates, mean processing time), then each group's share is split
+among its models by the same solver.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..config import ClusterSpec, ModelSLO, check_minimums_fit
+from .latency import ESTIMATORS, latency
+from .problem import JobInput, Problem, build_problem
+from .solver import solve
+from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
+
+
+@dataclass
+class ModelDecision:
+    name: str
+    replicas: int
+    current: int
+    drop_rate: float
+    utility: float  # predicted window utility (relaxed, cold start included)
+    effective_utility: float  # phi(d) * utility
+    latency_ms: float  # estimated percentile latency at the window's mean forecast rate
+    arrival_rate: float  # window mean forecast, requests/s
+    processing_ms: float
+    slo_ms: float
+
+
+@dataclass
+class Allocation:
+    objective: str
+    objective_value: float
+    decisions: list[ModelDecision]
+    solve_ms: float
+    groups: int
+    evaluations: int
+    cpus_used: float
+    memory_used_gb: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def replicas(self) -> dict[str, int]:
+        return {d.name: d.replicas for d in self.decisions}
+
+    @property
+    def drop_rates(self) -> dict[str, float]:
+        return {d.name: d.drop_rate for d in self.decisions}
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for d in out["decisions"]:
+            if not np.isfinite(d["latency_ms"]):
+                d["latency_ms"] = None  # JSON has no infinity
+        return out
+
+
+def normalise_rates(value, name: str) -> np.ndarray:
+    """A forecast as a (samples, steps) array of non-negative requests/s.
+
+    Accepts a number (constant rate), a 1-D sequence (samples of a rate constant over the
+    window) or a 2-D (samples x steps) array.
+    """
+    arr = np.asarray(value, dtype=float)
+    if arr.ndim == 0:
+        arr = arr.reshape(1, 1)
+    elif arr.ndim == 1:
+        arr = arr.reshape(-1, 1)
+    elif arr.ndim != 2:
+        raise ValueError(f"forecast for {name!r} must be a number, a list of samples or a "
+                         f"samples x steps array, got {arr.ndim} dimensions")
+    if arr.size == 0:
+        raise ValueError(f"forecast for {name!r} is empty")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"forecast for {name!r} contains NaN or infinity")
+    if np.any(arr < 0):
+        raise ValueError(f"forecast for {name!r} contains negative rates")
+    return arr
+
+
+def _lookup(mapping, models: Sequence[ModelSLO], what: str, default=None):
+    if mapping is None:
+        return [default] * len(models)
+    if isinstance(mapping, Mapping):
+        unknown = set(mapping) - {m.name for m in models}
+        if unknown:
+            raise ValueError(f"{what} names unknown models: {', '.join(sorted(unknown))}")
+        return [mapping.get(m.name, default) for m in models]
+    seq = list(mapping)
+    if len(seq) != len(models):
+        raise ValueError(f"{what} has {len(seq)} entries for {len(models)} models")
+    return seq
+
+
+def _jobs(models, forecasts, current, processing_ms, cluster) -> list[JobInput]:
+    fc = _lookup(forecasts, models, "forecasts")
+    cur = _lookup(current, models, "current_replicas")
+    proc = _lookup(processing_ms, models, "processing_ms")
+    jobs = []
+    for m, f, c, p in zip(models, fc, cur, proc):
+        if f is None:
+            raise ValueError(f"no forecast for model {m.name!r}")
+        p_ms = p if p is not None else m.processing_ms
+        if p_ms is None or not np.isfinite(p_ms) or p_ms <= 0:
+            raise ValueError(f"model {m.name!r} has no processing time: set processing_ms in its "
+                             f"SLO or pass a measured value")
+        c = m.min_replicas if c is None else int(c)
+        if c < 0:
+            raise ValueError(f"current replicas of {m.name!r} is negative ({c})")
+        jobs.append(JobInput(name=m.name, rates=normalise_rates(f, m.name), proc_s=p_ms / 1e3,
+                             slo_s=m.slo_ms / 1e3, quantile=m.percentile / 100.0,
+                             priority=m.priority, cpus=m.cpus, memory_gb=m.memory_gb,
+                             min_replicas=m.min_replicas, max_replicas=m.max_replicas,
+                             current=c, can_drop=m.allow_drop))
+    return jobs
+
+
+def _problem(jobs, cluster: ClusterSpec, cap_cpus, cap_mem, gamma) -> Problem:
+    return build_problem(jobs, cap_cpus=cap_cpus, cap_mem=cap_mem, kind=cluster.objective,
+                         gamma=gamma, alpha=cluster.alpha, rho_max=cluster.rho_max,
+                         estimator=cluster.estimator, window_s=cluster.window_s,
+                         cold_start_s=cluster.cold_start_s, fair_tiebreak=cluster.fair_tiebreak)
+
+
+def _group_job(members: list[JobInput], k: int) -> JobInput:
+    shapes = {m.rates.shape for m in members}
+    n_s = max(s[0] for s in shapes)
+    n_t = max(s[1] for s in shapes)
+    try:
+        rates = sum(np.broadcast_to(m.rates, (n_s, n_t)) for m in members)
+    except ValueError:
+        raise ValueError("grouped models need forecasts of compatible shapes "
+                         f"(got {sorted(shapes)})") from None
+    return JobInput(name=f"group{k}", rates=np.array(rates), proc_s=float(np.mean([m.proc_s for m in members])),
+                    slo_s=float(np.mean([m.slo_s for m in members])),
+                    quantile=max(m.quantile for m in members),
+                    priority=float(sum(m.priority for m in members)),
+                    cpus=float(np.mean([m.cpus for m in members])),
+                    memory_gb=float(np.mean([m.memory_gb for m in members])),
+                    min_replicas=sum(m.min_replicas for m in members),
+                    max_replicas=sum(m.max_replicas for m in members),
+                    current=sum(m.current for m in members),
+                    can_drop=any(m.can_drop for m in members))
+
+
+def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: ClusterSpec, *,
+         processing_ms=None, capacity_cpus: float | None = None,
+         capacity_memory_gb: float | None = None) -> Allocation:
+    """Decide every model's replicas and drop rate for the next window.
+
+    ``forecasts``: per model (mapping by name, or a sequence in model order) a rate in
+    requests/s, a list of samples, or a samples x steps array over the window.
+    ``current_replicas``: per model (mapping or sequence; missing = min replicas).
+    ``processing_ms``: measured per-request processing times overriding the SLO priors.
+    ``capacity_*``: the capacity available now (e.g. from the Ray cluster), capped by the
+    configured one. Raises ValueError on inconsistent input.
+    """
+    t0 = time.perf_counter()
+    models = list(models)
+    if not models:
+        raise ValueError("plan needs at least one model")
+    cap_cpus = cluster.cpus if capacity_cpus is None else min(cluster.cpus, capacity_cpus)
+    cap_mem = cluster.memory_gb
+    if capacity_memory_gb is not None:
+        cap_mem = capacity_memory_gb if cap_mem is None else min(cap_mem, capacity_memory_gb)
+    check_minimums_fit(models, cap_cpus, cap_mem)
+    jobs = _jobs(models, forecasts, current_replicas, processing_ms, cluster)
+    n = len(jobs)
+    n_groups = cluster.resolved_groups(n)
+    gamma = cluster.resolved_gamma(n)
+    notes: list[str] = []
+    evals = 0
+    if n_groups <= 1:
+        prob = _problem(jobs, cluster, cap_cpus, cap_mem, gamma)
+        x, d, evals = solve(prob, do_shrink=cluster.shrink, backend=cluster.solver)
+        probs = [(prob, list(range(n)), x, d)]
+    else:
+        rng = np.random.default_rng(cluster.seed)
+        order = rng.permutation(n)
+        groups = [sorted(order[k::n_groups].tolist()) for k in range(n_groups)]
+        top = _problem([_group_job([jobs[i] for i in g], k) for k, g in enumerate(groups)],
+                       cluster, cap_cpus, cap_mem,
+                       float(n_groups) if cluster.gamma is None else cluster.gamma)
+        gx, _, evals = solve(top, do_shrink=False, backend=cluster.solver)
+        probs = []
+        for k, g in enumerate(groups):
+            members = [jobs[i] for i in g]
+            gj = top.jobs[k]
+            budget_cpu = max(gx[k] * gj.cpus, sum(m.min_replicas * m.cpus for m in members))
+            budget_mem = None
+            if cap_mem is not None:
+                budget_mem = max(gx[k] * gj.memory_gb, sum(m.min_replicas * m.memory_gb for m in members))
+            sub = _problem(members, cluster, budget_cpu, budget_mem,
+                           float(len(members)) if cluster.gamma is None else cluster.gamma)
+            x, d, ev = solve(sub, do_shrink=cluster.shrink, backend=cluster.solver)
+            evals += ev
+            probs.append((sub, g, x, d))
+        notes.append(f"hierarchical: {n_groups} groups of {min(map(len, groups))}-"
+                     f"{max(map(len, groups))} models")
+    reps = np.zeros(n, dtype=int)
+    drops = np.zeros(n)
+    utils = np.zeros(n)
+    for prob, idx, x, d in probs:
+        reps[idx] = x
+        drops[idx] = d
+        utils[idx] = prob.utilities(x.astype(float), d)
+    cpus_used = float(sum(reps[i] * jobs[i].cpus for i in range(n)))
+    mem_used = float(sum(reps[i] * jobs[i].memory_gb for i in range(n)))
+    if cpus_used > cap_cpus + 1e-9 or (cap_mem is not None and mem_used > cap_mem + 1e-9):
+        raise AssertionError("planner produced an allocation above capacity")  # invariant
+    eu = phi(drops) * utils
+    value = cluster_objective(cluster.objective, eu if cluster.objective in PENALTY_OBJECTIVES else utils,
+                              np.array([j.priority for j in jobs]), gamma, cluster.fair_tiebreak)
+    est = ESTIMATORS[cluster.estimator]
+    decisions = []
+    for i, j in enumerate(jobs):
+        lam = float(j.rates.mean()) * (1.0 - drops[i])
+        lat = latency(int(reps[i]), lam, j.proc_s, j.quantile, cluster.rho_max, est)
+        decisions.append(ModelDecision(
+            name=j.name, replicas=int(reps[i]), current=int(j.current), drop_rate=round(float(drops[i]), 4),
+            utility=float(utils[i]), effective_utility=float(eu[i]), latency_ms=float(lat) * 1e3,
+            arrival_rate=float(j.rates.mean()), processing_ms=j.proc_s * 1e3, slo_ms=j.slo_s * 1e3))
+    return Allocation(objective=cluster.objective, objective_value=float(value), decisions=decisions,
+                      solve_ms=(time.perf_counter() - t0) * 1e3, groups=n_groups, evaluations=evals,
+                      cpus_used=cpus_used, memory_used_gb=mem_used, notes=notes)

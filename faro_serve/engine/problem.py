@@ -1,0 +1,131 @@
+"""The multi-tenant autoscaling problem as the optimiser sees it (paper sections 3.4, 4.2).
+
+A :class:`Problem` holds, per job, the window-utility table ``W[d, c]`` (see ``window.py``),
+its resources, bounds and current replicas, plus the cluster objective. Evaluating the
+relaxed objective at any (continuous) replicas and drop rates is a table lookup, so the
+solver and every post-processing step share one cheap, exact definition of the objective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .latency import ESTIMATORS
+from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
+from .window import (DROP_GRID, NO_DROP, cold_start_fractions, interp_utilities,
+                     step_utility_table, window_table)
+
+
+@dataclass
+class JobInput:
+    """One job (a model, or a group of models) in engine units: seconds and requests/s."""
+
+    name: str
+    rates: np.ndarray  # (samples, steps) requests/s
+    proc_s: float
+    slo_s: float
+    quantile: float  # percentile / 100
+    priority: float
+    cpus: float
+    memory_gb: float
+    min_replicas: int
+    max_replicas: int
+    current: int
+    can_drop: bool
+
+
+@dataclass
+class Problem:
+    jobs: list[JobInput]
+    tables: np.ndarray  # (jobs, drops, counts)
+    drop_grid: np.ndarray
+    cap_cpus: float
+    cap_mem: float  # inf when not binding
+    kind: str
+    gamma: float
+    fair_tiebreak: float
+    lo: np.ndarray = field(init=False)
+    hi: np.ndarray = field(init=False)
+    cpus: np.ndarray = field(init=False)
+    mem: np.ndarray = field(init=False)
+    priority: np.ndarray = field(init=False)
+    can_drop: np.ndarray = field(init=False)
+    current: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lo = np.array([j.min_replicas for j in self.jobs], dtype=float)
+        self.hi = np.array([j.max_replicas for j in self.jobs], dtype=float)
+        self.cpus = np.array([j.cpus for j in self.jobs], dtype=float)
+        self.mem = np.array([j.memory_gb for j in self.jobs], dtype=float)
+        self.priority = np.array([j.priority for j in self.jobs], dtype=float)
+        self.can_drop = np.array([j.can_drop for j in self.jobs], dtype=bool) & self.penalty
+        self.current = np.array([j.current for j in self.jobs], dtype=float)
+
+    @property
+    def n(self) -> int:
+        return len(self.jobs)
+
+    @property
+    def penalty(self) -> bool:
+        return self.kind in PENALTY_OBJECTIVES
+
+    def utilities(self, x: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """Window utility U of each job (requests that are not dropped)."""
+        return interp_utilities(self.tables, np.asarray(x, float), np.asarray(d, float),
+                                self.drop_grid)
+
+    def job_values(self, x: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """U, or EU = phi(d) U for the penalty objectives: what the objective aggregates."""
+        u = self.utilities(x, d)
+        return phi(d) * u if self.penalty else u
+
+    def value(self, x: np.ndarray, d: np.ndarray) -> float:
+        """The relaxed cluster objective (to maximise)."""
+        return cluster_objective(self.kind, self.job_values(x, d), self.priority, self.gamma,
+                                 self.fair_tiebreak)
+
+    def fits(self, x: np.ndarray, slack: float = 1e-9) -> bool:
+        x = np.asarray(x, float)
+        return bool(self.cpus @ x <= self.cap_cpus + slack and self.mem @ x <= self.cap_mem + slack)
+
+
+def count_ceiling(jobs: list[JobInput], cap_cpus: float, cap_mem: float) -> list[int]:
+    """Most replicas each job could get: its max, or what is left after everyone's minimum."""
+    base_cpu = sum(j.min_replicas * j.cpus for j in jobs)
+    base_mem = sum(j.min_replicas * j.memory_gb for j in jobs)
+    out = []
+    for j in jobs:
+        room_cpu = (cap_cpus - base_cpu) / j.cpus + j.min_replicas
+        room_mem = (cap_mem - base_mem) / j.memory_gb + j.min_replicas if np.isfinite(cap_mem) else np.inf
+        out.append(int(max(j.min_replicas, min(j.max_replicas, np.floor(room_cpu + 1e-9),
+                                               np.floor(room_mem + 1e-9) if np.isfinite(room_mem) else np.inf))))
+    return out
+
+
+def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | None, kind: str,
+                  gamma: float, alpha: float, rho_max: float, estimator: str, window_s: float,
+                  cold_start_s: float, fair_tiebreak: float) -> Problem:
+    """Tabulate every job's window utility and wrap the result as a :class:`Problem`."""
+    cap_mem_v = np.inf if cap_mem is None else float(cap_mem)
+    ceilings = count_ceiling(jobs, cap_cpus, cap_mem_v)
+    jobs = [JobInput(**{**j.__dict__, "max_replicas": c}) for j, c in zip(jobs, ceilings)]
+    penalty = kind in PENALTY_OBJECTIVES
+    any_drop = penalty and any(j.can_drop for j in jobs)
+    grid = DROP_GRID if any_drop else NO_DROP
+    n_c = max(max(c, j.current) for j, c in zip(jobs, ceilings)) + 1
+    est = ESTIMATORS[estimator]
+    tables = np.zeros((len(jobs), len(grid), n_c))
+    for i, j in enumerate(jobs):
+        jgrid = grid if (penalty and j.can_drop) else NO_DROP
+        rates = np.ascontiguousarray(j.rates, dtype=float)
+        steps = step_utility_table(rates, j.proc_s, j.quantile, j.slo_s, alpha, rho_max, est,
+                                   n_c - 1, jgrid)
+        frac = cold_start_fractions(rates.shape[1], window_s, cold_start_s)
+        w = window_table(steps, int(j.current), frac)
+        tables[i, : len(jgrid)] = w
+        if len(jgrid) < len(grid):  # a job that may not drop: same utility at every grid point
+            tables[i, len(jgrid):] = w[0]
+    return Problem(jobs=jobs, tables=tables, drop_grid=grid, cap_cpus=float(cap_cpus),
+                   cap_mem=cap_mem_v, kind=kind, gamma=gamma, fair_tiebreak=fair_tiebreak)

@@ -1,0 +1,84 @@
+"""Per-job utilities, the drop penalty and the five cluster objectives (paper 3.1-3.2).
+
+Pure numpy, no Ray. Latencies and SLOs share a unit (the engine uses seconds).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+OBJECTIVES = ("sum", "fair", "fair_sum", "penalty_sum", "penalty_fair_sum")
+PENALTY_OBJECTIVES = ("penalty_sum", "penalty_fair_sum")
+
+# AWS-style service credits (paper Table 5): availability lower edges -> penalty.
+PENALTY_STEPS = ((0.99, 0.0), (0.95, 0.25), (0.90, 0.50))
+PENALTY_BELOW = 1.0
+
+# Relaxed penalty: piecewise linear through the step function's corners
+# (availability 1 and 0.99 -> 0, 0.95 -> 0.25, 0.90 -> 0.5, 0 -> 1). It equals the step
+# function at each corner, is never above it, and has no plateau below 99 % availability.
+_RELAXED_AVAIL = np.array([0.0, 0.90, 0.95, 0.99, 1.0])
+_RELAXED_PENALTY = np.array([1.0, 0.50, 0.25, 0.0, 0.0])
+
+
+def utility_step(latency, slo):
+    """U_original: 1 when the latency meets the SLO, else 0 (infinite latency -> 0)."""
+    return (np.asarray(latency, dtype=float) <= np.asarray(slo, dtype=float)).astype(float)
+
+
+def utility_relaxed(latency, slo, alpha: float = 1.0):
+    """Relaxed utility ``min((s / l) ** alpha, 1)`` (paper eq. 1); 0 for infinite latency."""
+    lat = np.asarray(latency, dtype=float)
+    slo = np.asarray(slo, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u = np.where(np.isinf(lat), 0.0, np.minimum((slo / np.maximum(lat, 1e-300)) ** alpha, 1.0))
+    return u
+
+
+def penalty_step(availability):
+    """Service-credit penalty for an availability (1 - drop rate), paper Table 5."""
+    a = np.asarray(availability, dtype=float)
+    out = np.full(a.shape, PENALTY_BELOW)
+    for edge, pen in reversed(PENALTY_STEPS):
+        out = np.where(a >= edge - 1e-12, pen, out)
+    return out
+
+
+def penalty_relaxed(availability):
+    """Piecewise-linear relaxation of :func:`penalty_step` (paper section 3.4)."""
+    a = np.clip(np.asarray(availability, dtype=float), 0.0, 1.0)
+    return np.interp(a, _RELAXED_AVAIL, _RELAXED_PENALTY)
+
+
+def phi(drop_rate, relaxed: bool = True):
+    """Penalty multiplier ``phi(d) = 1 - penalty(1 - d)`` used by effective utility (eq. 2)."""
+    avail = 1.0 - np.asarray(drop_rate, dtype=float)
+    return 1.0 - (penalty_relaxed(avail) if relaxed else penalty_step(avail))
+
+
+def effective_utility(utility, drop_rate, relaxed: bool = True):
+    """EU = phi(d) * U (paper eq. 2)."""
+    return phi(drop_rate, relaxed) * np.asarray(utility, dtype=float)
+
+
+def cluster_objective(kind: str, utilities, priority=None, gamma: float | None = None,
+                      fair_tiebreak: float = 0.0) -> float:
+    """Value (to maximise) of one of the five cluster objectives (paper section 3.2).
+
+    ``utilities`` are U for sum/fair/fair_sum and EU for the penalty variants. ``fair`` is
+    ``-(max U - min U)``; ``fair_tiebreak`` adds ``tiebreak * mean(U)`` so that among equally
+    fair allocations the one with more utility wins (0 reproduces the paper exactly).
+    """
+    u = np.asarray(utilities, dtype=float)
+    if u.size == 0:
+        return 0.0
+    pri = np.ones_like(u) if priority is None else np.asarray(priority, dtype=float)
+    g = float(u.size) if gamma is None else float(gamma)
+    spread = float(u.max() - u.min())
+    if kind in ("sum", "penalty_sum"):
+        return float(pri @ u)
+    if kind == "fair":
+        return -spread + fair_tiebreak * float(u.mean())
+    if kind in ("fair_sum", "penalty_fair_sum"):
+        return float(pri @ u) - g * spread
+    raise ValueError(f"unknown objective {kind!r}; choose one of {', '.join(OBJECTIVES)}")

@@ -1,0 +1,1 @@
+"""forecasting package of faro-serve."""
