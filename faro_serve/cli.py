@@ -1,2 +1,53 @@
-def main():
-    pass
+"""``faro-serve`` command line: one sub-command per module in ``faro_serve.commands``.
+
+Every command reports bad input (files, flags, values) as one ``faro-serve: error: ...``
+message and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Sub-command modules, each exposing ``register(subparsers)`` that sets ``func`` on its parser.
+COMMANDS = [
+    "faro_serve.commands.estimate",
+    "faro_serve.commands.plan",
+]
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="faro-serve",
+        description="SLO-aware autoscaling for multi-model Ray Serve clusters (Faro).")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"faro-serve {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .config import ConfigError
+    try:
+        return int(args.func(args) or 0)
+    except (UsageError, ConfigError, ValueError, FileNotFoundError) as err:
+        msg = str(err).strip() or type(err).__name__
+        print(f"faro-serve: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("faro-serve: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

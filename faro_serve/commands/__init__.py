@@ -1,0 +1,1 @@
+"""Sub-commands of the faro-serve CLI (see faro_serve.cli)."""

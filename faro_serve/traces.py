@@ -1,0 +1,180 @@
+"""Workload traces: per-minute request counts per job, loaded and validated in one place.
+
+Two file formats are read:
+
+* tidy CSV (``../shared/traces/``): columns ``minute, job, requests`` and optionally
+  ``day`` and ``sample``. Selected days are joined in day order into one series per job.
+* JSON lines (the Faro release's format): one line per minute,
+  ``{"ts": i, "counts": {"<job>": {"<deployment>": n}}}``; deployments are summed per job.
+
+Every problem with a file raises :class:`TraceError` with one line naming the file and
+what is wrong, so command-line tools can print it and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+class TraceError(ValueError):
+    """A trace file or selection is unusable; the message says which and why."""
+
+
+@dataclass
+class Trace:
+    """Per-minute request counts: ``counts[j, t]`` is job ``names[j]`` in minute ``t``."""
+
+    names: list[str]
+    counts: np.ndarray  # (jobs, minutes), requests per minute, float
+
+    @property
+    def minutes(self) -> int:
+        return int(self.counts.shape[1])
+
+    def rates(self) -> np.ndarray:
+        """Requests per second, same shape as ``counts``."""
+        return self.counts / 60.0
+
+    def history(self) -> dict[str, np.ndarray]:
+        return {n: self.counts[i] for i, n in enumerate(self.names)}
+
+    def window(self, start: int, stop: int | None = None) -> "Trace":
+        return Trace(list(self.names), self.counts[:, start:stop].copy())
+
+    def select(self, jobs: list[str]) -> "Trace":
+        missing = [j for j in jobs if j not in self.names]
+        if missing:
+            raise TraceError(f"jobs not in trace: {', '.join(missing)} (has {', '.join(self.names)})")
+        idx = [self.names.index(j) for j in jobs]
+        return Trace(list(jobs), self.counts[idx].copy())
+
+    def rescale(self, low: float, high: float) -> "Trace":
+        """Map all counts linearly onto ``[low, high]`` requests per minute (shape kept)."""
+        if not 0 <= low <= high:
+            raise TraceError(f"rescale range must satisfy 0 <= low <= high (got {low}, {high})")
+        c = self.counts
+        lo, hi = float(c.min()), float(c.max())
+        scaled = np.full_like(c, low) if hi <= lo else low + (c - lo) * (high - low) / (hi - lo)
+        return Trace(list(self.names), scaled)
+
+    def scale(self, factor: float) -> "Trace":
+        """Multiply every count by ``factor`` (e.g. to fit a smaller machine)."""
+        if factor < 0:
+            raise TraceError(f"scale factor must be >= 0 (got {factor})")
+        return Trace(list(self.names), self.counts * factor)
+
+
+def parse_days(spec) -> list[int] | None:
+    """``None``, an int, ``"3"``, ``"1-8"`` or ``"1,3,5-6"`` -> sorted list of days."""
+    if spec is None or spec == "":
+        return None
+    if isinstance(spec, int):
+        return [spec]
+    days: set[int] = set()
+    for part in str(spec).split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m:
+            raise TraceError(f"cannot read days {spec!r}: use a day (3), a range (1-8) or a list (1,3-5)")
+        a = int(m.group(1))
+        b = int(m.group(2)) if m.group(2) else a
+        if b < a:
+            raise TraceError(f"day range {part.strip()!r} runs backwards")
+        days.update(range(a, b + 1))
+    return sorted(days)
+
+
+def _load_csv(path: Path, days, sample) -> Trace:
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise TraceError(f"{path}: cannot read CSV ({err})") from None
+    missing = [c for c in ("minute", "job", "requests") if c not in df.columns]
+    if missing:
+        raise TraceError(f"{path}: missing column(s) {', '.join(missing)} "
+                         f"(need minute, job, requests; optional day, sample)")
+    if df.empty:
+        raise TraceError(f"{path}: no rows")
+    if days is not None:
+        if "day" not in df.columns:
+            raise TraceError(f"{path}: --days given but the file has no 'day' column")
+        have = set(df["day"].unique().tolist())
+        absent = [d for d in days if d not in have]
+        if absent:
+            raise TraceError(f"{path}: day(s) {absent} not in file (has {sorted(have)})")
+        df = df[df["day"].isin(days)]
+    if sample is not None:
+        if "sample" not in df.columns:
+            raise TraceError(f"{path}: --sample given but the file has no 'sample' column")
+        if sample not in set(df["sample"].unique().tolist()):
+            raise TraceError(f"{path}: sample {sample} not in file "
+                             f"(has {sorted(df['sample'].unique().tolist())})")
+        df = df[df["sample"] == sample]
+    elif "sample" in df.columns and df["sample"].nunique() > 1:
+        raise TraceError(f"{path}: the file has several samples "
+                         f"{sorted(df['sample'].unique().tolist())}; choose one with --sample")
+    req = pd.to_numeric(df["requests"], errors="coerce")
+    if req.isna().any():
+        row = int(req.isna().to_numpy().nonzero()[0][0])
+        raise TraceError(f"{path}: 'requests' has a missing or non-numeric value (data row {row + 1})")
+    if (req < 0).any():
+        raise TraceError(f"{path}: 'requests' has negative counts")
+    minute = pd.to_numeric(df["minute"], errors="coerce")
+    if minute.isna().any():
+        raise TraceError(f"{path}: 'minute' has a missing or non-numeric value")
+    df = df.assign(requests=req.astype(float), minute=minute.astype(int))
+    keys = (["day"] if "day" in df.columns else []) + ["minute"]
+    if df.duplicated(keys + ["job"]).any():
+        raise TraceError(f"{path}: duplicate rows for the same job and minute")
+    wide = df.pivot_table(index=keys, columns="job", values="requests", aggfunc="first", sort=True)
+    if wide.isna().any().any():
+        raise TraceError(f"{path}: some jobs lack counts for some minutes")
+    names = [str(c) for c in wide.columns]
+    return Trace(names, wide.to_numpy(dtype=float).T.copy())
+
+
+def _load_jsonl(path: Path) -> Trace:
+    per_min: list[dict[str, float]] = []
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise TraceError(f"{path}: cannot read ({err})") from None
+    for k, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            counts = rec["counts"]
+            per_min.append({job: float(sum(deps.values())) if isinstance(deps, dict) else float(deps)
+                            for job, deps in counts.items()})
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError):
+            raise TraceError(f"{path}:{k}: expected {{\"ts\": i, \"counts\": {{job: {{deployment: n}}}}}}") from None
+    if not per_min:
+        raise TraceError(f"{path}: no records")
+    names = sorted({j for m in per_min for j in m})
+    counts = np.array([[m.get(j, 0.0) for m in per_min] for j in names])
+    if not np.all(np.isfinite(counts)) or (counts < 0).any():
+        raise TraceError(f"{path}: counts must be finite and >= 0")
+    return Trace(names, counts)
+
+
+def load_trace(path: str | Path, days=None, sample: int | None = None,
+               jobs: list[str] | None = None) -> Trace:
+    """Load a trace file (CSV or JSON lines), optionally filtering days, sample and jobs."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"{p}: no such trace file")
+    day_list = parse_days(days)
+    if p.suffix.lower() in (".jsonl", ".json", ".ndjson"):
+        if day_list is not None or sample is not None:
+            raise TraceError(f"{p}: JSON-lines traces have no days or samples to select")
+        trace = _load_jsonl(p)
+    else:
+        trace = _load_csv(p, day_list, sample)
+    return trace.select(jobs) if jobs else trace
