@@ -77,7 +77,7 @@ def print_allocation(alloc, cluster) -> None:
 
     table = Table(title=f"Faro plan: objective {alloc.objective}")
     for col in ("model", "SLO ms", "rate/s", "proc ms", "replicas", "drop", "pred. ms", "utility"):
-        table.add_column(col, justify="left" if col == "model" else "right")
+        table.add_column(col, justify="left" if col == "model" else "right", no_wrap=True)
     for d in alloc.decisions:
         lat = "inf" if not math.isfinite(d.latency_ms) else f"{d.latency_ms:.0f}"
         table.add_row(d.name, f"{d.slo_ms:g}", f"{d.arrival_rate:.2f}", f"{d.processing_ms:.0f}",

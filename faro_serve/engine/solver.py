@@ -9,8 +9,8 @@
    objective. It repairs the rare case where the relaxed optimum rounds to a poor integer
    point; it never makes the objective worse.
 4. Drop rates snap to the best point of the tabulated grid for the integer replicas.
-5. Shrink (section 4.3): a job at utility 1 gives back replicas one at a time while the
-   cluster objective does not drop.
+5. Shrink (section 4.3): jobs give back replicas one at a time while the cluster
+   objective stays unchanged.
 """
 
 from __future__ import annotations
@@ -147,13 +147,14 @@ def fill(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
     """Give leftover capacity, one replica at a time, to the largest objective gain.
 
     When no addition strictly gains (ties in max-min fairness terms), a replica still goes to
-    the poorest job below utility 1 if the objective does not drop: it cannot widen the
-    spread and lets the next addition lift the minimum.
+    the poorest job whose own utility it raises, if the objective does not drop: it cannot
+    widen the spread and lets the next addition lift the minimum.
     """
     x = x.copy()
     cur = prob.value(x, d)
     while True:
         u = prob.utilities(x, d)
+        u_up = prob.utilities(np.minimum(x + 1, prob.hi), d)
         best, best_val = -1, cur + TOL
         tie, tie_u = -1, np.inf
         for i in np.flatnonzero(x < prob.hi):
@@ -162,7 +163,7 @@ def fill(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
                 v = prob.value(x, d)
                 if v > best_val:
                     best, best_val = i, v
-                elif v >= cur - 1e-12 and u[i] < 1.0 - 1e-9 and u[i] < tie_u:
+                elif v >= cur - 1e-12 and u_up[i] > u[i] + 1e-12 and u[i] < tie_u:
                     tie, tie_u = i, u[i]
             x[i] -= 1
         if best < 0 and tie < 0:
@@ -243,16 +244,21 @@ def tune_drops(prob: Problem, x: np.ndarray, d: np.ndarray, passes: int = 2) -> 
 
 
 def shrink(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """Paper section 4.3: right-size jobs at (predicted) utility 1.
+    """Paper section 4.3: right-size jobs, giving back replicas one at a time.
 
     A replica is removed only while the cluster objective stays unchanged (the paper's "until
     the cluster utility changes"): under the fairness objectives a removal that *raises* the
     objective would be levelling a satisfied job down, which is not what shrinking is for.
+    Jobs at predicted utility 1 go first, as in the paper; then (ours) jobs below 1 whose
+    extra replicas change nothing in the window, e.g. because the cold start, not the
+    replica count, caps their utility.
     """
     x = x.copy()
     cur = prob.value(x, d)
     u = prob.utilities(x, d)
-    for i in sorted(np.flatnonzero(u >= 1.0 - 1e-9), key=lambda k: -x[k]):
+    full = [i for i in sorted(range(prob.n), key=lambda k: -x[k]) if u[i] >= 1.0 - 1e-9]
+    rest = [i for i in sorted(range(prob.n), key=lambda k: -x[k]) if u[i] < 1.0 - 1e-9]
+    for i in full + rest:
         while x[i] > prob.lo[i]:
             x[i] -= 1
             v = prob.value(x, d)

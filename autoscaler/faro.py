@@ -1,0 +1,136 @@
+"""Faro's hybrid autoscaler as a :class:`~autoscaler.policy.Policy` (paper section 4.4).
+
+* Long-term, every ``long_term_interval_s`` (300 s): forecast the next window (420 s) from
+  the per-minute arrival history, call :func:`faro_serve.engine.plan`, and set replicas and
+  drop rates for every model at once.
+* Short-term, every tick (10 s): a model whose observed percentile latency has broken its
+  SLO for ``reactive_trigger_s`` (30 s) gets one more replica, only within free capacity,
+  never a scale-down (the long-term part owns downscaling).
+
+The oracle variant plans with the true future arrivals (simulator only): the same
+optimiser without forecast error, the bound the others are measured against.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.engine import plan
+from forecasting.base import FallbackForecaster, Forecast, Forecaster
+
+from .policy import Decision, Observation, Policy, grant_in_order
+
+log = logging.getLogger(__name__)
+
+# Processing time assumed for a model with neither a measurement nor a prior yet.
+DEFAULT_PROCESSING_MS = 100.0
+
+
+class FaroPolicy(Policy):
+    """Hybrid long-term predictive + short-term reactive Faro autoscaler."""
+
+    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec,
+                 forecaster: Forecaster | None = None, *, reactive: bool = True,
+                 n_samples: int = 100, name: str | None = None):
+        super().__init__(models, cluster)
+        self.name = name or f"faro-{cluster.objective.replace('_', '')}"
+        horizon = max(1, int(round(cluster.window_s / 60.0)))
+        self.forecaster = forecaster or FallbackForecaster(horizon=horizon)
+        self.fallback = FallbackForecaster(input_size=getattr(self.forecaster, "input_size", 15),
+                                           horizon=getattr(self.forecaster, "horizon", horizon))
+        self.reactive = reactive
+        self.n_samples = n_samples
+        self.last_long_term = -math.inf
+        self.violating_since: dict[str, float] = {}
+        self.decisions = 0
+
+    # -- forecasting -------------------------------------------------------------------
+    def forecast(self, obs: Observation) -> Forecast:
+        history = {n: np.asarray(m.arrivals_per_min, float) for n, m in obs.models.items()}
+        try:
+            return self.forecaster.predict(history, n_samples=self.n_samples, seed=self.decisions)
+        except Exception as err:  # a broken model must not stop autoscaling
+            log.warning("forecaster failed (%s); using the fallback predictor", err)
+            return self.fallback.predict(history, n_samples=self.n_samples, seed=self.decisions)
+
+    # -- decisions ---------------------------------------------------------------------
+    def decide(self, obs: Observation) -> Decision | None:
+        if obs.now - self.last_long_term >= self.cluster.long_term_interval_s:
+            return self.long_term(obs)
+        if self.reactive:
+            return self.short_term(obs)
+        return None
+
+    def long_term(self, obs: Observation) -> Decision:
+        self.last_long_term = obs.now
+        self.violating_since.clear()
+        fc = self.forecast(obs)
+        self.decisions += 1
+        procs = {}
+        for m in self.models:
+            o = obs.models[m.name]
+            procs[m.name] = o.processing_ms or m.processing_ms or DEFAULT_PROCESSING_MS
+        current = {n: o.target_replicas for n, o in obs.models.items()}
+        alloc = plan(self.models, fc.by_model(), current, self.cluster, processing_ms=procs,
+                     capacity_cpus=obs.capacity_cpus, capacity_memory_gb=obs.capacity_memory_gb)
+        info = {
+            "objective": alloc.objective, "objective_value": round(alloc.objective_value, 6),
+            "solve_ms": round(alloc.solve_ms, 2), "groups": alloc.groups,
+            "models": {d.name: {"predictor": fc.predictor.get(d.name, "?"),
+                                "forecast_mean_rps": round(float(fc.by_model()[d.name].mean()), 4),
+                                "forecast_p90_rps": round(float(np.quantile(fc.by_model()[d.name], 0.9)), 4),
+                                "processing_ms": round(d.processing_ms, 3),
+                                "current": d.current, "replicas": d.replicas,
+                                "drop_rate": d.drop_rate, "utility": round(d.utility, 4),
+                                "latency_ms": round(d.latency_ms, 2) if math.isfinite(d.latency_ms) else None}
+                       for d in alloc.decisions},
+        }
+        return Decision(alloc.replicas, alloc.drop_rates, "long_term", info)
+
+    def short_term(self, obs: Observation) -> Decision | None:
+        for n, o in obs.models.items():
+            if o.latency_ms is not None and o.latency_ms > self.slo[n].slo_ms:
+                self.violating_since.setdefault(n, obs.now)
+            else:
+                self.violating_since.pop(n, None)
+        due = [n for n, t0 in sorted(self.violating_since.items(), key=lambda kv: kv[1])
+               if obs.now - t0 >= self.cluster.reactive_trigger_s - 1e-9]
+        if not due:
+            return None
+        current = {n: o.target_replicas for n, o in obs.models.items()}
+        wanted = {n: current[n] + 1 for n in due}
+        granted = grant_in_order(wanted, current, self.models, obs.capacity_cpus,
+                                 obs.capacity_memory_gb, order=due)
+        changed = {n: granted[n] for n in due if granted[n] > current[n]}
+        for n in due:  # restart the timer: the next step needs another full trigger period
+            self.violating_since[n] = obs.now
+        if not changed:
+            return None
+        return Decision(changed, {}, "reactive", {"scaled_up": sorted(changed)})
+
+
+class OraclePolicy(FaroPolicy):
+    """Faro planning with the true arrivals of the next window (simulator only)."""
+
+    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, **kw):
+        kw.setdefault("name", "oracle")
+        super().__init__(models, cluster, **kw)
+
+    def forecast(self, obs: Observation) -> Forecast:
+        if obs.future_arrivals_per_min is None:
+            raise ValueError("the oracle policy needs the true future arrivals (simulator only)")
+        names = list(obs.models)
+        horizon = self.fallback.horizon
+        rows = []
+        for n in names:
+            fut = np.asarray(obs.future_arrivals_per_min.get(n, []), float)[:horizon] / 60.0
+            if fut.size < horizon:  # the trace ends: repeat the last known rate
+                last = fut[-1] if fut.size else obs.models[n].arrival_rate
+                fut = np.concatenate([fut, np.full(horizon - fut.size, last)])
+            rows.append(fut.reshape(1, horizon))
+        return Forecast(names, np.stack(rows), {n: "oracle" for n in names})

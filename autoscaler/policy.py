@@ -1,0 +1,107 @@
+"""The one policy interface behind the live autoscaler and the simulator (paper 4.4, 6.4).
+
+A driver (the Ray actor, or the simulator) calls ``policy.decide(observation)`` every
+``policy.tick_s`` seconds with what the router front measured, and applies the returned
+:class:`Decision` (replicas, drop rates). Policies keep their own timers. Nothing here
+imports Ray, so the same objects run live and simulated: there is one implementation of
+each policy.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from faro_serve.config import ClusterSpec, ModelSLO
+
+
+@dataclass
+class ModelObservation:
+    """What the router front reports for one model at a decision tick."""
+
+    name: str
+    replicas: int  # replicas serving now
+    target_replicas: int  # the last target set (includes replicas still starting)
+    arrivals_per_min: np.ndarray  # completed-minute arrival counts, oldest first
+    arrival_rate: float = 0.0  # requests/s over the last tick
+    latency_ms: float | None = None  # SLO-percentile end-to-end latency over the look-back
+    processing_ms: float | None = None  # mean measured replica processing time
+    queue_length: float = 0.0  # requests waiting at the router
+    ongoing_per_replica: float = 0.0  # mean in-flight requests (queued + running) per replica
+    drop_rate: float = 0.0  # the drop rate in force
+
+
+@dataclass
+class Observation:
+    """Everything a policy may look at: the time, the capacity and every model."""
+
+    now: float  # seconds since the driver started
+    capacity_cpus: float
+    capacity_memory_gb: float | None
+    models: dict[str, ModelObservation]
+    # True per-minute arrivals of the next window; only the simulator gives these, and only
+    # the clairvoyant oracle reads them.
+    future_arrivals_per_min: dict[str, np.ndarray] | None = None
+
+
+@dataclass
+class Decision:
+    """Target replicas (and drop rates) per model; models left out keep their target."""
+
+    replicas: dict[str, int]
+    drop_rates: dict[str, float] = field(default_factory=dict)
+    kind: str = "long_term"  # "long_term" or "reactive" (for logs)
+    info: dict = field(default_factory=dict)  # JSON-able details for the decision log
+
+
+class Policy(ABC):
+    """Base of every autoscaling policy, live or simulated."""
+
+    name: str = "policy"
+    tick_s: float = 10.0
+
+    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec):
+        self.models = list(models)
+        self.cluster = cluster
+        self.slo = {m.name: m for m in self.models}
+        self.tick_s = cluster.reactive_interval_s
+
+    @abstractmethod
+    def decide(self, obs: Observation) -> Decision | None:
+        """Return the new targets, or None to leave everything as it is."""
+
+
+def grant_in_order(wanted: dict[str, int], current: dict[str, int], models: Iterable[ModelSLO],
+                   capacity_cpus: float, capacity_memory_gb: float | None,
+                   order: Iterable[str] | None = None) -> dict[str, int]:
+    """Fit desired replica counts into the capacity, first come first served.
+
+    Decreases are always granted (they free capacity first); increases are granted in
+    ``order`` (default: the order of ``wanted``) while capacity remains, each as far as it
+    fits. This is how independent per-model autoscalers share a fixed cluster.
+    """
+    spec = {m.name: m for m in models}
+    out = dict(current)
+    for n, w in wanted.items():
+        w = int(np.clip(w, spec[n].min_replicas, spec[n].max_replicas))
+        if w < out.get(n, 0):
+            out[n] = w
+    used_cpu = sum(out[n] * spec[n].cpus for n in out)
+    used_mem = sum(out[n] * spec[n].memory_gb for n in out)
+    for n in (order if order is not None else wanted):
+        if n not in wanted:
+            continue
+        w = int(np.clip(wanted[n], spec[n].min_replicas, spec[n].max_replicas))
+        while out.get(n, 0) < w:
+            m = spec[n]
+            if used_cpu + m.cpus > capacity_cpus + 1e-9:
+                break
+            if capacity_memory_gb is not None and used_mem + m.memory_gb > capacity_memory_gb + 1e-9:
+                break
+            out[n] = out.get(n, 0) + 1
+            used_cpu += m.cpus
+            used_mem += m.memory_gb
+    return out

@@ -1,0 +1,68 @@
+"""Policies by name, for the live autoscaler, the simulator and the command line.
+
+Every policy is built from the same (models, cluster) pair; forecasting policies also
+take a forecaster (default: the fallback predictor). Other modules add their policies
+with :func:`register`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from faro_serve.config import ClusterSpec, ModelSLO
+
+from .faro import FaroPolicy, OraclePolicy
+from .policy import Policy
+
+FARO_OBJECTIVES = {
+    "faro-sum": "sum",
+    "faro-fair": "fair",
+    "faro-fairsum": "fair_sum",
+    "faro-penaltysum": "penalty_sum",
+    "faro-penaltyfairsum": "penalty_fair_sum",
+}
+
+Factory = Callable[..., Policy]
+_REGISTRY: dict[str, Factory] = {}
+
+
+def register(name: str, factory: Factory) -> None:
+    """Make ``factory(models, cluster, forecaster=None)`` available as ``name``."""
+    _REGISTRY[name] = factory
+
+
+def _faro(objective: str, policy_name: str) -> Factory:
+    def build(models, cluster: ClusterSpec, forecaster=None):
+        return FaroPolicy(models, cluster.model_copy(update={"objective": objective}),
+                          forecaster, name=policy_name)
+    return build
+
+
+for _name, _obj in FARO_OBJECTIVES.items():
+    register(_name, _faro(_obj, _name))
+register("oracle", lambda models, cluster, forecaster=None: OraclePolicy(models, cluster))
+
+
+def policy_names() -> list[str]:
+    _load_plugins()
+    return sorted(_REGISTRY)
+
+
+def make_policy(name: str, models: Sequence[ModelSLO], cluster: ClusterSpec,
+                forecaster=None) -> Policy:
+    """Build the policy called ``name``; ValueError lists the known names otherwise."""
+    _load_plugins()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name](list(models), cluster, forecaster=forecaster)
+
+
+# Modules that register further policies when imported (baselines, seed systems).
+PLUGINS: list[str] = []
+
+
+def _load_plugins() -> None:
+    import importlib
+
+    for mod in PLUGINS:
+        importlib.import_module(mod)
