@@ -133,6 +133,11 @@ def _problem(jobs, cluster: ClusterSpec, cap_cpus, cap_mem, gamma) -> Problem:
 
 
 def _group_job(members: list[JobInput], k: int) -> JobInput:
+    """A group as one job (paper 3.4): summed rates, mean processing time.
+
+    Resources per replica are averaged weighted by minimum replicas, so the group's minimum
+    needs exactly what its members' minimums need.
+    """
     shapes = {m.rates.shape for m in members}
     n_s = max(s[0] for s in shapes)
     n_t = max(s[1] for s in shapes)
@@ -141,16 +146,47 @@ def _group_job(members: list[JobInput], k: int) -> JobInput:
     except ValueError:
         raise ValueError("grouped models need forecasts of compatible shapes "
                          f"(got {sorted(shapes)})") from None
-    return JobInput(name=f"group{k}", rates=np.array(rates), proc_s=float(np.mean([m.proc_s for m in members])),
+    mins = np.array([m.min_replicas for m in members], float)
+    return JobInput(name=f"group{k}", rates=np.array(rates),
+                    proc_s=float(np.mean([m.proc_s for m in members])),
                     slo_s=float(np.mean([m.slo_s for m in members])),
                     quantile=max(m.quantile for m in members),
                     priority=float(sum(m.priority for m in members)),
-                    cpus=float(np.mean([m.cpus for m in members])),
-                    memory_gb=float(np.mean([m.memory_gb for m in members])),
-                    min_replicas=sum(m.min_replicas for m in members),
+                    cpus=float(mins @ [m.cpus for m in members] / mins.sum()),
+                    memory_gb=float(mins @ [m.memory_gb for m in members] / mins.sum()),
+                    min_replicas=int(mins.sum()),
                     max_replicas=sum(m.max_replicas for m in members),
                     current=sum(m.current for m in members),
                     can_drop=any(m.can_drop for m in members))
+
+
+def _group_budgets(top: Problem, gx: np.ndarray, cap_cpus: float, cap_mem: float | None):
+    """Each group's CPU (and memory) budget: the whole capacity, shared in proportion to
+    the group-level allocation.
+
+    A group solved as one pooled queue needs fewer replicas than its members' separate
+    queues do, so handing out only the group-level counts would starve members while
+    capacity sits idle. Budgets never fall below a group's minimums; each member solve then
+    shrinks to what its models need.
+    """
+    min_cpu = top.lo * top.cpus
+    want_cpu = gx * top.cpus
+    extra = max(cap_cpus - min_cpu.sum(), 0.0)
+    share = (want_cpu - min_cpu) / max((want_cpu - min_cpu).sum(), 1e-12)
+    cpu = min_cpu + extra * share
+    mem = None
+    if cap_mem is not None:
+        min_mem = top.lo * top.mem
+        mem = min_mem + max(cap_mem - min_mem.sum(), 0.0) * share
+    return cpu, mem
+
+
+def make_problem(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: ClusterSpec, *,
+                 processing_ms=None) -> Problem:
+    """The un-grouped :class:`Problem` ``plan`` optimises (for tests, benchmarks, analysis)."""
+    models = list(models)
+    jobs = _jobs(models, forecasts, current_replicas, processing_ms, cluster)
+    return _problem(jobs, cluster, cluster.cpus, cluster.memory_gb, cluster.resolved_gamma(len(jobs)))
 
 
 def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: ClusterSpec, *,
@@ -192,15 +228,12 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
                        cluster, cap_cpus, cap_mem,
                        float(n_groups) if cluster.gamma is None else cluster.gamma)
         gx, _, evals = solve(top, do_shrink=False, backend=cluster.solver)
+        cpu_budget, mem_budget = _group_budgets(top, gx.astype(float), cap_cpus, cap_mem)
         probs = []
         for k, g in enumerate(groups):
             members = [jobs[i] for i in g]
-            gj = top.jobs[k]
-            budget_cpu = max(gx[k] * gj.cpus, sum(m.min_replicas * m.cpus for m in members))
-            budget_mem = None
-            if cap_mem is not None:
-                budget_mem = max(gx[k] * gj.memory_gb, sum(m.min_replicas * m.memory_gb for m in members))
-            sub = _problem(members, cluster, budget_cpu, budget_mem,
+            sub = _problem(members, cluster, float(cpu_budget[k]),
+                           None if mem_budget is None else float(mem_budget[k]),
                            float(len(members)) if cluster.gamma is None else cluster.gamma)
             x, d, ev = solve(sub, do_shrink=cluster.shrink, backend=cluster.solver)
             evals += ev

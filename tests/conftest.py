@@ -1,0 +1,43 @@
+"""Shared test helpers: a place for tests to report figures in the terminal summary."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
+
+_REPORT: list[str] = []
+
+
+@pytest.fixture
+def report():
+    """``report("...")`` prints a line in pytest's terminal summary (figures tests measure)."""
+    return _REPORT.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _REPORT:
+        terminalreporter.section("faro-serve figures")
+        for line in _REPORT:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run the real ``faro-serve`` entry point in-process: returns (exit code, stdout, stderr)."""
+    from faro_serve.cli import main
+
+    def run(*args: str):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse usage errors
+            code = e.code
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run

@@ -1,0 +1,76 @@
+"""The engine's command line (faro-serve estimate, plan) through the real entry point."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_estimate_reproduces_the_paper_example(cli):
+    code, out, _ = cli("estimate", "--rate", "40", "--proc-ms", "150", "--slo-ms", "600",
+                       "--percentile", "99.99", "--json")
+    assert code == 0 and json.loads(out)["replicas"] == 8
+    code, out, _ = cli("estimate", "--rate", "40", "--proc-ms", "150", "--slo-ms", "600",
+                       "--percentile", "99.99", "--estimator", "upper", "--json")
+    res = json.loads(out)
+    assert code == 0 and res["replicas"] == 10 and res["latency_ms"] == pytest.approx(600)
+
+
+def test_estimate_rejects_impossible_slo(cli):
+    code, out, err = cli("estimate", "--rate", "5", "--proc-ms", "150", "--slo-ms", "100")
+    assert code == 2 and out == ""
+    assert err.strip().count("\n") == 0 and "below the processing time" in err
+
+
+def test_plan_demo_spec_json(cli):
+    code, out, err = cli("plan", "--spec", str(ROOT / "examples" / "plan_demo.yaml"), "--json")
+    assert code == 0, err
+    alloc = json.loads(out)
+    assert alloc["objective"] == "fair_sum"
+    assert alloc["cpus_used"] <= 12
+    assert {d["name"] for d in alloc["decisions"]} == {"resnet34-a", "resnet34-b", "resnet18", "synthetic"}
+    assert all(d["replicas"] >= 1 for d in alloc["decisions"])
+
+
+def test_plan_table_output(cli):
+    code, out, _ = cli("plan", "--spec", str(ROOT / "examples" / "plan_demo.yaml"))
+    assert code == 0 and "resnet34-a" in out and "objective value" in out
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: -1, rate: 1}]", "models.0.slo_ms"),
+    ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, processing_ms: 100}]", "exactly one of 'rate'"),
+    ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, processing_ms: 100, rate: -2}]", "negative"),
+    ("cluster: {cpus: 1}\nmodels: [{name: a, slo_ms: 500, processing_ms: 100, rate: 1, min_replicas: 2}]",
+     "min_replicas need 2 CPUs"),
+    ("cluster: {cpus: 4, objective: best}\nmodels: [{name: a, slo_ms: 500, rate: 1}]", "cluster.objective"),
+    ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, rate: 1}, {name: a, slo_ms: 500, rate: 1}]",
+     "appears twice"),
+    ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, rate: 1}]", "no processing time"),
+    ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, rate: 1, bogus: 3}]", "bogus"),
+    ("cluster: [1, 2\n", "cannot parse"),
+    ("- just\n- a list\n", "expected a mapping"),
+])
+def test_plan_bad_specs_exit_2_with_a_clear_message(cli, tmp_path, body, needle):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(body)
+    code, out, err = cli("plan", "--spec", str(spec))
+    assert code == 2 and out == ""
+    assert err.startswith("faro-serve: error:") and needle in err
+    assert "Traceback" not in err
+
+
+def test_plan_missing_file(cli, tmp_path):
+    code, _, err = cli("plan", "--spec", str(tmp_path / "nope.yaml"))
+    assert code == 2 and "cannot read" in err
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).parent / "faro-serve"
+    res = subprocess.run([str(exe), "estimate", "--rate", "1", "--proc-ms", "10", "--slo-ms", "50",
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and json.loads(res.stdout)["replicas"] == 1
