@@ -14,6 +14,7 @@ import sys
 COMMANDS = [
     "faro_serve.commands.estimate",
     "faro_serve.commands.plan",
+    "faro_serve.commands.forecast",
 ]
 
 

@@ -1,0 +1,158 @@
+"""``faro-serve forecast``: train and evaluate the probabilistic workload forecaster (paper 3.5).
+
+``forecast train`` fits one global N-HiTS with a Gaussian head on the per-minute request
+counts of every job of a trace and saves it to a directory; ``forecast eval`` replays a
+trace, forecasting every 5 minutes as the autoscaler would, and reports errors and the
+coverage of the prediction intervals, for a trained model or a baseline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+EVAL_BASELINES = ("last", "mean", "max", "nhits-point")
+
+
+def register(sub) -> None:
+    from forecasting.train import TrainConfig
+
+    d = TrainConfig()  # defaults shown in --help
+    p = sub.add_parser("forecast", help="train / evaluate the workload forecaster",
+                       description=__doc__.split("\n\n", 1)[1])
+    fsub = p.add_subparsers(dest="forecast_command", metavar="ACTION")
+    fsub.required = True
+
+    t = fsub.add_parser("train", help="train N-HiTS on a trace and save it to a directory",
+                        description="Train one global N-HiTS (Gaussian head, or MAE with "
+                        "--baseline nhits-point) on all jobs of a trace; CPU only.")
+    _trace_args(t)
+    t.add_argument("--out", required=True, help="directory to save the trained forecaster in")
+    t.add_argument("--baseline", choices=["nhits-point"],
+                   help="train the point N-HiTS (MAE loss) baseline instead")
+    t.add_argument("--input-size", type=int, default=15, help="minutes of history (default 15)")
+    t.add_argument("--horizon", type=int, default=7, help="minutes forecast (default 7)")
+    t.add_argument("--max-steps", type=int, default=None,
+                   help=f"training steps, at most (default {d.max_steps}; early stopping may end sooner)")
+    t.add_argument("--learning-rate", type=float, default=None,
+                   help=f"Adam learning rate (default {d.learning_rate:g})")
+    t.add_argument("--scaler", default=None,
+                   help=f"per-window scaler: standard, robust, minmax or identity (default {d.scaler_type})")
+    t.add_argument("--val-size", type=int, default=None,
+                   help="minutes per job held out for early stopping (default 1/8 of the series)")
+    t.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    t.add_argument("--verbose", action="store_true", help="show Lightning's own logs and warnings")
+    t.set_defaults(func=run_train)
+
+    e = fsub.add_parser("eval", help="rolling-origin evaluation of a model or a baseline",
+                        description="Forecast every --step minutes from the history before "
+                        "each origin and score the forecasts (RMSE/MAE in requests per minute).")
+    e.add_argument("--model", help="trained forecaster directory (for nhits models)")
+    e.add_argument("--baseline", choices=EVAL_BASELINES, help="evaluate a baseline instead")
+    _trace_args(e)
+    e.add_argument("--json", dest="json_out", help="also write the result to this JSON file")
+    e.add_argument("--input-size", type=int, default=None, help="baselines: history window (default 15)")
+    e.add_argument("--horizon", type=int, default=None, help="baselines: minutes forecast (default 7)")
+    e.add_argument("--step", type=int, default=5, help="minutes between forecast origins (default 5)")
+    e.add_argument("--samples", type=int, default=100, help="samples per forecast (default 100)")
+    e.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    e.set_defaults(func=run_eval)
+
+
+def _trace_args(p) -> None:
+    p.add_argument("--trace", required=True, help="per-minute counts: CSV (minute, job, requests[, day, sample]) or JSON lines")
+    p.add_argument("--days", help="day or range of days to use, e.g. 3 or 1-8 (joined in order)")
+    p.add_argument("--sample", type=int, default=None, help="which sample of each day (if the file has several)")
+
+
+def run_train(args) -> int:
+    from forecasting.train import TrainConfig, train_forecaster
+
+    from ..cli import UsageError
+    from ..traces import load_trace
+
+    cfg = TrainConfig(input_size=args.input_size, horizon=args.horizon, seed=args.seed,
+                      loss="mae" if args.baseline == "nhits-point" else "normal")
+    for attr, value in (("max_steps", args.max_steps), ("learning_rate", args.learning_rate),
+                        ("scaler_type", args.scaler), ("val_size", args.val_size)):
+        if value is not None:
+            setattr(cfg, attr, value)
+    try:
+        cfg.validate()
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory")
+    trace = load_trace(args.trace, days=args.days, sample=args.sample)
+    fc = _train_with_progress(train_forecaster, trace.history(), cfg, args.verbose)
+    fc.save(out)
+    rep = fc.meta["training"]
+    best = (f", best validation loss {rep['best_val_loss']:.4g} at step {rep['best_step']}"
+            if rep.get("best_val_loss") is not None else "")
+    print(f"trained {fc.name} on {len(trace.names)} jobs x {trace.minutes} minutes in "
+          f"{rep['seconds']:.1f} s ({rep['steps']} steps{best}); saved to {out}")
+    return 0
+
+
+def _train_with_progress(train, history, cfg, verbose):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("training N-HiTS"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("train", total=cfg.max_steps, loss="-")
+
+        def progress(step, total, loss):
+            bar.update(task, completed=step, loss=f"{loss:.4g}")
+
+        return train(history, cfg, progress=progress, verbose=verbose)
+
+
+def run_eval(args) -> int:
+    from forecasting.baselines import make_baseline
+    from forecasting.evaluate import rolling_evaluation
+    from forecasting.io import load_forecaster
+
+    from ..cli import UsageError
+    from ..traces import load_trace
+
+    if args.step < 1 or args.samples < 1:
+        raise UsageError("--step and --samples must be >= 1")
+    if args.baseline in ("last", "mean", "max"):
+        if args.model:
+            raise UsageError(f"--model is not used with --baseline {args.baseline}")
+        size = 15 if args.input_size is None else args.input_size
+        horizon = 7 if args.horizon is None else args.horizon
+        if size < 1 or horizon < 1:
+            raise UsageError("--input-size and --horizon must be >= 1")
+        forecaster, label = make_baseline(args.baseline, size, horizon), args.baseline
+    else:
+        if not args.model:
+            raise UsageError("--model DIR is required (or choose --baseline last, mean or max)")
+        forecaster = load_forecaster(args.model)
+        if args.baseline == "nhits-point" and forecaster.loss != "mae":
+            raise UsageError(f"--baseline nhits-point: {args.model} holds a {forecaster.name} model; "
+                             f"train one with 'forecast train --baseline nhits-point'")
+        for flag, given, have in (("--input-size", args.input_size, forecaster.input_size),
+                                  ("--horizon", args.horizon, forecaster.horizon)):
+            if given is not None and given != have:
+                raise UsageError(f"{flag} {given} differs from the model's {have}")
+        label = forecaster.name
+    trace = load_trace(args.trace, days=args.days, sample=args.sample)
+    ev = rolling_evaluation(forecaster, trace.names, trace.counts, step=args.step,
+                            n_samples=args.samples, seed=args.seed)
+    result = {"forecaster": label, **{k: _round(v) for k, v in ev.summary().items()}}
+    text = json.dumps(result, indent=2)
+    if args.json_out:
+        try:
+            Path(args.json_out).write_text(text + "\n")
+        except OSError as err:
+            raise UsageError(f"--json {args.json_out}: cannot write ({err.strerror or err})") from None
+    print(text)
+    return 0
+
+
+def _round(v):
+    return round(v, 4) if isinstance(v, float) else v

@@ -1,0 +1,108 @@
+"""Saving and loading a trained forecaster as a directory.
+
+The autoscaler and the simulator load the forecaster at start, so the directory must be
+self-describing and safe to read: ``meta.json`` (format, version, input size, horizon,
+loss, scaling, training series and report) next to the network's weights in
+neuralforecast's pickle-free safetensors format (``nhits.safetensors``). Anything
+unexpected raises :class:`ForecasterLoadError` (a ``ValueError``) with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .nhits import PREDICTORS, NHitsForecaster
+from .quiet import preserved_global_rng, quiet_lightning
+
+FORMAT = "faro-serve-forecaster"
+VERSION = 1
+META_FILE = "meta.json"
+WEIGHTS_FILE = "nhits.safetensors"
+
+
+class ForecasterLoadError(ValueError):
+    """A forecaster directory is missing, incomplete or of an unknown format."""
+
+
+def save_forecaster(forecaster: NHitsForecaster, directory: str | Path) -> Path:
+    """Write ``meta.json`` and the weights into ``directory`` (created if needed)."""
+    import neuralforecast
+
+    d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise ValueError(f"{d}: exists and is not a directory")
+    d.mkdir(parents=True, exist_ok=True)
+    with quiet_lightning():
+        forecaster.model.save(str(d / WEIGHTS_FILE))
+    cfg = forecaster.meta.get("config", {})
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": "NHITS",
+        "predictor": forecaster.name,
+        "loss": forecaster.loss,
+        "input_size": forecaster.input_size,
+        "horizon": forecaster.horizon,
+        "scaler_type": cfg.get("scaler_type", getattr(forecaster.model.scaler, "scaler_type", None)),
+        "units": {"history": "requests per minute", "samples": "requests per second"},
+        "train_series": forecaster.meta.get("train_series", []),
+        "train_minutes": forecaster.meta.get("train_minutes", {}),
+        "config": cfg,
+        "training": forecaster.meta.get("training", {}),
+        "neuralforecast_version": neuralforecast.__version__,
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (d / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return d
+
+
+def read_meta(directory: str | Path) -> dict:
+    """The validated ``meta.json`` of a forecaster directory."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise ForecasterLoadError(f"{d}: no such forecaster directory")
+    path = d / META_FILE
+    if not path.is_file():
+        raise ForecasterLoadError(f"{d}: not a trained forecaster (no {META_FILE}); "
+                                  f"train one with 'faro-serve forecast train'")
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ForecasterLoadError(f"{path}: unreadable metadata ({err})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ForecasterLoadError(f"{path}: not a {FORMAT} metadata file")
+    if meta.get("version") != VERSION:
+        raise ForecasterLoadError(f"{path}: unsupported forecaster version {meta.get('version')!r} "
+                                  f"(this faro-serve reads version {VERSION})")
+    if meta.get("loss") not in PREDICTORS:
+        raise ForecasterLoadError(f"{path}: unknown loss {meta.get('loss')!r}")
+    for key in ("input_size", "horizon"):
+        if not isinstance(meta.get(key), int) or meta[key] < 1:
+            raise ForecasterLoadError(f"{path}: '{key}' must be a positive integer")
+    return meta
+
+
+def load_forecaster(directory: str | Path) -> NHitsForecaster:
+    """Load a forecaster saved by :func:`save_forecaster`, ready to predict (warmed up)."""
+    d = Path(directory)
+    meta = read_meta(d)
+    weights = d / WEIGHTS_FILE
+    if not weights.is_file():
+        raise ForecasterLoadError(f"{d}: weights file {WEIGHTS_FILE} is missing")
+    try:
+        with quiet_lightning(), preserved_global_rng():
+            from neuralforecast.models import NHITS
+
+            model = NHITS.load(str(weights), map_location="cpu")
+    except Exception as err:  # corrupt or foreign files: one clear line, not a traceback
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ForecasterLoadError(f"{weights}: cannot load the N-HiTS weights ({msg})") from None
+    if int(model.input_size) != meta["input_size"] or int(model.h) != meta["horizon"]:
+        raise ForecasterLoadError(f"{d}: weights (input {model.input_size}, horizon {model.h}) do not "
+                                  f"match {META_FILE} (input {meta['input_size']}, horizon {meta['horizon']})")
+    fc = NHitsForecaster(model, meta["loss"], {k: meta.get(k) for k in
+                                                ("config", "train_series", "train_minutes", "training")})
+    fc.warm_up()
+    return fc

@@ -1,0 +1,154 @@
+"""Faro's predictor: one global N-HiTS with a Gaussian head (paper sections 3.5.1-3.5.2).
+
+A point N-HiTS trained with MAE forecasts a damped average and misses the window's peaks;
+Faro instead has N-HiTS output the mean and standard deviation of a Normal per future step
+(neuralforecast's ``DistributionLoss("Normal")``) and hands the autoscaler 100 samples of it.
+
+Prediction runs the trained network directly in torch on the last ``input_size`` counts of
+every model, with the same per-window scaling and scale-decoupling neuralforecast applies,
+and samples the Normal with a seeded numpy generator: one batched forward pass for all
+models, a few milliseconds, instead of neuralforecast's DataFrame/Trainer round trip.
+:func:`neuralforecast_predict` keeps that slow path as the reference the tests compare to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .base import FallbackForecaster, Forecast
+from .history import check_history
+from .quiet import torch_threads
+
+# loss name (as stored in meta.json) -> predictor name reported in Forecast.predictor
+PREDICTORS = {"normal": "nhits-normal", "mae": "nhits-point"}
+
+
+class NHitsForecaster:
+    """A trained neuralforecast ``NHITS`` behind the :class:`forecasting.base.Forecaster` API.
+
+    ``loss="normal"``: samples from the predicted Normal per step. ``loss="mae"`` (the point
+    baseline): the point forecast repeated, a degenerate interval. Models whose history is
+    shorter than ``input_size`` are served by :class:`FallbackForecaster`.
+    """
+
+    def __init__(self, model: Any, loss: str, meta: Mapping[str, Any] | None = None):
+        if loss not in PREDICTORS:
+            raise ValueError(f"unknown N-HiTS loss {loss!r} (expected one of {', '.join(PREDICTORS)})")
+        self.model = model.eval()
+        self.loss = loss
+        self.name = PREDICTORS[loss]
+        self.input_size = int(model.input_size)
+        self.horizon = int(model.h)
+        self.meta: dict[str, Any] = dict(meta or {})
+        # Intra-op threads for the forward pass: one is fastest for this small MLP and does
+        # not stall when the autoscaler shares the cores (None: torch's global setting).
+        self.threads: int | None = 1
+        self.fallback = FallbackForecaster(self.input_size, self.horizon)
+
+    # -- the network, called directly -------------------------------------------------
+    def predict_params(self, windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and std ``(models, horizon)`` in requests per MINUTE for ``(models, input_size)``
+        windows of counts (std is 0 for the point model)."""
+        import torch
+
+        x = np.asarray(windows, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.input_size:
+            raise ValueError(f"windows must be (models, {self.input_size}), got {x.shape}")
+        m = self.model
+        with torch_threads(self.threads), torch.inference_mode():
+            y = torch.from_numpy(x).unsqueeze(-1)                 # [B, L, 1]
+            mask = torch.ones_like(y)
+            z = m.scaler.transform(x=y, mask=mask)                 # per-window scaling, as in training
+            loc, scale = m.scaler.x_shift, m.scaler.x_scale        # [B, 1, 1]
+            out = m({"insample_y": z, "insample_mask": mask, "futr_exog": None,
+                     "hist_exog": None, "stat_exog": None})        # [B, h, n_outputs]
+            if self.loss == "normal":
+                mu, sigma = m.loss.scale_decouple(output=m.loss.domain_map(out), loc=loc, scale=scale)
+                mu, sigma = mu[..., 0], sigma[..., 0]
+            else:
+                mu = m.scaler.inverse_transform(z=m.loss.domain_map(out), x_shift=loc, x_scale=scale)[..., 0]
+                sigma = torch.zeros_like(mu)
+        return mu.double().numpy(), sigma.double().numpy()
+
+    def predict(self, history: Mapping[str, np.ndarray], n_samples: int = 100,
+                seed: int | None = None) -> Forecast:
+        """Samples ``(models, n_samples, horizon)`` of requests/s, never negative."""
+        if n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1 (got {n_samples})")
+        hist = check_history(history)
+        names = list(hist)
+        rng = np.random.default_rng(seed)
+        out = np.zeros((len(names), n_samples, self.horizon))
+        predictor: dict[str, str] = {}
+        full = [i for i, n in enumerate(names) if hist[n].size >= self.input_size]
+        if full:
+            windows = np.stack([hist[names[i]][-self.input_size:] for i in full])
+            mu, sigma = self.predict_params(windows)
+            noise = rng.standard_normal((len(full), n_samples, self.horizon))
+            out[full] = (mu[:, None, :] + sigma[:, None, :] * noise) / 60.0
+            predictor.update({names[i]: self.name for i in full})
+        short = [n for n in names if hist[n].size < self.input_size]
+        if short:
+            fb_seed = None if seed is None else int(rng.integers(2**32))
+            fb = self.fallback.predict({n: hist[n] for n in short}, n_samples, fb_seed)
+            for k, n in enumerate(short):
+                out[names.index(n)] = fb.samples[k]
+                predictor[n] = fb.predictor[n]
+        return Forecast(names, out, {n: predictor[n] for n in names})
+
+    def warm_up(self) -> None:
+        """One throw-away forward pass so the first real call is not slower."""
+        self.predict_params(np.ones((1, self.input_size)))
+
+    # -- persistence (see forecasting.io) -----------------------------------------------
+    def save(self, directory) -> None:
+        from .io import save_forecaster
+
+        save_forecaster(self, directory)
+
+    @classmethod
+    def load(cls, directory) -> "NHitsForecaster":
+        from .io import load_forecaster
+
+        return load_forecaster(directory)
+
+
+def neuralforecast_predict(forecaster: NHitsForecaster, history: Mapping[str, np.ndarray],
+                           seed: int = 1) -> dict[str, np.ndarray]:
+    """Reference forecast through neuralforecast's own ``NeuralForecast.predict(df)``.
+
+    Returns ``{"mean": (models, horizon)}`` in requests per minute (for the Gaussian model
+    the mean of neuralforecast's 1000 samples) plus ``"lo-90"``/``"hi-90"`` for it.
+    Slow (a Lightning Trainer per call); used to check :meth:`NHitsForecaster.predict_params`.
+    """
+    from neuralforecast import NeuralForecast
+
+    from .history import history_frame
+    from .quiet import preserved_global_rng, quiet_lightning
+
+    hist = check_history(history)
+    names = list(hist)
+    df = history_frame(hist)
+    model = forecaster.model
+    with quiet_lightning(), preserved_global_rng():
+        nf = NeuralForecast(models=[model], freq=1)
+        nf.models = [model]
+        nf.id_col, nf.time_col, nf.target_col = "unique_id", "ds", "y"
+        nf.scalers_, nf.static_scalers_, nf._fitted = {}, {}, True
+        kwargs = {"level": [90]} if forecaster.loss == "normal" else {}
+        saved_seed, model.random_seed = model.random_seed, seed
+        try:
+            fc = nf.predict(df=df, **kwargs)
+        finally:
+            model.random_seed = saved_seed
+            model.eval()
+    fc = fc.set_index("unique_id").loc[names]
+    col = repr(model)
+    res = {"mean": fc[col].to_numpy(dtype=float).reshape(len(names), forecaster.horizon)}
+    if forecaster.loss == "normal":
+        for k in ("lo-90", "hi-90"):
+            res[k] = fc[f"{col}-{k}"].to_numpy(dtype=float).reshape(len(names), forecaster.horizon)
+    return res
