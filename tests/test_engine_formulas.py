@@ -97,18 +97,20 @@ def test_penalty_steps_aws_table():
     assert penalty_step(avail).tolist() == [0, 0, 0, 0.25, 0.25, 0.5, 0.5, 1.0, 1.0]
 
 
-def test_relaxed_penalty_is_piecewise_linear_through_the_corners():
-    assert penalty_relaxed([1.0, 0.99, 0.95, 0.90, 0.0]).tolist() == pytest.approx([0, 0, 0.25, 0.5, 1.0])
-    assert penalty_relaxed(0.97).item() == pytest.approx(0.125)
-    assert penalty_relaxed(0.925).item() == pytest.approx(0.375)
+def test_relaxed_penalty_is_piecewise_linear_through_the_table_points():
+    assert penalty_relaxed([1.0, 0.99, 0.95, 0.90, 0.5, 0.0]).tolist() == pytest.approx([0, 0.25, 0.5, 1, 1, 1])
+    assert penalty_relaxed(0.995).item() == pytest.approx(0.125)
+    assert penalty_relaxed(0.97).item() == pytest.approx(0.375)
+    assert penalty_relaxed(0.925).item() == pytest.approx(0.75)
     a = np.linspace(0, 1, 1001)
-    assert np.all(penalty_relaxed(a) <= penalty_step(a) + 1e-12)
-    assert np.all(np.diff(penalty_relaxed(a[a <= 0.99])) < 0)  # no plateau below 99 %
+    assert np.all(penalty_relaxed(a) >= penalty_step(a) - 1e-12)  # never understates
+    assert np.all(np.diff(penalty_relaxed(a[a >= 0.9])) < 0)  # every drop costs: no plateau
 
 
 def test_phi_and_effective_utility():
     assert phi(0.03, relaxed=False).item() == pytest.approx(0.75)
-    assert phi(0.03).item() == pytest.approx(1 - 0.125)
+    assert phi(0.03).item() == pytest.approx(1 - 0.375)
+    assert phi(0.0).item() == 1.0 and phi(0.005).item() < 1.0
     assert effective_utility(0.8, 0.07, relaxed=False).item() == pytest.approx(0.8 * 0.5)
 
 
