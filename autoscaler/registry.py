@@ -58,7 +58,7 @@ def make_policy(name: str, models: Sequence[ModelSLO], cluster: ClusterSpec,
 
 
 # Modules that register further policies when imported (baselines, seed systems).
-PLUGINS: list[str] = []
+PLUGINS: list[str] = ["autoscaler.baselines", "autoscaler.seeds"]
 
 
 def _load_plugins() -> None:

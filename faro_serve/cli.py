@@ -15,6 +15,8 @@ COMMANDS = [
     "faro_serve.commands.estimate",
     "faro_serve.commands.plan",
     "faro_serve.commands.forecast",
+    "faro_serve.commands.simulate",
+    "faro_serve.commands.suite",
 ]
 
 

@@ -178,3 +178,48 @@ def load_trace(path: str | Path, days=None, sample: int | None = None,
     else:
         trace = _load_csv(p, day_list, sample)
     return trace.select(jobs) if jobs else trace
+
+
+def duplicate_jobs(trace: Trace, n_jobs: int, jitter: float = 0.1, max_shift: int = 30,
+                   seed: int = 0) -> Trace:
+    """An ``n_jobs`` workload from a trace's jobs, for large-scale runs (paper Table 8).
+
+    Job ``k`` copies source job ``k mod J``. The first copy of each is the original; later
+    copies are shifted in time by a random whole number of minutes in ``[-max_shift,
+    max_shift]`` (the ends padded with the edge value) and multiplied point by point by
+    ``max(0, 1 + jitter * N(0, 1))``, so duplicates are alike but not in lockstep. Names are
+    ``<job>`` for the original and ``<job>-<copy>`` for copies.
+    """
+    if n_jobs < 1:
+        raise TraceError(f"the number of jobs must be >= 1 (got {n_jobs})")
+    if jitter < 0 or max_shift < 0:
+        raise TraceError("jitter and max_shift must be >= 0")
+    rng = np.random.default_rng(seed)
+    n_src, minutes = trace.counts.shape
+    names, rows = [], []
+    for k in range(n_jobs):
+        src, copy = k % n_src, k // n_src
+        row = trace.counts[src]
+        if copy == 0:
+            names.append(trace.names[src])
+            rows.append(row.copy())
+            continue
+        shift = int(rng.integers(-max_shift, max_shift + 1)) if max_shift else 0
+        idx = np.clip(np.arange(minutes) - shift, 0, minutes - 1)
+        noise = np.maximum(0.0, 1.0 + jitter * rng.standard_normal(minutes))
+        names.append(f"{trace.names[src]}-{copy}")
+        rows.append(row[idx] * noise)
+    return Trace(names, np.vstack(rows))
+
+
+def previous_day_tail(path: str | Path, day: int, sample: int | None, minutes: int,
+                      jobs: list[str] | None = None) -> np.ndarray | None:
+    """The last ``minutes`` counts of day ``day - 1`` (same sample), or None when the file has
+    no such day: the arrival history a long-running system would have at the day's start."""
+    if minutes <= 0 or day <= 1:
+        return None
+    try:
+        prev = load_trace(path, days=day - 1, sample=sample, jobs=jobs)
+    except TraceError:
+        return None
+    return prev.counts[:, -minutes:].copy()

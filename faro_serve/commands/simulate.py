@@ -1,0 +1,141 @@
+"""``faro-serve simulate``: one policy on a trace in the matched simulator (paper 6.4).
+
+Replays per-minute counts (tidy CSV or JSON lines; one point = one minute, Poisson arrivals
+inside it) through a cluster of CAPACITY one-CPU replicas and reports the paper's metrics:
+lost cluster utility, SLO violation rates, drops, per job. Defaults are the paper-matched
+setup: 720 ms p99 SLO, 154 ms processing (measured lognormal), cold start 60 s, router
+queue 50. Forecasting policies (faro-*, mark) plan with N-HiTS trained on --history, or
+with the fallback predictor without it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_scenario_args(p) -> None:
+    """Trace and setup flags shared with ``faro-serve suite``."""
+    p.add_argument("--trace", required=True, help="trace file: tidy CSV or JSON lines")
+    p.add_argument("--day", type=int, help="day to replay (CSV with a 'day' column)")
+    p.add_argument("--sample", type=int, help="sample of that day (CSV with a 'sample' column)")
+    p.add_argument("--jobs", help="comma-separated jobs to keep (default: all)")
+    p.add_argument("--minutes", type=int, help="replay only the first N minutes")
+    p.add_argument("--rescale", metavar="LOW,HIGH", help="map counts linearly onto LOW..HIGH requests/min")
+    p.add_argument("--n-jobs", type=int, help="duplicate jobs (with jitter) up to N jobs")
+    p.add_argument("--jitter", type=float, default=0.1, help="relative noise of duplicated jobs (0.1)")
+    p.add_argument("--warmup-minutes", type=int, default=60,
+                   help="arrival history from the previous day given to the policies (60; 0 = none)")
+    p.add_argument("--slo-ms", type=float, default=720.0, help="p99 latency SLO of every job (720)")
+    p.add_argument("--percentile", type=float, default=99.0, help="SLO percentile (99)")
+    p.add_argument("--processing-ms", type=float, default=154.0,
+                   help="processing prior (154); also the mean of the simulated lognormal")
+    p.add_argument("--processing-dist", help="simulated processing time, seconds: lognorm:S,LOC,SCALE | "
+                   "const:X | expon:LOC,SCALE (default: the paper's lognormal)")
+    p.add_argument("--overhead-dist", help="router overhead, same forms (default: the paper's lognormal)")
+    p.add_argument("--cold-start-s", type=float, default=60.0, help="replica cold start (60)")
+    p.add_argument("--queue-limit", type=int, default=50, help="router tail-drop threshold (50)")
+    p.add_argument("--history", help="CSV to train the N-HiTS forecaster on (cached)")
+    p.add_argument("--history-days", help="days of --history to train on (default: days before --day)")
+    p.add_argument("--history-sample", type=int, default=0, help="sample of --history (0)")
+    p.add_argument("--forecaster-cache", default="runs/forecasters",
+                   help="where trained forecasters are kept (runs/forecasters)")
+    p.add_argument("--history-max-steps", type=int,
+                   help="training steps of the forecaster (default: forecasting.train's; small = quick trial)")
+
+
+def scenario_from_args(args):
+    from ..sim.scenario import Scenario
+
+    rescale = None
+    if args.rescale:
+        try:
+            lo, hi = (float(x) for x in args.rescale.split(","))
+        except ValueError:
+            raise ValueError(f"--rescale takes LOW,HIGH (got {args.rescale!r})") from None
+        rescale = (lo, hi)
+    jobs = tuple(j.strip() for j in args.jobs.split(",") if j.strip()) if args.jobs else None
+    return Scenario(trace=args.trace, day=args.day, sample=args.sample, jobs=jobs,
+                    minutes=args.minutes, rescale=rescale, n_jobs=args.n_jobs, jitter=args.jitter,
+                    warmup_minutes=args.warmup_minutes, slo_ms=args.slo_ms,
+                    percentile=args.percentile, processing_ms=args.processing_ms,
+                    processing_dist=args.processing_dist, overhead_dist=args.overhead_dist,
+                    cold_start_s=args.cold_start_s, queue_limit=args.queue_limit).validate()
+
+
+def forecaster_from_args(args, log=None):
+    """(forecaster or None, how it was made); None = the policies' fallback predictor."""
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    if not args.history:
+        return None, "fallback"
+    from ..sim.forecaster import history_forecaster
+
+    fc = history_forecaster(args.history, days=args.history_days, sample=args.history_sample,
+                            before_day=args.day if args.history_days is None else None,
+                            cache_dir=args.forecaster_cache, max_steps=args.history_max_steps, log=log)
+    return fc, "nhits"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("simulate", help="run one policy on a trace in the matched simulator",
+                       description=__doc__.split("\n\n", 1)[1])
+    add_scenario_args(p)
+    p.add_argument("--capacity", type=float, required=True, help="replicas (1 CPU, 1 GiB each)")
+    p.add_argument("--policy", default="faro-fairsum", help="policy name, e.g. faro-fairsum, oracle, mark, aiad (a wrong name lists all)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of arrivals and times (0)")
+    p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-' = stdout)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from autoscaler import policy_names
+
+    from ..cli import UsageError
+    from ..sim.scenario import run_scenario
+
+    if args.policy not in policy_names():
+        raise UsageError(f"unknown policy {args.policy!r}; choose one of {', '.join(policy_names())}")
+    if args.capacity <= 0:
+        raise UsageError(f"--capacity must be > 0 (got {args.capacity:g})")
+    sc = scenario_from_args(args)
+    loaded = sc.load()
+    names = loaded[0]
+    if len(names) > args.capacity:
+        raise UsageError(f"{len(names)} jobs need at least {len(names)} replicas; --capacity is {args.capacity:g}")
+    fc, kind = forecaster_from_args(args)
+    if kind == "fallback" and (args.policy.startswith("faro-") or args.policy == "mark"):
+        print(f"note: no --history given: {args.policy} forecasts with the fallback predictor "
+              f"(uniform between the recent mean and max)", file=sys.stderr)
+    res = run_scenario(sc, args.policy, args.capacity, args.seed, forecaster=fc, loaded=loaded)
+    out = res.to_dict() | {"forecaster": kind if (args.policy.startswith("faro-") or args.policy == "mark")
+                           else "none"}
+    if args.json:
+        text = json.dumps(out, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    if args.json != "-":
+        print_result(res, sc)
+    return 0
+
+
+def print_result(res, sc) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s = res.summary
+    table = Table(title=f"{res.policy} on {len(res.names)} jobs, capacity {res.capacity_cpus:g}, seed {res.seed}")
+    for col in ("job", "requests", "dropped", "SLO viol.", "lost utility", "mean replicas"):
+        table.add_column(col, justify="left" if col == "job" else "right", no_wrap=True)
+    mean_reps = res.targets.mean(axis=0)
+    for i, n in enumerate(res.names):
+        table.add_row(n, f"{int(s.job_requests[i]):,}", f"{int(s.job_dropped[i]):,}",
+                      f"{s.job_slo_violation_rate[i]:.2%}", f"{s.job_lost_utility[i]:.3f}",
+                      f"{mean_reps[i]:.1f}")
+    con = Console()
+    con.print(table)
+    con.print(f"lost cluster utility {s.lost_cluster_utility:.3f} (effective {s.lost_effective_utility:.3f}) | "
+              f"cluster SLO violation rate {s.cluster_slo_violation_rate:.2%} | "
+              f"{res.table.minutes} min, {int(s.job_requests.sum()):,} requests | wall {res.wall_s:.1f} s")

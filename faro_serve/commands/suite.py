@@ -1,0 +1,99 @@
+"""``faro-serve suite``: every policy x capacity x seed in the simulator, in parallel.
+
+Runs on ``--workers`` processes (2) with a progress bar and writes into ``--out``:
+results.csv (one row per run), timeline.csv (cluster utility per minute), summary.md
+(mean and SD over seeds, policies ranked per capacity, as the paper's Table 7) and the
+plots lost_utility.png and timeline.png. Trace and setup flags are those of ``simulate``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def register(sub) -> None:
+    from .simulate import add_scenario_args
+
+    p = sub.add_parser("suite", help="compare policies x capacities x seeds in the simulator",
+                       description=__doc__.split("\n\n", 1)[1])
+    add_scenario_args(p)
+    p.add_argument("--capacities", default="36,32,16", help="comma-separated replica counts (36,32,16)")
+    p.add_argument("--policies", default="all", help="comma-separated policy names, or 'all'")
+    p.add_argument("--seeds", default="3", help="a count N (seeds 0..N-1) or a list like 0,1,2 (3)")
+    p.add_argument("--workers", type=int, default=2, help="parallel processes (2)")
+    p.add_argument("--out", default="runs/suite", help="output directory (runs/suite)")
+    p.add_argument("--timeline-capacity", type=float, help="capacity of the timeline plot (default: the middle one)")
+    p.add_argument("--title", default="", help="title of the summary and plots")
+    p.set_defaults(func=run)
+
+
+def _numbers(text: str, what: str, cast=float) -> list:
+    try:
+        vals = [cast(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated numbers (got {text!r})") from None
+    if not vals:
+        raise ValueError(f"{what} is empty")
+    return vals
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autoscaler import policy_names
+
+    from ..cli import UsageError
+    from ..sim.suite import markdown_table, aggregate, run_suite, uses_forecaster, write_outputs
+    from .simulate import scenario_from_args
+
+    known = policy_names()
+    policies = known if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in known]
+    if bad or not policies:
+        raise UsageError(f"unknown policy {', '.join(bad) or '(none)'}; choose from {', '.join(known)}")
+    capacities = _numbers(args.capacities, "--capacities")
+    if any(c <= 0 for c in capacities):
+        raise UsageError("--capacities must be > 0")
+    seeds = _numbers(args.seeds, "--seeds", int)
+    seeds = list(range(seeds[0])) if len(seeds) == 1 and "," not in args.seeds else seeds
+    if not seeds or any(s < 0 for s in seeds):
+        raise UsageError("--seeds needs a count >= 1 or a list of seeds >= 0")
+    if args.workers < 1:
+        raise UsageError("--workers must be >= 1")
+    sc = scenario_from_args(args)
+    names = sc.load()[0]
+    if len(names) > min(capacities):
+        raise UsageError(f"{len(names)} jobs need at least {len(names)} replicas; smallest capacity is {min(capacities):g}")
+    fc_dir = None
+    if args.history and any(uses_forecaster(p) for p in policies):
+        from ..sim.forecaster import ensure_forecaster
+
+        fc_dir = str(ensure_forecaster(args.history, days=args.history_days, sample=args.history_sample,
+                                       before_day=args.day if args.history_days is None else None,
+                                       cache_dir=args.forecaster_cache, max_steps=args.history_max_steps,
+                                       log=lambda m: print(m, file=sys.stderr)))
+    elif any(uses_forecaster(p) for p in policies):
+        print("note: no --history given: faro-* and mark forecast with the fallback predictor",
+              file=sys.stderr)
+    n = len(policies) * len(capacities) * len(seeds)
+    t0 = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("{task.fields[last]}"), transient=False) as prog:
+        bar = prog.add_task(f"suite: {len(names)} jobs", total=n, last="")
+
+        def progress(task, row):
+            prog.update(bar, advance=1, last=f"{task.policy} @ {task.capacity:g} seed {task.seed}: "
+                        f"lost {row['lost_cluster_utility']:.2f}")
+
+        rows, timelines = run_suite(sc, policies, capacities, seeds, args.workers, fc_dir, progress)
+    title = args.title or (f"{Path(args.trace).name}" + (f" day {args.day}" if args.day is not None else "")
+                           + (f" sample {args.sample}" if args.sample is not None else "")
+                           + f", {len(names)} jobs, {len(seeds)} seed(s), forecaster "
+                           + ("N-HiTS" if fc_dir else "fallback"))
+    paths = write_outputs(Path(args.out), rows, timelines, title, args.timeline_capacity)
+    print(markdown_table(aggregate(rows)))
+    print(f"{n} runs in {time.perf_counter() - t0:.0f} s; wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0

@@ -1,0 +1,132 @@
+"""Numba kernels of the simulator: one model's router and replicas between two instants.
+
+The model is the router of the Faro deployment (paper section 5): one FIFO queue per
+model in front of replicas that serve one request at a time; an arrival that finds
+``limit`` requests waiting is tail-dropped (HTTP 503), and a fraction ``drop_rate`` of
+arrivals is dropped on purpose (the drop rates Faro's penalty objectives set). A request
+starts on the replica that frees first; its latency is its wait, its processing time and
+the router overhead. Replicas added by the autoscaler appear with ``free_at`` = the end of
+their cold start, so nothing is special about them here.
+
+Requests live in per-model buffers (arrival, processing, overhead and drop draw, all drawn
+beforehand from a seeded generator, so a run is deterministic); the kernel fills in start
+time, latency and status. Status codes: ``PENDING`` (not arrived yet or queued), ``DONE``,
+``DROP_RATE``, ``DROP_TAIL``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+PENDING = 0
+DONE = 1
+DROP_RATE = 2
+DROP_TAIL = 3
+
+
+@njit(cache=True)
+def _argmin(a: np.ndarray) -> int:
+    k = 0
+    best = a[0]
+    for j in range(1, a.shape[0]):
+        if a[j] < best:
+            best = a[j]
+            k = j
+    return k
+
+
+@njit(cache=True)
+def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.ndarray,
+            u: np.ndarray, start: np.ndarray, lat: np.ndarray, status: np.ndarray,
+            nxt: int, nend: int, qbuf: np.ndarray, qh: int, nq: int,
+            free_at: np.ndarray, busy_until: np.ndarray, drop_rate: float, limit: int):
+    """Simulate ``[t0, t1)``: serve the queue, take the arrivals ``arr[nxt:nend]`` before t1.
+
+    ``qbuf`` is a ring of buffer indices (the FIFO queue) with head ``qh`` and length ``nq``.
+    Returns ``(nxt, qh, nq, arrivals, dropped, area)`` where ``area`` is the integral over
+    the interval of the number of requests in the system (queued + in service), from which
+    the driver reports mean ongoing requests.
+    """
+    cap = qbuf.shape[0]
+    n_srv = free_at.shape[0]
+    area = 0.0
+    for k in range(n_srv):  # requests in service since before t0
+        if busy_until[k] > t0:
+            area += min(busy_until[k], t1) - t0
+    n_arr = 0
+    n_drop = 0
+    i = nxt
+    while True:
+        ta = t1
+        if i < nend and arr[i] < t1:
+            ta = arr[i]
+        # Replicas that free up before the next arrival take the queue's head first.
+        while nq > 0 and n_srv > 0:
+            k = _argmin(free_at)
+            f = free_at[k]
+            if f > ta or f >= t1:
+                break
+            j = qbuf[qh]
+            qh = (qh + 1) % cap
+            nq -= 1
+            s = max(f, arr[j])
+            start[j] = s
+            busy_until[k] = s + proc[j]
+            free_at[k] = s + proc[j]
+            lat[j] = s - arr[j] + proc[j] + ovh[j]
+            status[j] = DONE
+            area += (s - max(arr[j], t0)) + (min(s + proc[j], t1) - s)
+        if ta >= t1:
+            break
+        n_arr += 1
+        if u[i] < drop_rate:
+            status[i] = DROP_RATE
+            lat[i] = np.inf
+            n_drop += 1
+        else:
+            k = -1
+            if nq == 0 and n_srv > 0:
+                k = _argmin(free_at)
+                if free_at[k] > ta:
+                    k = -1
+            if k >= 0:
+                start[i] = ta
+                busy_until[k] = ta + proc[i]
+                free_at[k] = ta + proc[i]
+                lat[i] = proc[i] + ovh[i]
+                status[i] = DONE
+                area += min(ta + proc[i], t1) - ta
+            elif nq >= limit:
+                status[i] = DROP_TAIL
+                lat[i] = np.inf
+                n_drop += 1
+            else:
+                qbuf[(qh + nq) % cap] = i
+                nq += 1
+        i += 1
+    for m in range(nq):  # still waiting at t1
+        j = qbuf[(qh + m) % cap]
+        area += t1 - max(arr[j], t0)
+    return i, qh, nq, n_arr, n_drop, area
+
+
+@njit(cache=True)
+def lookback(arr: np.ndarray, lat: np.ndarray, proc: np.ndarray, status: np.ndarray,
+             lo: int, hi: int, t_lo: float, t_hi: float, q: float):
+    """Over requests ``lo..hi-1`` completed in ``(t_lo, t_hi]``: the ``q`` percentile of their
+    latency, their mean processing time and their number (what the router front reports
+    for its look-back window). Percentile and mean are NaN when there are none."""
+    buf = np.empty(max(hi - lo, 0))
+    n = 0
+    psum = 0.0
+    for j in range(lo, hi):
+        if status[j] == DONE:
+            c = arr[j] + lat[j]
+            if c > t_lo and c <= t_hi:
+                buf[n] = lat[j]
+                psum += proc[j]
+                n += 1
+    if n == 0:
+        return np.nan, np.nan, 0
+    return np.percentile(buf[:n], q), psum / n, n

@@ -1,0 +1,150 @@
+"""One simulated model: its request buffer, its router queue and its replicas (paper 6.4).
+
+The buffer holds the requests of the minutes still in flight: new minutes are appended
+when they start; a prefix is dropped once every request in it is settled (served or
+dropped), has been handed to the metrics, and is older than the latency look-back.
+
+Replicas are three small arrays: ``ready_at`` (end of the cold start), ``busy_until``
+(end of the request in service) and ``free_at`` = max of the two, the one the kernel reads.
+Scaling down removes replicas still starting first (the latest first), then idle ones,
+then busy ones; a busy replica's request finishes (its completion is already recorded),
+and the replica holds no capacity after the decision (an approximation of under a second).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from .kernels import DONE, PENDING, advance, lookback
+
+
+class ModelState:
+    def __init__(self, name: str, index: int, queue_limit: int, look_back_ticks: int):
+        self.name = name
+        self.index = index
+        self.limit = int(queue_limit)
+        self.qbuf = np.zeros(max(self.limit, 1), dtype=np.int64)
+        self.qh = 0
+        self.nq = 0
+        self.base = 0  # global index of buffer position 0
+        self.arr = np.empty(0)
+        self.proc = np.empty(0)
+        self.ovh = np.empty(0)
+        self.u = np.empty(0)
+        self.start = np.empty(0)
+        self.lat = np.empty(0)
+        self.status = np.empty(0, dtype=np.int8)
+        self.nxt = 0  # buffer position of the first request not yet arrived
+        self.flushed = 0  # global index: requests before it went to the metrics
+        self.minutes_loaded = 0
+        self.ready_at = np.zeros(1)
+        self.busy_until = np.full(1, -np.inf)
+        self.free_at = np.zeros(1)
+        self.drop_rate = 0.0
+        # global index of the queue head at each of the last ticks (look-back range)
+        self.heads: deque[int] = deque([0], maxlen=look_back_ticks + 2)
+        self.tick_arrivals = 0
+        self.tick_dropped = 0
+        self.tick_area = 0.0
+
+    # -- replicas ----------------------------------------------------------------------
+    @property
+    def target(self) -> int:
+        return int(self.ready_at.size)
+
+    def serving(self, now: float) -> int:
+        return int(np.count_nonzero(self.ready_at <= now))
+
+    def scale_to(self, n: int, now: float, cold_start_s: float) -> None:
+        cur = self.target
+        if n > cur:
+            add = n - cur
+            ready = np.full(add, now + cold_start_s)
+            self.ready_at = np.concatenate([self.ready_at, ready])
+            self.busy_until = np.concatenate([self.busy_until, np.full(add, -np.inf)])
+            self.free_at = np.concatenate([self.free_at, ready])
+        elif n < cur:
+            starting = self.ready_at > now
+            idle = ~starting & (self.busy_until <= now)
+            # removal order: starting (latest ready first), idle, busy (soonest done first)
+            key = np.where(starting, 0, np.where(idle, 1, 2)).astype(float)
+            sub = np.where(starting, -self.ready_at, np.where(idle, 0.0, self.busy_until))
+            order = np.lexsort((sub, key))
+            keep = np.sort(order[cur - n:])
+            self.ready_at = self.ready_at[keep]
+            self.busy_until = self.busy_until[keep]
+            self.free_at = self.free_at[keep]
+
+    # -- requests ----------------------------------------------------------------------
+    def append(self, arrival, proc, overhead, u) -> None:
+        """Add the requests of the next minute (already sorted by arrival)."""
+        n = arrival.size
+        self.arr = np.concatenate([self.arr, arrival])
+        self.proc = np.concatenate([self.proc, proc])
+        self.ovh = np.concatenate([self.ovh, overhead])
+        self.u = np.concatenate([self.u, u])
+        self.start = np.concatenate([self.start, np.full(n, np.nan)])
+        self.lat = np.concatenate([self.lat, np.full(n, np.nan)])
+        self.status = np.concatenate([self.status, np.full(n, PENDING, dtype=np.int8)])
+        self.minutes_loaded += 1
+
+    def head(self) -> int:
+        """Global index of the first request not settled yet (queued or not arrived)."""
+        pos = self.qbuf[self.qh] if self.nq > 0 else self.nxt
+        return self.base + int(pos)
+
+    def run(self, t0: float, t1: float) -> None:
+        out = advance(t0, t1, self.arr, self.proc, self.ovh, self.u, self.start, self.lat,
+                      self.status, self.nxt, self.arr.size, self.qbuf, self.qh, self.nq,
+                      self.free_at, self.busy_until, self.drop_rate, self.limit)
+        self.nxt, self.qh, self.nq, n_arr, n_drop, area = out
+        self.tick_arrivals += n_arr
+        self.tick_dropped += n_drop
+        self.tick_area += area
+
+    def observe(self, now: float, look_back_s: float, percentile: float):
+        """(latency s, mean processing s, completed) over ``(now - look_back_s, now]``."""
+        lo = max(self.heads[0] - self.base, 0)
+        hi = self.nxt
+        return lookback(self.arr, self.lat, self.proc, self.status, lo, hi,
+                        now - look_back_s, now, percentile)
+
+    def end_tick(self) -> tuple[int, int, float]:
+        self.heads.append(self.head())
+        out = (self.tick_arrivals, self.tick_dropped, self.tick_area)
+        self.tick_arrivals = self.tick_dropped = 0
+        self.tick_area = 0.0
+        return out
+
+    def settled_until_minute(self) -> int:
+        """Minutes (from the start) all of whose requests are settled."""
+        h = self.head() - self.base
+        if h < self.arr.size:
+            return int(self.arr[h] // 60.0)
+        return self.minutes_loaded
+
+    def take_settled(self, upto_minute: int):
+        """Requests not yet reported whose arrival minute is below ``upto_minute``:
+        (arrival, latency, dropped), then trims the buffer."""
+        lo = self.flushed - self.base
+        hi = int(np.searchsorted(self.arr, upto_minute * 60.0, side="left"))
+        hi = max(hi, lo)
+        arr = self.arr[lo:hi]
+        lat = self.lat[lo:hi]
+        dropped = self.status[lo:hi] != DONE
+        self.flushed = self.base + hi
+        self._trim(min(self.flushed, self.heads[0], self.head()))
+        return arr, lat, dropped
+
+    def _trim(self, keep_from_global: int) -> None:
+        cut = keep_from_global - self.base
+        if cut <= 0:
+            return
+        for name in ("arr", "proc", "ovh", "u", "start", "lat", "status"):
+            setattr(self, name, getattr(self, name)[cut:])
+        self.nxt -= cut
+        for m in range(self.nq):
+            self.qbuf[(self.qh + m) % self.qbuf.size] -= cut
+        self.base += cut

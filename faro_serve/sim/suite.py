@@ -1,0 +1,172 @@
+"""Policies x capacities x seeds in parallel processes: the paper's comparison (Table 7).
+
+Each run is one :func:`~faro_serve.sim.scenario.run_scenario` in a worker process; workers
+load the (already trained and cached) forecaster once. The parent collects one row per run
+and each run's cluster utility per minute, then writes ``results.csv``, ``timeline.csv``,
+``summary.md`` (mean and SD over seeds, policies ranked per capacity as in Table 7) and the
+plots (``faro_serve.sim.plots``).
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .scenario import Scenario, run_scenario
+
+FORECASTING = ("faro-", "mark")  # policies that take the forecaster
+
+_WORKER: dict = {}
+
+
+@dataclass(frozen=True)
+class Task:
+    policy: str
+    capacity: float
+    seed: int
+
+
+def uses_forecaster(policy: str) -> bool:
+    return policy.startswith(FORECASTING[0]) or policy == FORECASTING[1]
+
+
+def _init_worker(scenario: Scenario, forecaster_dir: str | None) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _WORKER["scenario"] = scenario
+    _WORKER["loaded"] = scenario.load()
+    _WORKER["forecaster"] = None
+    if forecaster_dir:
+        import torch
+
+        from forecasting.io import load_forecaster
+
+        torch.set_num_threads(1)
+        _WORKER["forecaster"] = load_forecaster(forecaster_dir)
+
+
+def _run(task: Task) -> dict:
+    sc = _WORKER["scenario"]
+    fc = _WORKER["forecaster"] if uses_forecaster(task.policy) else None
+    res = run_scenario(sc, task.policy, task.capacity, task.seed, forecaster=fc, loaded=_WORKER["loaded"])
+    s = res.summary
+    row = {"policy": task.policy, "capacity": task.capacity, "seed": task.seed,
+           "lost_cluster_utility": s.lost_cluster_utility,
+           "lost_effective_utility": s.lost_effective_utility,
+           "cluster_slo_violation_rate": s.cluster_slo_violation_rate,
+           "requests": int(s.job_requests.sum()), "dropped": int(s.job_dropped.sum()),
+           **{f"job_lost_{k}": v for k, v in s.fairness.items()},
+           "mean_replicas": float(res.targets.sum(axis=1).mean()), "wall_s": res.wall_s,
+           "forecaster": ("nhits" if fc is not None else "fallback") if uses_forecaster(task.policy) else ""}
+    return {"row": row, "timeline": s.cluster_utility.tolist()}
+
+
+def run_suite(scenario: Scenario, policies: list[str], capacities: list[float], seeds: list[int],
+              workers: int = 2, forecaster_dir: str | None = None, progress=None) -> tuple[list, dict]:
+    """Run every (policy, capacity, seed); returns (rows, {(policy, capacity, seed): timeline})."""
+    tasks = [Task(p, c, s) for c, p, s in itertools.product(capacities, policies, seeds)]
+    rows, timelines = [], {}
+    if workers <= 1:
+        _init_worker(scenario, forecaster_dir)
+        for t in tasks:
+            out = _run(t)
+            rows.append(out["row"])
+            timelines[(t.policy, t.capacity, t.seed)] = out["timeline"]
+            if progress:
+                progress(t, out["row"])
+        return rows, timelines
+    with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
+                             initargs=(scenario, forecaster_dir)) as pool:
+        futures = {pool.submit(_run, t): t for t in tasks}
+        for fut in as_completed(futures):
+            t = futures[fut]
+            out = fut.result()
+            rows.append(out["row"])
+            timelines[(t.policy, t.capacity, t.seed)] = out["timeline"]
+            if progress:
+                progress(t, out["row"])
+    order = {(t.policy, t.capacity, t.seed): i for i, t in enumerate(tasks)}
+    rows.sort(key=lambda r: order[(r["policy"], r["capacity"], r["seed"])])
+    return rows, timelines
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+    """Mean and SD over seeds per (capacity, policy), ranked by lost cluster utility."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["capacity"], r["policy"]), []).append(r)
+    out = []
+    for (cap, pol), rs in groups.items():
+        def ms(key):
+            v = np.array([r[key] for r in rs], dtype=float)
+            return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+        lu, lu_sd = ms("lost_cluster_utility")
+        eu, eu_sd = ms("lost_effective_utility")
+        sv, sv_sd = ms("cluster_slo_violation_rate")
+        out.append({"capacity": cap, "policy": pol, "seeds": len(rs), "lost_utility": lu,
+                    "lost_utility_sd": lu_sd, "lost_effective_utility": eu, "lost_effective_sd": eu_sd,
+                    "slo_violation_rate": sv, "slo_violation_sd": sv_sd,
+                    "job_lost_median": ms("job_lost_median")[0], "job_lost_max": ms("job_lost_max")[0],
+                    "mean_replicas": ms("mean_replicas")[0], "wall_s": ms("wall_s")[0],
+                    "forecaster": rs[0].get("forecaster", "")})
+    out.sort(key=lambda a: (-a["capacity"], a["lost_utility"]))
+    return out
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def write_timeline(path: Path, timelines: dict) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["policy", "capacity", "seed", "minute", "cluster_utility"])
+        for (pol, cap, seed), tl in sorted(timelines.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
+            for m, u in enumerate(tl):
+                w.writerow([pol, cap, seed, m, round(u, 5)])
+
+
+def markdown_table(agg: list[dict]) -> str:
+    """One table per capacity, policies ranked by mean lost cluster utility (lower is better)."""
+    lines = []
+    for cap in sorted({a["capacity"] for a in agg}, reverse=True):
+        lines += [f"**Capacity {cap:g} replicas**", "",
+                  "| rank | policy | lost cluster utility (SD) | lost effective utility | "
+                  "cluster SLO violation rate | median / max job lost utility | mean replicas |",
+                  "|---:|---|---:|---:|---:|---:|---:|"]
+        for k, a in enumerate([a for a in agg if a["capacity"] == cap], 1):
+            lines.append(f"| {k} | {a['policy']} | {a['lost_utility']:.2f} ({a['lost_utility_sd']:.2f}) | "
+                         f"{a['lost_effective_utility']:.2f} | {a['slo_violation_rate']:.2%} | "
+                         f"{a['job_lost_median']:.3f} / {a['job_lost_max']:.3f} | {a['mean_replicas']:.1f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_outputs(out_dir: Path, rows: list[dict], timelines: dict, title: str = "",
+                  timeline_capacity: float | None = None) -> dict[str, Path]:
+    from .plots import plot_lost_utility, plot_timeline
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    agg = aggregate(rows)
+    paths = {"results": out_dir / "results.csv", "timeline": out_dir / "timeline.csv",
+             "summary": out_dir / "summary.md", "lost_png": out_dir / "lost_utility.png",
+             "timeline_png": out_dir / "timeline.png"}
+    write_csv(paths["results"], rows)
+    write_timeline(paths["timeline"], timelines)
+    paths["summary"].write_text((f"# {title}\n\n" if title else "") + markdown_table(agg) + "\n")
+    plot_lost_utility(agg, paths["lost_png"], title)
+    caps = sorted({a["capacity"] for a in agg})
+    cap = timeline_capacity if timeline_capacity in caps else caps[len(caps) // 2]
+    plot_timeline(timelines, cap, paths["timeline_png"])
+    return paths

@@ -1,0 +1,219 @@
+"""The matched simulator: queueing against theory and a reference, conservation, cold start,
+tail drop, drop rates, determinism and the capacity guard."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+import numpy as np
+import pytest
+
+from autoscaler.policy import Decision, Policy
+from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.engine.latency import latency_mdc
+from faro_serve.sim import NO_OVERHEAD, CapacityExceeded, SimConfig, TimeDist, simulate
+from faro_serve.sim.kernels import DONE, DROP_TAIL, PENDING, advance
+
+
+class Hold(Policy):
+    """Never changes anything (a fixed cluster)."""
+
+    name = "hold"
+
+    def decide(self, obs):
+        return None
+
+
+class ScaleOnce(Policy):
+    """Sets given targets (and drop rates) at its first tick."""
+
+    name = "scale-once"
+
+    def __init__(self, models, cluster, targets, drops=None):
+        super().__init__(models, cluster)
+        self.targets, self.drops, self.done = targets, drops or {}, False
+
+    def decide(self, obs):
+        if self.done:
+            return None
+        self.done = True
+        return Decision(dict(self.targets), dict(self.drops))
+
+
+def one_model(p_ms=100.0, max_replicas=100):
+    return [ModelSLO(name="m", slo_ms=1000.0, processing_ms=p_ms, max_replicas=max_replicas)]
+
+
+def run_fixed(c, lam, dist, minutes=60, seed=1, limit=10**6):
+    m = one_model(dist.mean * 1e3)
+    cfg = SimConfig(capacity_cpus=c, queue_limit=limit, processing=dist, router_overhead=NO_OVERHEAD,
+                    initial_replicas=c, seed=seed, keep_records=True)
+    return simulate(np.full((1, minutes), lam * 60.0), m, Hold(m, ClusterSpec(cpus=c)), cfg)
+
+
+@pytest.mark.parametrize("c, lam", [(4, 30.0), (10, 80.0)])
+def test_mdc_p99_matches_the_engine_estimator(c, lam):
+    """Constant processing, Poisson arrivals, fixed replicas: the M/D/c queue the engine models."""
+    p = 0.1
+    res = run_fixed(c, lam, TimeDist("const", (p,)))
+    sim = np.percentile(res.records["latency_s"], 99)
+    est = latency_mdc(c, lam, p, 0.99)
+    assert sim == pytest.approx(est, rel=0.10), (sim, est)
+    # the load is what was asked for
+    assert res.records["latency_s"].size == pytest.approx(lam * 3600, rel=0.02)
+
+
+def test_mm1_sojourn_time_is_exponential():
+    """M/M/1: sojourn ~ Exp(mu - lambda), mean 1 / (mu - lambda), p99 ln(100) / (mu - lambda)."""
+    res = run_fixed(1, 6.0, TimeDist("expon", (0.0, 0.1)), minutes=120)
+    lat = res.records["latency_s"]
+    assert lat.mean() == pytest.approx(1 / 4.0, rel=0.05)
+    assert np.percentile(lat, 99) == pytest.approx(np.log(100) / 4.0, rel=0.10)
+
+
+def _reference(arr, proc, ready, limit):
+    """Event-driven FIFO c-server queue with tail drop (heap of departures), for comparison."""
+    free = list(ready)  # when each server can next start
+    heapq.heapify(free)
+    queue: deque[int] = deque()
+    start = np.full(arr.size, np.nan)
+    dropped = np.zeros(arr.size, bool)
+    busy: list[float] = []  # departure times of requests in service
+
+    def serve_until(t):
+        while queue and free and free[0] <= t:
+            f = heapq.heappop(free)
+            j = queue.popleft()
+            start[j] = max(f, arr[j])
+            heapq.heappush(free, start[j] + proc[j])
+
+    for i, a in enumerate(arr):
+        serve_until(a)
+        if not queue and free[0] <= a:
+            heapq.heappop(free)
+            start[i] = a
+            heapq.heappush(free, a + proc[i])
+        elif len(queue) >= limit:
+            dropped[i] = True
+        else:
+            queue.append(i)
+    serve_until(np.inf)
+    del busy
+    return start, dropped
+
+
+def test_kernel_matches_a_reference_queue_across_tick_boundaries():
+    rng = np.random.default_rng(7)
+    n = 4000
+    arr = np.sort(rng.uniform(0, 200, n))  # 20 req/s on 3 servers of mean 0.16 s: overloaded bursts
+    proc = rng.lognormal(np.log(0.15), 0.4, n)
+    ready = np.array([0.0, 0.0, 30.0])  # the third replica is cold until t = 30
+    limit = 5
+    ref_start, ref_drop = _reference(arr, proc, ready, limit)
+    start = np.full(n, np.nan)
+    lat = np.full(n, np.nan)
+    status = np.zeros(n, np.int8)
+    qbuf = np.zeros(limit, np.int64)
+    free_at, busy = ready.copy(), np.full(3, -np.inf)
+    nxt, qh, nq, total_arr, total_drop = 0, 0, 0, 0, 0
+    for t0, t1 in zip(np.arange(0, 200, 10.0), np.arange(10, 210, 10.0)):
+        nxt, qh, nq, a, d, _ = advance(t0, t1, arr, proc, np.zeros(n), np.ones(n), start, lat, status,
+                                      nxt, n, qbuf, qh, nq, free_at, busy, 0.0, limit)
+        total_arr += a
+        total_drop += d
+    advance(200.0, 1e18, arr, proc, np.zeros(n), np.ones(n), start, lat, status, nxt, n, qbuf, qh, nq,
+            free_at, busy, 0.0, limit)
+    assert total_arr == n
+    assert np.array_equal(status == DROP_TAIL, ref_drop) and ref_drop.sum() > 0
+    assert not (status == PENDING).any()
+    served = status == DONE
+    assert np.allclose(start[served], ref_start[served])
+    assert np.allclose(lat[served], start[served] - arr[served] + proc[served])
+    assert total_drop == ref_drop.sum()
+
+
+def test_conservation_every_arrival_is_served_or_dropped():
+    m = [ModelSLO(name=f"j{i}", slo_ms=720, processing_ms=154) for i in range(3)]
+    counts = np.array([[600.0] * 10, [200.0] * 10, [1500.0] * 10])  # j2 overloaded on 2 replicas
+    cfg = SimConfig(capacity_cpus=6, seed=3, keep_records=True)
+    res = simulate(counts, m, ScaleOnce(m, ClusterSpec(cpus=6), {"j0": 2, "j1": 2, "j2": 2}), cfg)
+    rec = res.records
+    n = int(res.summary.job_requests.sum())
+    assert rec["latency_s"].size == n
+    # the realised Poisson counts are what arrived
+    assert n == pytest.approx(counts.sum(), rel=0.02)
+    served = ~rec["dropped"]
+    assert np.all(np.isfinite(rec["latency_s"][served]))
+    assert served.sum() + rec["dropped"].sum() == n
+    assert res.summary.job_dropped[2] > 0 and res.summary.job_dropped[1] == 0
+
+
+def test_cold_start_delays_new_replicas():
+    m = one_model(100.0)
+    cfg = SimConfig(capacity_cpus=5, processing=TimeDist("const", (0.1,)), router_overhead=NO_OVERHEAD,
+                    cold_start_s=60.0, queue_limit=10**6, keep_records=True)
+    res = simulate(np.full((1, 3), 30 * 60.0), m, ScaleOnce(m, ClusterSpec(cpus=5), {"m": 5}), cfg)
+    t = res.tick_times
+    assert res.targets[0, 0] == 5
+    assert np.all(res.serving[(t > 0) & (t < 60), 0] == 1)
+    assert np.all(res.serving[t >= 60, 0] == 5)
+    rec = res.records
+    start = rec["arrival_s"] + rec["latency_s"] - 0.1
+    early = np.sort(start[start < 60.0])
+    # one replica: services before t = 60 never overlap
+    assert np.all(np.diff(early) >= 0.1 - 1e-9)
+    late = np.sort(start[(start >= 70.0) & (start < 120.0)])
+    assert np.any(np.diff(late) < 0.1 - 1e-9)  # several replicas at once after the cold start
+    # 30 req/s on one 0.1 s replica is 3x overload: latency grows until the replicas arrive
+    assert rec["latency_s"][rec["arrival_s"] < 60].max() > 10.0
+
+
+def test_tail_drop_at_the_queue_limit_and_drop_rates():
+    m = one_model(100.0)
+    cfg = SimConfig(capacity_cpus=1, processing=TimeDist("const", (0.1,)), router_overhead=NO_OVERHEAD,
+                    queue_limit=50, keep_records=True)
+    res = simulate(np.full((1, 2), 20 * 60.0), m, Hold(m, ClusterSpec(cpus=1)), cfg)
+    lat = res.records["latency_s"][~res.records["dropped"]]
+    # never more than 50 waiting: wait <= 50 services, plus its own
+    assert lat.max() <= 51 * 0.1 + 1e-9
+    assert res.summary.job_dropped[0] == pytest.approx(0.5 * res.summary.job_requests[0], rel=0.1)
+    # a 30 % drop rate on a lightly loaded model drops about 30 % at random
+    cfg = SimConfig(capacity_cpus=1, seed=2, keep_records=True)
+    res = simulate(np.full((1, 5), 120.0), m, ScaleOnce(m, ClusterSpec(cpus=1), {}, {"m": 0.3}), cfg)
+    assert res.summary.job_dropped[0] / res.summary.job_requests[0] == pytest.approx(0.3, abs=0.05)
+
+
+def test_same_seed_same_run_other_seed_other_run():
+    m = [ModelSLO(name=f"j{i}", slo_ms=720, processing_ms=154) for i in range(2)]
+    counts = np.array([[300.0, 900.0, 400.0], [100.0, 50.0, 800.0]])
+
+    def go(seed):
+        pol = ScaleOnce(m, ClusterSpec(cpus=4), {"j0": 2, "j1": 2})
+        return simulate(counts, m, pol, SimConfig(capacity_cpus=4, seed=seed, keep_records=True))
+
+    a, b, c = go(5), go(5), go(6)
+    assert np.array_equal(a.records["latency_s"], b.records["latency_s"])
+    assert np.array_equal(a.table.p_all, b.table.p_all, equal_nan=True)
+    assert a.summary.lost_cluster_utility == b.summary.lost_cluster_utility
+    assert not np.array_equal(a.table.requests, c.table.requests)
+
+
+def test_a_decision_above_capacity_raises():
+    m = [ModelSLO(name=f"j{i}", slo_ms=720, processing_ms=154) for i in range(2)]
+    pol = ScaleOnce(m, ClusterSpec(cpus=4), {"j0": 3, "j1": 2})
+    with pytest.raises(CapacityExceeded, match="asked for 5 CPUs"):
+        simulate(np.full((2, 2), 60.0), m, pol, SimConfig(capacity_cpus=4))
+    bad = ScaleOnce(m, ClusterSpec(cpus=4), {"nope": 1})
+    with pytest.raises(ValueError, match="unknown models"):
+        simulate(np.full((2, 2), 60.0), m, bad, SimConfig(capacity_cpus=4))
+
+
+def test_targets_are_clamped_to_model_bounds():
+    m = [ModelSLO(name="a", slo_ms=720, processing_ms=154, min_replicas=2, max_replicas=3)]
+    res = simulate(np.full((1, 1), 60.0), m, ScaleOnce(m, ClusterSpec(cpus=10), {"a": 9}),
+                   SimConfig(capacity_cpus=10))
+    assert res.targets[0, 0] == 3
+    res = simulate(np.full((1, 1), 60.0), m, ScaleOnce(m, ClusterSpec(cpus=10), {"a": 0}),
+                   SimConfig(capacity_cpus=10))
+    assert res.targets[0, 0] == 2
