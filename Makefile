@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 run: install
-	$(BIN)/faro-serve plan --spec examples/plan_demo.yaml
+	$(BIN)/serve run serve_config.yaml
 
 test: install
 	$(BIN)/python -m pytest

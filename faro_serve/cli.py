@@ -14,6 +14,7 @@ import sys
 COMMANDS = [
     "faro_serve.commands.estimate",
     "faro_serve.commands.plan",
+    "faro_serve.commands.status",
     "faro_serve.commands.forecast",
     "faro_serve.commands.simulate",
     "faro_serve.commands.suite",

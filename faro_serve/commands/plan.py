@@ -72,8 +72,9 @@ def run(args) -> int:
 
 
 def print_allocation(alloc, cluster) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from ._console import console
 
     table = Table(title=f"Faro plan: objective {alloc.objective}")
     for col in ("model", "SLO ms", "rate/s", "proc ms", "replicas", "drop", "pred. ms", "utility"):
@@ -82,9 +83,9 @@ def print_allocation(alloc, cluster) -> None:
         lat = "inf" if not math.isfinite(d.latency_ms) else f"{d.latency_ms:.0f}"
         table.add_row(d.name, f"{d.slo_ms:g}", f"{d.arrival_rate:.2f}", f"{d.processing_ms:.0f}",
                       f"{d.current} -> {d.replicas}", f"{d.drop_rate:.1%}", lat, f"{d.utility:.3f}")
-    console = Console()
-    console.print(table)
+    out = console()
+    out.print(table)
     cap = f"{cluster.cpus:g}"
-    console.print(f"objective value {alloc.objective_value:.4f} | CPUs {alloc.cpus_used:g}/{cap} | "
+    out.print(f"objective value {alloc.objective_value:.4f} | CPUs {alloc.cpus_used:g}/{cap} | "
                   f"solve {alloc.solve_ms:.1f} ms | groups {alloc.groups}"
                   + (f" | {'; '.join(alloc.notes)}" if alloc.notes else ""))

@@ -1,0 +1,161 @@
+"""The autoscaler as a single-replica Ray Serve deployment: a thin adapter (paper section 5).
+
+Serve restarts it when it crashes or its health check fails; the loop then resumes from the
+running replica counts. It reads each model's router front over handles, scales model
+deployments through Ray Serve's external scaling REST API (the model applications set
+``external_scaler_enabled``), and answers ``GET /faro/status`` and ``GET /faro/decisions``.
+"""
+
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import ray
+from fastapi import FastAPI
+from ray import serve
+
+from faro_serve.serving.schema import AutoscalerConfig, parse_autoscaler_config
+
+from .loop import AutoscalerLoop
+
+log = logging.getLogger("faro_serve.autoscaler")
+FRONT, MODEL = "Front", "Model"
+
+
+def dashboard_headers() -> dict[str, str]:
+    """Ray's token authentication for the dashboard's REST API, when a token is configured:
+    ``RAY_AUTH_TOKEN``, the file ``RAY_AUTH_TOKEN_PATH``, or ``~/.ray/auth_token``."""
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    if not token:
+        path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
+        token = path.read_text().strip() if path.is_file() else ""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+class RayServeCluster:
+    """:class:`~autoscaler.loop.ClusterAdapter` over public Ray and Ray Serve APIs."""
+
+    def __init__(self, dashboard_url: str, timeout_s: float = 5.0):
+        self.url = dashboard_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._handles: dict[str, object] = {}
+        self.http = httpx.Client(timeout=timeout_s)
+
+    def _front(self, name: str):
+        if name not in self._handles:
+            self._handles[name] = serve.get_deployment_handle(FRONT, app_name=name)
+        return self._handles[name]
+
+    def capacity(self) -> tuple[float, float | None]:
+        res = ray.cluster_resources()
+        return float(res.get("CPU", 0.0)), float(res.get("memory", 0.0)) / 2**30
+
+    def running_replicas(self) -> dict[str, int]:
+        out = {}
+        for name, app in serve.status().applications.items():
+            dep = app.deployments.get(MODEL)
+            if dep is not None:
+                out[name] = int(dep.replica_states.get("RUNNING", 0))
+        return out
+
+    def front_metrics(self, names: list[str]) -> dict[str, dict]:
+        pending = {}
+        for n in names:
+            try:
+                pending[n] = self._front(n).metrics.remote()
+            except Exception as err:
+                log.warning("no front for %s: %s", n, err)
+        out = {}
+        for n, resp in pending.items():
+            try:
+                out[n] = resp.result(timeout_s=self.timeout_s)
+            except Exception as err:
+                log.warning("front of %s did not answer: %s", n, err)
+                self._handles.pop(n, None)
+        return out
+
+    def scale(self, name: str, replicas: int) -> None:
+        r = self.http.post(f"{self.url}/api/v1/applications/{name}/deployments/{MODEL}/scale",
+                           json={"target_num_replicas": int(replicas)}, headers=dashboard_headers())
+        if r.status_code != 200:
+            raise RuntimeError(f"scaling {name} to {replicas} failed: HTTP {r.status_code} {r.text[:200]}")
+        log.info("scaled %s to %d replicas", name, replicas)
+
+    def control(self, name: str, drop_rate: float, replicas: int, percentile: float) -> None:
+        self._front(name).control.remote(drop_rate=drop_rate, replicas=replicas,
+                                         percentile=percentile).result(timeout_s=self.timeout_s)
+
+
+def load_forecaster(cfg: AutoscalerConfig):
+    """The trained forecaster of ``forecaster_dir``, or None for the fallback predictor."""
+    if not cfg.forecaster_dir:
+        log.info("no forecaster_dir: the fallback predictor serves every model")
+        return None
+    from forecasting.io import load_forecaster as load
+
+    return load(cfg.forecaster_dir)
+
+
+api = FastAPI(title="faro-serve autoscaler", description="Status and decisions of the Faro autoscaler.")
+
+
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64,
+                  health_check_period_s=5, health_check_timeout_s=30)
+@serve.ingress(api)
+class FaroAutoscaler:
+    def __init__(self):
+        self.loop: AutoscalerLoop | None = None
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.errors = 0
+
+    def reconfigure(self, config: dict) -> None:
+        """New settings (e.g. an SLO or the objective) take effect without any restart."""
+        cfg = parse_autoscaler_config(config)
+        forecaster = load_forecaster(cfg)
+        with self.lock:
+            cluster = self.loop.cluster if self.loop else RayServeCluster(cfg.dashboard_url)
+            if self.loop and self.loop.cfg.dashboard_url != cfg.dashboard_url:
+                cluster = RayServeCluster(cfg.dashboard_url)
+            self.loop = AutoscalerLoop(cfg, cluster, forecaster, previous=self.loop)
+        log.info("autoscaler configured: policy %s, %d models", self.loop.policy.name, len(cfg.models))
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="faro-autoscaler", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            t0 = time.time()
+            with self.lock:
+                loop = self.loop
+            try:
+                loop.step()
+                self.errors = 0
+            except Exception:
+                self.errors += 1
+                log.exception("autoscaler tick failed (%d in a row)", self.errors)
+            self.stopping.wait(max(0.5, loop.tick_s - (time.time() - t0)))
+
+    def check_health(self) -> None:
+        if self.thread is not None and not self.thread.is_alive():
+            raise RuntimeError("the autoscaler loop stopped")
+        if self.errors >= 30:
+            raise RuntimeError(f"{self.errors} autoscaler ticks failed in a row")
+
+    def __del__(self):
+        self.stopping.set()
+
+    @api.get("/status", summary="Per model: SLO, rate, observed latency, replicas, utility")
+    def status(self) -> dict:
+        with self.lock:
+            return self.loop.status() if self.loop else {"models": {}}
+
+    @api.get("/decisions", summary="The most recent decisions (newest last)")
+    def decisions(self, limit: int = 20) -> list:
+        with self.lock:
+            return list(self.loop.history)[-max(1, min(limit, 500)):] if self.loop else []

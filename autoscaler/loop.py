@@ -1,0 +1,197 @@
+"""The live autoscaler's control loop, Ray-free (paper sections 4.4 and 5).
+
+Every tick it reads the cluster through a :class:`ClusterAdapter` (router-front metrics,
+running replicas, capacity), builds the policy's :class:`~autoscaler.policy.Observation`,
+lets the policy decide, applies the decision (replica targets, drop rates) and logs it as
+one JSON line. The Ray Serve adapter lives in ``live.py``; tests drive this loop with a
+fake adapter and a fake clock.
+
+On a restart the loop resumes from the cluster as it is: the targets start at the running
+replica counts (never below a model's minimum), and the metric history is the fronts'.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from faro_serve.serving.schema import AutoscalerConfig
+
+from .policy import Decision, ModelObservation, Observation
+from .registry import make_policy
+
+log = logging.getLogger("faro_serve.autoscaler")
+
+
+class ClusterAdapter(Protocol):
+    def capacity(self) -> tuple[float, float | None]:
+        """(CPUs, GiB) the cluster has for models now."""
+
+    def running_replicas(self) -> dict[str, int]:
+        """Serving replicas per deployed model (models not deployed are absent)."""
+
+    def front_metrics(self, names: list[str]) -> dict[str, dict]:
+        """Router-front snapshots per model (models that did not answer are absent)."""
+
+    def scale(self, name: str, replicas: int) -> None: ...
+
+    def control(self, name: str, drop_rate: float, replicas: int, percentile: float) -> None: ...
+
+
+class AutoscalerLoop:
+    def __init__(self, cfg: AutoscalerConfig, cluster: ClusterAdapter, forecaster=None,
+                 clock: Callable[[], float] = time.time, previous: "AutoscalerLoop | None" = None):
+        self.cfg = cfg
+        self.cluster = cluster
+        self.clock = clock
+        self.policy = make_policy(cfg.policy_name(), cfg.models, cfg.cluster, forecaster)
+        self.slo = {m.name: m for m in cfg.models}
+        self.start = previous.start if previous else clock()
+        self.targets: dict[str, int] = dict(previous.targets) if previous else {}
+        self.drop_rates: dict[str, float] = dict(previous.drop_rates) if previous else {}
+        self.history: deque = previous.history if previous else deque(maxlen=500)
+        self.last: dict = {}
+        self.last_plan: dict = previous.last_plan if previous else {}
+        self.ticks = 0
+
+    @property
+    def tick_s(self) -> float:
+        return self.policy.tick_s
+
+    def _observe(self, now: float) -> tuple[Observation, dict]:
+        running = self.cluster.running_replicas()
+        names = [m.name for m in self.cfg.models if m.name in running]
+        fronts = self.cluster.front_metrics(names)
+        cpus, mem = self.cluster.capacity()
+        cap_cpu = min(self.cfg.cluster.cpus, cpus)
+        cap_mem = self.cfg.cluster.memory_gb
+        if cap_mem is not None and mem is not None:
+            cap_mem = min(cap_mem, mem)
+        models = {}
+        for n in names:
+            slo = self.slo[n]
+            if n not in self.targets:  # (re)start: resume from what is running
+                self.targets[n] = int(np.clip(running[n], slo.min_replicas, slo.max_replicas))
+            f = fronts.get(n, {})
+            hist = _history(f)
+            proc = (f.get("processing") or {}).get("mean_ms")
+            models[n] = ModelObservation(
+                name=n, replicas=running[n], target_replicas=self.targets[n],
+                arrivals_per_min=hist, arrival_rate=float(f.get("arrival_rate", 0.0)),
+                latency_ms=f.get("latency_ms"), processing_ms=proc,
+                queue_length=float(f.get("queue_length", 0.0)),
+                ongoing_per_replica=float(f.get("in_flight", 0)) / max(running[n], 1),
+                drop_rate=self.drop_rates.get(n, 0.0))
+        return Observation(now - self.start, cap_cpu, cap_mem, models), fronts
+
+    def step(self) -> dict:
+        """One tick: observe, decide, apply, log. Returns the tick's record."""
+        now = self.clock()
+        obs, fronts = self._observe(now)
+        self.ticks += 1
+        decision = None
+        if self.cfg.enabled and obs.models:
+            missing = [m.name for m in self.cfg.models if m.name not in obs.models]
+            if missing:  # plan only for what is deployed; the policy wants every model
+                log.warning("models not deployed yet: %s", ", ".join(missing))
+            else:
+                decision = self.policy.decide(obs)
+        if decision is not None:
+            self._apply(decision)
+        if self.cfg.enabled:
+            self._sync_fronts(obs, fronts)
+        record = self._record(now, obs, decision)
+        self.last = record
+        if decision is not None:
+            self.history.append(record)
+            self._log(record)
+        return record
+
+    def _sync_fronts(self, obs: Observation, fronts: dict) -> None:
+        """Tell a front the drop rate, target and SLO percentile where it differs from ours
+        (after a decision, or when a restarted front came back with defaults)."""
+        for n in obs.models:
+            f = fronts.get(n)
+            want = (self.drop_rates.get(n, 0.0), self.targets[n], self.slo[n].percentile)
+            if f is not None and (f.get("drop_rate"), f.get("replicas"), f.get("percentile")) == want:
+                continue
+            try:
+                self.cluster.control(n, *want)
+            except Exception as err:  # a front may be restarting
+                log.warning("cannot reach the front of %s: %s", n, err)
+
+    def _apply(self, decision: Decision) -> None:
+        for n, r in decision.replicas.items():
+            if n not in self.targets:
+                continue
+            slo = self.slo[n]
+            r = int(np.clip(r, slo.min_replicas, slo.max_replicas))
+            if r != self.targets[n]:
+                self.cluster.scale(n, r)
+                self.targets[n] = r
+        for n, d in decision.drop_rates.items():
+            self.drop_rates[n] = float(d)
+        if decision.kind == "long_term":
+            self.last_plan = decision.info.get("models", {})
+
+    def _record(self, now: float, obs: Observation, decision: Decision | None) -> dict:
+        models = {}
+        for n, o in obs.models.items():
+            planned = self.last_plan.get(n, {})
+            models[n] = {
+                "slo_ms": self.slo[n].slo_ms, "percentile": self.slo[n].percentile,
+                "arrival_rate": round(o.arrival_rate, 4),
+                "latency_ms": None if o.latency_ms is None else round(o.latency_ms, 2),
+                "processing_ms": None if o.processing_ms is None else round(o.processing_ms, 2),
+                "queue_length": o.queue_length, "replicas": o.replicas,
+                "target": self.targets.get(n), "drop_rate": self.drop_rates.get(n, 0.0),
+                "predicted_utility": planned.get("utility"), "predictor": planned.get("predictor"),
+            }
+        rec = {"time": round(now, 3), "t": round(obs.now, 3), "policy": self.policy.name,
+               "capacity_cpus": obs.capacity_cpus, "models": models,
+               "decision": None if decision is None else {
+                   "kind": decision.kind, "replicas": decision.replicas,
+                   "drop_rates": decision.drop_rates, "info": decision.info}}
+        return rec
+
+    def _log(self, record: dict) -> None:
+        line = json.dumps(record, default=_json_default)
+        log.info("decision %s", line)
+        if self.cfg.decision_log:
+            path = Path(self.cfg.decision_log).expanduser()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write(line + "\n")
+
+    def status(self) -> dict:
+        return {"policy": self.policy.name, "objective": self.cfg.cluster.objective,
+                "enabled": self.cfg.enabled, "ticks": self.ticks,
+                "capacity_cpus": self.last.get("capacity_cpus"),
+                "models": self.last.get("models", {}), "last_decision": self.history[-1]["decision"]
+                if self.history else None}
+
+
+def _history(front: dict, min_elapsed_s: float = 10.0) -> np.ndarray:
+    """Completed-minute arrival counts plus the open minute extrapolated to a full minute
+    (once it is ``min_elapsed_s`` old), so decisions right after a start see the load."""
+    hist = list(front.get("arrivals_per_min", []))
+    elapsed = float(front.get("current_minute_elapsed_s", 0.0))
+    if elapsed >= min_elapsed_s:
+        hist.append(front.get("current_minute_count", 0) * 60.0 / elapsed)
+    return np.asarray(hist, float)
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return None if not math.isfinite(float(o)) else float(o)
+    return str(o)

@@ -1,0 +1,61 @@
+"""A torchvision ResNet image classifier (ResNet18/34/50).
+
+There is no model hub here: weights are random unless ``checkpoint`` names a local
+state_dict file. Input is JPEG/PNG bytes; output is the top-k class ids and softmax scores.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import torchvision
+from torchvision.transforms import v2 as T
+
+ARCHS = ("resnet18", "resnet34", "resnet50")
+
+
+class ImageClassifier:
+    def __init__(self, arch: str = "resnet18", checkpoint: str | None = None, top_k: int = 5,
+                 image_size: int = 224, threads: int = 1):
+        if arch not in ARCHS:
+            raise ValueError(f"arch must be one of {', '.join(ARCHS)} (got {arch!r})")
+        torch.set_num_threads(threads)
+        self.model = getattr(torchvision.models, arch)(weights=None)
+        if checkpoint:
+            path = Path(checkpoint)
+            if not path.is_file():
+                raise FileNotFoundError(f"checkpoint {path} does not exist")
+            self.model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        self.model.eval()
+        self.arch = arch
+        self.top_k = top_k
+        self.transform = T.Compose([
+            T.Resize(int(image_size * 256 / 224), antialias=True),
+            T.CenterCrop(image_size),
+            T.ToDtype(torch.float32, scale=True),
+            T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+        ])
+
+    def decode(self, payload: bytes) -> torch.Tensor:
+        if not payload:
+            raise ValueError("empty body: send JPEG or PNG bytes")
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        try:
+            return torchvision.io.decode_image(data, mode=torchvision.io.ImageReadMode.RGB)
+        except (RuntimeError, ValueError):
+            raise ValueError(f"body is not a decodable JPEG/PNG image ({len(payload)} bytes)") from None
+
+    def predict(self, payload: bytes) -> dict:
+        t0 = time.perf_counter()
+        try:
+            img = self.decode(payload)
+        except ValueError as err:
+            return {"error": str(err), "status": 400}
+        with torch.inference_mode():
+            probs = torch.softmax(self.model(self.transform(img).unsqueeze(0))[0], dim=0)
+            scores, classes = torch.topk(probs, min(self.top_k, probs.numel()))
+        return {"model": self.arch, "classes": classes.tolist(),
+                "scores": [round(float(s), 6) for s in scores],
+                "processing_ms": (time.perf_counter() - t0) * 1e3}

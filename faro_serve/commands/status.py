@@ -1,0 +1,59 @@
+"""``faro-serve status``: what the running autoscaler sees and decided, per model."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("status", help="per-model SLO, load, latency and replicas of a running deployment",
+                       description="Reads GET <url>/faro/status from a running faro-serve "
+                       "deployment (serve run serve_config.yaml) and prints a table per model.")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="Serve HTTP address")
+    p.add_argument("--app", default="faro", help="route prefix of the autoscaler application")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.set_defaults(func=run)
+
+
+def fetch_status(url: str, app: str = "faro", timeout: float = 10.0) -> dict:
+    import httpx
+
+    from ..cli import UsageError
+
+    target = f"{url.rstrip('/')}/{app.strip('/')}/status"
+    try:
+        r = httpx.get(target, timeout=timeout)
+    except httpx.HTTPError as err:
+        raise UsageError(f"cannot reach {target}: {err}. Is `serve run serve_config.yaml` running?") from None
+    if r.status_code != 200:
+        raise UsageError(f"{target} answered HTTP {r.status_code}: {r.text[:200]}")
+    return r.json()
+
+
+def _fmt(v, spec=".0f", none="-"):
+    return none if v is None else format(v, spec)
+
+
+def run(args) -> int:
+    st = fetch_status(args.url, args.app)
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    from ._console import console
+    from rich.table import Table
+
+    table = Table(title=f"faro-serve: policy {st.get('policy')} (objective {st.get('objective')}), "
+                        f"capacity {st.get('capacity_cpus')} CPUs")
+    for col in ("model", "SLO", "rate/s", "observed", "proc ms", "replicas", "utility", "drop"):
+        table.add_column(col, justify="left" if col == "model" else "right", no_wrap=True)
+    for name, m in st.get("models", {}).items():
+        lat = m.get("latency_ms")
+        style = "red" if lat is not None and lat > m["slo_ms"] else None
+        table.add_row(name, f"{m['slo_ms']:g} ms p{m['percentile']:g}", _fmt(m.get("arrival_rate"), ".2f"),
+                      f"{_fmt(lat)} ms" if lat is not None else "-", _fmt(m.get("processing_ms")),
+                      f"{m.get('replicas')}/{m.get('target')}", _fmt(m.get("predicted_utility"), ".3f"),
+                      f"{m.get('drop_rate', 0):.1%}", style=style)
+    console().print(table)
+    if not st.get("enabled", True):
+        print("autoscaling is disabled (enabled: false): measuring only")
+    return 0

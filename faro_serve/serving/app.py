@@ -1,0 +1,90 @@
+"""Ray Serve application builders and the Python API (paper section 5, Figure 9).
+
+``serve_config.yaml`` names these builders as ``import_path``:
+
+* ``faro_serve.serving.app:model_app`` for each model: a router front (``Front``, the
+  ingress) and the model deployment (``Model``), scaled by the external scaling API;
+* ``faro_serve.serving.app:autoscaler_app`` once: the autoscaler (``FaroAutoscaler``).
+
+:func:`deploy` does the same from Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from ..config import ClusterSpec, ModelSLO
+from .front import Front
+from .schema import ModelAppArgs, parse_autoscaler_config, parse_model_args
+
+FRONT = "Front"
+MODEL = "Model"
+AUTOSCALER_APP = "faro"
+AUTOSCALER = "FaroAutoscaler"
+
+# Each replica serves one request at a time (as the paper's M/D/c model and the simulator
+# assume), so requests wait at the router. Ray's default retry backoff for a waiting request
+# grows to 0.5 s, which leaves a freed replica idle for up to that long; a short, nearly flat
+# backoff hands the next request over within milliseconds.
+ROUTER = RequestRouterConfig(initial_backoff_s=0.001, backoff_multiplier=1.5, max_backoff_s=0.01)
+
+
+def _model_deployment(spec: ModelAppArgs):
+    if spec.model.kind == "synthetic":
+        from deployments.synthetic import SyntheticModel
+
+        cls, kwargs = SyntheticModel, {"processing": spec.model.processing, "seed": spec.model.seed}
+    else:
+        from deployments.vision import ImageClassifier
+
+        cls = ImageClassifier
+        kwargs = {"arch": spec.model.arch, "checkpoint": spec.model.checkpoint,
+                  "top_k": spec.model.top_k, "image_size": spec.model.image_size,
+                  "threads": spec.model.threads}
+    dep = serve.deployment(cls, name=MODEL, num_replicas=spec.initial_replicas,
+                           max_ongoing_requests=1, max_queued_requests=spec.queue_limit,
+                           request_router_config=ROUTER, ray_actor_options={"num_cpus": spec.cpus})
+    return dep.bind(**kwargs)
+
+
+def model_app(args: dict):
+    """Builder of one model's application (``args``: :class:`ModelAppArgs`)."""
+    spec = parse_model_args(args, "model application args")
+    return Front.options(name=FRONT).bind(_model_deployment(spec), spec.name,
+                                          spec.max_body_kb * 1024)
+
+
+def autoscaler_app(args: dict):
+    """Builder of the autoscaler application (``args``: :class:`AutoscalerConfig`).
+
+    The config travels as the deployment's ``user_config``: a change reaches the running
+    autoscaler through ``reconfigure`` and never touches model replicas.
+    """
+    parse_autoscaler_config(args)  # fail the deploy early, naming the field at fault
+    from autoscaler.live import FaroAutoscaler
+
+    return FaroAutoscaler.options(name=AUTOSCALER, user_config=dict(args)).bind()
+
+
+def deploy(models: Sequence[tuple[ModelSLO, dict]], cluster: ClusterSpec, *,
+           policy: str | None = None, forecaster_dir: str | None = None, blocking: bool = False,
+           **autoscaler_options) -> dict:
+    """Deploy every model and the autoscaler on the connected Ray cluster.
+
+    ``models``: pairs of an SLO and that model's app args without ``name`` (e.g.
+    ``{"model": {"kind": "synthetic"}, "cpus": 0.25}``). Returns the routes by model name.
+    """
+    routes = {}
+    for slo, app_args in models:
+        args = {"name": slo.name, "cpus": slo.cpus, **app_args}
+        serve.run(model_app(args), name=slo.name, route_prefix=f"/{slo.name}",
+                  external_scaler_enabled=True, blocking=False)
+        routes[slo.name] = f"/{slo.name}/predict"
+    config = {"cluster": cluster.model_dump(), "models": [m.model_dump() for m, _ in models],
+              "policy": policy, "forecaster_dir": forecaster_dir, **autoscaler_options}
+    serve.run(autoscaler_app(config), name=AUTOSCALER_APP, route_prefix=f"/{AUTOSCALER_APP}",
+              blocking=blocking)
+    return routes

@@ -1,0 +1,101 @@
+"""Configuration of the Ray Serve applications, validated like the engine's schema.
+
+``serve_config.yaml`` holds one ``faro`` application (the autoscaler; its ``args`` are an
+:class:`AutoscalerConfig`: the cluster, every model's SLO and the policy) and one
+application per model (its ``args`` are a :class:`ModelAppArgs`: what to serve and how).
+The SLOs live in one place, the autoscaler's config, so that changing one redeploys only
+the autoscaler and never restarts model replicas.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..config import ConfigError, FaroConfig, format_validation_error
+
+PAPER_PROCESSING = "lognorm:0.4225,0.0793,0.0686"  # ResNet34 on 1 vCPU, seconds
+
+
+class SyntheticModelSpec(BaseModel):
+    """A model that sleeps for a drawn processing time: tens of replicas fit on 2 cores."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["synthetic"]
+    processing: str = Field(PAPER_PROCESSING, description="seconds: lognorm:SHAPE,LOC,SCALE | "
+                            "const:S | expon:LOC,SCALE (default: the paper's ResNet34)")
+    seed: int | None = None
+
+    @field_validator("processing")
+    @classmethod
+    def _dist(cls, v: str) -> str:
+        from ..sim.distributions import parse_dist
+
+        parse_dist(v)
+        return v
+
+
+class VisionModelSpec(BaseModel):
+    """A torchvision ResNet image classifier (random weights unless a checkpoint is given)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["vision"]
+    arch: Literal["resnet18", "resnet34", "resnet50"] = "resnet18"
+    checkpoint: str | None = Field(None, description="local state_dict file (.pt/.pth)")
+    top_k: int = Field(5, ge=1, le=1000)
+    image_size: int = Field(224, ge=32, le=1024)
+    threads: int = Field(1, ge=1, le=64, description="torch intra-op threads per replica")
+
+
+class ModelAppArgs(BaseModel):
+    """``args`` of one model application."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64,
+                      description="the model's name: the same as its SLO entry and application")
+    model: Annotated[SyntheticModelSpec | VisionModelSpec, Field(discriminator="kind")]
+    cpus: float = Field(1.0, gt=0, description="Ray CPUs per replica (match the SLO's cpus)")
+    initial_replicas: int = Field(1, ge=1)
+    queue_limit: int = Field(50, ge=1, description="requests queued at the router before 503")
+    max_body_kb: int = Field(8192, ge=1, description="larger request bodies get 413")
+
+
+class AutoscalerConfig(FaroConfig):
+    """``args`` of the ``faro`` application: cluster, SLOs, and how to autoscale."""
+
+    policy: str | None = Field(None, description="policy name; default faro-<objective>")
+    forecaster_dir: str | None = Field(None, description="trained forecaster directory; "
+                                       "default: the fallback predictor")
+    dashboard_url: str = Field("http://127.0.0.1:8265", description="Ray dashboard (external "
+                               "scaling API)")
+    decision_log: str | None = Field(None, description="JSON-lines file of every decision")
+    enabled: bool = Field(True, description="false: measure and report, change nothing")
+
+    def policy_name(self) -> str:
+        if self.policy:
+            return self.policy
+        return "faro-" + self.cluster.objective.replace("_", "")
+
+
+def parse_model_args(data, source: str = "model application args") -> ModelAppArgs:
+    try:
+        return ModelAppArgs.model_validate(data or {})
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def parse_autoscaler_config(data, source: str = "faro application args") -> AutoscalerConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid configuration in {source}: expected a mapping with 'cluster' "
+                          f"and 'models'")
+    try:
+        cfg = AutoscalerConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+    from autoscaler.registry import policy_names
+
+    if cfg.policy and cfg.policy not in policy_names():
+        raise ConfigError(f"invalid configuration in {source}: policy {cfg.policy!r} is unknown; "
+                          f"choose one of {', '.join(policy_names())}")
+    return cfg

@@ -1,0 +1,129 @@
+"""What the router front measures for one model, as a pure Ray-free object (paper section 5).
+
+The paper's modified Ray router collects arrival rates, per-request replica processing
+time and end-to-end latency continually. :class:`RouterStats` keeps exactly that:
+
+* arrivals: per-second counts over a short ring and per-minute counts over a long history
+  (the forecaster's input), counted at arrival, dropped requests included;
+* end-to-end latency and replica processing time of completed requests over a sliding
+  window (default 30 s, the reactive look-back), with percentiles on demand;
+* drops by reason, in-flight requests.
+
+Times come from the caller (``now`` in seconds), so tests drive it with a fake clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+
+class RouterStats:
+    def __init__(self, window_s: float = 30.0, history_minutes: int = 240, start: float = 0.0):
+        self.window_s = window_s
+        self.history_minutes = history_minutes
+        self.start = start
+        self._minute = 0  # index of the current (open) minute since start
+        self._minute_count = 0
+        self.minutes: deque[int] = deque(maxlen=history_minutes)  # completed minutes
+        self._second_ring: deque[tuple[int, int]] = deque()  # (second index, arrivals)
+        self._done: deque[tuple[float, float, float]] = deque()  # (t, latency s, processing s)
+        self.in_flight = 0
+        self.arrivals_total = 0
+        self.completed_total = 0
+        self.dropped: dict[str, int] = {}
+
+    # -- recording -----------------------------------------------------------------------
+    def _roll(self, now: float) -> None:
+        m = int((now - self.start) // 60)
+        while self._minute < m:
+            self.minutes.append(self._minute_count)
+            self._minute_count = 0
+            self._minute += 1
+        horizon = now - self.window_s
+        while self._done and self._done[0][0] < horizon:
+            self._done.popleft()
+        sec = int(now - self.start)
+        while self._second_ring and self._second_ring[0][0] <= sec - 60:
+            self._second_ring.popleft()
+
+    def arrival(self, now: float) -> None:
+        self._roll(now)
+        self._minute_count += 1
+        self.arrivals_total += 1
+        sec = int(now - self.start)
+        if self._second_ring and self._second_ring[-1][0] == sec:
+            self._second_ring[-1] = (sec, self._second_ring[-1][1] + 1)
+        else:
+            self._second_ring.append((sec, 1))
+
+    def started(self) -> None:
+        self.in_flight += 1
+
+    def finished(self) -> None:
+        self.in_flight = max(0, self.in_flight - 1)
+
+    def completed(self, now: float, latency_s: float, processing_s: float | None) -> None:
+        self._roll(now)
+        self.completed_total += 1
+        self._done.append((now, latency_s, math.nan if processing_s is None else processing_s))
+
+    def drop(self, now: float, reason: str) -> None:
+        self._roll(now)
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    # -- reading -------------------------------------------------------------------------
+    def arrival_rate(self, now: float, over_s: float = 10.0) -> float:
+        """Requests/s over the last ``over_s`` whole seconds."""
+        self._roll(now)
+        sec = int(now - self.start)
+        n = sum(c for s, c in self._second_ring if sec - over_s <= s < sec)
+        return n / over_s
+
+    def per_second(self, now: float, seconds: int = 60) -> list[int]:
+        self._roll(now)
+        sec = int(now - self.start)
+        counts = dict(self._second_ring)
+        return [counts.get(s, 0) for s in range(sec - seconds, sec)]
+
+    def latency_percentile(self, now: float, q: float) -> float | None:
+        """``q``-th percentile (0-100) of end-to-end latency in the window, seconds."""
+        self._roll(now)
+        if not self._done:
+            return None
+        return float(np.percentile([d[1] for d in self._done], q))
+
+    def processing(self, now: float) -> dict:
+        self._roll(now)
+        vals = np.array([d[2] for d in self._done], float)
+        vals = vals[np.isfinite(vals)]
+        if vals.size == 0:
+            return {"mean_ms": None, "p50_ms": None, "p99_ms": None, "n": 0}
+        p50, p99 = np.percentile(vals, [50, 99])
+        return {"mean_ms": float(vals.mean() * 1e3), "p50_ms": float(p50 * 1e3),
+                "p99_ms": float(p99 * 1e3), "n": int(vals.size)}
+
+    def snapshot(self, now: float, percentile: float = 99.0, replicas: int = 0) -> dict:
+        """Everything the autoscaler reads, JSON-able. Queue length is the requests in
+        flight beyond one per serving replica (each replica serves one at a time)."""
+        self._roll(now)
+        lat = self.latency_percentile(now, percentile)
+        lats = [d[1] for d in self._done]
+        return {
+            "now": now,
+            "arrival_rate": self.arrival_rate(now),
+            "arrivals_per_min": list(self.minutes),
+            "current_minute_count": self._minute_count,
+            "current_minute_elapsed_s": (now - self.start) - 60.0 * self._minute,
+            "latency_ms": None if lat is None else lat * 1e3,
+            "latency_p50_ms": float(np.percentile(lats, 50) * 1e3) if lats else None,
+            "latency_mean_ms": float(np.mean(lats) * 1e3) if lats else None,
+            "processing": self.processing(now),
+            "in_flight": self.in_flight,
+            "queue_length": max(0, self.in_flight - replicas),
+            "arrivals_total": self.arrivals_total,
+            "completed_total": self.completed_total,
+            "dropped": dict(self.dropped),
+        }

@@ -1,0 +1,233 @@
+"""faro-serve on a real local Ray cluster: HTTP endpoints, autoscaling, drops, tail-drop,
+live reconfiguration and recovery from killed replicas (paper sections 4.4 and 5).
+
+One Ray cluster and one deployment serve the whole module (tests run in file order). All
+traffic goes to loopback, bounded in count and time.
+"""
+
+import asyncio
+import socket
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import ray
+from ray import serve
+from ray.util.state import list_actors
+
+from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.serving.app import autoscaler_app, deploy
+
+pytestmark = pytest.mark.slow
+
+CAPACITY = 2.0  # CPUs; 0.25 per replica -> 8 replicas
+SLOS = [
+    (ModelSLO(name="synth-a", slo_ms=720, processing_ms=154, cpus=0.25, max_replicas=6),
+     {"model": {"kind": "synthetic"}}),
+    (ModelSLO(name="synth-b", slo_ms=200, processing_ms=20, cpus=0.25, max_replicas=6),
+     {"model": {"kind": "synthetic", "processing": "const:0.02"}, "initial_replicas": 5}),
+    (ModelSLO(name="img", slo_ms=3000, processing_ms=100, cpus=0.25, max_replicas=2),
+     {"model": {"kind": "vision", "arch": "resnet18", "top_k": 3}, "max_body_kb": 512}),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def autoscaler_config(dashboard: str, **overrides) -> dict:
+    cluster = ClusterSpec(cpus=CAPACITY, objective="fair_sum", long_term_interval_s=20,
+                          window_s=120, cold_start_s=10, reactive_interval_s=2,
+                          reactive_trigger_s=6)
+    cfg = {"cluster": cluster.model_dump(), "models": [m.model_dump() for m, _ in SLOS],
+           "dashboard_url": dashboard}
+    cfg.update(overrides)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def live():
+    dash, http = free_port(), free_port()
+    ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=dash,
+             log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": http})
+    cluster = ClusterSpec(**autoscaler_config("")["cluster"])
+    routes = deploy(SLOS, cluster, dashboard_url=f"http://127.0.0.1:{dash}")  # the Python API
+    assert routes == {m.name: f"/{m.name}/predict" for m, _ in SLOS}
+    base = f"http://127.0.0.1:{http}"
+    client = httpx.Client(base_url=base, timeout=60)
+    yield {"base": base, "client": client, "dashboard": f"http://127.0.0.1:{dash}"}
+    client.close()
+    serve.shutdown()
+    ray.shutdown()
+
+
+def running() -> dict[str, int]:
+    apps = serve.status().applications
+    return {n: apps[n].deployments["Model"].replica_states.get("RUNNING", 0)
+            for n in ("synth-a", "synth-b", "img") if n in apps}
+
+
+def replica_ids(model: str) -> set[str]:
+    return {a.actor_id for a in list_actors(filters=[("class_name", "=", f"ServeReplica:{model}:Model"),
+                                                     ("state", "=", "ALIVE")])}
+
+
+async def _fire(base: str, path: str, n: int, concurrency: int, rate: float | None = None,
+                body: bytes = b"x") -> list[tuple]:
+    """``n`` requests, at most ``concurrency`` in flight; open-loop at ``rate``/s if given."""
+    out, sem = [], asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=base, timeout=120,
+                                 limits=httpx.Limits(max_connections=concurrency + 10)) as c:
+        async def one():
+            async with sem:
+                t0 = time.time()
+                try:
+                    r = await c.post(path, content=body)
+                    reason = r.json().get("reason") if r.status_code != 200 else None
+                    out.append((r.status_code, time.time() - t0, reason))
+                except Exception as err:  # a lost request: the tests below forbid these
+                    out.append((type(err).__name__, time.time() - t0, None))
+        tasks = []
+        for _ in range(n):
+            tasks.append(asyncio.create_task(one()))
+            if rate:
+                await asyncio.sleep(np.random.exponential(1 / rate))
+        await asyncio.gather(*tasks)
+    return out
+
+
+def fire(base, path, n, concurrency, rate=None):
+    return asyncio.run(_fire(base, path, n, concurrency, rate))
+
+
+def wait_for(cond, timeout: float, every: float = 1.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(every)
+    return cond()
+
+
+def test_every_model_answers_over_http(live):
+    import torch
+    import torchvision
+
+    c = live["client"]
+    jpeg = torchvision.io.encode_jpeg(torch.randint(0, 255, (3, 120, 160), dtype=torch.uint8)).numpy().tobytes()
+    r = c.post("/img/predict", content=jpeg, headers={"content-type": "image/jpeg"})
+    assert r.status_code == 200 and len(r.json()["classes"]) == 3
+    import base64
+    r = c.post("/img/predict", json={"image": base64.b64encode(jpeg).decode()})
+    assert r.status_code == 200 and len(r.json()["scores"]) == 3
+    r = c.post("/img/predict", content=b"\x00garbage bytes")
+    assert r.status_code == 400 and "not a decodable" in r.json()["error"]
+    assert c.post("/img/predict", content=b"x" * (600 * 1024)).status_code == 413
+    assert c.post("/nope/predict", content=b"x").status_code == 404
+    assert c.post("/synth-a/predict", content=b"").status_code == 200
+    assert "/predict" in c.get("/img/openapi.json").json()["paths"]
+    # the replica kept serving after the bad requests
+    assert c.post("/img/predict", content=jpeg).status_code == 200
+
+
+def test_load_moves_replicas_to_the_busy_model_within_capacity(live):
+    """synth-b starts with 5 idle replicas: with img, 7 of the 8 the capacity allows, so
+    synth-a can only grow past 2 if the autoscaler takes replicas from synth-b."""
+    stop = threading.Event()
+    totals = []
+
+    def watch():
+        while not stop.is_set():
+            r = running()
+            totals.append((r, sum(r.values()) * 0.25))
+            time.sleep(1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    load = threading.Thread(target=fire, args=(live["base"], "/synth-a/predict", 1400, 200, 14.0),
+                            daemon=True)
+    load.start()
+    moved = wait_for(lambda: (lambda r: r.get("synth-a", 0) >= 3 and r.get("synth-b") == 1)(running()),
+                     timeout=110, every=2)
+    stop.set()
+    load.join(timeout=150)
+    assert moved, f"replicas did not move: {running()}"
+    assert max(t for _, t in totals) <= CAPACITY + 1e-9, totals
+    st = live["client"].get("/faro/status").json()
+    assert st["models"]["synth-a"]["target"] >= 3 and st["models"]["synth-b"]["target"] == 1
+
+
+def test_config_change_takes_effect_without_restarting_model_replicas(live):
+    def redeploy(**overrides):
+        serve.run(autoscaler_app(autoscaler_config(live["dashboard"], **overrides)), name="faro",
+                  route_prefix="/faro")
+
+    def status_when(pred):
+        return wait_for(lambda: (lambda s: s if pred(s) else None)(live["client"].get("/faro/status").json()), 60)
+
+    redeploy(enabled=False)  # freeze the replica counts first
+    assert status_when(lambda s: s.get("enabled") is False)
+    time.sleep(3)
+    before = {m.name: replica_ids(m.name) for m, _ in SLOS}
+    redeploy(enabled=False, cluster={**autoscaler_config("")["cluster"], "objective": "sum"})
+    st = status_when(lambda s: s.get("objective") == "sum")
+    assert st and st["policy"] == "faro-sum"
+    assert {m.name: replica_ids(m.name) for m, _ in SLOS} == before
+
+
+def test_drop_rate_half_gives_half_503s(live):
+    front = serve.get_deployment_handle("Front", app_name="synth-b")
+    front.control.remote(drop_rate=0.5).result(timeout_s=30)
+    res = fire(live["base"], "/synth-b/predict", 400, 8)
+    codes = [r[0] for r in res]
+    assert len(res) == 400 and set(codes) <= {200, 503}
+    share = codes.count(503) / 400
+    assert 0.4 <= share <= 0.6, share
+    assert {r[2] for r in res if r[0] == 503} == {"drop_rate"}
+    front.control.remote(drop_rate=0.0).result(timeout_s=30)
+
+
+def test_flood_beyond_the_queue_gets_quick_503s_and_every_request_an_answer(live):
+    res = fire(live["base"], "/synth-b/predict", 400, 400)
+    codes = [r[0] for r in res]
+    assert codes.count(200) + codes.count(503) == 400, sorted(set(map(str, codes)))
+    assert codes.count(503) > 0 and {r[2] for r in res if r[0] == 503} == {"queue_full"}
+    served = sorted(r[1] for r in res if r[0] == 200)
+    rejected = sorted(r[1] for r in res if r[0] == 503)
+    # rejections come at once, not after waiting in a queue
+    assert np.median(rejected) < np.median(served)
+
+
+def test_recovers_from_killed_replica_and_killed_autoscaler(live):
+    serve.run(autoscaler_app(autoscaler_config(live["dashboard"])), name="faro", route_prefix="/faro")
+    assert wait_for(lambda: live["client"].get("/faro/status").json().get("enabled"), 60)
+    results = []
+    load = threading.Thread(target=lambda: results.extend(
+        fire(live["base"], "/synth-a/predict", 200, 50, 5.0)), daemon=True)
+    load.start()
+    time.sleep(5)
+    victims = [a for a in list_actors(filters=[("state", "=", "ALIVE")])
+               if a.class_name in ("ServeReplica:synth-a:Model", "ServeReplica:faro:FaroAutoscaler")]
+    assert {a.class_name for a in victims} == {"ServeReplica:synth-a:Model", "ServeReplica:faro:FaroAutoscaler"}
+    killed = set()
+    for a in victims:
+        if a.class_name not in killed:
+            ray.kill(ray.get_actor(a.name, namespace="serve"), no_restart=True)
+            killed.add(a.class_name)
+    load.join(timeout=180)
+    codes = [r[0] for r in results]
+    assert len(results) == 200 and set(codes) <= {200, 503}, sorted(set(map(str, codes)))
+    assert codes.count(200) >= 150
+    # the autoscaler is back (a new replica answering and ticking) and the cluster is sane
+    t0 = wait_for(lambda: live["client"].get("/faro/status").json().get("ticks"), 90)
+    assert t0
+    assert wait_for(lambda: live["client"].get("/faro/status").json().get("ticks", 0) > t0, 30)
+    r = running()
+    assert r.get("synth-a", 0) >= 1 and sum(r.values()) * 0.25 <= CAPACITY
+    assert live["client"].post("/synth-a/predict", content=b"").status_code == 200

@@ -1,0 +1,199 @@
+"""Serving pieces that need no Ray cluster: router statistics, the autoscaler loop (with a
+fake cluster), the schema and serve_config.yaml, and the model classes themselves."""
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from autoscaler.loop import AutoscalerLoop
+from faro_serve.config import ConfigError
+from faro_serve.serving.schema import parse_autoscaler_config, parse_model_args
+from faro_serve.serving.stats import RouterStats
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- router statistics ---------------------------------------------------------------
+def test_router_stats_counts_rates_and_percentiles():
+    s = RouterStats(window_s=30, start=0.0)
+    for k in range(120):  # 1 request/s for two minutes, then 5/s for 20 s
+        s.arrival(k + 0.5)
+        s.completed(k + 0.6, latency_s=0.1 + (k % 10) / 100, processing_s=0.05)
+    assert s.latency_percentile(119.7, 50) == pytest.approx(0.145, abs=0.011)
+    assert s.processing(119.7)["mean_ms"] == pytest.approx(50.0)
+    for k in range(100):
+        s.arrival(120 + k * 0.2)
+    s.drop(125.0, "drop_rate")
+    snap = s.snapshot(140.0, percentile=99, replicas=2)
+    assert snap["arrivals_per_min"] == [60, 60]
+    assert snap["current_minute_count"] == 100 and snap["current_minute_elapsed_s"] == pytest.approx(20)
+    assert s.arrival_rate(140.0, over_s=10) == pytest.approx(5.0)
+    assert snap["dropped"] == {"drop_rate": 1}
+    # completions older than 30 s have left the window: none left at t = 160
+    assert s.latency_percentile(160.0, 99) is None
+    assert snap["processing"]["mean_ms"] == pytest.approx(50.0)  # completions from 110-120 s
+    assert s.processing(160.0)["mean_ms"] is None  # ... which have left the 30 s window by 160 s
+
+
+def test_router_stats_queue_is_in_flight_beyond_replicas():
+    s = RouterStats(start=0.0)
+    for _ in range(7):
+        s.started()
+    s.finished()
+    assert s.snapshot(1.0, replicas=2)["queue_length"] == 4
+
+
+# --- the autoscaler loop with a fake cluster ------------------------------------------
+class FakeCluster:
+    def __init__(self, running):
+        self.running = dict(running)
+        self.fronts = {n: {"arrivals_per_min": [], "drop_rate": 0.0, "replicas": r, "percentile": 99.0}
+                       for n, r in running.items()}
+        self.scaled, self.controls = [], []
+
+    def capacity(self):
+        return 2.0, None
+
+    def running_replicas(self):
+        return dict(self.running)
+
+    def front_metrics(self, names):
+        return {n: self.fronts[n] for n in names}
+
+    def scale(self, name, replicas):
+        self.scaled.append((name, replicas))
+        self.running[name] = replicas
+
+    def control(self, name, drop_rate, replicas, percentile):
+        self.controls.append((name, drop_rate, replicas))
+        self.fronts[name].update(drop_rate=drop_rate, replicas=replicas, percentile=percentile)
+
+
+def config(**cluster):
+    return parse_autoscaler_config({
+        "cluster": {"cpus": 2, "objective": "fair_sum", "reactive_trigger_s": 20, **cluster},
+        "models": [{"name": "a", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25},
+                   {"name": "b", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25}]})
+
+
+def test_loop_moves_replicas_to_load_and_resumes_from_running_state():
+    cluster = FakeCluster({"a": 1, "b": 4})
+    clock = iter(np.arange(0, 1000, 10.0))
+    loop = AutoscalerLoop(config(), cluster, clock=lambda: next(clock))
+    cluster.fronts["a"].update(arrivals_per_min=[900] * 20)  # 15 req/s on a, b idle
+    rec = loop.step()
+    assert rec["decision"]["kind"] == "long_term"
+    assert cluster.running["a"] >= 3 and cluster.running["b"] == 1
+    assert 0.25 * sum(cluster.running.values()) <= 2.0
+    # a restarted autoscaler resumes from what runs: no scale-down to the minimum first
+    loop2 = AutoscalerLoop(config(), cluster, clock=lambda: 5000.0)
+    loop2._observe(5000.0)
+    assert loop2.targets == cluster.running
+
+
+def test_loop_reactive_step_and_disabled_mode_changes_nothing():
+    cluster = FakeCluster({"a": 2, "b": 1})
+    t = [0.0]
+    loop = AutoscalerLoop(config(), cluster, clock=lambda: t[0])
+    loop.step()
+    cluster.fronts["a"].update(latency_ms=5000.0)
+    for t[0] in (10.0, 20.0, 30.0):
+        rec = loop.step()
+    assert rec["decision"] == {"kind": "reactive", "replicas": {"a": cluster.running["a"]},
+                               "drop_rates": {}, "info": {"scaled_up": ["a"]}}
+    off = FakeCluster({"a": 1, "b": 1})
+    AutoscalerLoop(config().model_copy(update={"enabled": False}), off, clock=lambda: 0.0).step()
+    assert off.scaled == [] and off.controls == []
+
+
+def test_loop_restores_a_restarted_fronts_drop_rate():
+    cluster = FakeCluster({"a": 1, "b": 1})
+    t = [0.0]
+    loop = AutoscalerLoop(config(), cluster, clock=lambda: t[0])
+    loop.step()  # long-term decision
+    loop.drop_rates["a"] = 0.2  # as a penalty objective might set
+    t[0] = 10.0
+    loop.step()
+    assert cluster.fronts["a"]["drop_rate"] == 0.2
+    cluster.fronts["a"].update(drop_rate=0.0, replicas=1)  # the front restarted with defaults
+    t[0] = 20.0
+    loop.step()
+    assert cluster.controls[-1][:2] == ("a", 0.2)
+    n = len(cluster.controls)
+    t[0] = 30.0
+    loop.step()  # fronts already agree: nothing to send
+    assert len(cluster.controls) == n
+
+
+# --- schema and serve_config.yaml ------------------------------------------------------
+def test_invalid_slo_names_the_field():
+    with pytest.raises(ConfigError, match=r"models\.1\.slo_ms"):
+        parse_autoscaler_config({"cluster": {"cpus": 2},
+                                 "models": [{"name": "a", "slo_ms": 10}, {"name": "b", "slo_ms": 0}]})
+    with pytest.raises(ConfigError, match="policy 'nope' is unknown"):
+        parse_autoscaler_config({"cluster": {"cpus": 2}, "models": [{"name": "a", "slo_ms": 10}],
+                                 "policy": "nope"})
+    with pytest.raises(ConfigError, match=r"model\.vision\.arch"):
+        parse_model_args({"name": "x", "model": {"kind": "vision", "arch": "vgg"}})
+    with pytest.raises(ConfigError, match="processing"):
+        parse_model_args({"name": "x", "model": {"kind": "synthetic", "processing": "gauss:1"}})
+
+
+def test_serve_config_is_a_valid_ray_serve_config_and_faro_config():
+    from ray.serve.schema import ServeDeploySchema
+
+    doc = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    ServeDeploySchema.model_validate(doc) if hasattr(ServeDeploySchema, "model_validate") else ServeDeploySchema.parse_obj(doc)
+    apps = {a["name"]: a for a in doc["applications"]}
+    cfg = parse_autoscaler_config(apps["faro"]["args"])
+    for m in cfg.models:
+        app = apps[m.name]
+        args = parse_model_args(app["args"])
+        assert app["external_scaler_enabled"] is True and app["route_prefix"] == f"/{m.name}"
+        assert args.name == m.name and args.cpus == m.cpus  # Ray's CPUs match the SLO's
+    assert sum(m.min_replicas * m.cpus for m in cfg.models) <= cfg.cluster.cpus
+
+
+# --- the model classes ------------------------------------------------------------------
+def test_vision_model_top_k_and_bad_images():
+    import torch
+    import torchvision
+
+    from deployments.vision import ImageClassifier
+
+    m = ImageClassifier("resnet18", top_k=3, image_size=64)
+    img = torchvision.io.encode_png(torch.randint(0, 255, (3, 80, 60), dtype=torch.uint8)).numpy().tobytes()
+    out = m.predict(img)
+    assert len(out["classes"]) == 3 and all(0 <= c < 1000 for c in out["classes"])
+    assert out["scores"] == sorted(out["scores"], reverse=True) and out["processing_ms"] > 0
+    assert m.predict(b"not an image")["status"] == 400
+    assert m.predict(b"")["status"] == 400
+
+
+def test_vision_model_loads_a_local_checkpoint(tmp_path):
+    import torch
+    import torchvision
+
+    from deployments.vision import ImageClassifier
+
+    net = torchvision.models.resnet18(weights=None)
+    torch.nn.init.zeros_(net.fc.weight)
+    torch.nn.init.zeros_(net.fc.bias)
+    net.fc.bias.data[7] = 10.0  # class 7 always wins
+    torch.save(net.state_dict(), tmp_path / "w.pt")
+    m = ImageClassifier("resnet18", checkpoint=str(tmp_path / "w.pt"), top_k=1, image_size=64)
+    img = torchvision.io.encode_jpeg(torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8)).numpy().tobytes()
+    assert m.predict(img)["classes"] == [7]
+    with pytest.raises(FileNotFoundError):
+        ImageClassifier("resnet18", checkpoint=str(tmp_path / "missing.pt"))
+
+
+def test_synthetic_model_sleeps_its_distribution():
+    from deployments.synthetic import SyntheticModel
+
+    m = SyntheticModel("const:0.02")
+    out = asyncio.run(m.predict(b""))
+    assert 15 <= out["processing_ms"] < 200
