@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
     port = _port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(model_app({"name": "front", "model": {"kind": "synthetic", "processing": "const:0"},

@@ -33,6 +33,14 @@ SLOS = [
 ]
 
 
+DASHBOARD: list[str] = []
+
+
+def alive_actors(**filters):
+    return list_actors(address=DASHBOARD[-1], filters=[("state", "=", "ALIVE")]
+                       + [(k, "=", v) for k, v in filters.items()])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -52,7 +60,8 @@ def autoscaler_config(dashboard: str, **overrides) -> dict:
 @pytest.fixture(scope="module")
 def live():
     dash, http = free_port(), free_port()
-    ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=dash,
+    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
+             dashboard_port=dash,
              log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": http})
     cluster = ClusterSpec(**autoscaler_config("")["cluster"])
@@ -60,6 +69,7 @@ def live():
     assert routes == {m.name: f"/{m.name}/predict" for m, _ in SLOS}
     base = f"http://127.0.0.1:{http}"
     client = httpx.Client(base_url=base, timeout=60)
+    DASHBOARD.append(f"http://127.0.0.1:{dash}")  # the state API of this cluster, even if others run
     yield {"base": base, "client": client, "dashboard": f"http://127.0.0.1:{dash}"}
     client.close()
     serve.shutdown()
@@ -73,8 +83,7 @@ def running() -> dict[str, int]:
 
 
 def replica_ids(model: str) -> set[str]:
-    return {a.actor_id for a in list_actors(filters=[("class_name", "=", f"ServeReplica:{model}:Model"),
-                                                     ("state", "=", "ALIVE")])}
+    return {a.actor_id for a in alive_actors(class_name=f"ServeReplica:{model}:Model")}
 
 
 async def _fire(base: str, path: str, n: int, concurrency: int, rate: float | None = None,
@@ -212,7 +221,7 @@ def test_recovers_from_killed_replica_and_killed_autoscaler(live):
         fire(live["base"], "/synth-a/predict", 200, 50, 5.0)), daemon=True)
     load.start()
     time.sleep(5)
-    victims = [a for a in list_actors(filters=[("state", "=", "ALIVE")])
+    victims = [a for a in alive_actors()
                if a.class_name in ("ServeReplica:synth-a:Model", "ServeReplica:faro:FaroAutoscaler")]
     assert {a.class_name for a in victims} == {"ServeReplica:synth-a:Model", "ServeReplica:faro:FaroAutoscaler"}
     killed = set()

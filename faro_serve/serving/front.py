@@ -9,6 +9,8 @@ Every request to ``POST <route_prefix>/predict`` passes through this FastAPI ing
 * forwards the rest to the model deployment through a handle. The model's
   ``max_queued_requests`` bounds the queue at this caller, so a full queue answers 503
   (reason ``queue_full``) at once instead of queueing without bound;
+* retries a request once when its replica dies under it (inference is idempotent), and
+  answers 503 (reason ``replica_failed``) if that fails too, never a bare 500;
 * exports Prometheus metrics through ``ray.util.metrics``, published when the autoscaler
   reads the front (every tick) rather than per request, to keep the data path short.
 
@@ -26,6 +28,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
+from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 from ray.util import metrics as ray_metrics
 
@@ -98,10 +101,14 @@ class Front:
             return payload
         self.stats.started()
         try:
-            result = await self.model.predict.remote(payload)
+            result = await self._call(payload)
         except BackPressureError:
             self.stats.drop(t0, "queue_full")
             return _reject(503, self.name, "queue_full", "the model's queue is full; retry later")
+        except RayActorError as err:
+            self.stats.drop(t0, "replica_failed")
+            return _reject(503, self.name, "replica_failed",
+                           f"the replica serving this request failed ({type(err).__name__}); retry")
         finally:
             self.stats.finished()
         now = time.time()
@@ -110,6 +117,12 @@ class Front:
         if isinstance(result, dict) and "error" in result:
             return _reject(int(result.get("status", 400)), self.name, "bad_request", result["error"])
         return result
+
+    async def _call(self, payload: bytes):
+        try:
+            return await self.model.predict.remote(payload)
+        except RayActorError:  # the replica died (killed, node lost): once more elsewhere
+            return await self.model.predict.remote(payload)
 
     @api.get("/metrics", summary="What the router front measured (JSON)")
     def metrics_json(self):
