@@ -18,6 +18,8 @@ COMMANDS = [
     "faro_serve.commands.forecast",
     "faro_serve.commands.simulate",
     "faro_serve.commands.suite",
+    "faro_serve.commands.replay",
+    "faro_serve.commands.kuberay",
 ]
 
 

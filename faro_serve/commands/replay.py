@@ -1,0 +1,141 @@
+"""``faro-serve replay``: replay a trace against a running deployment (paper section 6).
+
+Sends open-loop Poisson arrivals from the trace's per-minute counts to
+<url>/<model>/predict (each request on its own, never slowed by slow answers; a 503 is a
+dropped request and is not resent), records every request, and reports the simulator's
+metrics through the same code: lost cluster utility, SLO violation rates, per-minute p99.
+SLOs come from GET <url>/faro/status unless --slo-ms is given. A trace minute lasts
+60 x --time-scale seconds; --rate-scale multiplies the counts.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("replay", help="send a trace's load to a running deployment and measure it",
+                       description=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--trace", required=True, help="trace file: tidy CSV or JSON lines")
+    p.add_argument("--day", help="day to replay (CSV with a 'day' column)")
+    p.add_argument("--sample", type=int, help="sample of that day (CSV with a 'sample' column)")
+    p.add_argument("--jobs", help="comma-separated trace jobs to replay (default: all, or --map's)")
+    p.add_argument("--map", metavar="JOB=MODEL,...", help="send a job's load to a model (default: same name)")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="Serve HTTP address (loopback unless --allow-remote)")
+    p.add_argument("--allow-remote", action="store_true", help="allow a --url that is not a loopback address")
+    p.add_argument("--start", type=int, default=0, help="first trace minute to replay (0)")
+    p.add_argument("--minutes", type=int, help="trace minutes to replay (default: to the end)")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="a trace minute lasts 60 x X seconds (1; 0.5 = twice as fast, so twice the "
+                        "request rate unless --rate-scale compensates)")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every count by Y (1)")
+    p.add_argument("--max-requests", type=int, default=100_000,
+                   help="refuse a schedule with more requests (100000)")
+    p.add_argument("--max-in-flight", type=int, default=500,
+                   help="open requests at most; a request due beyond it is not sent, and counted (500)")
+    p.add_argument("--timeout", type=float, default=30.0, help="per-request timeout, seconds (30)")
+    p.add_argument("--slo-ms", type=float, help="SLO of every model (default: from /faro/status)")
+    p.add_argument("--percentile", type=float, default=99.0, help="SLO percentile with --slo-ms (99)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the schedule (0)")
+    p.add_argument("--out", default="runs/replay", help="directory for records.csv and result.json (runs/replay)")
+    p.add_argument("--json", metavar="OUT", help="also write the result JSON to OUT ('-' = stdout)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _slos(args, url: str, names: list[str]) -> tuple[dict, dict, dict | None]:
+    """(slo_ms, percentile, status or None) per model: --slo-ms, else GET /faro/status."""
+    from ..cli import UsageError
+
+    if args.slo_ms is not None:
+        if not args.slo_ms > 0:
+            raise UsageError(f"--slo-ms must be > 0 (got {args.slo_ms:g})")
+        if not 0 < args.percentile < 100:
+            raise UsageError(f"--percentile must lie in (0, 100) (got {args.percentile:g})")
+        st = None
+        try:
+            from .status import fetch_status
+            st = fetch_status(url, timeout=5.0)
+        except Exception:
+            pass  # the SLOs are given; the status only adds the policy and capacity
+        return {n: args.slo_ms for n in names}, {n: args.percentile for n in names}, st
+    from .status import fetch_status
+
+    st = fetch_status(url, timeout=10.0)
+    models = st.get("models") or {}
+    missing = [n for n in names if n not in models]
+    if missing:
+        raise UsageError(f"{url}/faro/status has no SLO for {', '.join(missing)} (it knows "
+                         f"{', '.join(models) or 'no model yet'}); use --map, or give --slo-ms")
+    return ({n: float(models[n]["slo_ms"]) for n in names},
+            {n: float(models[n].get("percentile", 99.0)) for n in names}, st)
+
+
+def run(args) -> int:
+    import asyncio
+
+    from ..cli import UsageError
+    from ..replay.client import send_schedule
+    from ..replay.loadgen import build_schedule, check_url, parse_map, select_trace
+    from ..replay.report import replay_document, replay_result, write_json, write_records
+    from ..traces import load_trace
+
+    url = check_url(args.url, args.allow_remote)
+    for flag, v in (("--max-requests", args.max_requests), ("--max-in-flight", args.max_in_flight)):
+        if v < 1:
+            raise UsageError(f"{flag} must be >= 1 (got {v})")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 (got {args.timeout:g})")
+    mapping = parse_map(args.map)
+    jobs = [j.strip() for j in args.jobs.split(",") if j.strip()] if args.jobs else None
+    trace = load_trace(args.trace, days=args.day, sample=args.sample)
+    trace, names = select_trace(trace, jobs, mapping, args.start, args.minutes)
+    sched = build_schedule(trace, names, args.time_scale, args.rate_scale, args.seed, args.max_requests)
+    slo_ms, pct, st = _slos(args, url, names)
+    out_dir = Path(args.out)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--out {out_dir}: cannot create ({err.strerror})") from None
+
+    print(f"replaying {sched.size:,} requests of {len(names)} job(s) over {sched.minutes} trace "
+          f"minute(s) in {sched.duration_s:.0f} s to {url}", file=sys.stderr)
+    if args.no_progress:
+        rec = asyncio.run(send_schedule(sched, url, max_in_flight=args.max_in_flight,
+                                        timeout_s=args.timeout))
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      transient=True) as bar:
+            task = bar.add_task("replay", total=sched.size)
+            rec = asyncio.run(send_schedule(sched, url, max_in_flight=args.max_in_flight,
+                                            timeout_s=args.timeout,
+                                            on_done=lambda k: bar.advance(task, k)))
+
+    policy = (st or {}).get("policy") or "live"
+    for _, s in rec.status_polls:
+        policy = s.get("policy") or policy
+    res = replay_result(sched, rec, slo_ms, pct, policy=policy)
+    doc = replay_document(res, sched, rec, url)
+    write_records(out_dir / "records.csv", sched, rec)
+    write_json(out_dir / "result.json", doc)
+    if args.json:
+        write_json(args.json, doc)
+    if args.json != "-":
+        _print(res, doc, out_dir)
+    return 0
+
+
+def _print(res, doc: dict, out_dir: Path) -> None:
+    from .simulate import print_result
+
+    print_result(res, None)
+    a = doc["accounting"]
+    by = ", ".join(f"{k}: {v:,}" for k, v in a["by_status"].items()) or "none"
+    print(f"sent {a['sent']:,} = answered {a['answered']:,} ({by}) + errors {a['errors']:,}"
+          f" | not sent (in-flight cap) {a['not_sent']:,}")
+    if doc["failures"]:
+        print("failures: " + ", ".join(f"{k} {v:,}" for k, v in doc["failures"].items()))
+    print(f"records: {out_dir / 'records.csv'} | result: {out_dir / 'result.json'}")

@@ -1,0 +1,151 @@
+"""The open-loop HTTP sender of a replay (paper section 6: the load generator).
+
+Each request of a :class:`~faro_serve.replay.loadgen.Schedule` is sent at its instant as its
+own asyncio task, so slow answers never delay later requests (open loop: the load does not
+adapt to the system, as real clients do not). A 503 is a dropped request: it is recorded
+as failed and never resent. What the sender accounts for, request by request:
+
+* ``sent``: every request handed to the HTTP client; each ends with an HTTP status
+  (200, 503, 4xx, ...) or an ``error`` (connection refused, timeout, ...):
+  ``sent == sum(answered by status) + errors``;
+* ``not_sent``: requests whose instant came while ``max_in_flight`` requests were still
+  open; they are skipped (not queued, which would turn the loop closed) and counted.
+
+The sender is bounded: it stops after the schedule's last instant plus ``timeout_s`` (the
+per-request timeout), whatever the server does. While it runs it polls ``GET /faro/status``
+every ``status_every_s`` for the replica counts (the table's "mean replicas").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .loadgen import Schedule
+
+NOT_SENT = "not_sent"
+ERROR = "error"
+
+
+@dataclass
+class ReplayRecords:
+    """One entry per scheduled request, in schedule order (``status`` is the outcome)."""
+
+    model: np.ndarray  # index into names
+    trace_s: np.ndarray  # arrival instant in trace seconds (the metric's arrival time)
+    send_s: np.ndarray  # actual wall offset of the send from the replay start (NaN: not sent)
+    status: list[str]  # "200", "503", "404", ..., "error" or "not_sent"
+    latency_s: np.ndarray  # end-to-end latency (NaN: not sent or no answer)
+    reason: list[str]  # 503 reason ("drop_rate", "queue_full"), error class, or ""
+    wall_s: float = 0.0
+    status_polls: list[tuple[float, dict]] = field(default_factory=list)  # (wall offset, status JSON)
+
+    def counts(self) -> dict:
+        """The accounting: sent = answered (by status) + errors; plus not sent."""
+        by_status: dict[str, int] = {}
+        errors = not_sent = 0
+        for s in self.status:
+            if s == NOT_SENT:
+                not_sent += 1
+            elif s == ERROR:
+                errors += 1
+            else:
+                by_status[s] = by_status.get(s, 0) + 1
+        answered = sum(by_status.values())
+        return {"scheduled": len(self.status), "sent": answered + errors, "answered": answered,
+                "by_status": dict(sorted(by_status.items())), "errors": errors, "not_sent": not_sent}
+
+
+async def _poll_status(client, url: str, every_s: float, t0: float, stop: asyncio.Event,
+                       out: list) -> None:
+    while not stop.is_set():
+        try:
+            r = await client.get(f"{url}/faro/status", timeout=5.0)
+            if r.status_code == 200:
+                out.append((time.perf_counter() - t0, r.json()))
+        except Exception:  # the status is a nicety; the replay does not depend on it
+            pass
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=every_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 1000,
+                        timeout_s: float = 30.0, body: bytes = b"",
+                        status_every_s: float | None = 5.0,
+                        on_done: Callable[[int], None] | None = None) -> ReplayRecords:
+    """Send every request of ``schedule`` to ``<url>/<model>/predict``; see the module docstring."""
+    import httpx
+
+    n = schedule.size
+    status = [NOT_SENT] * n
+    reason = [""] * n
+    send_s = np.full(n, np.nan)
+    latency = np.full(n, np.nan)
+    paths = [f"{url}/{m}/predict" for m in schedule.names]
+    in_flight = 0
+    # trust_env=False: no proxy from the environment; requests go straight to --url.
+    limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=min(max_in_flight, 200))
+    polls: list = []
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, trust_env=False) as client:
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        stop = asyncio.Event()
+        poller = (asyncio.create_task(_poll_status(client, url, status_every_s, t0, stop, polls))
+                  if status_every_s else None)
+
+        async def one(i: int) -> None:
+            nonlocal in_flight
+            start = time.perf_counter()
+            send_s[i] = start - t0
+            try:
+                r = await client.post(paths[schedule.model[i]], content=body)
+                latency[i] = time.perf_counter() - start
+                status[i] = str(r.status_code)
+                if r.status_code != 200:
+                    try:
+                        reason[i] = str(r.json().get("reason") or "")
+                    except Exception:
+                        reason[i] = ""
+            except Exception as err:  # connection refused, timeout, protocol error...
+                status[i] = ERROR
+                reason[i] = type(err).__name__
+            except asyncio.CancelledError:  # past the replay's time bound: sent, no answer
+                status[i] = ERROR
+                reason[i] = "Cancelled"
+            finally:
+                in_flight -= 1
+                if on_done:
+                    on_done(1)
+
+        tasks = []
+        start_loop = loop.time()
+        for i in range(n):
+            delay = start_loop + float(schedule.send_s[i]) - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if in_flight >= max_in_flight:
+                if on_done:
+                    on_done(1)
+                continue  # stays NOT_SENT: open loop never waits for a free slot
+            in_flight += 1
+            tasks.append(asyncio.create_task(one(i)))
+        if tasks:
+            # Every request carries its own timeout; the extra second bounds the wait anyway.
+            done, pending = await asyncio.wait(tasks, timeout=timeout_s + 5.0)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        if poller:
+            stop.set()
+            await poller
+        wall = time.perf_counter() - t0
+    return ReplayRecords(model=schedule.model.copy(), trace_s=schedule.trace_s.copy(), send_s=send_s,
+                         status=status, latency_s=latency, reason=reason, wall_s=wall,
+                         status_polls=polls)
