@@ -12,13 +12,11 @@ import time
 
 import numpy as np
 
-from faro_serve.sim.distributions import parse_dist
-
-PAPER_PROCESSING = "lognorm:0.4225,0.0793,0.0686"
+from faro_serve.sim.distributions import PAPER_PROCESSING, parse_dist
 
 
 class SyntheticModel:
-    def __init__(self, processing: str = PAPER_PROCESSING, seed: int | None = None):
+    def __init__(self, processing: str = str(PAPER_PROCESSING), seed: int | None = None):
         self.dist = parse_dist(processing)
         self.rng = np.random.default_rng(seed)
 

@@ -14,8 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..config import ConfigError, FaroConfig, format_validation_error
-
-PAPER_PROCESSING = "lognorm:0.4225,0.0793,0.0686"  # ResNet34 on 1 vCPU, seconds
+from ..sim.distributions import PAPER_PROCESSING, parse_dist
 
 
 class SyntheticModelSpec(BaseModel):
@@ -23,15 +22,13 @@ class SyntheticModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["synthetic"]
-    processing: str = Field(PAPER_PROCESSING, description="seconds: lognorm:SHAPE,LOC,SCALE | "
+    processing: str = Field(str(PAPER_PROCESSING), description="seconds: lognorm:SHAPE,LOC,SCALE | "
                             "const:S | expon:LOC,SCALE (default: the paper's ResNet34)")
     seed: int | None = None
 
     @field_validator("processing")
     @classmethod
     def _dist(cls, v: str) -> str:
-        from ..sim.distributions import parse_dist
-
         parse_dist(v)
         return v
 
