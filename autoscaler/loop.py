@@ -8,6 +8,8 @@ fake adapter and a fake clock.
 
 On a restart the loop resumes from the cluster as it is: the targets start at the running
 replica counts (never below a model's minimum), and the metric history is the fronts'.
+The policy sees the same inputs as in the simulator (``faro_serve.sim.runner``): completed
+per-minute arrivals, the SLO-percentile latency over the last 30 s, mean processing time.
 """
 
 from __future__ import annotations
@@ -179,12 +181,16 @@ class AutoscalerLoop:
                 if self.history else None}
 
 
-def _history(front: dict, min_elapsed_s: float = 10.0) -> np.ndarray:
-    """Completed-minute arrival counts plus the open minute extrapolated to a full minute
-    (once it is ``min_elapsed_s`` old), so decisions right after a start see the load."""
+def _history(front: dict, min_elapsed_s: float = 10.0, startup_minutes: int = 2) -> np.ndarray:
+    """Completed-minute arrival counts, as the simulator gives its policies.
+
+    Right after a start (fewer than ``startup_minutes`` completed minutes) the open minute is
+    appended, extrapolated to a full minute once it is ``min_elapsed_s`` old, so the first
+    decisions see the load; later the forecaster's input is exactly the simulator's.
+    """
     hist = list(front.get("arrivals_per_min", []))
     elapsed = float(front.get("current_minute_elapsed_s", 0.0))
-    if elapsed >= min_elapsed_s:
+    if len(hist) < startup_minutes and elapsed >= min_elapsed_s:
         hist.append(front.get("current_minute_count", 0) * 60.0 / elapsed)
     return np.asarray(hist, float)
 
