@@ -342,3 +342,17 @@ def test_live_replay_accounts_for_every_request_and_reports_the_simulate_metrics
     report(f"live replay: {acc['sent']} sent, by status {acc['by_status']}, lost cluster utility "
            f"{doc['lost_cluster_utility']:.3f}, SLO violation rate {doc['cluster_slo_violation_rate']:.2%}, "
            f"p99 ms {doc['per_minute_p99_ms']}, {wall:.0f} s")
+
+
+def test_replay_and_simulator_draw_the_same_per_minute_counts_for_a_seed():
+    """Matched validation needs a live replay and a simulated run of one seed to see the
+    very same load: both draw their counts through faro_serve.sim.workload.draw_counts."""
+    from faro_serve.sim.distributions import NO_OVERHEAD, PAPER_PROCESSING
+    from faro_serve.sim.workload import Workload
+
+    trace = Trace(["a", "b"], np.array([[30.0, 60.0, 5.0, 0.0], [10.0, 0.0, 90.0, 44.0]]))
+    for seed in (0, 7):
+        sim = Workload(trace.counts, PAPER_PROCESSING, NO_OVERHEAD, seed=seed)
+        live = build_schedule(trace, seed=seed)
+        assert live.counts.tolist() == sim.counts.tolist()
+        assert np.bincount(live.model, minlength=2).tolist() == sim.counts.sum(axis=1).tolist()

@@ -8,8 +8,9 @@ and seed see statistically the same load:
 
 * the minute's count is Poisson with mean ``rate_scale x trace count``;
 * its arrival instants are uniform in the minute;
-* one ``SeedSequence(seed)``: the first child stream draws every count, the second the
-  instants, so a seed fixes the whole schedule.
+* counts come from the simulator's own ``draw_counts`` (first child stream of
+  ``SeedSequence(seed)``), the instants from its second stream, so a seed fixes the whole
+  schedule and a live and a simulated run of one seed get the same per-minute counts.
 
 Time compression (``time_scale``): a trace minute lasts ``60 x time_scale`` wall seconds, so
 the request at trace second ``t`` is sent at wall offset ``t x time_scale``, and the wall
@@ -27,6 +28,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from ..sim.workload import draw_counts
 from ..traces import Trace, TraceError
 
 
@@ -144,11 +146,8 @@ def build_schedule(trace: Trace, names: list[str] | None = None, time_scale: flo
     lam = np.asarray(trace.counts, dtype=float) * rate_scale
     if lam.ndim != 2 or lam.shape[1] == 0:
         raise TraceError("the trace slice has no minutes")
-    if not np.all(np.isfinite(lam)) or (lam < 0).any():
-        raise TraceError("trace counts must be finite and >= 0")
     names = list(names or trace.names)
-    count_ss, time_ss = np.random.SeedSequence(seed).spawn(2)
-    counts = np.random.default_rng(count_ss).poisson(lam).astype(np.int64)
+    counts, time_ss = draw_counts(lam, seed)  # the simulator's own draw
     total = int(counts.sum())
     if max_requests is not None and total > max_requests:
         raise ValueError(f"the replay would send {total:,} requests, above --max-requests "

@@ -35,21 +35,28 @@ class MinuteBatch:
         return [slice(int(e - c), int(e)) for c, e in zip(self.counts, ends)]
 
 
+def draw_counts(expected_counts: np.ndarray, seed: int = 0):
+    """Per-minute arrival counts, Poisson with the trace count as mean, drawn from the first
+    child stream of ``SeedSequence(seed)``; returns them and the second child stream for the
+    per-request draws. The simulator and the live replay (``faro_serve.replay``) both draw
+    their counts here, so one seed gives both the very same per-minute load."""
+    lam = np.asarray(expected_counts, dtype=float)
+    if lam.ndim != 2:
+        raise ValueError("expected counts must be a (jobs, minutes) array")
+    if not np.all(np.isfinite(lam)) or (lam < 0).any():
+        raise ValueError("trace counts must be finite and >= 0")
+    count_ss, request_ss = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(count_ss).poisson(lam).astype(np.int64), request_ss
+
+
 class Workload:
     """Realised per-minute counts of a trace and the generator of each minute's requests."""
 
     def __init__(self, expected_counts: np.ndarray, processing: TimeDist | list[TimeDist],
                  overhead: TimeDist, seed: int = 0):
-        lam = np.asarray(expected_counts, dtype=float)
-        if lam.ndim != 2:
-            raise ValueError("expected counts must be a (jobs, minutes) array")
-        if not np.all(np.isfinite(lam)) or (lam < 0).any():
-            raise ValueError("trace counts must be finite and >= 0")
-        ss = np.random.SeedSequence(seed)
-        count_ss, req_ss = ss.spawn(2)
-        self.counts = np.random.default_rng(count_ss).poisson(lam).astype(np.int64)
+        self.counts, req_ss = draw_counts(expected_counts, seed)
         self.rng = np.random.default_rng(req_ss)
-        n_jobs = lam.shape[0]
+        n_jobs = self.counts.shape[0]
         self.processing = processing if isinstance(processing, list) else [processing] * n_jobs
         if len(self.processing) != n_jobs:
             raise ValueError(f"{len(self.processing)} processing distributions for {n_jobs} jobs")
