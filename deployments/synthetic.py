@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from faro_serve.sim.distributions import PAPER_PROCESSING, parse_dist
+from faro_serve.distributions import PAPER_PROCESSING, parse_dist
 
 
 class SyntheticModel:

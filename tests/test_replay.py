@@ -347,7 +347,7 @@ def test_live_replay_accounts_for_every_request_and_reports_the_simulate_metrics
 def test_replay_and_simulator_draw_the_same_per_minute_counts_for_a_seed():
     """Matched validation needs a live replay and a simulated run of one seed to see the
     very same load: both draw their counts through faro_serve.sim.workload.draw_counts."""
-    from faro_serve.sim.distributions import NO_OVERHEAD, PAPER_PROCESSING
+    from faro_serve.distributions import NO_OVERHEAD, PAPER_PROCESSING
     from faro_serve.sim.workload import Workload
 
     trace = Trace(["a", "b"], np.array([[30.0, 60.0, 5.0, 0.0], [10.0, 0.0, 90.0, 44.0]]))

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..config import ConfigError, FaroConfig, format_validation_error
-from ..sim.distributions import PAPER_PROCESSING, parse_dist
+from ..distributions import PAPER_PROCESSING, parse_dist
 
 
 class SyntheticModelSpec(BaseModel):

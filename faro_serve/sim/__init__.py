@@ -4,7 +4,7 @@
 a fixed-capacity cluster of routers and replicas and returns the paper's metrics.
 """
 
-from .distributions import (NO_OVERHEAD, PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, TimeDist,
+from ..distributions import (NO_OVERHEAD, PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, TimeDist,
                             parse_dist)
 from .runner import CapacityExceeded, SimConfig, SimResult, simulate
 

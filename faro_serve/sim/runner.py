@@ -34,7 +34,7 @@ from autoscaler.policy import Decision, ModelObservation, Observation, Policy
 from faro_serve.config import ModelSLO
 from faro_serve.metrics import MinuteTable, Summary, minute_table, summarize
 
-from .distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, TimeDist
+from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, TimeDist
 from .state import ModelState
 from .workload import Workload
 

@@ -20,7 +20,7 @@ from autoscaler import make_policy
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.traces import Trace, TraceError, duplicate_jobs, load_trace, previous_day_tail
 
-from .distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
+from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
 from .runner import SimConfig, SimResult, simulate
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .distributions import TimeDist
+from ..distributions import TimeDist
 
 
 @dataclass

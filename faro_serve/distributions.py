@@ -1,4 +1,4 @@
-"""Per-request time distributions of the simulator (paper section 6.4 and its release).
+"""Per-request time distributions shared by the live synthetic model and the simulator (paper 6.4).
 
 The paper-matched defaults are the measured ResNet34-on-1-vCPU processing time and the
 router overhead, both lognormal in scipy's ``lognorm(shape, loc, scale)`` form:
