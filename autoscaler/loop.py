@@ -90,7 +90,7 @@ class AutoscalerLoop:
                 arrivals_per_min=hist, arrival_rate=float(f.get("arrival_rate", 0.0)),
                 latency_ms=f.get("latency_ms"), processing_ms=proc,
                 queue_length=float(f.get("queue_length", 0.0)),
-                ongoing_per_replica=float(f.get("in_flight", 0)) / max(running[n], 1),
+                ongoing_per_replica=float(f.get("mean_in_flight", 0.0)) / max(running[n], 1),
                 drop_rate=self.drop_rates.get(n, 0.0))
         return Observation(now - self.start, cap_cpu, cap_mem, models), fronts
 

@@ -41,9 +41,21 @@ def test_router_stats_counts_rates_and_percentiles():
 def test_router_stats_queue_is_in_flight_beyond_replicas():
     s = RouterStats(start=0.0)
     for _ in range(7):
-        s.started()
-    s.finished()
+        s.started(0.0)
+    s.finished(0.5)
     assert s.snapshot(1.0, replicas=2)["queue_length"] == 4
+
+
+def test_router_stats_mean_in_flight_is_time_weighted_per_period():
+    """The simulator's "ongoing requests" over a tick: the time average, not a sample."""
+    s = RouterStats(start=0.0)
+    s.started(0.0)
+    s.started(5.0)  # 1 in flight for 5 s, then 2 for 5 s
+    assert s.snapshot(10.0, reset_mean=True)["mean_in_flight"] == pytest.approx(1.5)
+    s.finished(12.0)
+    s.finished(12.0)  # 2 in flight for 2 s, then none for 8 s
+    assert s.mean_in_flight(20.0) == pytest.approx(0.4)
+    assert s.mean_in_flight(20.0) == pytest.approx(0.4)  # reading alone does not reset
 
 
 # --- the autoscaler loop with a fake cluster ------------------------------------------

@@ -99,7 +99,7 @@ class Front:
         if isinstance(payload, JSONResponse):
             self.stats.drop(t0, "bad_request")
             return payload
-        self.stats.started()
+        self.stats.started(time.time())
         try:
             result = await self._call(payload)
         except BackPressureError:
@@ -110,7 +110,7 @@ class Front:
             return _reject(503, self.name, "replica_failed",
                            f"the replica serving this request failed ({type(err).__name__}); retry")
         finally:
-            self.stats.finished()
+            self.stats.finished(time.time())
         now = time.time()
         proc = result.get("processing_ms") if isinstance(result, dict) else None
         self.stats.completed(now, now - t0, None if proc is None else proc / 1e3)
@@ -126,11 +126,12 @@ class Front:
 
     @api.get("/metrics", summary="What the router front measured (JSON)")
     def metrics_json(self):
-        return self.metrics()
+        return self.metrics(reset_mean=False)  # a person looking must not reset the average
 
     # -- control path (autoscaler, over handles) ------------------------------------------
-    def metrics(self) -> dict:
-        snap = self.stats.snapshot(time.time(), self.percentile, self.replicas)
+    def metrics(self, reset_mean: bool = True) -> dict:
+        """The autoscaler's read, once per tick: the in-flight average restarts with it."""
+        snap = self.stats.snapshot(time.time(), self.percentile, self.replicas, reset_mean)
         snap.update(model=self.name, drop_rate=self.drop_rate, replicas=self.replicas,
                     percentile=self.percentile)
         self._publish(snap)

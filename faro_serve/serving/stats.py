@@ -31,6 +31,9 @@ class RouterStats:
         self._second_ring: deque[tuple[int, int]] = deque()  # (second index, arrivals)
         self._done: deque[tuple[float, float, float]] = deque()  # (t, latency s, processing s)
         self.in_flight = 0
+        self._area = 0.0  # integral of in_flight over time since the last reset
+        self._area_t = start  # time of the last in_flight change
+        self._mean_since = start  # start of the current averaging period
         self.arrivals_total = 0
         self.completed_total = 0
         self.dropped: dict[str, int] = {}
@@ -59,11 +62,28 @@ class RouterStats:
         else:
             self._second_ring.append((sec, 1))
 
-    def started(self) -> None:
+    def _integrate(self, now: float) -> None:
+        if now > self._area_t:
+            self._area += self.in_flight * (now - self._area_t)
+            self._area_t = now
+
+    def started(self, now: float) -> None:
+        self._integrate(now)
         self.in_flight += 1
 
-    def finished(self) -> None:
+    def finished(self, now: float) -> None:
+        self._integrate(now)
         self.in_flight = max(0, self.in_flight - 1)
+
+    def mean_in_flight(self, now: float, reset: bool = False) -> float:
+        """Time-averaged in-flight requests since the last reset (the simulator's
+        "ongoing requests" over a tick, which Ray Serve's policy uses)."""
+        self._integrate(now)
+        span = now - self._mean_since
+        mean = self._area / span if span > 0 else float(self.in_flight)
+        if reset:
+            self._area, self._mean_since = 0.0, now
+        return mean
 
     def completed(self, now: float, latency_s: float, processing_s: float | None) -> None:
         self._roll(now)
@@ -105,9 +125,11 @@ class RouterStats:
         return {"mean_ms": float(vals.mean() * 1e3), "p50_ms": float(p50 * 1e3),
                 "p99_ms": float(p99 * 1e3), "n": int(vals.size)}
 
-    def snapshot(self, now: float, percentile: float = 99.0, replicas: int = 0) -> dict:
+    def snapshot(self, now: float, percentile: float = 99.0, replicas: int = 0,
+                 reset_mean: bool = False) -> dict:
         """Everything the autoscaler reads, JSON-able. Queue length is the requests in
-        flight beyond one per serving replica (each replica serves one at a time)."""
+        flight beyond one per serving replica (each replica serves one at a time);
+        ``reset_mean`` starts a new averaging period for ``mean_in_flight``."""
         self._roll(now)
         lat = self.latency_percentile(now, percentile)
         lats = [d[1] for d in self._done]
@@ -122,6 +144,7 @@ class RouterStats:
             "latency_mean_ms": float(np.mean(lats) * 1e3) if lats else None,
             "processing": self.processing(now),
             "in_flight": self.in_flight,
+            "mean_in_flight": self.mean_in_flight(now, reset=reset_mean),
             "queue_length": max(0, self.in_flight - replicas),
             "arrivals_total": self.arrivals_total,
             "completed_total": self.completed_total,
