@@ -14,6 +14,11 @@ as failed and never resent. What the sender accounts for, request by request:
 The sender is bounded: it stops after the schedule's last instant plus ``timeout_s`` (the
 per-request timeout), whatever the server does. While it runs it polls ``GET /faro/status``
 every ``status_every_s`` for the replica counts (the table's "mean replicas").
+
+A caller may watch the run (``on_result`` per finished request, ``on_status`` per status
+poll) and end it early by setting ``stop_sending``: requests not yet due stay ``not_sent``,
+open requests get ``stop_grace_s`` to finish and are then cancelled (``error``, reason
+``Cancelled``), so the accounting stays exact for a partial run.
 """
 
 from __future__ import annotations
@@ -61,12 +66,14 @@ class ReplayRecords:
 
 
 async def _poll_status(client, url: str, every_s: float, t0: float, stop: asyncio.Event,
-                       out: list) -> None:
+                       out: list, on_status: Callable[[float, dict], None] | None = None) -> None:
     while not stop.is_set():
         try:
             r = await client.get(f"{url}/faro/status", timeout=5.0)
             if r.status_code == 200:
                 out.append((time.perf_counter() - t0, r.json()))
+                if on_status:
+                    on_status(*out[-1])
         except Exception:  # the status is a nicety; the replay does not depend on it
             pass
         try:
@@ -78,8 +85,16 @@ async def _poll_status(client, url: str, every_s: float, t0: float, stop: asynci
 async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 1000,
                         timeout_s: float = 30.0, body: bytes = b"",
                         status_every_s: float | None = 5.0,
-                        on_done: Callable[[int], None] | None = None) -> ReplayRecords:
-    """Send every request of ``schedule`` to ``<url>/<model>/predict``; see the module docstring."""
+                        on_done: Callable[[int], None] | None = None,
+                        on_result: Callable[[int, str, float], None] | None = None,
+                        on_status: Callable[[float, dict], None] | None = None,
+                        stop_sending: asyncio.Event | None = None,
+                        stop_grace_s: float = 3.0) -> ReplayRecords:
+    """Send every request of ``schedule`` to ``<url>/<model>/predict``; see the module docstring.
+
+    ``on_result(i, status, latency_s)`` follows each sent request's end (latency NaN without
+    an answer); ``on_status(wall_s, status_json)`` each status poll.
+    """
     import httpx
 
     n = schedule.size
@@ -96,7 +111,8 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         stop = asyncio.Event()
-        poller = (asyncio.create_task(_poll_status(client, url, status_every_s, t0, stop, polls))
+        poller = (asyncio.create_task(_poll_status(client, url, status_every_s, t0, stop, polls,
+                                                   on_status))
                   if status_every_s else None)
 
         async def one(i: int) -> None:
@@ -120,6 +136,8 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
                 reason[i] = "Cancelled"
             finally:
                 in_flight -= 1
+                if on_result:
+                    on_result(i, status[i], float(latency[i]))
                 if on_done:
                     on_done(1)
 
@@ -128,7 +146,15 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
         for i in range(n):
             delay = start_loop + float(schedule.send_s[i]) - loop.time()
             if delay > 0:
-                await asyncio.sleep(delay)
+                if stop_sending is None:
+                    await asyncio.sleep(delay)
+                else:
+                    try:
+                        await asyncio.wait_for(stop_sending.wait(), timeout=delay)
+                    except asyncio.TimeoutError:
+                        pass
+            if stop_sending is not None and stop_sending.is_set():
+                break  # the rest stays NOT_SENT
             if in_flight >= max_in_flight:
                 if on_done:
                     on_done(1)
@@ -136,8 +162,19 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
             in_flight += 1
             tasks.append(asyncio.create_task(one(i)))
         if tasks:
-            # Every request carries its own timeout; the extra second bounds the wait anyway.
-            done, pending = await asyncio.wait(tasks, timeout=timeout_s + 5.0)
+            # Every request carries its own timeout; the extra seconds bound the wait anyway.
+            everything = asyncio.ensure_future(asyncio.wait(tasks, timeout=timeout_s + 5.0))
+            if stop_sending is not None:
+                stopped = asyncio.ensure_future(stop_sending.wait())
+                await asyncio.wait({everything, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not everything.done():  # stopped early: a short grace for open requests
+                    await asyncio.wait({everything}, timeout=stop_grace_s)
+                stopped.cancel()
+            else:
+                await everything
+            if not everything.done():
+                everything.cancel()
+            pending = [t for t in tasks if not t.done()]
             for t in pending:
                 t.cancel()
             if pending:
