@@ -20,6 +20,7 @@ COMMANDS = [
     "faro_serve.commands.suite",
     "faro_serve.commands.replay",
     "faro_serve.commands.kuberay",
+    "faro_serve.commands.validate",
 ]
 
 

@@ -152,7 +152,12 @@ class Front:
             self._latency.set(snap["latency_ms"], tags=tags)
 
     def control(self, drop_rate: float | None = None, replicas: int | None = None,
-                percentile: float | None = None) -> dict:
+                percentile: float | None = None, reset_stats: bool = False) -> dict:
+        """Set what the autoscaler decided; ``reset_stats`` starts the measurements afresh
+        (minute bins from now), as matched validation does to align them with a replay."""
+        if reset_stats:
+            self.stats = RouterStats(start=time.time())
+            self._published = {}
         if drop_rate is not None:
             self.drop_rate = min(max(float(drop_rate), 0.0), 1.0)
             self._drop.set(self.drop_rate, tags={"model": self.name})

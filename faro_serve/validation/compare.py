@@ -1,0 +1,173 @@
+"""Matched validation, the pure part: the workload both sides replay and how to compare them
+(paper section 6.5, Table 7).
+
+The paper checks its simulator by running the same workload on the cluster and in the
+simulator and comparing, per policy, the *cluster utility* (sum over jobs of the per-minute
+utility, averaged over minutes): 9.6 % mean relative difference, and the ranking of the
+policies by Kendall's tau, given as a distance (0 = the same order, 1 = reversed).
+
+Nothing here touches Ray; ``faro_serve.validation.live`` runs the live side.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import combinations
+
+import numpy as np
+from scipy import stats
+
+from ..config import ClusterSpec, ModelSLO
+from ..distributions import TimeDist
+from ..traces import Trace, TraceError, load_trace
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One trace slice, its jobs and their SLOs: exactly what both sides get."""
+
+    trace: str
+    day: int | None = 10
+    sample: int | None = 0
+    jobs: tuple[str, ...] = ("job1", "job5", "job7", "job8")
+    start: int = 180  # first trace minute
+    minutes: int = 20
+    rate_scale: float = 1.0
+    slo_ms: float = 720.0
+    percentile: float = 99.0
+    processing_ms: float = 154.0  # the SLO's processing prior (the paper's ResNet34)
+    seed: int = 0
+
+    def load(self) -> Trace:
+        """The slice: these jobs, minutes [start, start + minutes), counts x rate_scale."""
+        if self.minutes < 1:
+            raise TraceError(f"--minutes must be >= 1 (got {self.minutes})")
+        if self.start < 0:
+            raise TraceError(f"--start must be >= 0 (got {self.start})")
+        if not (math.isfinite(self.rate_scale) and self.rate_scale > 0):
+            raise TraceError(f"--rate-scale must be > 0 (got {self.rate_scale:g})")
+        tr = load_trace(self.trace, days=self.day, sample=self.sample, jobs=list(self.jobs))
+        if self.start + self.minutes > tr.minutes:
+            raise TraceError(f"{self.trace}: minutes {self.start}..{self.start + self.minutes} "
+                             f"are beyond the {tr.minutes} minutes selected")
+        return tr.window(self.start, self.start + self.minutes).scale(self.rate_scale)
+
+    def models(self, names: list[str]) -> list[ModelSLO]:
+        return [ModelSLO(name=n, slo_ms=self.slo_ms, percentile=self.percentile,
+                         processing_ms=self.processing_ms) for n in names]
+
+
+def cluster_spec(capacity: float) -> ClusterSpec:
+    """Both sides' policies plan with the same settings: the capacity, paper defaults else."""
+    return ClusterSpec(cpus=capacity)
+
+
+def cluster_utility(summary) -> float:
+    """Mean over minutes of the sum over jobs of utility (the paper's cluster utility)."""
+    return float(np.mean(summary.cluster_utility)) if len(summary.cluster_utility) else 0.0
+
+
+def relative_difference(live: float, sim: float) -> float:
+    """``|sim - live| / |live|`` (the live run is the reference); inf if live is 0 and sim not."""
+    if live == 0:
+        return 0.0 if sim == 0 else math.inf
+    return abs(sim - live) / abs(live)
+
+
+def kendall_distance(a: list[float], b: list[float]) -> float:
+    """The paper's Kendall-tau distance between two rankings: the fraction of pairs ordered
+    differently (0 identical, 1 reversed). Pairs tied on one side count half."""
+    pairs = list(combinations(range(len(a)), 2))
+    if not pairs:
+        return 0.0
+    bad = 0.0
+    for i, j in pairs:
+        s = np.sign(a[i] - a[j]) * np.sign(b[i] - b[j])
+        bad += 1.0 if s < 0 else 0.5 if s == 0 and (a[i] != a[j] or b[i] != b[j]) else 0.0
+    return bad / len(pairs)
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """scipy's tau-b correlation (1 identical order, -1 reversed); nan with < 2 policies."""
+    if len(a) < 2:
+        return math.nan
+    return float(stats.kendalltau(a, b).statistic)
+
+
+def compare(live: dict, sim: dict) -> dict:
+    """Per policy: live and simulated cluster utility, lost utility and SLO violation rate,
+    their differences; then the ranking agreement. ``live``/``sim``: policy -> SimResult."""
+    rows = []
+    for p in live:
+        lv, sm = live[p].summary, sim[p].summary
+        cu_l, cu_s = cluster_utility(lv), cluster_utility(sm)
+        rows.append({
+            "policy": p,
+            "live_cluster_utility": cu_l, "sim_cluster_utility": cu_s,
+            "utility_rel_diff": relative_difference(cu_l, cu_s),
+            "live_lost_utility": lv.lost_cluster_utility, "sim_lost_utility": sm.lost_cluster_utility,
+            "live_slo_violation_rate": lv.cluster_slo_violation_rate,
+            "sim_slo_violation_rate": sm.cluster_slo_violation_rate,
+            "live_requests": int(lv.job_requests.sum()), "sim_requests": int(sm.job_requests.sum()),
+        })
+    lu = [r["live_cluster_utility"] for r in rows]
+    su = [r["sim_cluster_utility"] for r in rows]
+    diffs = [r["utility_rel_diff"] for r in rows]
+    return {"rows": rows, "mean_utility_rel_diff": float(np.mean(diffs)) if diffs else math.nan,
+            "max_utility_rel_diff": float(np.max(diffs)) if diffs else math.nan,
+            "kendall_distance": kendall_distance(lu, su), "kendall_tau": kendall_tau(lu, su),
+            "live_ranking": [r["policy"] for r in sorted(rows, key=lambda r: -r["live_cluster_utility"])],
+            "sim_ranking": [r["policy"] for r in sorted(rows, key=lambda r: -r["sim_cluster_utility"])]}
+
+
+def markdown(cmp: dict, target: float = 0.10) -> str:
+    """The comparison as a markdown table and two summary lines."""
+    lines = ["| policy | cluster utility live | sim | rel. diff | lost utility live | sim "
+             "| SLO violations live | sim |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in cmp["rows"]:
+        lines.append(f"| {r['policy']} | {r['live_cluster_utility']:.3f} | {r['sim_cluster_utility']:.3f} "
+                     f"| {100 * r['utility_rel_diff']:.1f} % | {r['live_lost_utility']:.3f} "
+                     f"| {r['sim_lost_utility']:.3f} | {100 * r['live_slo_violation_rate']:.2f} % "
+                     f"| {100 * r['sim_slo_violation_rate']:.2f} % |")
+    ok = all(r["utility_rel_diff"] <= target for r in cmp["rows"])
+    lines += ["", f"Mean relative difference of cluster utility {100 * cmp['mean_utility_rel_diff']:.1f} % "
+              f"(max {100 * cmp['max_utility_rel_diff']:.1f} %; target {100 * target:.0f} % per "
+              f"policy: {'met' if ok else 'missed'}).",
+              f"Ranking live: {' > '.join(cmp['live_ranking'])}; simulated: "
+              f"{' > '.join(cmp['sim_ranking'])}; Kendall-tau distance {cmp['kendall_distance']:.3f} "
+              f"(0 = same order), tau-b {cmp['kendall_tau']:.3f}."]
+    return "\n".join(lines)
+
+
+def fit_overhead(overhead_s: np.ndarray) -> TimeDist:
+    """A lognormal fitted to measured per-request overheads (seconds) for the simulator,
+    as the paper's simulator uses a measured router-overhead distribution."""
+    x = np.asarray(overhead_s, float)
+    x = x[np.isfinite(x) & (x > 0)]
+    if x.size < 20:
+        raise ValueError(f"need at least 20 positive overhead samples to fit (got {x.size})")
+    shape, loc, scale = stats.lognorm.fit(x, floc=max(0.0, float(x.min()) * 0.9))
+    return TimeDist("lognorm", (float(shape), float(loc), float(scale)))
+
+
+def scale_up_lags(polls: list[tuple[float, dict]], names: list[str]) -> list[float]:
+    """Seconds from a target increase to the replicas reaching it, from status polls: the
+    live cold start the simulator should assume."""
+    lags: list[float] = []
+    for n in names:
+        pending: list[tuple[float, int]] = []  # (time the target rose, target)
+        prev_target = None
+        for t, st in polls:
+            m = (st.get("models") or {}).get(n)
+            if not m or m.get("target") is None or m.get("replicas") is None:
+                continue
+            target, running = int(m["target"]), int(m["replicas"])
+            if prev_target is not None and target > prev_target:
+                pending.append((t, target))
+            prev_target = target
+            still = []
+            for t0, tg in pending:
+                (lags.append(t - t0) if running >= tg else still.append((t0, tg)))
+            pending = still
+    return lags

@@ -1,0 +1,183 @@
+"""Matched validation, the live side: a local Ray cluster, the synthetic models, one policy
+at a time, and the replay (paper section 6.5).
+
+For every policy the models are deployed afresh (one replica each, as the simulator starts),
+the autoscaler is deployed with that policy, the fronts' measurements restart so their
+minute bins line up with the trace minutes, and the replay sends the slice. Before the
+first policy, :func:`calibrate` measures what the simulator must assume about this machine:
+the per-request overhead outside the model (HTTP, proxy, router front) and how long a new
+replica takes to serve (cold start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import socket
+import time
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+
+from ..config import ModelSLO
+from ..replay.client import ReplayRecords, send_schedule
+from ..replay.loadgen import Schedule
+from ..replay.report import replay_result
+from ..serving.app import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL, autoscaler_app, model_app
+
+log = logging.getLogger("faro_serve.validation")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(cond, timeout_s: float, what: str, every_s: float = 0.5):
+    end = time.time() + timeout_s
+    while time.time() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(every_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+@dataclass
+class Calibration:
+    overhead_s: list[float]  # per request: end-to-end latency minus the replica's processing
+    cold_start_s: float  # scale request -> the new replica serving
+
+    def to_dict(self) -> dict:
+        x = np.asarray(self.overhead_s)
+        return {"overhead_ms": {"n": int(x.size), "mean": round(float(x.mean()) * 1e3, 3),
+                                "p50": round(float(np.median(x)) * 1e3, 3),
+                                "p99": round(float(np.percentile(x, 99)) * 1e3, 3)},
+                "cold_start_s": round(self.cold_start_s, 2)}
+
+
+class LiveCluster:
+    """A local single-node Ray cluster on free loopback ports with ``capacity`` logical CPUs
+    (the synthetic replicas sleep, so 1 CPU per replica fits any number on a small machine)."""
+
+    def __init__(self, capacity: float):
+        self.capacity = capacity
+        self.dashboard = self.base = ""
+
+    def __enter__(self) -> "LiveCluster":
+        import ray
+        from ray import serve
+
+        dash, http = free_port(), free_port()
+        ray.init(address="local", num_cpus=int(math.ceil(self.capacity)), include_dashboard=True,
+                 dashboard_host="127.0.0.1", dashboard_port=dash, log_to_driver=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": http})
+        self.dashboard = f"http://127.0.0.1:{dash}"
+        self.base = f"http://127.0.0.1:{http}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import ray
+        from ray import serve
+
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+    # -- deployment --------------------------------------------------------------------
+    def running(self) -> dict[str, int]:
+        from ray import serve
+
+        out = {}
+        for name, app in serve.status().applications.items():
+            dep = app.deployments.get(MODEL)
+            if dep is not None:
+                out[name] = int(dep.replica_states.get("RUNNING", 0))
+        return out
+
+    def deploy_models(self, names: list[str], processing: str) -> None:
+        from ray import serve
+
+        for i, n in enumerate(names):
+            args = {"name": n, "model": {"kind": "synthetic", "processing": processing, "seed": i},
+                    "cpus": 1.0}
+            serve.run(model_app(args), name=n, route_prefix=f"/{n}", external_scaler_enabled=True,
+                      blocking=False)
+        _wait(lambda: all(self.running().get(n) == 1 for n in names), 180, "the models to serve")
+
+    def deploy_autoscaler(self, config: dict) -> None:
+        from ray import serve
+
+        serve.run(autoscaler_app({**config, "dashboard_url": self.dashboard}), name=AUTOSCALER_APP,
+                  route_prefix=f"/{AUTOSCALER_APP}", blocking=False)
+        names = [m["name"] for m in config["models"]]
+
+        def ready():
+            try:
+                st = httpx.get(f"{self.base}/{AUTOSCALER_APP}/status", timeout=5).json()
+            except Exception:
+                return False
+            return st.get("ticks", 0) >= 1 and all(n in (st.get("models") or {}) for n in names)
+        _wait(ready, 120, f"the {AUTOSCALER} to run")
+
+    def reset_fronts(self, names: list[str]) -> None:
+        from ray import serve
+
+        for n in names:
+            serve.get_deployment_handle(FRONT, app_name=n).control.remote(
+                reset_stats=True).result(timeout_s=10)
+
+    def delete_all(self) -> None:
+        from ray import serve
+
+        for name in list(serve.status().applications):
+            serve.delete(name, _blocking=True)
+        _wait(lambda: not serve.status().applications, 120, "the applications to go")
+
+    # -- calibration -------------------------------------------------------------------
+    def calibrate(self, name: str, n: int = 200) -> Calibration:
+        """Overhead from ``n`` sequential requests; cold start from one scale-up 1 -> 2."""
+        from autoscaler.live import RayServeCluster
+
+        overhead = []
+        with httpx.Client(base_url=self.base, timeout=30, trust_env=False) as c:
+            for k in range(n + 10):
+                t0 = time.perf_counter()
+                r = c.post(f"/{name}/predict", content=b"")
+                lat = time.perf_counter() - t0
+                if r.status_code == 200 and k >= 10:  # the first ones warm the path up
+                    overhead.append(lat - r.json()["processing_ms"] / 1e3)
+        rs = RayServeCluster(self.dashboard)
+        t0 = time.time()
+        rs.scale(name, 2)
+        _wait(lambda: self.running().get(name) == 2, 120, f"{name} to scale to 2", every_s=0.1)
+        cold = time.time() - t0
+        rs.scale(name, 1)
+        _wait(lambda: self.running().get(name) == 1, 120, f"{name} to scale back to 1", every_s=0.2)
+        return Calibration(overhead, cold)
+
+    # -- one policy --------------------------------------------------------------------
+    def run_policy(self, policy: str, schedule: Schedule, models: list[ModelSLO], capacity: float,
+                   processing: str, forecaster_dir: str | None, calibrate: bool = False,
+                   on_done=None) -> tuple[object, ReplayRecords, Calibration | None]:
+        names = [m.name for m in models]
+        self.deploy_models(names, processing)
+        cal = self.calibrate(names[0]) if calibrate else None
+        from .compare import cluster_spec
+
+        config = {"cluster": cluster_spec(capacity).model_dump(),
+                  "models": [m.model_dump() for m in models], "policy": policy,
+                  "forecaster_dir": forecaster_dir}
+        self.deploy_autoscaler(config)
+        self.reset_fronts(names)
+        rec = asyncio.run(send_schedule(schedule, self.base, max_in_flight=2000, timeout_s=60.0,
+                                        status_every_s=2.0, on_done=on_done))
+        res = replay_result(schedule, rec, {m.name: m.slo_ms for m in models},
+                            {m.name: m.percentile for m in models}, policy=policy,
+                            capacity=capacity)
+        self.delete_all()
+        return res, rec, cal

@@ -1,0 +1,127 @@
+"""Matched validation (paper 6.5): the comparison maths, the calibration fits, the whole
+re-simulation pipeline on saved runs, and the command's input errors. The live side is
+exercised by tests/test_validation_live.py."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+
+from faro_serve.distributions import PAPER_ROUTER_OVERHEAD
+from faro_serve.replay.client import ReplayRecords
+from faro_serve.replay.loadgen import build_schedule
+from faro_serve.validation.compare import (Workload, fit_overhead, kendall_distance, kendall_tau,
+                                           relative_difference, scale_up_lags)
+from faro_serve.validation.live import Calibration
+from faro_serve.validation.run import load_state, resimulate
+
+
+@pytest.fixture(scope="module")
+def trace_csv(tmp_path_factory):
+    rng = np.random.default_rng(1)
+    path = tmp_path_factory.mktemp("traces") / "mini.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["day", "sample", "minute", "job", "requests"])
+        for j, base in enumerate((300, 120, 600)):
+            for m in range(12):
+                w.writerow([1, 0, m, f"job{j}", int(base * rng.uniform(0.7, 1.3))])
+    return path
+
+
+def test_kendall_distance_is_the_fraction_of_discordant_pairs():
+    assert kendall_distance([3, 2, 1], [30, 20, 10]) == 0.0
+    assert kendall_distance([3, 2, 1], [10, 20, 30]) == 1.0
+    assert kendall_distance([3, 2, 1], [20, 30, 10]) == pytest.approx(1 / 3)
+    assert kendall_distance([1, 1], [1, 2]) == 0.5  # a tie on one side is half a disagreement
+    assert kendall_tau([3, 2, 1], [30, 20, 10]) == pytest.approx(1.0)
+    assert math.isnan(kendall_tau([1.0], [2.0]))
+
+
+def test_relative_difference_uses_the_live_run_as_reference():
+    assert relative_difference(2.0, 2.2) == pytest.approx(0.1)
+    assert relative_difference(2.0, 1.8) == pytest.approx(0.1)
+    assert relative_difference(0.0, 0.0) == 0.0
+    assert relative_difference(0.0, 1.0) == math.inf
+
+
+def test_overhead_fit_recovers_a_lognormal():
+    x = PAPER_ROUTER_OVERHEAD.sample(np.random.default_rng(0), 5000)
+    fit = fit_overhead(x)
+    assert fit.kind == "lognorm"
+    assert fit.mean == pytest.approx(x.mean(), rel=0.05)
+    with pytest.raises(ValueError, match="at least 20"):
+        fit_overhead(np.array([0.01, 0.02]))
+
+
+def test_scale_up_lags_from_status_polls():
+    def st(target, replicas):
+        return {"models": {"a": {"target": target, "replicas": replicas}}}
+    polls = [(0, st(1, 1)), (2, st(3, 1)), (4, st(3, 2)), (7, st(3, 3)), (9, st(2, 3)), (11, st(2, 2))]
+    assert scale_up_lags(polls, ["a"]) == [5]  # up at t=2, serving at t=7; downs are no lag
+
+
+def test_workload_slice_and_errors(trace_csv):
+    wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job2"), start=2, minutes=5,
+                  rate_scale=0.5)
+    tr = wl.load()
+    assert tr.names == ["job0", "job2"] and tr.counts.shape == (2, 5)
+    with pytest.raises(ValueError, match="beyond the 12 minutes"):
+        Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0",), start=10, minutes=5).load()
+    with pytest.raises(ValueError, match="rate-scale"):
+        Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0",), rate_scale=0).load()
+
+
+def _fake_live(wl: Workload, latency_s: float):
+    """A "live" run whose every request took ``latency_s``: the pipeline, not Ray, under test."""
+    tr = wl.load()
+    sched = build_schedule(tr, tr.names, 1.0, 1.0, wl.seed)
+    n = sched.size
+    rec = ReplayRecords(model=sched.model.copy(), trace_s=sched.trace_s.copy(), send_s=sched.send_s.copy(),
+                        status=["200"] * n, latency_s=np.full(n, latency_s), reason=[""] * n)
+    return sched, rec
+
+
+def test_resimulate_compares_saved_runs_and_writes_the_report(trace_csv, tmp_path):
+    wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job1", "job2"), start=0,
+                  minutes=8)
+    cal = Calibration(overhead_s=list(PAPER_ROUTER_OVERHEAD.sample(np.random.default_rng(0), 200)),
+                      cold_start_s=3.0)
+    # live runs: one meeting every SLO (0.2 s), one missing them all (2 s)
+    state = {"workload": wl, "capacity": 9, "processing": "lognorm:0.4225,0.0793,0.0686",
+             "forecaster_dir": None, "calibration": cal,
+             "runs": {"faro-fairsum": _fake_live(wl, 0.2), "fairshare": _fake_live(wl, 2.0)}}
+    doc = resimulate(state, tmp_path)
+    rows = {r["policy"]: r for r in doc["comparison"]["rows"]}
+    assert rows["faro-fairsum"]["live_cluster_utility"] == pytest.approx(3.0)
+    assert rows["fairshare"]["live_cluster_utility"] == pytest.approx(3 * 0.72 / 2.0)  # U = SLO / latency
+    for r in rows.values():  # the simulator ran the same per-minute counts
+        assert r["sim_requests"] == r["live_requests"]
+        assert 0 < r["sim_cluster_utility"] <= 3.0
+    assert rows["fairshare"]["utility_rel_diff"] > 1.0  # a live miss the simulator does not predict
+    assert doc["simulator"]["cold_start_s"] == 3.0
+    text = (tmp_path / "validation.md").read_text()
+    assert "| faro-fairsum |" in text and "Kendall-tau distance" in text
+    assert (tmp_path / "validation.png").stat().st_size > 1000
+    with pytest.raises(FileNotFoundError, match="no saved live runs"):
+        load_state(tmp_path)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--policies", "nope"], "unknown nope"),
+    (["--capacity", "0.5"], "--capacity must be >= 1"),
+    (["--jobs", "job0,job1,job2", "--capacity", "2", "--minutes", "5"], "3 jobs need at least 3 replicas"),
+    (["--minutes", "50"], "beyond the 12 minutes"),
+])
+def test_validate_bad_input_is_one_line_exit_2(cli, trace_csv, tmp_path, args, message):
+    code, out, err = cli("validate", "--trace", str(trace_csv), "--day", "1", "--start", "0",
+                         "--jobs", "job0,job1", "--out", str(tmp_path), *args)
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_validate_resimulate_without_saved_runs_is_an_error(cli, tmp_path):
+    code, _, err = cli("validate", "--resimulate", "--out", str(tmp_path))
+    assert code == 2 and "no saved live runs" in err
