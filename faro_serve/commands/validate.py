@@ -27,6 +27,9 @@ def register(sub) -> None:
     p.add_argument("--start", type=int, default=180, help="first trace minute (180)")
     p.add_argument("--minutes", type=int, default=20, help="trace minutes, one wall minute each (20)")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the counts (1)")
+    p.add_argument("--slowdown", type=float, default=1.0,
+                   help="processing times, SLO and prior x K: with --rate-scale 1/K the same queueing "
+                        "at 1/K of the requests per second, for small machines (1)")
     p.add_argument("--capacity", type=float, default=12, help="replicas of 1 CPU (12)")
     p.add_argument("--policies", default="faro-fairsum,aiad,fairshare",
                    help="comma-separated policies (faro-fairsum,aiad,fairshare)")
@@ -68,7 +71,7 @@ def run(args) -> int:
         wl = Workload(trace=args.trace, day=args.day, sample=args.sample,
                       jobs=tuple(j.strip() for j in args.jobs.split(",") if j.strip()),
                       start=args.start, minutes=args.minutes, rate_scale=args.rate_scale,
-                      seed=args.seed)
+                      slowdown=args.slowdown, seed=args.seed)
         tr = wl.load()  # bad trace input fails here, before any cluster starts
         if len(tr.names) > args.capacity:
             raise UsageError(f"{len(tr.names)} jobs need at least {len(tr.names)} replicas "

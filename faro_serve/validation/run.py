@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..distributions import PAPER_PROCESSING, TimeDist, parse_dist
+from ..distributions import TimeDist, parse_dist
 from ..replay.loadgen import build_schedule
 from ..replay.report import replay_document, replay_result, write_records
 from ..sim.runner import SimConfig, simulate
@@ -21,8 +21,7 @@ from .compare import Workload, cluster_spec, compare, fit_overhead, markdown, sc
 
 
 def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDist,
-                    cold_start_s: float, processing: TimeDist = PAPER_PROCESSING,
-                    forecaster=None, queue_limit: int = 50):
+                    cold_start_s: float, forecaster=None, queue_limit: int = 50):
     """The simulator on the live run's workload: the same slice, seed (so the same
     per-minute counts), models, policy settings, and this machine's overhead and cold start."""
     from autoscaler import make_policy
@@ -31,13 +30,12 @@ def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDi
     models = wl.models(tr.names)
     pol = make_policy(policy, models, cluster_spec(capacity), forecaster)
     cfg = SimConfig(capacity_cpus=capacity, cold_start_s=cold_start_s, queue_limit=queue_limit,
-                    processing=processing, router_overhead=overhead, seed=wl.seed)
+                    processing=wl.processing(), router_overhead=overhead, seed=wl.seed)
     return simulate(tr.counts, models, pol, cfg)
 
 
 def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
-             processing: str = str(PAPER_PROCESSING), forecaster_dir: str | None = None,
-             progress=None) -> dict:
+             forecaster_dir: str | None = None, progress=None) -> dict:
     """Every policy live, one after the other, on a fresh local Ray cluster; saves
     ``live.pkl`` and each policy's ``records.csv``/``result.json``. Returns the saved state."""
     from .live import LiveCluster
@@ -45,6 +43,7 @@ def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
     tr = wl.load()
     models = wl.models(tr.names)
     sched = build_schedule(tr, tr.names, 1.0, 1.0, wl.seed)
+    processing = str(wl.processing())
     state = {"workload": wl, "capacity": capacity, "processing": processing,
              "forecaster_dir": forecaster_dir, "runs": {}, "calibration": None}
     with LiveCluster(capacity) as lc:
@@ -82,8 +81,7 @@ def resimulate(state: dict, out: Path, overhead: str | None = None,
         models = wl.models(sched.names)
         live[p] = replay_result(sched, rec, {m.name: m.slo_ms for m in models},
                                 {m.name: m.percentile for m in models}, policy=p, capacity=capacity)
-        sim[p] = simulate_policy(p, wl, capacity, ovh, cold, parse_dist(state["processing"]),
-                                 forecaster)
+        sim[p] = simulate_policy(p, wl, capacity, ovh, cold, forecaster)
     cmp = compare(live, sim)
     doc = {"workload": {k: getattr(wl, k) for k in wl.__dataclass_fields__},
            "capacity": capacity, "forecaster_dir": state["forecaster_dir"],
@@ -131,7 +129,8 @@ def _report(doc: dict, cmp: dict) -> str:
         "# Matched validation: live Ray Serve vs the simulator", "",
         f"Workload: {', '.join(wl['jobs'])} of `{wl['trace']}` day {wl['day']} sample {wl['sample']}, "
         f"minutes {wl['start']}-{wl['start'] + wl['minutes']} (x{wl['rate_scale']:g}), seed {wl['seed']}; "
-        f"capacity {doc['capacity']:g} replicas; SLO {wl['slo_ms']:g} ms at p{wl['percentile']:g}; "
+        f"capacity {doc['capacity']:g} replicas; SLO {wl['slo_ms'] * wl['slowdown']:g} ms at "
+        f"p{wl['percentile']:g}; processing and SLO x{wl['slowdown']:g}; "
         f"forecaster {doc['forecaster_dir'] or 'fallback'}.", "",
         f"Calibration on this machine: overhead outside the model {cal['overhead_ms']['p50']} ms p50 / "
         f"{cal['overhead_ms']['p99']} ms p99 (idle); cold start {cal['cold_start_s']} s; "
