@@ -8,6 +8,7 @@ changed simulator against the same live runs without the hour of live replay aga
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from pathlib import Path
 
@@ -49,6 +50,7 @@ def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
     with LiveCluster(capacity) as lc:
         for k, p in enumerate(policies):
             task = progress(p, sched.size) if progress else None
+            load_before = os.getloadavg()[0]
             res, rec, cal = lc.run_policy(p, sched, models, capacity, processing, forecaster_dir,
                                           calibrate=k == 0, on_done=task)
             if cal is not None:
@@ -59,6 +61,9 @@ def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
             (d / "result.json").write_text(json.dumps(replay_document(res, sched, rec, lc.base),
                                                       indent=2) + "\n")
             state["runs"][p] = (sched, rec)
+            # the machine's load around the run: other work on a small machine shows up here
+            state.setdefault("load_average", {})[p] = (round(load_before, 2),
+                                                       round(os.getloadavg()[1], 2))
             with (out / "live.pkl").open("wb") as f:  # after every policy: a crash keeps the rest
                 pickle.dump(state, f)
     return state
@@ -88,6 +93,7 @@ def resimulate(state: dict, out: Path, overhead: str | None = None,
            "calibration": cal.to_dict() | {"scale_up_lag_s": _quantiles(lags)},
            "simulator": {"router_overhead": str(ovh), "cold_start_s": cold,
                          "processing": state["processing"]},
+           "load_average": state.get("load_average", {}),  # (1-min before, 5-min after) per run
            "comparison": cmp,
            "live": {p: r.to_dict() for p, r in live.items()},
            "sim": {p: r.to_dict() for p, r in sim.items()}}
