@@ -19,6 +19,7 @@ COMMANDS = [
     "faro_serve.commands.simulate",
     "faro_serve.commands.suite",
     "faro_serve.commands.replay",
+    "faro_serve.commands.demo",
     "faro_serve.commands.kuberay",
     "faro_serve.commands.validate",
 ]
