@@ -125,3 +125,15 @@ def test_validate_bad_input_is_one_line_exit_2(cli, trace_csv, tmp_path, args, m
 def test_validate_resimulate_without_saved_runs_is_an_error(cli, tmp_path):
     code, _, err = cli("validate", "--resimulate", "--out", str(tmp_path))
     assert code == 2 and "no saved live runs" in err
+
+
+def test_validate_again_refuses_saved_runs_of_another_workload(cli, trace_csv, tmp_path):
+    import pickle
+
+    wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job1"), start=0, minutes=4)
+    with (tmp_path / "live.pkl").open("wb") as f:
+        pickle.dump({"workload": wl, "capacity": 4, "runs": {}}, f)
+    code, _, err = cli("validate", "--trace", str(trace_csv), "--day", "1", "--start", "0",
+                       "--jobs", "job0,job1", "--minutes", "5", "--capacity", "4", "--again",
+                       "--policies", "fairshare", "--out", str(tmp_path))
+    assert code == 2 and "another workload or capacity" in err

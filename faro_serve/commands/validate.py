@@ -39,6 +39,9 @@ def register(sub) -> None:
     p.add_argument("--out", default="runs/validate", help="output directory (runs/validate)")
     p.add_argument("--resimulate", action="store_true",
                    help="reuse the live runs saved in --out; only simulate and compare again")
+    p.add_argument("--again", action="store_true",
+                   help="run --policies live again and keep the other policies saved in --out "
+                        "(same workload flags)")
     p.add_argument("--overhead-dist", help="simulator overhead instead of the calibrated one, "
                    "e.g. lognorm:0.5,0.008,0.003")
     p.add_argument("--cold-start-s", type=float, help="simulator cold start instead of the calibrated one")
@@ -79,14 +82,15 @@ def run(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
         print(f"live runs: {len(policies)} policies x {args.minutes} min on a local Ray cluster; "
               f"files in {out}", file=sys.stderr)
-        state = _live(wl, policies, args.capacity, out, args.forecaster)
+        previous = load_state(out) if args.again else None
+        state = _live(wl, policies, args.capacity, out, args.forecaster, previous)
     doc = resimulate(state, out, args.overhead_dist, args.cold_start_s, forecaster)
     print((out / "validation.md").read_text())
     print(f"files: {out / 'validation.md'}, validation.json, validation.png, <policy>/records.csv")
     return 0
 
 
-def _live(wl, policies, capacity, out, forecaster_dir):
+def _live(wl, policies, capacity, out, forecaster_dir, previous):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..validation.run import run_live
@@ -96,4 +100,5 @@ def _live(wl, policies, capacity, out, forecaster_dir):
         def progress(policy, total):
             task = bar.add_task(f"live {policy}", total=total)
             return lambda k: bar.advance(task, k)
-        return run_live(wl, policies, capacity, out, forecaster_dir=forecaster_dir, progress=progress)
+        return run_live(wl, policies, capacity, out, forecaster_dir=forecaster_dir,
+                        progress=progress, previous=previous)

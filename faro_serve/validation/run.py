@@ -36,9 +36,12 @@ def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDi
 
 
 def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
-             forecaster_dir: str | None = None, progress=None) -> dict:
+             forecaster_dir: str | None = None, progress=None, previous: dict | None = None) -> dict:
     """Every policy live, one after the other, on a fresh local Ray cluster; saves
-    ``live.pkl`` and each policy's ``records.csv``/``result.json``. Returns the saved state."""
+    ``live.pkl`` and each policy's ``records.csv``/``result.json``. Returns the saved state.
+
+    ``previous`` (a saved state of the same workload and capacity) keeps its other policies'
+    runs: a run disturbed by other work on the machine can be repeated alone."""
     from .live import LiveCluster
 
     tr = wl.load()
@@ -47,12 +50,17 @@ def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
     processing = str(wl.processing())
     state = {"workload": wl, "capacity": capacity, "processing": processing,
              "forecaster_dir": forecaster_dir, "runs": {}, "calibration": None}
+    if previous is not None:
+        if (previous["workload"], previous["capacity"]) != (wl, capacity):
+            raise ValueError("--again: the saved runs have another workload or capacity; use "
+                             "the same flags, or another --out")
+        state = previous
     with LiveCluster(capacity) as lc:
         for k, p in enumerate(policies):
             task = progress(p, sched.size) if progress else None
             load_before = os.getloadavg()[0]
             res, rec, cal = lc.run_policy(p, sched, models, capacity, processing, forecaster_dir,
-                                          calibrate=k == 0, on_done=task)
+                                          calibrate=k == 0 and previous is None, on_done=task)
             if cal is not None:
                 state["calibration"] = cal
             d = out / p
