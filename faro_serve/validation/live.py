@@ -172,6 +172,10 @@ class LiveCluster:
         config = {"cluster": cluster_spec(capacity).model_dump(),
                   "models": [m.model_dump() for m in models], "policy": policy,
                   "forecaster_dir": forecaster_dir}
+        # The autoscaler's first decision must not see the calibration's requests (the
+        # simulator's first decision sees no history), and the replay's minute bins must
+        # start with the replay: measurements restart before and after it starts.
+        self.reset_fronts(names)
         self.deploy_autoscaler(config)
         self.reset_fronts(names)
         rec = asyncio.run(send_schedule(schedule, self.base, max_in_flight=2000, timeout_s=60.0,
