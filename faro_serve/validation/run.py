@@ -88,7 +88,10 @@ def resimulate(state: dict, out: Path, overhead: str | None = None,
     lags = []
     for sched, rec in state["runs"].values():
         lags += scale_up_lags(rec.status_polls, sched.names)
-    cold = cold_start_s if cold_start_s is not None else cal.cold_start_s
+    # Cold start: what the live runs showed (target raised -> replicas serving, median), which
+    # on a busy machine is several times the idle calibration; the calibration without them.
+    cold = cold_start_s if cold_start_s is not None else (
+        float(np.median(lags)) if len(lags) >= 3 else cal.cold_start_s)
     live, sim = {}, {}
     for p, (sched, rec) in state["runs"].items():
         models = wl.models(sched.names)
@@ -147,8 +150,9 @@ def _report(doc: dict, cmp: dict) -> str:
         f"p{wl['percentile']:g}; processing and SLO x{wl['slowdown']:g}; "
         f"forecaster {doc['forecaster_dir'] or 'fallback'}.", "",
         f"Calibration on this machine: overhead outside the model {cal['overhead_ms']['p50']} ms p50 / "
-        f"{cal['overhead_ms']['p99']} ms p99 (idle); cold start {cal['cold_start_s']} s; "
-        f"scale-up lags seen live {cal['scale_up_lag_s']}.", "",
+        f"{cal['overhead_ms']['p99']} ms p99 (idle); cold start {cal['cold_start_s']} s (idle, one "
+        f"replica); scale-up lags seen in the live runs {cal['scale_up_lag_s']}.", "",
+        f"Load average around each live run (1-min before, 5-min after): {doc['load_average']}.", "",
         f"Simulator: router overhead `{simc['router_overhead']}`, cold start {simc['cold_start_s']:g} s, "
         f"processing `{simc['processing']}`.", "",
         markdown(cmp), ""])
