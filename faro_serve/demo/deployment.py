@@ -129,23 +129,13 @@ def tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text[-lines:])
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+_PGRP, _SESSION = 2, 3  # fields of /proc/<pid>/stat after the command name
 
 
-def session_members(sids) -> list[int]:
-    """Live processes (not zombies) whose session is one of ``sids`` (Linux /proc; else []).
-
-    Each child starts its own session, and everything it starts stays in it (Ray's workers
-    get process groups of their own, but not sessions), so this finds what is left of them.
-    """
-    sids = {int(s) for s in sids}
+def _members(ids, field: int = _SESSION) -> list[int]:
+    """Live processes (not zombies) whose process group (``_PGRP``) or session (``_SESSION``)
+    is one of ``ids`` (Linux /proc; elsewhere [])."""
+    ids = {int(i) for i in ([ids] if isinstance(ids, int) else ids)}
     out = []
     try:
         entries = os.listdir("/proc")
@@ -160,9 +150,16 @@ def session_members(sids) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2:].split()  # state, ppid, pgrp, session, ...
-        if len(fields) > 3 and fields[0] != "Z" and int(fields[3]) in sids:
+        if len(fields) > 3 and fields[0] != "Z" and int(fields[field]) in ids:
             out.append(int(d))
     return out
+
+
+def session_members(sids) -> list[int]:
+    """Live processes in the sessions ``sids``. Each child starts its own session, and
+    everything it starts stays in it (Ray's workers get process groups of their own, but not
+    sessions), so this finds whatever is left of them."""
+    return _members(sids, _SESSION)
 
 
 class LocalDeployment:
@@ -300,32 +297,32 @@ class LocalDeployment:
             try:
                 os.kill(proc.pid, sig)
                 proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
+            except (subprocess.TimeoutExpired, ProcessLookupError):
                 pass
-            except ProcessLookupError:
-                pass
-        how = f"{name} ({pgid}) exited" if proc.poll() is not None else ""
-        # the leader is gone or stuck: end its group (workers, helpers) for good
+        how = (f"{name} (pid {pgid}) exited on {signal.Signals(sig).name}" if proc.poll() is not None
+               else f"{name} (pid {pgid}) still running after {grace_s:.0f} s")
+        # the leader is gone or stuck: end what is left of its group for good
         for s, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            if not _group_alive(pgid):
+            left = len(_members(pgid, _PGRP))
+            if not left:
                 break
             try:
                 os.killpg(pgid, s)
             except ProcessLookupError:
                 break
-            how = f"{name} ({pgid}) group sent {signal.Signals(s).name}"
+            how += f"; {left} process(es) left in its group sent {signal.Signals(s).name}"
             end = time.monotonic() + wait_s
-            while _group_alive(pgid) and time.monotonic() < end:
-                if proc.poll() is None:
-                    try:
-                        proc.wait(timeout=0.2)
-                    except subprocess.TimeoutExpired:
-                        pass
-                else:
-                    time.sleep(0.2)
-        if proc.poll() is None:
+            while _members(pgid, _PGRP) and time.monotonic() < end:
+                try:
+                    proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+                time.sleep(0.05)
+        try:
             proc.wait(timeout=5)
-        return how + ("" if not _group_alive(pgid) else " (some processes survive!)")
+        except subprocess.TimeoutExpired:
+            how += " (it survives!)"
+        return how
 
 
 def wait_ready(url: str, names: list[str], body: bytes, timeout_s: float,

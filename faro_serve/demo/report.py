@@ -85,6 +85,7 @@ def plot_timeline(path: Path, schedule: Schedule, rec: ReplayRecords, p_all: np.
         ax.bar(x + 0.5, pm["503"][i] + pm["other"][i], width=0.8, bottom=pm["ok"][i],
                color="#d62728", label="503 / failed")
         ax.set_ylabel(f"{name}\nrequests/min", fontsize=8)
+        ax.set_ylim(0, max(1, int((pm["sent"][i]).max())) * 1.3)  # room for the legend
         ax = axes[i, 1]
         if t.size:
             ax.step(t, serving[:, i], where="post", color="#08519c", label="serving")
@@ -111,7 +112,7 @@ def plot_timeline(path: Path, schedule: Schedule, rec: ReplayRecords, p_all: np.
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for j, title in enumerate(("arrivals per minute", "replicas (status polls)", "p99 latency vs SLO")):
         axes[0, j].set_title(title, fontsize=9)
-        axes[0, j].legend(fontsize=7, frameon=False, loc="upper left")
+        axes[0, j].legend(fontsize=7, frameon=False, loc="upper left", ncol=2)
     for ax in axes.ravel():
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=7)
