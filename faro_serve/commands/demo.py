@@ -40,7 +40,7 @@ def register(sub) -> None:
     g.add_argument("--start", type=int, default=0, help="first trace minute to replay (0)")
     g.add_argument("--minutes", type=int, help="trace minutes to replay (default: to the end)")
     g.add_argument("--time-scale", type=float, default=1.0, help="a trace minute lasts 60 x X seconds (1)")
-    g.add_argument("--rate-scale", type=float, help="multiply every count by Y (bundled slice: 0.4, else 1)")
+    g.add_argument("--rate-scale", type=float, help="multiply every count by Y (bundled slice: 0.3, else 1)")
     g.add_argument("--seed", type=int, default=0, help="random seed of the schedule (0)")
     g.add_argument("--max-requests", type=int, default=100_000, help="refuse a larger schedule (100000)")
     g.add_argument("--max-in-flight", type=int, default=500, help="open requests at most (500)")

@@ -20,6 +20,6 @@ DEMO_TRACE = Path(__file__).resolve().parent.parent / "data" / "demo_trace.csv"
 # job -> model of the bundled slice: the small jobs go to the CPU-bound ResNets, the job with
 # the tenfold jump and the rising one to the synthetic models.
 DEMO_MAP = "job2=resnet18,job8=resnet34,job7=synth-a,job1=synth-b"
-# Counts x 0.4: about 19 requests/s at the peak, which a 2-core machine serves with the
+# Counts x 0.3: about 13 requests/s at the peak, which a 2-core machine serves with the
 # default config's 8 replicas (see data/README.md).
-DEMO_RATE_SCALE = 0.4
+DEMO_RATE_SCALE = 0.3
