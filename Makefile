@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.faro-installed
 
-.PHONY: install run test bench clean
+.PHONY: install run serve test bench clean
 
 install: $(STAMP)
 
@@ -15,7 +15,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
 	@touch $(STAMP)
 
+# The demo: Ray + serve_config.yaml, a real trace slice replayed with a live table, a report
+# under runs/demo-<time>/ (faro-serve demo --help; Ctrl-C stops early and shuts down).
 run: install
+	$(BIN)/faro-serve demo
+
+# Just serve serve_config.yaml (Ctrl-C stops).
+serve: install
 	$(BIN)/serve run serve_config.yaml
 
 test: install
