@@ -25,7 +25,7 @@ from ..config import ModelSLO
 from ..replay.client import ReplayRecords, send_schedule
 from ..replay.loadgen import Schedule
 from ..replay.report import replay_result
-from ..serving.app import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL, autoscaler_app, model_app
+from ..serving.app import AUTOSCALER, AUTOSCALER_APP, FRONT, autoscaler_app, model_app
 
 log = logging.getLogger("faro_serve.validation")
 
@@ -66,6 +66,7 @@ class LiveCluster:
     def __init__(self, capacity: float):
         self.capacity = capacity
         self.dashboard = self.base = ""
+        self._cluster = None  # autoscaler.live.RayServeCluster, once the dashboard is known
 
     def __enter__(self) -> "LiveCluster":
         import ray
@@ -90,14 +91,12 @@ class LiveCluster:
 
     # -- deployment --------------------------------------------------------------------
     def running(self) -> dict[str, int]:
-        from ray import serve
+        """Serving replicas per model: the autoscaler's own view of the cluster."""
+        from autoscaler.live import RayServeCluster
 
-        out = {}
-        for name, app in serve.status().applications.items():
-            dep = app.deployments.get(MODEL)
-            if dep is not None:
-                out[name] = int(dep.replica_states.get("RUNNING", 0))
-        return out
+        if self._cluster is None:
+            self._cluster = RayServeCluster(self.dashboard)
+        return self._cluster.running_replicas()
 
     def deploy_models(self, names: list[str], processing: str) -> None:
         from ray import serve
@@ -141,8 +140,6 @@ class LiveCluster:
     # -- calibration -------------------------------------------------------------------
     def calibrate(self, name: str, n: int = 200) -> Calibration:
         """Overhead from ``n`` sequential requests; cold start from one scale-up 1 -> 2."""
-        from autoscaler.live import RayServeCluster
-
         overhead = []
         with httpx.Client(base_url=self.base, timeout=30, trust_env=False) as c:
             for k in range(n + 10):
@@ -151,7 +148,8 @@ class LiveCluster:
                 lat = time.perf_counter() - t0
                 if r.status_code == 200 and k >= 10:  # the first ones warm the path up
                     overhead.append(lat - r.json()["processing_ms"] / 1e3)
-        rs = RayServeCluster(self.dashboard)
+        self.running()  # makes the cluster adapter
+        rs = self._cluster
         t0 = time.time()
         rs.scale(name, 2)
         _wait(lambda: self.running().get(name) == 2, 120, f"{name} to scale to 2", every_s=0.1)
