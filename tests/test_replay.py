@@ -123,7 +123,8 @@ def test_only_loopback_unless_allowed():
 
 async def _serve_tiny(handler_delay: dict[str, float]):
     """A minimal HTTP/1.1 server on loopback: /slow/predict answers 200 after a delay,
-    /drop/predict answers 503 at once (reason drop_rate), anything else 404."""
+    /trickle/predict sends its body one byte every 0.3 s (12 s in all), /drop/predict
+    answers 503 at once (reason drop_rate), anything else 404."""
     import asyncio
 
     async def handle(reader, writer):
@@ -140,6 +141,14 @@ async def _serve_tiny(handler_delay: dict[str, float]):
             if model == "slow":
                 await asyncio.sleep(handler_delay["slow"])
                 code, body = "200 OK", b'{"result": "ok"}'
+            elif model == "trickle":  # headers at once, then one body byte every 0.3 s
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 40\r\nConnection: close\r\n\r\n")
+                for _ in range(40):
+                    await writer.drain()
+                    await asyncio.sleep(0.3)
+                    writer.write(b" ")
+                return
             elif model == "drop":
                 code, body = "503 Service Unavailable", b'{"error": "dropped", "reason": "drop_rate"}'
             else:
@@ -208,6 +217,18 @@ def test_a_503_is_a_failed_request_not_resent_and_errors_are_counted():
     rec = asyncio.run(send_schedule(s, f"http://127.0.0.1:{port}", status_every_s=None, timeout_s=5))
     c = rec.counts()
     assert c["errors"] == c["sent"] == s.size and c["answered"] == 0
+
+
+def test_the_timeout_bounds_the_whole_request_not_each_read():
+    # every read of the trickling answer comes within 0.3 s, far below the 1.5 s timeout,
+    # but the whole answer takes 12 s: the request must end as a timeout after about 1.5 s
+    s = build_schedule(_trace([[3]]), names=["trickle"], time_scale=1 / 60, seed=1)
+    t0 = time.perf_counter()
+    rec = _send(s, timeout_s=1.5)
+    c = rec.counts()
+    assert c["sent"] == c["errors"] == s.size and c["answered"] == 0
+    assert set(rec.reason) == {"TimeoutError"}
+    assert time.perf_counter() - t0 < 6.0
 
 
 # ---------------------------------------------------------------- the command's bad input
@@ -356,3 +377,37 @@ def test_replay_and_simulator_draw_the_same_per_minute_counts_for_a_seed():
         live = build_schedule(trace, seed=seed)
         assert live.counts.tolist() == sim.counts.tolist()
         assert np.bincount(live.model, minlength=2).tolist() == sim.counts.sum(axis=1).tolist()
+
+
+def test_status_on_loopback_ignores_a_proxy_from_the_environment(monkeypatch):
+    import http.server
+    import threading
+
+    from faro_serve.commands.status import fetch_status
+
+    class Status(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"path": self.path}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Status)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket() as sock:  # a proxy address where nothing listens
+        sock.bind(("127.0.0.1", 0))
+        dead = sock.getsockname()[1]
+    for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(var, f"http://127.0.0.1:{dead}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    try:
+        assert fetch_status(f"http://127.0.0.1:{server.server_port}", timeout=5) == {"path": "/faro/status"}
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -21,8 +21,11 @@ def fetch_status(url: str, app: str = "faro", timeout: float = 10.0) -> dict:
     from ..cli import UsageError
 
     target = f"{url.rstrip('/')}/{app.strip('/')}/status"
+    host = httpx.URL(target).host
+    # a loopback address never goes through a proxy from the environment
+    loopback = host in ("localhost", "::1") or host.startswith("127.")
     try:
-        r = httpx.get(target, timeout=timeout)
+        r = httpx.get(target, timeout=timeout, trust_env=not loopback)
     except httpx.HTTPError as err:
         raise UsageError(f"cannot reach {target}: {err}. Is `serve run serve_config.yaml` running?") from None
     if r.status_code != 200:

@@ -120,7 +120,10 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
             start = time.perf_counter()
             send_s[i] = start - t0
             try:
-                r = await client.post(paths[schedule.model[i]], content=body)
+                # httpx's timeout bounds each step (connect, write, each read); wait_for
+                # bounds the whole request, so a slow trickle cannot outlive --timeout
+                r = await asyncio.wait_for(client.post(paths[schedule.model[i]], content=body),
+                                           timeout_s)
                 latency[i] = time.perf_counter() - start
                 status[i] = str(r.status_code)
                 if r.status_code != 200:
