@@ -5,7 +5,7 @@ paper's processing-time distribution, one policy at a time, about --minutes of w
 policy) and in the matched simulator, then reports per policy the live and simulated cluster
 utility, lost utility and SLO violation rate, their relative difference, and whether the
 policies rank the same (Kendall tau). The simulator takes this machine's overhead and cold
-start from a calibration before the first run. --resimulate DIR compares a changed
+start, and the replica hold between queued requests, from a calibration before the first run. --resimulate DIR compares a changed
 simulator against the live runs saved in DIR, without running them again.
 """
 
@@ -45,6 +45,8 @@ def register(sub) -> None:
     p.add_argument("--overhead-dist", help="simulator overhead instead of the calibrated one, "
                    "e.g. lognorm:0.5,0.008,0.003")
     p.add_argument("--cold-start-s", type=float, help="simulator cold start instead of the calibrated one")
+    p.add_argument("--hold-ms", type=float, help="simulator replica hold between queued requests "
+                   "instead of the calibrated one (0 = the paper's model)")
     p.set_defaults(func=run)
 
 
@@ -84,7 +86,10 @@ def run(args) -> int:
               f"files in {out}", file=sys.stderr)
         previous = load_state(out) if args.again else None
         state = _live(wl, policies, args.capacity, out, args.forecaster, previous)
-    doc = resimulate(state, out, args.overhead_dist, args.cold_start_s, forecaster)
+    if args.hold_ms is not None and not 0 <= args.hold_ms < 60000:
+        raise UsageError(f"--hold-ms must be in [0, 60000) (got {args.hold_ms:g})")
+    doc = resimulate(state, out, args.overhead_dist, args.cold_start_s, forecaster,
+                     None if args.hold_ms is None else args.hold_ms / 1e3)
     print((out / "validation.md").read_text())
     print(f"files: {out / 'validation.md'}, validation.json, validation.png, <policy>/records.csv")
     return 0

@@ -5,8 +5,12 @@ model in front of replicas that serve one request at a time; an arrival that fin
 ``limit`` requests waiting is tail-dropped (HTTP 503), and a fraction ``drop_rate`` of
 arrivals is dropped on purpose (the drop rates Faro's penalty objectives set). A request
 starts on the replica that frees first; its latency is its wait, its processing time and
-the router overhead. Replicas added by the autoscaler appear with ``free_at`` = the end of
-their cold start, so nothing is special about them here.
+the router overhead. A replica takes its next request ``hold`` seconds after it finishes one:
+the live router learns that a replica is free from the answer and only then dispatches the
+next request, so under a queue each request holds its replica for processing + ``hold``
+(about 20 ms on Ray Serve here, which near saturation decides whether a queue drains).
+Replicas added by the autoscaler appear with ``free_at`` = the end of their cold start, so
+nothing is special about them here.
 
 Requests live in per-model buffers (arrival, processing, overhead and drop draw, all drawn
 beforehand from a seeded generator, so a run is deterministic); the kernel fills in start
@@ -40,7 +44,8 @@ def _argmin(a: np.ndarray) -> int:
 def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.ndarray,
             u: np.ndarray, start: np.ndarray, lat: np.ndarray, status: np.ndarray,
             nxt: int, nend: int, qbuf: np.ndarray, qh: int, nq: int,
-            free_at: np.ndarray, busy_until: np.ndarray, drop_rate: float, limit: int):
+            free_at: np.ndarray, busy_until: np.ndarray, drop_rate: float, limit: int,
+            hold: float = 0.0):
     """Simulate ``[t0, t1)``: serve the queue, take the arrivals ``arr[nxt:nend]`` before t1.
 
     ``qbuf`` is a ring of buffer indices (the FIFO queue) with head ``qh`` and length ``nq``.
@@ -73,7 +78,7 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             s = max(f, arr[j])
             start[j] = s
             busy_until[k] = s + proc[j]
-            free_at[k] = s + proc[j]
+            free_at[k] = s + proc[j] + hold
             lat[j] = s - arr[j] + proc[j] + ovh[j]
             status[j] = DONE
             area += (s - max(arr[j], t0)) + (min(s + proc[j], t1) - s)
@@ -93,7 +98,7 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             if k >= 0:
                 start[i] = ta
                 busy_until[k] = ta + proc[i]
-                free_at[k] = ta + proc[i]
+                free_at[k] = ta + proc[i] + hold
                 lat[i] = proc[i] + ovh[i]
                 status[i] = DONE
                 area += min(ta + proc[i], t1) - ta

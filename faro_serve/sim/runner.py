@@ -53,6 +53,9 @@ class SimConfig:
     queue_limit: int = 50
     processing: TimeDist | tuple[TimeDist, ...] = PAPER_PROCESSING
     router_overhead: TimeDist = PAPER_ROUTER_OVERHEAD
+    # a replica's idle gap between two queued requests: the router's dispatch round trip
+    # (0 = the paper's model; matched validation calibrates it on the live system)
+    replica_hold_s: float = 0.0
     look_back_s: float = 30.0
     initial_replicas: int | None = None  # None: each model's min_replicas
     seed: int = 0
@@ -65,6 +68,8 @@ class SimConfig:
             raise ValueError(f"cold start must be a finite number >= 0 (got {self.cold_start_s:g})")
         if self.queue_limit < 0:
             raise ValueError(f"queue limit must be >= 0 (got {self.queue_limit})")
+        if not (0 <= self.replica_hold_s < 60):
+            raise ValueError(f"replica hold must be in [0, 60) s (got {self.replica_hold_s:g})")
         if self.look_back_s <= 0:
             raise ValueError("look-back must be > 0 s")
 
@@ -142,7 +147,8 @@ def simulate(counts: np.ndarray, models: Sequence[ModelSLO], policy: Policy, cfg
     work = Workload(counts, procs, cfg.router_overhead, seed=cfg.seed)
     tick = float(policy.tick_s)
     look_ticks = int(math.ceil(cfg.look_back_s / tick)) + 1
-    states = {m.name: ModelState(m.name, i, cfg.queue_limit, look_ticks) for i, m in enumerate(models)}
+    states = {m.name: ModelState(m.name, i, cfg.queue_limit, look_ticks,
+                                     cfg.replica_hold_s) for i, m in enumerate(models)}
     for s, r in zip(states.values(), init):
         s.scale_to(r, 0.0, 0.0)
     slo_s = np.array([m.slo_ms / 1e3 for m in models])

@@ -5,8 +5,10 @@ For every policy the models are deployed afresh (one replica each, as the simula
 the autoscaler is deployed with that policy, the fronts' measurements restart so their
 minute bins line up with the trace minutes, and the replay sends the slice. Before the
 first policy, :func:`calibrate` measures what the simulator must assume about this machine:
-the per-request overhead outside the model (HTTP, proxy, router front) and how long a new
-replica takes to serve (cold start).
+the per-request overhead outside the model (HTTP, proxy, router front), how long a replica
+stays idle between two queued requests (the router's dispatch round trip, which near
+saturation decides whether a queue drains), and how long a new replica takes to serve
+(cold start).
 """
 
 from __future__ import annotations
@@ -50,10 +52,18 @@ def _wait(cond, timeout_s: float, what: str, every_s: float = 0.5):
 class Calibration:
     overhead_s: list[float]  # per request: end-to-end latency minus the replica's processing
     cold_start_s: float  # scale request -> the new replica serving
+    hold_s: list[float] | None = None  # per queued request: gap between completions - processing
+
+    @property
+    def hold_median_s(self) -> float | None:
+        return float(np.median(self.hold_s)) if self.hold_s else None
 
     def to_dict(self) -> dict:
         x = np.asarray(self.overhead_s)
-        return {"overhead_ms": {"n": int(x.size), "mean": round(float(x.mean()) * 1e3, 3),
+        hold = ({"hold_ms": {"n": len(self.hold_s), "p50": round(self.hold_median_s * 1e3, 3),
+                             "p90": round(float(np.percentile(self.hold_s, 90)) * 1e3, 3)}}
+                if self.hold_s else {})
+        return hold | {"overhead_ms": {"n": int(x.size), "mean": round(float(x.mean()) * 1e3, 3),
                                 "p50": round(float(np.median(x)) * 1e3, 3),
                                 "p99": round(float(np.percentile(x, 99)) * 1e3, 3)},
                 "cold_start_s": round(self.cold_start_s, 2)}
@@ -138,8 +148,9 @@ class LiveCluster:
         _wait(lambda: not serve.status().applications, 120, "the applications to go")
 
     # -- calibration -------------------------------------------------------------------
-    def calibrate(self, name: str, n: int = 200) -> Calibration:
-        """Overhead from ``n`` sequential requests; cold start from one scale-up 1 -> 2."""
+    def calibrate(self, name: str, n: int = 200, burst: int = 30) -> Calibration:
+        """Overhead from ``n`` sequential requests; the replica hold from a burst of ``burst``
+        requests queued on one replica; cold start from one scale-up 1 -> 2."""
         overhead = []
         with httpx.Client(base_url=self.base, timeout=30, trust_env=False) as c:
             for k in range(n + 10):
@@ -148,6 +159,7 @@ class LiveCluster:
                 lat = time.perf_counter() - t0
                 if r.status_code == 200 and k >= 10:  # the first ones warm the path up
                     overhead.append(lat - r.json()["processing_ms"] / 1e3)
+        hold = asyncio.run(self._burst_hold(name, burst))
         self.running()  # makes the cluster adapter
         rs = self._cluster
         t0 = time.time()
@@ -156,7 +168,22 @@ class LiveCluster:
         cold = time.time() - t0
         rs.scale(name, 1)
         _wait(lambda: self.running().get(name) == 1, 120, f"{name} to scale back to 1", every_s=0.2)
-        return Calibration(overhead, cold)
+        return Calibration(overhead, cold, hold)
+
+    async def _burst_hold(self, name: str, burst: int) -> list[float]:
+        """``burst`` requests at once on a single replica serve back to back, so the gap
+        between two completions is the next request's processing plus the replica's idle
+        hold; the client's return path cancels out in the difference."""
+        done: list[tuple[float, float]] = []
+        async with httpx.AsyncClient(base_url=self.base, timeout=120, trust_env=False) as c:
+            async def one():
+                r = await c.post(f"/{name}/predict", content=b"")
+                if r.status_code == 200:
+                    done.append((time.perf_counter(), r.json()["processing_ms"] / 1e3))
+            await asyncio.gather(*(one() for _ in range(burst)))
+        done.sort()
+        # the first completions may overlap the burst's own arrival; skip them
+        return [t1 - t0 - p for (t0, _), (t1, p) in zip(done[2:], done[3:])]
 
     # -- one policy --------------------------------------------------------------------
     def run_policy(self, policy: str, schedule: Schedule, models: list[ModelSLO], capacity: float,

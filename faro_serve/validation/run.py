@@ -22,7 +22,8 @@ from .compare import Workload, cluster_spec, compare, fit_overhead, markdown, sc
 
 
 def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDist,
-                    cold_start_s: float, forecaster=None, queue_limit: int = 50):
+                    cold_start_s: float, forecaster=None, queue_limit: int = 50,
+                    hold_s: float = 0.0):
     """The simulator on the live run's workload: the same slice, seed (so the same
     per-minute counts), models, policy settings, and this machine's overhead and cold start."""
     from autoscaler import make_policy
@@ -31,7 +32,8 @@ def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDi
     models = wl.models(tr.names)
     pol = make_policy(policy, models, cluster_spec(capacity), forecaster)
     cfg = SimConfig(capacity_cpus=capacity, cold_start_s=cold_start_s, queue_limit=queue_limit,
-                    processing=wl.processing(), router_overhead=overhead, seed=wl.seed)
+                    processing=wl.processing(), router_overhead=overhead,
+                    replica_hold_s=hold_s, seed=wl.seed)
     return simulate(tr.counts, models, pol, cfg)
 
 
@@ -78,7 +80,8 @@ def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
 
 
 def resimulate(state: dict, out: Path, overhead: str | None = None,
-               cold_start_s: float | None = None, forecaster=None) -> dict:
+               cold_start_s: float | None = None, forecaster=None,
+               hold_s: float | None = None) -> dict:
     """Simulate every live-run policy with the calibration (or the given overrides), compare,
     and write ``validation.json``, ``validation.md`` and ``validation.png``."""
     wl: Workload = state["workload"]
@@ -92,17 +95,20 @@ def resimulate(state: dict, out: Path, overhead: str | None = None,
     # on a busy machine is several times the idle calibration; the calibration without them.
     cold = cold_start_s if cold_start_s is not None else (
         float(np.median(lags)) if len(lags) >= 3 else cal.cold_start_s)
+    # Replica hold: the calibration burst's median (saved runs from before it: 0, the
+    # paper's model, unless given)
+    hold = hold_s if hold_s is not None else (getattr(cal, "hold_median_s", None) or 0.0)
     live, sim = {}, {}
     for p, (sched, rec) in state["runs"].items():
         models = wl.models(sched.names)
         live[p] = replay_result(sched, rec, {m.name: m.slo_ms for m in models},
                                 {m.name: m.percentile for m in models}, policy=p, capacity=capacity)
-        sim[p] = simulate_policy(p, wl, capacity, ovh, cold, forecaster)
+        sim[p] = simulate_policy(p, wl, capacity, ovh, cold, forecaster, hold_s=hold)
     cmp = compare(live, sim)
     doc = {"workload": {k: getattr(wl, k) for k in wl.__dataclass_fields__},
            "capacity": capacity, "forecaster_dir": state["forecaster_dir"],
            "calibration": cal.to_dict() | {"scale_up_lag_s": _quantiles(lags)},
-           "simulator": {"router_overhead": str(ovh), "cold_start_s": cold,
+           "simulator": {"router_overhead": str(ovh), "cold_start_s": cold, "replica_hold_s": hold,
                          "processing": state["processing"]},
            "load_average": state.get("load_average", {}),  # (1-min before, 5-min after) per run
            "comparison": cmp,
@@ -150,10 +156,12 @@ def _report(doc: dict, cmp: dict) -> str:
         f"p{wl['percentile']:g}; processing and SLO x{wl['slowdown']:g}; "
         f"forecaster {doc['forecaster_dir'] or 'fallback'}.", "",
         f"Calibration on this machine: overhead outside the model {cal['overhead_ms']['p50']} ms p50 / "
-        f"{cal['overhead_ms']['p99']} ms p99 (idle); cold start {cal['cold_start_s']} s (idle, one "
+        f"{cal['overhead_ms']['p99']} ms p99 (idle); replica hold between queued requests "
+        f"{cal.get('hold_ms', {}).get('p50', 'not measured')} ms p50 (idle, one replica); cold start {cal['cold_start_s']} s (idle, one "
         f"replica); scale-up lags seen in the live runs {cal['scale_up_lag_s']}.", "",
         f"Load average around each live run (1-min before, 5-min after): {doc['load_average']}.", "",
         f"Simulator: router overhead `{simc['router_overhead']}`, cold start {simc['cold_start_s']:g} s, "
+        f"replica hold {simc.get('replica_hold_s', 0) * 1e3:.1f} ms, "
         f"processing `{simc['processing']}`.", "",
         markdown(cmp), ""])
 
