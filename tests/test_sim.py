@@ -72,8 +72,9 @@ def test_mm1_sojourn_time_is_exponential():
     assert np.percentile(lat, 99) == pytest.approx(np.log(100) / 4.0, rel=0.10)
 
 
-def _reference(arr, proc, ready, limit):
-    """Event-driven FIFO c-server queue with tail drop (heap of departures), for comparison."""
+def _reference(arr, proc, ready, limit, hold=0.0):
+    """Event-driven FIFO c-server queue with tail drop (heap of departures), for comparison;
+    a server takes its next request ``hold`` after a departure."""
     free = list(ready)  # when each server can next start
     heapq.heapify(free)
     queue: deque[int] = deque()
@@ -86,14 +87,14 @@ def _reference(arr, proc, ready, limit):
             f = heapq.heappop(free)
             j = queue.popleft()
             start[j] = max(f, arr[j])
-            heapq.heappush(free, start[j] + proc[j])
+            heapq.heappush(free, start[j] + proc[j] + hold)
 
     for i, a in enumerate(arr):
         serve_until(a)
         if not queue and free[0] <= a:
             heapq.heappop(free)
             start[i] = a
-            heapq.heappush(free, a + proc[i])
+            heapq.heappush(free, a + proc[i] + hold)
         elif len(queue) >= limit:
             dropped[i] = True
         else:
@@ -103,14 +104,15 @@ def _reference(arr, proc, ready, limit):
     return start, dropped
 
 
-def test_kernel_matches_a_reference_queue_across_tick_boundaries():
+@pytest.mark.parametrize("hold", [0.0, 0.02])
+def test_kernel_matches_a_reference_queue_across_tick_boundaries(hold):
     rng = np.random.default_rng(7)
     n = 4000
     arr = np.sort(rng.uniform(0, 200, n))  # 20 req/s on 3 servers of mean 0.16 s: overloaded bursts
     proc = rng.lognormal(np.log(0.15), 0.4, n)
     ready = np.array([0.0, 0.0, 30.0])  # the third replica is cold until t = 30
     limit = 5
-    ref_start, ref_drop = _reference(arr, proc, ready, limit)
+    ref_start, ref_drop = _reference(arr, proc, ready, limit, hold)
     start = np.full(n, np.nan)
     lat = np.full(n, np.nan)
     status = np.zeros(n, np.int8)
@@ -119,11 +121,11 @@ def test_kernel_matches_a_reference_queue_across_tick_boundaries():
     nxt, qh, nq, total_arr, total_drop = 0, 0, 0, 0, 0
     for t0, t1 in zip(np.arange(0, 200, 10.0), np.arange(10, 210, 10.0)):
         nxt, qh, nq, a, d, _ = advance(t0, t1, arr, proc, np.zeros(n), np.ones(n), start, lat, status,
-                                      nxt, n, qbuf, qh, nq, free_at, busy, 0.0, limit)
+                                      nxt, n, qbuf, qh, nq, free_at, busy, 0.0, limit, hold)
         total_arr += a
         total_drop += d
     advance(200.0, 1e18, arr, proc, np.zeros(n), np.ones(n), start, lat, status, nxt, n, qbuf, qh, nq,
-            free_at, busy, 0.0, limit)
+            free_at, busy, 0.0, limit, hold)
     assert total_arr == n
     assert np.array_equal(status == DROP_TAIL, ref_drop) and ref_drop.sum() > 0
     assert not (status == PENDING).any()
@@ -131,6 +133,29 @@ def test_kernel_matches_a_reference_queue_across_tick_boundaries():
     assert np.allclose(start[served], ref_start[served])
     assert np.allclose(lat[served], start[served] - arr[served] + proc[served])
     assert total_drop == ref_drop.sum()
+
+
+def test_replica_hold_lowers_the_service_rate_of_a_saturated_queue():
+    """Back to back on one replica, each request holds it for processing + hold: queued
+    requests of 0.1 s leave 0.12 s apart with a 20 ms hold, and the hold shows in the latency
+    only through the wait (an idle replica answers in processing + overhead)."""
+    m = one_model(100.0)
+    counts = np.zeros((1, 3))
+    counts[0, 0] = 900.0  # 15 req/s on a 0.1 s replica: a queue from the start
+    ends = {}
+    for hold in (0.0, 0.02):
+        cfg = SimConfig(capacity_cpus=1, processing=TimeDist("const", (0.1,)),
+                        router_overhead=NO_OVERHEAD, queue_limit=10**6, replica_hold_s=hold,
+                        seed=2, keep_records=True)
+        rec = simulate(counts, m, Hold(m, ClusterSpec(cpus=1)), cfg).records
+        done = np.sort(rec["arrival_s"] + rec["latency_s"])
+        gaps = np.diff(done)
+        backlog = gaps[gaps < 0.1 + hold + 1e-9]  # consecutive services with a queue
+        assert backlog.size > 10 and np.allclose(backlog, 0.1 + hold)
+        ends[hold] = rec["latency_s"].min()
+    assert ends[0.0] == pytest.approx(0.1) and ends[0.02] == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="replica hold"):
+        SimConfig(capacity_cpus=1, replica_hold_s=float("nan"))
 
 
 def test_conservation_every_arrival_is_served_or_dropped():

@@ -89,7 +89,7 @@ def test_resimulate_compares_saved_runs_and_writes_the_report(trace_csv, tmp_pat
     wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job1", "job2"), start=0,
                   minutes=8)
     cal = Calibration(overhead_s=list(PAPER_ROUTER_OVERHEAD.sample(np.random.default_rng(0), 200)),
-                      cold_start_s=3.0)
+                      cold_start_s=3.0, hold_s=[0.010, 0.014, 0.012])
     # live runs: one meeting every SLO (0.2 s), one missing them all (2 s)
     state = {"workload": wl, "capacity": 9, "processing": "lognorm:0.4225,0.0793,0.0686",
              "forecaster_dir": None, "calibration": cal,
@@ -103,7 +103,10 @@ def test_resimulate_compares_saved_runs_and_writes_the_report(trace_csv, tmp_pat
         assert 0 < r["sim_cluster_utility"] <= 3.0
     assert rows["fairshare"]["utility_rel_diff"] > 1.0  # a live miss the simulator does not predict
     assert doc["simulator"]["cold_start_s"] == 3.0
+    assert doc["simulator"]["replica_hold_s"] == pytest.approx(0.012)  # the calibration's median
+    assert doc["calibration"]["hold_ms"] == {"n": 3, "p50": 12.0, "p90": 13.6}
     text = (tmp_path / "validation.md").read_text()
+    assert "replica hold 12.0 ms" in text
     assert "| faro-fairsum |" in text and "Kendall-tau distance" in text
     assert (tmp_path / "validation.png").stat().st_size > 1000
     with pytest.raises(FileNotFoundError, match="no saved live runs"):

@@ -33,7 +33,12 @@ def test_validate_one_policy_live_and_simulated(cli, tmp_path, report):
     acc = live["accounting"]
     assert acc["sent"] == acc["answered"] == acc["scheduled"] and acc["errors"] == 0
     assert doc["calibration"]["cold_start_s"] > 0 and doc["calibration"]["overhead_ms"]["n"] == 200
+    # the burst: 30 queued requests on one replica, the last 27 gaps between completions
+    assert doc["calibration"]["hold_ms"]["n"] == 27 and 0 < doc["calibration"]["hold_ms"]["p50"] < 1000
+    assert doc["simulator"]["replica_hold_s"] == pytest.approx(doc["calibration"]["hold_ms"]["p50"] / 1e3,
+                                                               abs=1e-6)
     assert "| fairshare |" in stdout and (out / "validation.png").exists()
     report(f"validate (1 min, fairshare, 2 jobs, capacity 4): cluster utility live "
            f"{row['live_cluster_utility']:.3f} sim {row['sim_cluster_utility']:.3f}; overhead p50 "
-           f"{doc['calibration']['overhead_ms']['p50']} ms, cold start {doc['calibration']['cold_start_s']} s")
+           f"{doc['calibration']['overhead_ms']['p50']} ms, replica hold p50 "
+           f"{doc['calibration']['hold_ms']['p50']} ms, cold start {doc['calibration']['cold_start_s']} s")
