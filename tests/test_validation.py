@@ -109,6 +109,8 @@ def test_resimulate_compares_saved_runs_and_writes_the_report(trace_csv, tmp_pat
     assert "replica hold 12.0 ms" in text
     assert "| faro-fairsum |" in text and "Kendall-tau distance" in text
     assert (tmp_path / "validation.png").stat().st_size > 1000
+    # an override replaces the calibration
+    assert resimulate(state, tmp_path, hold_s=0.0)["simulator"]["replica_hold_s"] == 0.0
     with pytest.raises(FileNotFoundError, match="no saved live runs"):
         load_state(tmp_path)
 
@@ -118,6 +120,7 @@ def test_resimulate_compares_saved_runs_and_writes_the_report(trace_csv, tmp_pat
     (["--capacity", "0.5"], "--capacity must be >= 1"),
     (["--jobs", "job0,job1,job2", "--capacity", "2", "--minutes", "5"], "3 jobs need at least 3 replicas"),
     (["--minutes", "50"], "beyond the 12 minutes"),
+    (["--hold-ms", "-1"], "--hold-ms must be in [0, 60000)"),
 ])
 def test_validate_bad_input_is_one_line_exit_2(cli, trace_csv, tmp_path, args, message):
     code, out, err = cli("validate", "--trace", str(trace_csv), "--day", "1", "--start", "0",

@@ -4,9 +4,10 @@ Runs the same trace slice live (a local Ray cluster on loopback, synthetic model
 paper's processing-time distribution, one policy at a time, about --minutes of wall time per
 policy) and in the matched simulator, then reports per policy the live and simulated cluster
 utility, lost utility and SLO violation rate, their relative difference, and whether the
-policies rank the same (Kendall tau). The simulator takes this machine's overhead and cold
-start, and the replica hold between queued requests, from a calibration before the first run. --resimulate DIR compares a changed
-simulator against the live runs saved in DIR, without running them again.
+policies rank the same (Kendall tau). The simulator takes this machine's overhead, cold
+start and replica hold between queued requests from a calibration before the first run.
+--resimulate DIR compares a changed simulator against the live runs saved in DIR, without
+running them again.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def run(args) -> int:
     from ..validation.run import load_state, resimulate
 
     out = Path(args.out)
+    if args.hold_ms is not None and not 0 <= args.hold_ms < 60000:  # before an hour of live runs
+        raise UsageError(f"--hold-ms must be in [0, 60000) (got {args.hold_ms:g})")
     forecaster = None
     if args.forecaster:
         from forecasting.io import load_forecaster
@@ -86,8 +89,6 @@ def run(args) -> int:
               f"files in {out}", file=sys.stderr)
         previous = load_state(out) if args.again else None
         state = _live(wl, policies, args.capacity, out, args.forecaster, previous)
-    if args.hold_ms is not None and not 0 <= args.hold_ms < 60000:
-        raise UsageError(f"--hold-ms must be in [0, 60000) (got {args.hold_ms:g})")
     doc = resimulate(state, out, args.overhead_dist, args.cold_start_s, forecaster,
                      None if args.hold_ms is None else args.hold_ms / 1e3)
     print((out / "validation.md").read_text())

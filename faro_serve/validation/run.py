@@ -97,7 +97,8 @@ def resimulate(state: dict, out: Path, overhead: str | None = None,
         float(np.median(lags)) if len(lags) >= 3 else cal.cold_start_s)
     # Replica hold: the calibration burst's median (saved runs from before it: 0, the
     # paper's model, unless given)
-    hold = hold_s if hold_s is not None else (getattr(cal, "hold_median_s", None) or 0.0)
+    # (clipped at 0: on a fast path the burst's noise can exceed the hold)
+    hold = hold_s if hold_s is not None else max(0.0, getattr(cal, "hold_median_s", None) or 0.0)
     live, sim = {}, {}
     for p, (sched, rec) in state["runs"].items():
         models = wl.models(sched.names)
