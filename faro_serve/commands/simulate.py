@@ -35,6 +35,9 @@ def add_scenario_args(p) -> None:
     p.add_argument("--overhead-dist", help="router overhead, same forms (default: the paper's lognormal)")
     p.add_argument("--cold-start-s", type=float, default=60.0, help="replica cold start (60)")
     p.add_argument("--queue-limit", type=int, default=50, help="router tail-drop threshold (50)")
+    p.add_argument("--replica-hold-ms", type=float, default=0.0,
+                   help="a replica's idle gap between queued requests, e.g. the one `validate` "
+                        "calibrates (0: the paper's model)")
     p.add_argument("--history", help="CSV to train the N-HiTS forecaster on (cached)")
     p.add_argument("--history-days", help="days of --history to train on (default: days before --day)")
     p.add_argument("--history-sample", type=int, default=0, help="sample of --history (0)")
@@ -60,7 +63,8 @@ def scenario_from_args(args):
                     warmup_minutes=args.warmup_minutes, slo_ms=args.slo_ms,
                     percentile=args.percentile, processing_ms=args.processing_ms,
                     processing_dist=args.processing_dist, overhead_dist=args.overhead_dist,
-                    cold_start_s=args.cold_start_s, queue_limit=args.queue_limit).validate()
+                    cold_start_s=args.cold_start_s, queue_limit=args.queue_limit,
+                    replica_hold_ms=args.replica_hold_ms).validate()
 
 
 def forecaster_from_args(args, log=None):

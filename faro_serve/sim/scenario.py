@@ -42,6 +42,7 @@ class Scenario:
     overhead_dist: str | None = None  # default: paper router overhead
     cold_start_s: float = 60.0
     queue_limit: int = 50
+    replica_hold_ms: float = 0.0  # idle gap between queued requests (0: the paper's model)
 
     def validate(self) -> "Scenario":
         if self.minutes is not None and self.minutes < 1:
@@ -59,6 +60,8 @@ class Scenario:
             raise ValueError(f"--cold-start-s must be >= 0 (got {self.cold_start_s:g})")
         if self.queue_limit < 0:
             raise ValueError(f"--queue-limit must be >= 0 (got {self.queue_limit})")
+        if not 0 <= self.replica_hold_ms < 60000:
+            raise ValueError(f"--replica-hold-ms must be in [0, 60000) (got {self.replica_hold_ms:g})")
         if self.n_jobs is not None and self.n_jobs < 1:
             raise ValueError(f"--n-jobs must be >= 1 (got {self.n_jobs})")
         self.distributions()  # parse errors surface here
@@ -105,6 +108,7 @@ class Scenario:
         proc, ovh = self.distributions()
         return SimConfig(capacity_cpus=capacity, cold_start_s=self.cold_start_s,
                          queue_limit=self.queue_limit, processing=proc, router_overhead=ovh,
+                         replica_hold_s=self.replica_hold_ms / 1e3,
                          seed=seed, keep_records=keep_records)
 
 
