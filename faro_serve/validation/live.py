@@ -159,7 +159,7 @@ class LiveCluster:
                 lat = time.perf_counter() - t0
                 if r.status_code == 200 and k >= 10:  # the first ones warm the path up
                     overhead.append(lat - r.json()["processing_ms"] / 1e3)
-        hold = asyncio.run(self._burst_hold(name, burst))
+        hold = asyncio.run(self.burst_hold(name, burst))
         self.running()  # makes the cluster adapter
         rs = self._cluster
         t0 = time.time()
@@ -170,7 +170,7 @@ class LiveCluster:
         _wait(lambda: self.running().get(name) == 1, 120, f"{name} to scale back to 1", every_s=0.2)
         return Calibration(overhead, cold, hold)
 
-    async def _burst_hold(self, name: str, burst: int) -> list[float]:
+    async def burst_hold(self, name: str, burst: int) -> list[float]:
         """``burst`` requests at once on a single replica serve back to back, so the gap
         between two completions is the next request's processing plus the replica's idle
         hold; the client's return path cancels out in the difference."""
