@@ -16,39 +16,34 @@ import asyncio
 import os
 import time
 
-import httpx
 import numpy as np
 
+from faro_serve.replay.client import send_schedule
+from faro_serve.replay.loadgen import build_schedule
+from faro_serve.traces import Trace
 from faro_serve.validation.live import LiveCluster
 
 PROCESSING = "lognorm:0.4225,0.2379,0.2058"
 LOADED = ("m1", "m2", "m3")
 
 
-async def _load(base: str, rate: float, seconds: float, stop: asyncio.Event) -> int:
-    """Open-loop Poisson arrivals over the loaded models until ``stop`` or ``seconds``."""
-    rng = np.random.default_rng(0)
-    tasks = []
-    async with httpx.AsyncClient(base_url=base, timeout=60, trust_env=False,
-                                 limits=httpx.Limits(max_connections=500)) as c:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end and not stop.is_set():
-            await asyncio.sleep(rng.exponential(1 / (rate * len(LOADED))))
-            path = f"/{LOADED[rng.integers(len(LOADED))]}/predict"
-            tasks.append(asyncio.create_task(c.post(path, content=b"")))
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return len(tasks)
+def _schedule(rate: float, seconds: float):
+    """Open-loop Poisson arrivals at ``rate`` per loaded model: the replay's own generator."""
+    minutes = int(np.ceil(seconds / 60))
+    return build_schedule(Trace(list(LOADED), np.full((len(LOADED), minutes), rate * 60.0)))
 
 
 async def _measure(lc: LiveCluster, rate: float, seconds: float) -> dict:
     idle = await lc.burst_hold("m0", 30)
     stop = asyncio.Event()
-    bg = asyncio.create_task(_load(lc.base, rate, seconds, stop))
+    bg = asyncio.create_task(send_schedule(_schedule(rate, seconds), lc.base, timeout_s=60.0,
+                                           status_every_s=None, stop_sending=stop))
     await asyncio.sleep(min(30.0, seconds / 3))  # let queues and the load average settle
     loaded = await lc.burst_hold("m0", 30)
     load_avg = os.getloadavg()[0]
     stop.set()
-    sent = await bg
+    rec = await bg
+    sent = int(np.isfinite(rec.send_s).sum())
     return {"idle": idle, "loaded": loaded, "load_average": load_avg, "sent": sent}
 
 
@@ -61,9 +56,8 @@ def main(argv=None) -> int:
         ap.error("--rate must be in (0, 50] and --seconds in [10, 600]")
     with LiveCluster(12) as lc:
         lc.deploy_models(["m0", *LOADED], PROCESSING)
-        lc.running()
         for n in LOADED:
-            lc._cluster.scale(n, 3)
+            lc.scale(n, 3)
         end = time.time() + 120
         while time.time() < end and any(lc.running().get(n) != 3 for n in LOADED):
             time.sleep(1)

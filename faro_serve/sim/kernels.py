@@ -8,7 +8,8 @@ starts on the replica that frees first; its latency is its wait, its processing 
 the router overhead. A replica takes its next request ``hold`` seconds after it finishes one:
 the live router learns that a replica is free from the answer and only then dispatches the
 next request, so under a queue each request holds its replica for processing + ``hold``
-(about 20 ms on Ray Serve here, which near saturation decides whether a queue drains).
+(12-13 ms idle on Ray Serve here, more under load; near saturation it decides whether a
+queue drains).
 Replicas added by the autoscaler appear with ``free_at`` = the end of their cold start, so
 nothing is special about them here.
 

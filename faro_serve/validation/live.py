@@ -108,6 +108,11 @@ class LiveCluster:
             self._cluster = RayServeCluster(self.dashboard)
         return self._cluster.running_replicas()
 
+    def scale(self, name: str, replicas: int) -> None:
+        """Set a model's target replicas through the autoscaler's own scaling adapter."""
+        self.running()  # makes the cluster adapter
+        self._cluster.scale(name, replicas)
+
     def deploy_models(self, names: list[str], processing: str) -> None:
         from ray import serve
 
@@ -160,13 +165,11 @@ class LiveCluster:
                 if r.status_code == 200 and k >= 10:  # the first ones warm the path up
                     overhead.append(lat - r.json()["processing_ms"] / 1e3)
         hold = asyncio.run(self.burst_hold(name, burst))
-        self.running()  # makes the cluster adapter
-        rs = self._cluster
         t0 = time.time()
-        rs.scale(name, 2)
+        self.scale(name, 2)
         _wait(lambda: self.running().get(name) == 2, 120, f"{name} to scale to 2", every_s=0.1)
         cold = time.time() - t0
-        rs.scale(name, 1)
+        self.scale(name, 1)
         _wait(lambda: self.running().get(name) == 1, 120, f"{name} to scale back to 1", every_s=0.2)
         return Calibration(overhead, cold, hold)
 
