@@ -19,8 +19,10 @@ class SyntheticModel:
     def __init__(self, processing: str = str(PAPER_PROCESSING), seed: int | None = None):
         self.dist = parse_dist(processing)
         self.rng = np.random.default_rng(seed)
+        self._one_at_a_time = asyncio.Lock()  # the front may hand over the next request early
 
     async def predict(self, payload: bytes = b"") -> dict:
-        t0 = time.perf_counter()
-        await asyncio.sleep(float(self.dist.sample(self.rng, 1)[0]))
-        return {"result": "ok", "processing_ms": (time.perf_counter() - t0) * 1e3}
+        async with self._one_at_a_time:
+            t0 = time.perf_counter()
+            await asyncio.sleep(float(self.dist.sample(self.rng, 1)[0]))
+            return {"result": "ok", "processing_ms": (time.perf_counter() - t0) * 1e3}

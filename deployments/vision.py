@@ -6,6 +6,7 @@ state_dict file. Input is JPEG/PNG bytes; output is the top-k class ids and soft
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +30,8 @@ class ImageClassifier:
                 raise FileNotFoundError(f"checkpoint {path} does not exist")
             self.model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         self.model.eval()
+        # one request at a time, even if Ray runs sync methods in a thread pool
+        self._one_at_a_time = threading.Lock()
         self.arch = arch
         self.top_k = top_k
         self.transform = T.Compose([
@@ -48,14 +51,15 @@ class ImageClassifier:
             raise ValueError(f"body is not a decodable JPEG/PNG image ({len(payload)} bytes)") from None
 
     def predict(self, payload: bytes) -> dict:
-        t0 = time.perf_counter()
-        try:
-            img = self.decode(payload)
-        except ValueError as err:
-            return {"error": str(err), "status": 400}
-        with torch.inference_mode():
-            probs = torch.softmax(self.model(self.transform(img).unsqueeze(0))[0], dim=0)
-            scores, classes = torch.topk(probs, min(self.top_k, probs.numel()))
-        return {"model": self.arch, "classes": classes.tolist(),
-                "scores": [round(float(s), 6) for s in scores],
-                "processing_ms": (time.perf_counter() - t0) * 1e3}
+        with self._one_at_a_time:
+            t0 = time.perf_counter()
+            try:
+                img = self.decode(payload)
+            except ValueError as err:
+                return {"error": str(err), "status": 400}
+            with torch.inference_mode():
+                probs = torch.softmax(self.model(self.transform(img).unsqueeze(0))[0], dim=0)
+                scores, classes = torch.topk(probs, min(self.top_k, probs.numel()))
+            return {"model": self.arch, "classes": classes.tolist(),
+                    "scores": [round(float(s), 6) for s in scores],
+                    "processing_ms": (time.perf_counter() - t0) * 1e3}

@@ -213,6 +213,25 @@ def test_flood_beyond_the_queue_gets_quick_503s_and_every_request_an_answer(live
     assert np.median(rejected) < np.median(served)
 
 
+def test_the_front_sends_each_request_to_a_free_replica(live):
+    """The autoscaler is frozen here (the config test). As many requests at once as synth-a
+    has replicas: each goes straight to a replica of its own, so none waits behind another
+    (a wait would be at least one processing time, over 80 ms for this distribution)."""
+    n = running()["synth-a"]
+    assert n >= 2
+
+    async def round_():
+        async with httpx.AsyncClient(base_url=live["base"], timeout=60) as c:
+            async def one():
+                t0 = time.perf_counter()
+                r = await c.post("/synth-a/predict", content=b"")
+                return time.perf_counter() - t0, r.json()["processing_ms"] / 1e3
+            return await asyncio.gather(*(one() for _ in range(n)))
+
+    waits = [lat - proc for _ in range(5) for lat, proc in asyncio.run(round_())]
+    assert len(waits) == 5 * n and max(waits) < 0.07, sorted(waits)
+
+
 def test_recovers_from_killed_replica_and_killed_autoscaler(live):
     serve.run(autoscaler_app(autoscaler_config(live["dashboard"])), name="faro", route_prefix="/faro")
     assert wait_for(lambda: live["client"].get("/faro/status").json().get("enabled"), 60)

@@ -2,6 +2,7 @@
 fake cluster), the schema and serve_config.yaml, and the model classes themselves."""
 
 import asyncio
+import time
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +11,69 @@ import yaml
 
 from autoscaler.loop import AutoscalerLoop
 from faro_serve.config import ConfigError
+from faro_serve.serving.routing import DispatchGate
 from faro_serve.serving.schema import parse_autoscaler_config, parse_model_args
 from faro_serve.serving.stats import RouterStats
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- the front's queue ----------------------------------------------------------------
+def test_dispatch_gate_is_fifo_within_capacity_and_follows_scaling():
+    async def run():
+        cap = [2]
+        gate = DispatchGate(lambda: cap[0])
+        order = []
+
+        async def req(k):
+            await gate.acquire()
+            order.append(k)
+
+        tasks = [asyncio.create_task(req(k)) for k in range(6)]
+        await asyncio.sleep(0.01)
+        assert order == [0, 1] and gate.in_flight == 2 and gate.waiting == 4
+        gate.release()
+        await asyncio.sleep(0.01)
+        assert order == [0, 1, 2] and gate.waiting == 3
+        cap[0] = 4  # a replica came up: the timer's wake admits two more, oldest first
+        gate.wake()
+        await asyncio.sleep(0.01)
+        assert order == [0, 1, 2, 3, 4] and gate.in_flight == 4 and gate.waiting == 1
+        cap[0] = 1  # scaled down: releases admit nothing until in flight is below 1
+        for _ in range(3):
+            gate.release()
+        await asyncio.sleep(0.01)
+        assert order == [0, 1, 2, 3, 4] and gate.in_flight == 1
+        gate.release()
+        await asyncio.gather(*tasks)
+        assert order == [0, 1, 2, 3, 4, 5] and gate.in_flight == 1 and gate.waiting == 0
+
+    asyncio.run(run())
+
+
+def test_dispatch_gate_cancelled_waiter_leaves_and_passes_its_turn_on():
+    async def run():
+        gate = DispatchGate(lambda: 1)
+        await gate.acquire()
+        first = asyncio.create_task(gate.acquire())
+        second = asyncio.create_task(gate.acquire())
+        await asyncio.sleep(0.01)
+        assert gate.waiting == 2
+        first.cancel()  # the client went away while queued
+        await asyncio.sleep(0.01)
+        assert gate.waiting == 1 and gate.in_flight == 1
+        gate.release()
+        await asyncio.wait_for(second, 1)
+        assert gate.in_flight == 1 and gate.waiting == 0
+        # admitted, then cancelled before it could run: the slot comes back
+        third = asyncio.create_task(gate.acquire())
+        await asyncio.sleep(0.01)
+        gate.release()  # admits third ...
+        third.cancel()  # ... which is cancelled before it resumes
+        await asyncio.gather(third, return_exceptions=True)
+        assert gate.in_flight == 0 and gate.waiting == 0
+
+    asyncio.run(run())
 
 
 # --- router statistics ---------------------------------------------------------------
@@ -220,3 +280,17 @@ def test_synthetic_model_sleeps_its_distribution():
     m = SyntheticModel("const:0.02")
     out = asyncio.run(m.predict(b""))
     assert 15 <= out["processing_ms"] < 200
+
+
+def test_synthetic_model_serves_one_request_at_a_time():
+    from deployments.synthetic import SyntheticModel
+
+    async def run():
+        m = SyntheticModel("const:0.05")
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(m.predict(b"") for _ in range(4)))
+        return time.perf_counter() - t0, outs
+
+    wall, outs = asyncio.run(run())
+    assert wall >= 4 * 0.05 * 0.95  # back to back, not side by side
+    assert all(o["processing_ms"] < 150 for o in outs)  # waiting is not processing

@@ -18,6 +18,7 @@ from ray.serve.config import RequestRouterConfig
 
 from ..config import ClusterSpec, ModelSLO
 from .front import Front
+from .routing import IdleFirstRouter
 from .schema import ModelAppArgs, parse_autoscaler_config, parse_model_args
 
 FRONT = "Front"
@@ -26,10 +27,15 @@ AUTOSCALER_APP = "faro"
 AUTOSCALER = "FaroAutoscaler"
 
 # Each replica serves one request at a time (as the paper's M/D/c model and the simulator
-# assume), so requests wait at the router. Ray's default retry backoff for a waiting request
-# grows to 0.5 s, which leaves a freed replica idle for up to that long; a short, nearly flat
-# backoff hands the next request over within milliseconds.
+# assume). The front's gate queues requests and sends one only when a replica is free; the
+# idle-first router picks that replica. A model replica takes up to MODEL_SLOTS requests
+# (and serves them one by one) so that Ray's router never probes it before sending. If a
+# request ever waits in Ray's router (a replica died under it), the short, nearly flat retry
+# backoff hands it over within milliseconds instead of Ray's default of up to 0.5 s.
 ROUTER = RequestRouterConfig(initial_backoff_s=0.001, backoff_multiplier=1.5, max_backoff_s=0.01)
+MODEL_ROUTER = RequestRouterConfig(request_router_class=IdleFirstRouter, initial_backoff_s=0.001,
+                                   backoff_multiplier=1.5, max_backoff_s=0.01)
+MODEL_SLOTS = 2
 
 
 def _model_deployment(spec: ModelAppArgs):
@@ -45,8 +51,8 @@ def _model_deployment(spec: ModelAppArgs):
                   "top_k": spec.model.top_k, "image_size": spec.model.image_size,
                   "threads": spec.model.threads}
     dep = serve.deployment(cls, name=MODEL, num_replicas=spec.initial_replicas,
-                           max_ongoing_requests=1, max_queued_requests=spec.queue_limit,
-                           request_router_config=ROUTER, ray_actor_options={"num_cpus": spec.cpus})
+                           max_ongoing_requests=MODEL_SLOTS, max_queued_requests=spec.queue_limit,
+                           request_router_config=MODEL_ROUTER, ray_actor_options={"num_cpus": spec.cpus})
     return dep.bind(**kwargs)
 
 
@@ -54,7 +60,7 @@ def model_app(args: dict):
     """Builder of one model's application (``args``: :class:`ModelAppArgs`)."""
     spec = parse_model_args(args, "model application args")
     return Front.options(name=FRONT).bind(_model_deployment(spec), spec.name,
-                                          spec.max_body_kb * 1024)
+                                          spec.max_body_kb * 1024, queue_limit=spec.queue_limit)
 
 
 def autoscaler_app(args: dict):

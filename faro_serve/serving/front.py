@@ -6,19 +6,21 @@ Every request to ``POST <route_prefix>/predict`` passes through this FastAPI ing
 * counts the arrival and measures end-to-end latency and the replica's processing time
   (:class:`~faro_serve.serving.stats.RouterStats`);
 * drops the fraction of requests the autoscaler set (HTTP 503, reason ``drop_rate``);
-* forwards the rest to the model deployment through a handle. The model's
-  ``max_queued_requests`` bounds the queue at this caller, so a full queue answers 503
-  (reason ``queue_full``) at once instead of queueing without bound;
+* keeps the model's FIFO queue (:class:`~faro_serve.serving.routing.DispatchGate`): a
+  request goes to the model deployment only when a replica is free, and a request that
+  finds ``queue_limit`` requests waiting gets 503 (reason ``queue_full``) at once instead
+  of queueing without bound;
 * retries a request once when its replica dies under it (inference is idempotent), and
   answers 503 (reason ``replica_failed``) if that fails too, never a bare 500;
 * exports Prometheus metrics through ``ray.util.metrics``, published when the autoscaler
   reads the front (every tick) rather than per request, to keep the data path short.
 
 The autoscaler reads :meth:`Front.metrics` and sets the drop rate with :meth:`Front.control`
-over handles. One front replica per model keeps the counts whole.
+over handles. One front replica per model keeps the counts and the queue whole.
 """
 
 
+import asyncio
 import base64
 import binascii
 import json
@@ -32,6 +34,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 from ray.util import metrics as ray_metrics
 
+from .routing import DispatchGate, running_replicas
 from .stats import RouterStats
 
 api = FastAPI(title="faro-serve model endpoint",
@@ -47,11 +50,12 @@ def _reject(status: int, model: str, reason: str, detail: str) -> JSONResponse:
 @serve.ingress(api)
 class Front:
     def __init__(self, model_handle, name: str, max_body_bytes: int = 8 << 20,
-                 percentile: float = 99.0):
+                 percentile: float = 99.0, queue_limit: int = 50):
         self.model = model_handle
         self.name = name
         self.max_body_bytes = max_body_bytes
         self.percentile = percentile
+        self.queue_limit = queue_limit
         self.stats = RouterStats(start=time.time())
         self.drop_rate = 0.0
         self.replicas = 1
@@ -63,6 +67,10 @@ class Front:
         self._queue = ray_metrics.Gauge("faro_queue_length", "requests waiting", tag_keys=tags)
         self._drop = ray_metrics.Gauge("faro_drop_rate", "drop rate in force", tag_keys=tags)
         self._published: dict[str, int] = {}
+        app = serve.get_replica_context().app_name
+        # before the router's first replica update, one request at a time
+        self.gate = DispatchGate(lambda: running_replicas(app) or 1)
+        self._ticker: asyncio.Task | None = None
 
     # -- data path -----------------------------------------------------------------------
     async def _payload(self, request: Request) -> bytes | JSONResponse:
@@ -99,10 +107,13 @@ class Front:
         if isinstance(payload, JSONResponse):
             self.stats.drop(t0, "bad_request")
             return payload
+        if self.gate.waiting >= self.queue_limit:
+            self.stats.drop(t0, "queue_full")
+            return _reject(503, self.name, "queue_full", "the model's queue is full; retry later")
         self.stats.started(time.time())
         try:
             result = await self._call(payload)
-        except BackPressureError:
+        except BackPressureError:  # Ray's own bound behind the gate (max_queued_requests)
             self.stats.drop(t0, "queue_full")
             return _reject(503, self.name, "queue_full", "the model's queue is full; retry later")
         except RayActorError as err:
@@ -119,6 +130,21 @@ class Front:
         return result
 
     async def _call(self, payload: bytes):
+        if self._ticker is None:
+            self._ticker = asyncio.get_running_loop().create_task(self._wake_on_scale_up())
+        await self.gate.acquire()
+        try:
+            return await self._send(payload)
+        finally:
+            self.gate.release()
+
+    async def _wake_on_scale_up(self):
+        """A new replica shows up in the router, not in a release: look 10 times a second."""
+        while True:
+            await asyncio.sleep(0.1)
+            self.gate.wake()
+
+    async def _send(self, payload: bytes):
         try:
             return await self.model.predict.remote(payload)
         except RayActorError:  # the replica died (killed, node lost): once more elsewhere
