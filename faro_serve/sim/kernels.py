@@ -6,10 +6,10 @@ model in front of replicas that serve one request at a time; an arrival that fin
 arrivals is dropped on purpose (the drop rates Faro's penalty objectives set). A request
 starts on the replica that frees first; its latency is its wait, its processing time and
 the router overhead. A replica takes its next request ``hold`` seconds after it finishes one:
-the live router learns that a replica is free from the answer and only then dispatches the
+the live front learns that a replica is free from the answer and only then dispatches the
 next request, so under a queue each request holds its replica for processing + ``hold``
-(12-13 ms idle on Ray Serve here, more under load; near saturation it decides whether a
-queue drains).
+(8-10 ms on Ray Serve here, idle or loaded; near saturation it decides whether a queue
+drains).
 Replicas added by the autoscaler appear with ``free_at`` = the end of their cold start, so
 nothing is special about them here.
 
