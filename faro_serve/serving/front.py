@@ -159,7 +159,8 @@ class Front:
         """The autoscaler's read, once per tick: the in-flight average restarts with it."""
         snap = self.stats.snapshot(time.time(), self.percentile, self.replicas, reset_mean)
         snap.update(model=self.name, drop_rate=self.drop_rate, replicas=self.replicas,
-                    percentile=self.percentile)
+                    percentile=self.percentile, waiting=self.gate.waiting,
+                    dispatched=self.gate.in_flight, dispatch_capacity=self.gate.capacity())
         self._publish(snap)
         return snap
 

@@ -40,39 +40,55 @@ def running_replicas(app: str) -> int | None:
 
 
 class IdleFirstRouter(FIFOMixin, RequestRouter):
-    """Sends each request to a replica with the fewest requests in flight (Ray's own
-    send/complete count), idle ones first.
+    """Sends each request to a replica with the fewest requests in flight, idle ones first.
 
-    Several routing tasks choose at once, and a replica's count only rises when the request
-    is sent; so the replica a choice hands out is reserved until that send (or for
-    ``RESERVE_S`` if the choice goes unused), and the next choice passes it over.
+    It counts in flight itself, from acceptance (``on_request_routed``) to completion
+    (``on_request_completed``), by request id: a replica's own report of its queue can
+    predate the request just sent. Several routing tasks choose at once, so the replica a
+    choice hands out is also reserved until its request is accepted (or for ``RESERVE_S``
+    if the choice goes unused), and the next choice passes it over.
     """
 
     RESERVE_S = 0.1
 
     def initialize_state(self, **kwargs):
         self._reserved: dict = {}  # replica id -> time reserved
+        self._load: dict = {}  # replica id -> requests in flight
+        self._where: dict[str, object] = {}  # internal request id -> replica id
 
     def update_replicas(self, replicas: list[RunningReplica]):
         super().update_replicas(replicas)
         _running()[self.app_name] = len(replicas)
+        alive = {r.replica_id for r in replicas}
+        self._load = {rid: n for rid, n in self._load.items() if rid in alive}
+        self._where = {req: rid for req, rid in self._where.items() if rid in alive}
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None
                               ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
-        cache, now = self.replica_queue_len_cache, time.monotonic()
+        now = time.monotonic()
         reserved = {rid for rid, t in self._reserved.items() if now - t < self.RESERVE_S}
-        ranked = sorted(candidate_replicas, key=lambda r: ((cache.get(r.replica_id) or 0)
+        ranked = sorted(candidate_replicas, key=lambda r: (self._load.get(r.replica_id, 0)
                                                            + (r.replica_id in reserved),
                                                            random.random()))
         self._reserved[ranked[0].replica_id] = now
         return [[r] for r in ranked]  # one per rank: the first is the one taken
 
-    def on_send_request(self, replica_id):
-        super().on_send_request(replica_id)
+    def on_request_routed(self, pending_request, replica_id, result):
         self._reserved.pop(replica_id, None)
+        self._where[pending_request.metadata.internal_request_id] = replica_id
+        self._load[replica_id] = self._load.get(replica_id, 0) + 1
+
+    def on_request_completed(self, replica_id, internal_request_id):
+        rid = self._where.pop(internal_request_id, None)
+        if rid is not None:
+            n = self._load.get(rid, 0) - 1
+            if n > 0:
+                self._load[rid] = n
+            else:
+                self._load.pop(rid, None)
 
 
 class DispatchGate:
