@@ -37,6 +37,12 @@ MODEL_ROUTER = RequestRouterConfig(request_router_class=IdleFirstRouter, initial
                                    backoff_multiplier=1.5, max_backoff_s=0.01)
 MODEL_SLOTS = 2
 
+# The front runs Ray Serve's documented throughput-optimized mode: its handle to the model
+# speaks gRPC, its code and its router run on the replica's own event loop. Direct ingress,
+# part of that mode, stays off: the front is reached through Serve's proxy.
+FRONT_ACTOR = {"num_cpus": 0, "runtime_env": {"env_vars": {
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}}}
+
 
 def _model_deployment(spec: ModelAppArgs):
     if spec.model.kind == "synthetic":
@@ -59,7 +65,7 @@ def _model_deployment(spec: ModelAppArgs):
 def model_app(args: dict):
     """Builder of one model's application (``args``: :class:`ModelAppArgs`)."""
     spec = parse_model_args(args, "model application args")
-    return Front.options(name=FRONT).bind(_model_deployment(spec), spec.name,
+    return Front.options(name=FRONT, ray_actor_options=FRONT_ACTOR).bind(_model_deployment(spec), spec.name,
                                           spec.max_body_kb * 1024, queue_limit=spec.queue_limit)
 
 

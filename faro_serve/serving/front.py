@@ -26,6 +26,7 @@ import binascii
 import json
 import random
 import time
+import grpc
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -51,7 +52,10 @@ def _reject(status: int, model: str, reason: str, detail: str) -> JSONResponse:
 class Front:
     def __init__(self, model_handle, name: str, max_body_bytes: int = 8 << 20,
                  percentile: float = 99.0, queue_limit: int = 50):
-        self.model = model_handle
+        # gRPC data plane (what RAY_SERVE_THROUGHPUT_OPTIMIZED turns on cluster-wide), for
+        # this handle only: the hop to the model costs ~1.7-2.3 ms instead of 3.1-3.2 ms
+        # over an actor call, and triples the rate one front sustains (docs/serving.md)
+        self.model = model_handle.options(_by_reference=False)
         self.name = name
         self.max_body_bytes = max_body_bytes
         self.percentile = percentile
@@ -116,7 +120,7 @@ class Front:
         except BackPressureError:  # Ray's own bound behind the gate (max_queued_requests)
             self.stats.drop(t0, "queue_full")
             return _reject(503, self.name, "queue_full", "the model's queue is full; retry later")
-        except RayActorError as err:
+        except (RayActorError, grpc.aio.AioRpcError) as err:
             self.stats.drop(t0, "replica_failed")
             return _reject(503, self.name, "replica_failed",
                            f"the replica serving this request failed ({type(err).__name__}); retry")
