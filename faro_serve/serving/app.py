@@ -44,7 +44,9 @@ FRONT_ACTOR = {"num_cpus": 0, "runtime_env": {"env_vars": {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}}}
 
 
-def _model_deployment(spec: ModelAppArgs):
+def model_deployment(args: dict | ModelAppArgs):
+    """The model deployment of one model application (bound, not yet run)."""
+    spec = args if isinstance(args, ModelAppArgs) else parse_model_args(args, "model application args")
     if spec.model.kind == "synthetic":
         from deployments.synthetic import SyntheticModel
 
@@ -65,7 +67,7 @@ def _model_deployment(spec: ModelAppArgs):
 def model_app(args: dict):
     """Builder of one model's application (``args``: :class:`ModelAppArgs`)."""
     spec = parse_model_args(args, "model application args")
-    return Front.options(name=FRONT, ray_actor_options=FRONT_ACTOR).bind(_model_deployment(spec), spec.name,
+    return Front.options(name=FRONT, ray_actor_options=FRONT_ACTOR).bind(model_deployment(spec), spec.name,
                                           spec.max_body_kb * 1024, queue_limit=spec.queue_limit)
 
 
