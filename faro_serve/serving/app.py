@@ -46,7 +46,8 @@ FRONT_ACTOR = {"num_cpus": 0, "runtime_env": {"env_vars": {
 
 def model_deployment(args: dict | ModelAppArgs):
     """The model deployment of one model application (bound, not yet run)."""
-    spec = args if isinstance(args, ModelAppArgs) else parse_model_args(args, "model application args")
+    spec = (args if isinstance(args, ModelAppArgs)
+            else parse_model_args(args, "model application args"))
     if spec.model.kind == "synthetic":
         from deployments.synthetic import SyntheticModel
 
@@ -67,8 +68,9 @@ def model_deployment(args: dict | ModelAppArgs):
 def model_app(args: dict):
     """Builder of one model's application (``args``: :class:`ModelAppArgs`)."""
     spec = parse_model_args(args, "model application args")
-    return Front.options(name=FRONT, ray_actor_options=FRONT_ACTOR).bind(model_deployment(spec), spec.name,
-                                          spec.max_body_kb * 1024, queue_limit=spec.queue_limit)
+    front = Front.options(name=FRONT, ray_actor_options=FRONT_ACTOR)
+    return front.bind(model_deployment(spec), spec.name, spec.max_body_kb * 1024,
+                      queue_limit=spec.queue_limit)
 
 
 def autoscaler_app(args: dict):

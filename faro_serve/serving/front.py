@@ -26,8 +26,8 @@ import binascii
 import json
 import random
 import time
-import grpc
 
+import grpc
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
