@@ -22,7 +22,11 @@ class SyntheticModel:
         self._one_at_a_time = asyncio.Lock()  # the front may hand over the next request early
 
     async def predict(self, payload: bytes = b"") -> dict:
+        """``waited_ms``: time spent behind another request on this replica (0 when the
+        router sent it to a free replica)."""
+        arrived = time.perf_counter()
         async with self._one_at_a_time:
             t0 = time.perf_counter()
             await asyncio.sleep(float(self.dist.sample(self.rng, 1)[0]))
-            return {"result": "ok", "processing_ms": (time.perf_counter() - t0) * 1e3}
+            return {"result": "ok", "processing_ms": (time.perf_counter() - t0) * 1e3,
+                    "waited_ms": (t0 - arrived) * 1e3}

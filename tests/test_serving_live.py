@@ -215,8 +215,10 @@ def test_flood_beyond_the_queue_gets_quick_503s_and_every_request_an_answer(live
 
 def test_the_front_sends_each_request_to_a_free_replica(live):
     """The autoscaler is frozen here (the config test). As many requests at once as synth-a
-    has replicas: each goes straight to a replica of its own, so none waits behind another
-    (a wait would be at least one processing time, over 80 ms for this distribution)."""
+    has replicas, five rounds: each goes straight to a replica of its own, so none waits on
+    its replica behind another (the replica reports that wait; a wait would be a whole
+    processing time, over 80 ms for this distribution). The replica's own figure keeps the
+    test about routing, not about how busy the machine is."""
     n = running()["synth-a"]
     assert n >= 2
 
@@ -224,14 +226,15 @@ def test_the_front_sends_each_request_to_a_free_replica(live):
         async with httpx.AsyncClient(base_url=live["base"], timeout=60) as c:
             async def one():
                 t0 = time.perf_counter()
-                r = await c.post("/synth-a/predict", content=b"")
-                return time.perf_counter() - t0, r.json()["processing_ms"] / 1e3
+                body = (await c.post("/synth-a/predict", content=b"")).json()
+                return body["waited_ms"], (time.perf_counter() - t0) * 1e3 - body["processing_ms"]
             return await asyncio.gather(*(one() for _ in range(n)))
 
-    waits = [lat - proc for _ in range(5) for lat, proc in asyncio.run(round_())]
+    waits = [w for _ in range(5) for w in asyncio.run(round_())]
     gate = {k: v for k, v in live["client"].get("/synth-a/metrics").json().items()
             if k in ("waiting", "dispatched", "dispatch_capacity")}
-    assert len(waits) == 5 * n and max(waits) < 0.07, (n, gate, running(), sorted(waits))
+    on_replica = [w for w, _ in waits]
+    assert len(waits) == 5 * n and max(on_replica) < 20, (n, gate, running(), waits)
 
 
 def test_recovers_from_killed_replica_and_killed_autoscaler(live):

@@ -4,14 +4,16 @@ fake cluster), the schema and serve_config.yaml, and the model classes themselve
 import asyncio
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import yaml
+from ray.serve.request_router import PendingRequest
 
 from autoscaler.loop import AutoscalerLoop
 from faro_serve.config import ConfigError
-from faro_serve.serving.routing import DispatchGate
+from faro_serve.serving.routing import DispatchGate, IdleFirstRouter
 from faro_serve.serving.schema import parse_autoscaler_config, parse_model_args
 from faro_serve.serving.stats import RouterStats
 
@@ -72,6 +74,55 @@ def test_dispatch_gate_cancelled_waiter_leaves_and_passes_its_turn_on():
         third.cancel()  # ... which is cancelled before it resumes
         await asyncio.gather(third, return_exceptions=True)
         assert gate.in_flight == 0 and gate.waiting == 0
+
+    asyncio.run(run())
+
+
+# --- the replica choice behind the gate -------------------------------------------------
+def _router():
+    """The real router class, its counting hooks called as Ray's router calls them (the
+    live test covers the wiring); replicas are stand-ins with the one attribute it reads."""
+    router = IdleFirstRouter(deployment_id=SimpleNamespace(app_name="m", name="Model"),
+                             handle_source=SimpleNamespace(value="test"))
+    router.initialize_state()
+    return router, [SimpleNamespace(replica_id=k) for k in "abc"]
+
+
+def _request(k):
+    return PendingRequest(args=[], kwargs={}, metadata=SimpleNamespace(internal_request_id=k))
+
+
+def test_router_counts_in_flight_from_the_choice_to_the_completion():
+    async def run():
+        router, reps = _router()
+        reqs = [_request(f"r{i}") for i in range(3)]
+        chosen = [(await router.choose_replicas(reps, pr))[0][0].replica_id for pr in reqs]
+        assert sorted(chosen) == ["a", "b", "c"]  # nothing completed yet: one each
+        router.on_request_completed(chosen[1], "r1")
+        assert (await router.choose_replicas(reps, _request("r3")))[0][0].replica_id == chosen[1]
+        assert router.in_flight() == {"a": 1, "b": 1, "c": 1}
+        for k, rid in [("r0", chosen[0]), ("r2", chosen[2]), ("r3", chosen[1])]:
+            router.on_request_completed(rid, k)
+        assert router.in_flight() == {}
+
+    asyncio.run(run())
+
+
+def test_router_moves_a_refused_request_and_drops_a_cancelled_one():
+    async def run():
+        router, reps = _router()
+        pr = _request("r0")
+        first = (await router.choose_replicas(reps, pr))[0][0].replica_id
+        others = [r for r in reps if r.replica_id != first]  # say the replicas changed
+        again = (await router.choose_replicas(others, pr))[0][0].replica_id  # Ray asks again
+        assert router.in_flight() == {again: 1}
+        router.on_request_completed(first, "r0")  # the refused attempt's completion
+        assert router.in_flight() == {again: 1}
+        gone = _request("r1")
+        await router.choose_replicas(reps, gone)
+        gone.future.cancel()  # the caller left before the request was sent
+        await router.choose_replicas(reps, _request("r2"))
+        assert sum(router.in_flight().values()) == 2 and "r1" not in router._given
 
     asyncio.run(run())
 

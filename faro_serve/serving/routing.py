@@ -16,11 +16,10 @@ from __future__ import annotations
 import asyncio
 import importlib
 import random
-import time
 from collections import deque
 from collections.abc import Callable
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 # running replicas per application, as the router in this process last saw them
 _RUNNING: dict[str, int] = {}
@@ -39,56 +38,65 @@ def running_replicas(app: str) -> int | None:
     return _running().get(app)
 
 
-class IdleFirstRouter(FIFOMixin, RequestRouter):
+class IdleFirstRouter(RequestRouter):
     """Sends each request to a replica with the fewest requests in flight, idle ones first.
 
-    It counts in flight itself, from acceptance (``on_request_routed``) to completion
-    (``on_request_completed``), by request id: a replica's own report of its queue can
-    predate the request just sent. Several routing tasks choose at once, so the replica a
-    choice hands out is also reserved until its request is accepted (or for ``RESERVE_S``
-    if the choice goes unused), and the next choice passes it over.
+    It counts in flight itself, from the choice to Ray's completion report
+    (``on_request_completed``), by request id. Ray's own signals come too late: over the
+    gRPC data plane a replica's acceptance (``on_request_routed``) and its queue report
+    arrive with its answer, so a count kept from them is zero while the request runs.
+    ``choose_replicas`` offers only the replica it counts the request on, so the choice is
+    the send; if that replica refuses, Ray asks again and the count moves with the request.
+    Without ``FIFOMixin`` a choice goes to the request it was made for (the front's gate
+    keeps the FIFO order).
     """
 
-    RESERVE_S = 0.1
-
     def initialize_state(self, **kwargs):
-        self._reserved: dict = {}  # replica id -> time reserved
         self._load: dict = {}  # replica id -> requests in flight
-        self._where: dict[str, object] = {}  # internal request id -> replica id
+        self._given: dict[str, tuple] = {}  # internal request id -> (replica id, request)
 
     def update_replicas(self, replicas: list[RunningReplica]):
         super().update_replicas(replicas)
         _running()[self.app_name] = len(replicas)
         alive = {r.replica_id for r in replicas}
         self._load = {rid: n for rid, n in self._load.items() if rid in alive}
-        self._where = {req: rid for req, rid in self._where.items() if rid in alive}
+        self._given = {req: g for req, g in self._given.items() if g[0] in alive}
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None
                               ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
-        now = time.monotonic()
-        reserved = {rid for rid, t in self._reserved.items() if now - t < self.RESERVE_S}
-        ranked = sorted(candidate_replicas, key=lambda r: (self._load.get(r.replica_id, 0)
-                                                           + (r.replica_id in reserved),
-                                                           random.random()))
-        self._reserved[ranked[0].replica_id] = now
-        return [[r] for r in ranked]  # one per rank: the first is the one taken
-
-    def on_request_routed(self, pending_request, replica_id, result):
-        self._reserved.pop(replica_id, None)
-        self._where[pending_request.metadata.internal_request_id] = replica_id
-        self._load[replica_id] = self._load.get(replica_id, 0) + 1
+        for req, (_, pr) in list(self._given.items()):  # cancelled before it was sent
+            if pr.future.cancelled():
+                self._forget(req)
+        req = pending_request.metadata.internal_request_id if pending_request else None
+        if req is not None:
+            self._forget(req)  # asked again: the last choice was refused or not taken
+        best = min(candidate_replicas,
+                   key=lambda r: (self._load.get(r.replica_id, 0), random.random()))
+        if req is not None:
+            self._given[req] = (best.replica_id, pending_request)
+            self._load[best.replica_id] = self._load.get(best.replica_id, 0) + 1
+        return [[best]]
 
     def on_request_completed(self, replica_id, internal_request_id):
-        rid = self._where.pop(internal_request_id, None)
-        if rid is not None:
-            n = self._load.get(rid, 0) - 1
+        given = self._given.get(internal_request_id)
+        if given is not None and given[0] == replica_id:  # not a refused earlier attempt
+            self._forget(internal_request_id)
+
+    def in_flight(self) -> dict:
+        """Requests in flight by replica id, as this router counts them."""
+        return dict(self._load)
+
+    def _forget(self, req: str) -> None:
+        given = self._given.pop(req, None)
+        if given is not None:
+            n = self._load.get(given[0], 0) - 1
             if n > 0:
-                self._load[rid] = n
+                self._load[given[0]] = n
             else:
-                self._load.pop(rid, None)
+                self._load.pop(given[0], None)
 
 
 class DispatchGate:
