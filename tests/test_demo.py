@@ -232,6 +232,27 @@ def test_nothing_listening_at_url_is_a_clear_error(cli, tmp_path):
     assert code == 2 and "cannot reach" in err and len(err.strip().splitlines()) == 1
 
 
+_SPAWN_WITH_SIGINT_IGNORED = """
+import signal, subprocess, sys
+from faro_serve.demo.deployment import sigint_not_ignored
+probe = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"]
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a shell's background job
+plain = subprocess.run(probe, capture_output=True, text=True).stdout.strip()
+with sigint_not_ignored():
+    fixed = subprocess.run(probe, capture_output=True, text=True).stdout.strip()
+print(plain, fixed, signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+"""
+
+
+def test_children_get_sigint_even_when_the_demo_runs_as_a_background_job():
+    """Started with ``&`` or nohup, the demo ignores SIGINT; ``serve run`` must not inherit it."""
+    out = subprocess.run([sys.executable, "-c", _SPAWN_WITH_SIGINT_IGNORED], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    # without the guard the child inherits the ignore; with it, Python's KeyboardInterrupt
+    # handler; and the demo's own disposition is restored afterwards
+    assert out == ["False", "True", "True"]
+
+
 def test_a_port_in_use_stops_before_starting_anything(cli, tmp_path):
     cfg = _config(tmp_path)
     port = yaml.safe_load(cfg.read_text())["http_options"]["port"]

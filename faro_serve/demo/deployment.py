@@ -24,11 +24,34 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 AUTOSCALER_IMPORT = "faro_serve.serving.app:autoscaler_app"
+
+
+@contextmanager
+def sigint_not_ignored():
+    """Children spawned inside get SIGINT's default action, even if this process ignores it.
+
+    A shell's background job (``faro-serve demo &``, ``nohup``) starts with SIGINT ignored, and
+    an ignored signal stays ignored across exec: ``serve run`` would then sleep through the
+    SIGINT that asks it to delete the applications, and only the bounded SIGTERM would end it.
+    A handler, unlike an ignore, is reset to the default at exec, so one is held while spawning.
+    """
+    try:
+        ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        if ignored:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:  # not the main thread: signals cannot be changed here
+        ignored = False
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class DeploymentError(RuntimeError):
@@ -214,8 +237,9 @@ class LocalDeployment:
             f.write(("$ " + " ".join(cmd) + "\n").encode())
             f.flush()
             # own session: a Ctrl-C in the terminal reaches the demo only, which stops these
-            return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
+            with sigint_not_ignored():
+                return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
     def start(self, timeout_s: float = 120.0) -> None:
         """Start Ray (wait for its dashboard) and ``serve run``; returns once both run."""
