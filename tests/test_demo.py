@@ -233,22 +233,27 @@ def test_nothing_listening_at_url_is_a_clear_error(cli, tmp_path):
 
 
 _SPAWN_WITH_SIGINT_IGNORED = """
-import signal, subprocess, sys
-from faro_serve.demo.deployment import sigint_not_ignored
-probe = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"]
-signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a shell's background job
+import os, signal, subprocess, sys
+from pathlib import Path
+from faro_serve.demo.deployment import LocalDeployment
+os.environ["RAY_AUTH_MODE"] = "disabled"  # no token to generate for this probe
+code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+probe = [sys.executable, "-c", code]
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a script's background job (cmd &)
 plain = subprocess.run(probe, capture_output=True, text=True).stdout.strip()
-with sigint_not_ignored():
-    fixed = subprocess.run(probe, capture_output=True, text=True).stdout.strip()
-print(plain, fixed, signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+log = Path(sys.argv[1])
+LocalDeployment(None, log.parent)._spawn(probe, log).wait(timeout=30)
+spawned = log.read_text().splitlines()[-1].strip()
+print(plain, spawned, signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
 """
 
 
-def test_children_get_sigint_even_when_the_demo_runs_as_a_background_job():
-    """Started with ``&`` or nohup, the demo ignores SIGINT; ``serve run`` must not inherit it."""
-    out = subprocess.run([sys.executable, "-c", _SPAWN_WITH_SIGINT_IGNORED], capture_output=True,
-                         text=True, timeout=60, check=True).stdout.split()
-    # without the guard the child inherits the ignore; with it, Python's KeyboardInterrupt
+def test_children_get_sigint_even_when_the_demo_runs_as_a_background_job(tmp_path):
+    """A script's ``faro-serve demo &`` ignores SIGINT; the ``serve run`` it spawns must not."""
+    script = [sys.executable, "-c", _SPAWN_WITH_SIGINT_IGNORED, str(tmp_path / "child.log")]
+    out = subprocess.run(script, capture_output=True, text=True, timeout=60,
+                         check=True).stdout.split()
+    # a plain child inherits the ignore; the demo's spawn gives Python's KeyboardInterrupt
     # handler; and the demo's own disposition is restored afterwards
     assert out == ["False", "True", "True"]
 

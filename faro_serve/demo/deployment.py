@@ -36,8 +36,8 @@ AUTOSCALER_IMPORT = "faro_serve.serving.app:autoscaler_app"
 def sigint_not_ignored():
     """Children spawned inside get SIGINT's default action, even if this process ignores it.
 
-    A shell's background job (``faro-serve demo &``, ``nohup``) starts with SIGINT ignored, and
-    an ignored signal stays ignored across exec: ``serve run`` would then sleep through the
+    A background job of a non-interactive shell (``faro-serve demo &`` in a script) starts with
+    SIGINT ignored, and an ignored signal stays ignored across exec: ``serve run`` would then sleep through the
     SIGINT that asks it to delete the applications, and only the bounded SIGTERM would end it.
     A handler, unlike an ignore, is reset to the default at exec, so one is held while spawning.
     """
