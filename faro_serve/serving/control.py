@@ -1,0 +1,74 @@
+"""The control plane every model's front offers the autoscaler (paper section 5): what was
+measured (:meth:`FrontControl.metrics`), the drop rate, target and SLO percentile to
+enforce (:meth:`FrontControl.control`), and the Prometheus export through
+``ray.util.metrics``, published when the autoscaler reads (every tick) rather than per
+request, to keep the data path short.
+
+Both data paths use it: the router front (``front.py``) measures requests itself; on the
+direct path (``direct.py``) the proxy's router and the model replicas report to it.
+"""
+
+import time
+
+from ray.util import metrics as ray_metrics
+
+from .stats import RouterStats
+
+
+class FrontControl:
+    def _init_control(self, name: str, percentile: float) -> None:
+        self.name = name
+        self.percentile = percentile
+        self.stats = RouterStats(start=time.time())
+        self.drop_rate = 0.0
+        self.replicas = 1
+        tags = ("model",)
+        self._requests = ray_metrics.Counter("faro_requests", "requests by outcome",
+                                             tag_keys=("model", "outcome"))
+        self._latency = ray_metrics.Gauge("faro_latency_ms", "SLO-percentile end-to-end latency "
+                                          "over the last 30 s (ms)", tag_keys=tags)
+        self._queue = ray_metrics.Gauge("faro_queue_length", "requests waiting", tag_keys=tags)
+        self._drop = ray_metrics.Gauge("faro_drop_rate", "drop rate in force", tag_keys=tags)
+        self._published: dict[str, int] = {}
+
+    def _queue_state(self) -> dict:
+        """The data path's queue: ``waiting``, ``dispatched``, ``dispatch_capacity``."""
+        raise NotImplementedError
+
+    def metrics(self, reset_mean: bool = True) -> dict:
+        """The autoscaler's read, once per tick: the in-flight average restarts with it."""
+        snap = self.stats.snapshot(time.time(), self.percentile, self.replicas, reset_mean)
+        snap.update(model=self.name, drop_rate=self.drop_rate, replicas=self.replicas,
+                    percentile=self.percentile, **self._queue_state())
+        self._publish(snap)
+        return snap
+
+    def _publish(self, snap: dict) -> None:
+        """Prometheus: request counters as deltas since the last read, plus gauges."""
+        tags = {"model": self.name}
+        counts = {"arrival": snap["arrivals_total"], "completed": snap["completed_total"],
+                  **{f"dropped_{k}": v for k, v in snap["dropped"].items()}}
+        for outcome, total in counts.items():
+            delta = total - self._published.get(outcome, 0)
+            if delta > 0:
+                self._requests.inc(delta, tags={**tags, "outcome": outcome})
+            self._published[outcome] = total
+        self._queue.set(snap["queue_length"], tags=tags)
+        if snap["latency_ms"] is not None:
+            self._latency.set(snap["latency_ms"], tags=tags)
+
+    def control(self, drop_rate: float | None = None, replicas: int | None = None,
+                percentile: float | None = None, reset_stats: bool = False) -> dict:
+        """Set what the autoscaler decided; ``reset_stats`` starts the measurements afresh
+        (minute bins from now), as matched validation does to align them with a replay."""
+        if reset_stats:
+            self.stats = RouterStats(start=time.time())
+            self._published = {}
+        if drop_rate is not None:
+            self.drop_rate = min(max(float(drop_rate), 0.0), 1.0)
+            self._drop.set(self.drop_rate, tags={"model": self.name})
+        if replicas is not None:
+            self.replicas = max(0, int(replicas))
+        if percentile is not None:
+            self.percentile = float(percentile)
+        return {"drop_rate": self.drop_rate, "replicas": self.replicas}

@@ -1,0 +1,40 @@
+"""The request body of ``POST <route_prefix>/predict`` and the JSON refusals, shared by
+both data paths (the router front and the direct path): 413 past the size limit, 400 for
+a JSON body that is not ``{"image": base64}``, 503 with the reason of a drop."""
+
+import base64
+import binascii
+import json
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+
+def reject(status: int, model: str, reason: str, detail: str) -> JSONResponse:
+    return JSONResponse({"error": detail, "reason": reason, "model": model}, status_code=status)
+
+
+def drop_rate_refusal(model: str, drop_rate: float) -> JSONResponse:
+    return reject(503, model, "drop_rate", f"dropped by the autoscaler (drop rate {drop_rate:.3f})")
+
+
+async def read_payload(request: Request, model: str, max_body_bytes: int) -> bytes | JSONResponse:
+    """The model's input bytes, or the refusal to answer with."""
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > max_body_bytes:
+        return reject(413, model, "too_large", f"body of {length} bytes exceeds the "
+                      f"limit of {max_body_bytes} bytes")
+    body = await request.body()
+    if len(body) > max_body_bytes:
+        return reject(413, model, "too_large", f"body exceeds {max_body_bytes} bytes")
+    if request.headers.get("content-type", "").startswith("application/json"):
+        try:
+            doc = json.loads(body or b"{}")
+            data = doc.get("image", "") if isinstance(doc, dict) else None
+            if not isinstance(data, str):
+                raise ValueError
+            return base64.b64decode(data, validate=True)
+        except (ValueError, binascii.Error, UnicodeDecodeError):
+            return reject(400, model, "bad_request",
+                          'JSON bodies must be {"image": "<base64 of JPEG/PNG bytes>"}')
+    return body
