@@ -3,7 +3,9 @@
 ``serve_config.yaml`` names these builders as ``import_path``:
 
 * ``faro_serve.serving.app:model_app`` for each model: a router front (``Front``, the
-  ingress) and the model deployment (``Model``), scaled by the external scaling API;
+  ingress) and the model deployment (``Model``), scaled by the external scaling API; with
+  ``data_path: direct`` the model deployment is the ingress, its queue is kept in Ray
+  Serve's proxy, and ``Front`` is the front's control plane alone (``direct.py``);
 * ``faro_serve.serving.app:autoscaler_app`` once: the autoscaler (``FaroAutoscaler``).
 
 :func:`deploy` does the same from Python.
@@ -17,7 +19,9 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from ..config import ClusterSpec, ModelSLO
+from .direct import DirectModel, Meter
 from .front import Front
+from .proxy_queue import ProxyQueueRouter
 from .routing import IdleFirstRouter
 from .schema import ModelAppArgs, parse_autoscaler_config, parse_model_args
 
@@ -36,6 +40,8 @@ ROUTER = RequestRouterConfig(initial_backoff_s=0.001, backoff_multiplier=1.5, ma
 MODEL_ROUTER = RequestRouterConfig(request_router_class=IdleFirstRouter, initial_backoff_s=0.001,
                                    backoff_multiplier=1.5, max_backoff_s=0.01)
 MODEL_SLOTS = 2
+# The direct path: the queue waits for completions in the proxy's router, no backoff.
+DIRECT_ROUTER = RequestRouterConfig(request_router_class=ProxyQueueRouter)
 
 # The front runs Ray Serve's documented throughput-optimized mode: its handle to the model
 # speaks gRPC, its code and its router run on the replica's own event loop. Direct ingress,
@@ -44,30 +50,45 @@ FRONT_ACTOR = {"num_cpus": 0, "runtime_env": {"env_vars": {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}}}
 
 
-def model_deployment(args: dict | ModelAppArgs):
-    """The model deployment of one model application (bound, not yet run)."""
-    spec = (args if isinstance(args, ModelAppArgs)
-            else parse_model_args(args, "model application args"))
+def _model_class(spec: ModelAppArgs) -> tuple[type, dict]:
     if spec.model.kind == "synthetic":
         from deployments.synthetic import SyntheticModel
 
-        cls, kwargs = SyntheticModel, {"processing": spec.model.processing, "seed": spec.model.seed}
-    else:
-        from deployments.vision import ImageClassifier
+        return SyntheticModel, {"processing": spec.model.processing, "seed": spec.model.seed}
+    from deployments.vision import ImageClassifier
 
-        cls = ImageClassifier
-        kwargs = {"arch": spec.model.arch, "checkpoint": spec.model.checkpoint,
-                  "top_k": spec.model.top_k, "image_size": spec.model.image_size,
-                  "threads": spec.model.threads}
+    return ImageClassifier, {"arch": spec.model.arch, "checkpoint": spec.model.checkpoint,
+                             "top_k": spec.model.top_k, "image_size": spec.model.image_size,
+                             "threads": spec.model.threads}
+
+
+def model_deployment(args: dict | ModelAppArgs):
+    """The model deployment of one model application on the front path (bound, not yet run)."""
+    spec = (args if isinstance(args, ModelAppArgs)
+            else parse_model_args(args, "model application args"))
+    cls, kwargs = _model_class(spec)
     dep = serve.deployment(cls, name=MODEL, num_replicas=spec.initial_replicas,
                            max_ongoing_requests=MODEL_SLOTS, max_queued_requests=spec.queue_limit,
                            request_router_config=MODEL_ROUTER, ray_actor_options={"num_cpus": spec.cpus})
     return dep.bind(**kwargs)
 
 
+def direct_model_app(spec: ModelAppArgs):
+    """The direct path: the model replicas serve HTTP, the proxy's router keeps the queue."""
+    cls, kwargs = _model_class(spec)
+    meter = Meter.options(name=FRONT).bind(spec.name)
+    dep = serve.deployment(DirectModel, name=MODEL, num_replicas=spec.initial_replicas,
+                           max_ongoing_requests=MODEL_SLOTS, max_queued_requests=spec.queue_limit,
+                           request_router_config=DIRECT_ROUTER,
+                           ray_actor_options={"num_cpus": spec.cpus})
+    return dep.bind(meter, spec.name, cls, kwargs, spec.max_body_kb * 1024)
+
+
 def model_app(args: dict):
     """Builder of one model's application (``args``: :class:`ModelAppArgs`)."""
     spec = parse_model_args(args, "model application args")
+    if spec.data_path == "direct":
+        return direct_model_app(spec)
     front = Front.options(name=FRONT, ray_actor_options=FRONT_ACTOR)
     return front.bind(model_deployment(spec), spec.name, spec.max_body_kb * 1024,
                       queue_limit=spec.queue_limit)

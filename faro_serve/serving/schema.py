@@ -56,6 +56,10 @@ class ModelAppArgs(BaseModel):
     initial_replicas: int = Field(1, ge=1)
     queue_limit: int = Field(50, ge=1, description="requests queued at the router before 503")
     max_body_kb: int = Field(8192, ge=1, description="larger request bodies get 413")
+    data_path: Literal["front", "direct"] = Field(
+        "front", description="front: requests pass the router front (the validated default); "
+        "direct: the model replicas are the ingress and the queue is kept in Ray Serve's proxy, "
+        "one hop less (docs/serving.md)")
 
 
 class AutoscalerConfig(FaroConfig):

@@ -9,7 +9,10 @@ time and end-to-end latency continually. :class:`RouterStats` keeps exactly that
   window (default 30 s, the reactive look-back), with percentiles on demand;
 * drops by reason, in-flight requests.
 
-Times come from the caller (``now`` in seconds), so tests drive it with a fake clock.
+Times come from the caller (``now`` in seconds), so tests drive it with a fake clock. An
+arrival may come late with its own time (the direct data path reports events in batches
+from the proxy's router): it still lands in its own second and, if that closed minute is
+still in the history, in its own minute.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ class RouterStats:
         self._minute = 0  # index of the current (open) minute since start
         self._minute_count = 0
         self.minutes: deque[int] = deque(maxlen=history_minutes)  # completed minutes
-        self._second_ring: deque[tuple[int, int]] = deque()  # (second index, arrivals)
+        self._seconds: dict[int, int] = {}  # second index -> arrivals, the last 60 s
         self._done: deque[tuple[float, float, float]] = deque()  # (t, latency s, processing s)
+        self._proc: deque[tuple[float, float]] = deque()  # (t, processing s) reported alone
         self.in_flight = 0
         self._area = 0.0  # integral of in_flight over time since the last reset
         self._area_t = start  # time of the last in_flight change
@@ -48,19 +52,26 @@ class RouterStats:
         horizon = now - self.window_s
         while self._done and self._done[0][0] < horizon:
             self._done.popleft()
+        while self._proc and self._proc[0][0] < horizon:
+            self._proc.popleft()
         sec = int(now - self.start)
-        while self._second_ring and self._second_ring[0][0] <= sec - 60:
-            self._second_ring.popleft()
+        if self._seconds and min(self._seconds) <= sec - 60:
+            self._seconds = {s: c for s, c in self._seconds.items() if s > sec - 60}
 
-    def arrival(self, now: float) -> None:
+    def arrival(self, now: float, at: float | None = None) -> None:
+        """One arrival at ``at`` (default ``now``), recorded at time ``now``."""
         self._roll(now)
-        self._minute_count += 1
+        at = now if at is None else min(at, now)
         self.arrivals_total += 1
-        sec = int(now - self.start)
-        if self._second_ring and self._second_ring[-1][0] == sec:
-            self._second_ring[-1] = (sec, self._second_ring[-1][1] + 1)
-        else:
-            self._second_ring.append((sec, 1))
+        m = int((at - self.start) // 60)
+        back = self._minute - m  # 0: the open minute; k: the k-th closed minute back
+        if back <= 0:
+            self._minute_count += 1
+        elif back <= len(self.minutes):
+            self.minutes[-back] += 1
+        sec = int(at - self.start)
+        if sec > int(now - self.start) - 60:
+            self._seconds[sec] = self._seconds.get(sec, 0) + 1
 
     def _integrate(self, now: float) -> None:
         if now > self._area_t:
@@ -90,6 +101,11 @@ class RouterStats:
         self.completed_total += 1
         self._done.append((now, latency_s, math.nan if processing_s is None else processing_s))
 
+    def processed(self, now: float, processing_s: float) -> None:
+        """A replica's processing time reported apart from the request's latency."""
+        self._roll(now)
+        self._proc.append((now, processing_s))
+
     def drop(self, now: float, reason: str) -> None:
         self._roll(now)
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
@@ -99,14 +115,13 @@ class RouterStats:
         """Requests/s over the last ``over_s`` whole seconds."""
         self._roll(now)
         sec = int(now - self.start)
-        n = sum(c for s, c in self._second_ring if sec - over_s <= s < sec)
+        n = sum(c for s, c in self._seconds.items() if sec - over_s <= s < sec)
         return n / over_s
 
     def per_second(self, now: float, seconds: int = 60) -> list[int]:
         self._roll(now)
         sec = int(now - self.start)
-        counts = dict(self._second_ring)
-        return [counts.get(s, 0) for s in range(sec - seconds, sec)]
+        return [self._seconds.get(s, 0) for s in range(sec - seconds, sec)]
 
     def latency_percentile(self, now: float, q: float) -> float | None:
         """``q``-th percentile (0-100) of end-to-end latency in the window, seconds."""
@@ -117,7 +132,7 @@ class RouterStats:
 
     def processing(self, now: float) -> dict:
         self._roll(now)
-        vals = np.array([d[2] for d in self._done], float)
+        vals = np.array([d[2] for d in self._done] + [p for _, p in self._proc], float)
         vals = vals[np.isfinite(vals)]
         if vals.size == 0:
             return {"mean_ms": None, "p50_ms": None, "p99_ms": None, "n": 0}

@@ -1,0 +1,157 @@
+"""The model's queue kept in Ray Serve's proxy: the direct data path (paper section 5).
+
+On the direct path the model deployment is the HTTP ingress, so a request makes one hop,
+proxy -> replica, as on plain Ray Serve. :class:`ProxyQueueRouter`, a public
+``ray.serve.request_router`` extension that Ray runs inside the proxy, keeps the paper's
+FIFO queue there: a request goes to a replica only when that replica has nothing in
+flight. A routing call that finds no free replica waits for a completion instead of
+sleeping in Ray's retry backoff, so a freed replica gets the next request as soon as the
+proxy learns of the answer. Ray's ``max_queued_requests`` bounds the queue (tail-drop).
+
+The router also measures what only the proxy sees: when each request arrived (Ray's
+``created_at``) and when its answer left, i.e. the end-to-end latency. It reports these
+events about once a second to the model's front control plane (``direct.Meter``), where
+the replicas report processing times and drops. It reports from a thread of its own: a
+handle call made on the router's event loop would wait for that same loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections import deque
+
+from ray import serve
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+log = logging.getLogger("faro_serve.serving")
+METER = "Front"  # the deployment, in the model's application, that the router reports to
+REPORT_S = 1.0
+MAX_EVENTS = 100_000  # kept while the meter cannot be reached; past that the oldest go
+
+
+class ProxyQueueRouter(RequestRouter):
+    """One request in flight per replica, the others queued FIFO in the proxy.
+
+    In flight is counted from the choice to Ray's completion report, by request id (the
+    acceptance report comes with the answer on some data planes, too late to count from).
+    """
+
+    def initialize_state(self, **kwargs):
+        self._load: dict = {}  # replica id -> requests in flight
+        self._given: dict[str, tuple] = {}  # internal request id -> (replica id, request)
+        self._arrived: dict[str, float] = {}  # request id -> arrival time, until answered
+        self._waiters: list[asyncio.Future] = []  # routing calls waiting for a free replica
+        self.events: deque[tuple] = deque(maxlen=MAX_EVENTS)  # ("a", arrived), ("f", t, latency s)
+        self._dispatched = 0  # requests in flight at replicas (read by the reporting thread)
+        self._reporter: threading.Thread | None = None
+
+    # -- routing -------------------------------------------------------------------------
+    def update_replicas(self, replicas: list[RunningReplica]):
+        super().update_replicas(replicas)
+        alive = {r.replica_id for r in replicas}
+        self._load = {rid: n for rid, n in self._load.items() if rid in alive}
+        self._given = {req: g for req, g in self._given.items() if g[0] in alive}
+        self._wake(all_=True)  # new replicas: every waiting call looks again
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None
+                              ) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        self._start_reporting()
+        if pending_request is None or pending_request.future.done():
+            return [candidate_replicas]  # nothing to count: Ray moves on
+        req = pending_request.metadata.internal_request_id
+        self._forget(req)  # asked again: the last choice was refused or not taken
+        if req not in self._arrived:
+            self._arrived[req] = pending_request.created_at
+            self._event(("a", pending_request.created_at))
+        free = [r for r in candidate_replicas if not self._load.get(r.replica_id)]
+        if not free:
+            await self._wait_for_a_free_replica()
+            return []  # Ray asks again at once, with the replicas as they are now
+        best = random.choice(free)
+        self._given[req] = (best.replica_id, pending_request)
+        self._load[best.replica_id] = self._load.get(best.replica_id, 0) + 1
+        self._dispatched += 1
+        return [[best]]
+
+    async def _wait_for_a_free_replica(self, timeout_s: float = 0.1) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await asyncio.wait([fut], timeout=timeout_s)
+        finally:
+            if fut in self._waiters:
+                self._waiters.remove(fut)
+
+    def _wake(self, all_: bool = False) -> None:
+        while self._waiters:
+            fut = self._waiters.pop(0)
+            if not fut.done():
+                fut.set_result(None)
+                if not all_:
+                    return
+
+    def on_request_completed(self, replica_id, internal_request_id):
+        given = self._given.get(internal_request_id)
+        if given is None or given[0] != replica_id:  # a refused earlier attempt
+            return
+        self._forget(internal_request_id)
+        arrived = self._arrived.pop(internal_request_id, None)
+        if arrived is not None:
+            now = time.time()
+            self._event(("f", now, now - arrived))
+        self._wake()
+
+    def in_flight(self) -> dict:
+        """Requests in flight by replica id, as this router counts them."""
+        return dict(self._load)
+
+    def _forget(self, req: str) -> None:
+        given = self._given.pop(req, None)
+        if given is not None:
+            self._dispatched -= 1
+            n = self._load.get(given[0], 0) - 1
+            if n > 0:
+                self._load[given[0]] = n
+            else:
+                self._load.pop(given[0], None)
+
+    # -- reporting -----------------------------------------------------------------------
+    def _event(self, ev: tuple) -> None:
+        self.events.append(ev)  # a deque: safe against the reporting thread's popleft
+
+    def report(self) -> dict:
+        """What the router sends the meter: the events since the last report and its queue."""
+        events = [self.events.popleft() for _ in range(len(self.events))]
+        dispatched = self._dispatched
+        return {"events": events, "waiting": max(0, len(self._arrived) - dispatched),
+                "dispatched": dispatched, "replicas": len(self._replicas)}
+
+    def _start_reporting(self) -> None:
+        if self._reporter is None:
+            self._reporter = threading.Thread(target=self._report_loop, daemon=True,
+                                              name=f"faro-report-{self.app_name}")
+            self._reporter.start()
+
+    def _report_loop(self) -> None:
+        meter, source, warned = None, f"router-{id(self):x}", False
+        while True:
+            time.sleep(REPORT_S)
+            batch = self.report()
+            try:
+                if meter is None:
+                    meter = serve.get_deployment_handle(METER, app_name=self.app_name)
+                meter.ingest.remote(source, batch).result(timeout_s=10)
+                warned = False
+            except Exception as err:  # the meter restarts: keep the events for the next try
+                self.events.extendleft(reversed(batch["events"]))
+                meter = None
+                if not warned:
+                    log.warning("cannot report to the meter of %s: %s", self.app_name, err)
+                    warned = True

@@ -1,0 +1,104 @@
+"""The direct data path's parts without Ray running: the proxy queue's router (the real
+class, driven as Ray's router drives it), the meter's merge of reports, and late arrivals
+in the router statistics."""
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+from ray.serve.request_router import PendingRequest
+
+from faro_serve.serving.direct import Meter
+from faro_serve.serving.proxy_queue import ProxyQueueRouter
+from faro_serve.serving.stats import RouterStats
+
+
+def _router():
+    router = ProxyQueueRouter(deployment_id=SimpleNamespace(app_name="m", name="Model"),
+                              handle_source=SimpleNamespace(value="test"))
+    router.initialize_state()
+    router._start_reporting = lambda: None  # no meter here: report() is read directly
+    return router, [SimpleNamespace(replica_id=k) for k in "ab"]
+
+
+def _request(k, created_at=100.0):
+    return PendingRequest(args=[], kwargs={}, metadata=SimpleNamespace(internal_request_id=k),
+                          created_at=created_at)
+
+
+def test_proxy_queue_holds_a_request_until_a_replica_is_free():
+    async def run():
+        router, reps = _router()
+        first = [(await router.choose_replicas(reps, _request(k)))[0][0].replica_id for k in ("r0", "r1")]
+        assert sorted(first) == ["a", "b"]
+        waiting = asyncio.create_task(router.choose_replicas(reps, _request("r2")))
+        await asyncio.sleep(0.02)
+        assert not waiting.done()  # both replicas busy: the call waits, it does not spin
+        router.on_request_completed(first[1], "r1")
+        assert await asyncio.wait_for(waiting, 1) == []  # woken: Ray asks again at once
+        again = await router.choose_replicas(reps, _request("r2"))
+        assert again[0][0].replica_id == first[1]
+        assert router.in_flight() == {"a": 1, "b": 1}
+        rep = router.report()
+        # three arrivals (r2 counted once though chosen twice), one answer
+        assert [e[0] for e in rep["events"]] == ["a", "a", "a", "f"]
+        assert rep["dispatched"] == 2 and rep["waiting"] == 0
+        assert router.report()["events"] == []
+
+    asyncio.run(run())
+
+
+def test_proxy_queue_times_out_to_see_new_replicas_and_counts_waiting():
+    async def run():
+        router, reps = _router()
+        await router.choose_replicas(reps[:1], _request("r0"))
+        t0 = asyncio.get_running_loop().time()
+        assert await router.choose_replicas(reps[:1], _request("r1")) == []
+        assert asyncio.get_running_loop().time() - t0 >= 0.09  # waited, then asked afresh
+        assert router.report()["waiting"] == 1
+        # replica b arrives: r1 goes there
+        assert (await router.choose_replicas(reps, _request("r1")))[0][0].replica_id == "b"
+
+    asyncio.run(run())
+
+
+def test_proxy_queue_latency_is_from_rays_arrival_time():
+    async def run():
+        router, reps = _router()
+        created = time.time() - 0.5
+        chosen = (await router.choose_replicas(reps, _request("r0", created)))[0][0]
+        router.on_request_completed(chosen.replica_id, "r0")
+        ev = router.report()["events"]
+        assert ev[0] == ("a", created) and ev[1][0] == "f" and ev[1][2] == pytest.approx(0.5, abs=0.1)
+
+    asyncio.run(run())
+
+
+def test_router_stats_put_a_late_arrival_in_its_own_minute_and_second():
+    st = RouterStats(start=0.0)
+    for t in (10.0, 50.0, 70.0):
+        st.arrival(t)
+    st.arrival(75.0, at=55.0)  # reported 20 s late: minute 0, already closed
+    st.arrival(75.0, at=74.0)
+    assert list(st.minutes) == [3] and st._minute_count == 2
+    assert st.per_second(76.0, 3) == [0, 1, 0] and st.arrival_rate(76.0, 10) == pytest.approx(0.2)
+    st.processed(75.0, 0.1)
+    assert st.processing(76.0)["n"] == 1
+
+
+def test_meter_merges_router_and_replica_reports():
+    m = Meter.func_or_class("m")
+    now = time.time()
+    m.ingest("router-1", {"events": [("f", now - 0.1, 0.3), ("a", now - 0.4), ("a", now - 0.2)],
+                          "waiting": 1, "dispatched": 1, "replicas": 2})
+    ans = m.ingest("replica-x", {"events": [("p", now - 0.1, 0.15), ("d", now, "drop_rate")]})
+    assert ans == {"drop_rate": 0.0}
+    m.control(drop_rate=0.25)
+    assert m.ingest("replica-x", {"events": []}) == {"drop_rate": 0.25}
+    snap = m.metrics(reset_mean=False)
+    assert snap["arrivals_total"] == 2 and snap["completed_total"] == 1
+    assert snap["dropped"] == {"drop_rate": 1} and snap["latency_ms"] == pytest.approx(300)
+    assert snap["processing"]["mean_ms"] == pytest.approx(150)
+    assert (snap["waiting"], snap["dispatched"], snap["dispatch_capacity"]) == (1, 1, 2)
+    assert snap["in_flight"] == 1  # two arrived, one answered

@@ -1,0 +1,201 @@
+"""The direct data path (``data_path: direct``) on a real local Ray cluster: the model
+replicas are the HTTP ingress, the queue is kept in Ray Serve's proxy by
+``ProxyQueueRouter``, and the meter gathers what the router and the replicas report.
+
+One Ray cluster serves the module; all traffic goes to loopback, bounded in count and time.
+"""
+
+import asyncio
+import socket
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import ray
+from ray import serve
+from ray.util.state import list_actors
+
+from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.serving.app import deploy
+
+pytestmark = pytest.mark.slow
+
+CAPACITY = 1.5  # CPUs; 0.25 per replica -> 6 replicas
+SLOS = [
+    (ModelSLO(name="dir-a", slo_ms=720, processing_ms=154, cpus=0.25, max_replicas=4),
+     {"model": {"kind": "synthetic"}, "initial_replicas": 3, "data_path": "direct"}),
+    (ModelSLO(name="dir-b", slo_ms=200, processing_ms=20, cpus=0.25, max_replicas=2),
+     {"model": {"kind": "synthetic", "processing": "const:0.02"}, "max_body_kb": 64,
+      "queue_limit": 20, "data_path": "direct"}),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def live():
+    dash, http = free_port(), free_port()
+    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
+             dashboard_port=dash, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": http})
+    cluster = ClusterSpec(cpus=CAPACITY, objective="fair_sum", long_term_interval_s=600,
+                          window_s=120, cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
+    # the autoscaler watches and reports only, so the replica counts stay as deployed
+    deploy(SLOS, cluster, dashboard_url=f"http://127.0.0.1:{dash}", enabled=False)
+    base = f"http://127.0.0.1:{http}"
+    client = httpx.Client(base_url=base, timeout=60)
+    yield {"base": base, "client": client, "dashboard": f"http://127.0.0.1:{dash}"}
+    client.close()
+    serve.shutdown()
+    ray.shutdown()
+
+
+def meter(model: str) -> dict:
+    return serve.get_deployment_handle("Front", app_name=model).metrics.remote(
+        reset_mean=False).result(timeout_s=30)
+
+
+def wait_for(cond, timeout: float, every: float = 0.5):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(every)
+    return cond()
+
+
+def running(model: str) -> int:
+    return serve.status().applications[model].deployments["Model"].replica_states.get("RUNNING", 0)
+
+
+async def _fire(base: str, path: str, n: int, concurrency: int, rate: float | None = None):
+    """``n`` requests, at most ``concurrency`` in flight: (status, seconds, reason)."""
+    out, sem = [], asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=base, timeout=120,
+                                 limits=httpx.Limits(max_connections=concurrency + 10)) as c:
+        async def one():
+            async with sem:
+                t0 = time.time()
+                try:
+                    r = await c.post(path, content=b"x")
+                    reason = None
+                    if r.status_code != 200:
+                        ctype = r.headers.get("content-type", "")
+                        reason = r.json().get("reason") if ctype.startswith("application/json") else "ray"
+                    out.append((r.status_code, time.time() - t0, reason))
+                except Exception as err:  # a lost request: the tests below forbid these
+                    out.append((type(err).__name__, time.time() - t0, None))
+        tasks = []
+        for _ in range(n):
+            tasks.append(asyncio.create_task(one()))
+            if rate:
+                await asyncio.sleep(np.random.exponential(1 / rate))
+        await asyncio.gather(*tasks)
+    return out
+
+
+def fire(base, path, n, concurrency, rate=None):
+    return asyncio.run(_fire(base, path, n, concurrency, rate))
+
+
+def test_direct_models_answer_and_refuse_bad_bodies(live):
+    c = live["client"]
+    assert c.post("/dir-a/predict", content=b"").status_code == 200
+    r = c.post("/dir-b/predict", json={"image": "not base64!"})
+    assert r.status_code == 400 and r.json()["reason"] == "bad_request"
+    r = c.post("/dir-b/predict", content=b"x" * (70 * 1024))
+    assert r.status_code == 413 and r.json()["reason"] == "too_large"
+    assert c.post("/nope/predict", content=b"x").status_code == 404
+    assert "/predict" in c.get("/dir-a/openapi.json").json()["paths"]
+    assert c.post("/dir-b/predict", content=b"x").status_code == 200  # still serving
+
+
+def test_the_meter_counts_what_the_router_and_replicas_report(live):
+    time.sleep(2.5)  # earlier requests reported (once a second)
+    before = meter("dir-b")
+    res = fire(live["base"], "/dir-b/predict", 60, 4)
+    assert [r[0] for r in res] == [200] * 60
+    def reported(m):  # the router and the replica report on their own clocks
+        return (m["arrivals_total"] - before["arrivals_total"] >= 60
+                and m["completed_total"] - before["completed_total"] >= 60
+                and m["processing"]["n"] >= 60)
+
+    after = wait_for(lambda: (lambda m: m if reported(m) else None)(meter("dir-b")), 15)
+    assert after, meter("dir-b")
+    assert after["arrivals_total"] - before["arrivals_total"] == 60
+    assert after["completed_total"] - before["completed_total"] == 60
+    assert after["processing"]["n"] >= 60 and 15 <= after["processing"]["p50_ms"] <= 60
+    # end-to-end latency is measured in the proxy: at least the processing time
+    assert after["latency_p50_ms"] >= after["processing"]["p50_ms"]
+    assert after["dispatch_capacity"] == 1 and after["waiting"] == 0
+    # the autoscaler reads the meter as it reads a front
+    st = wait_for(lambda: (lambda s: s if (s["models"].get("dir-b") or {}).get("latency_ms")
+                           else None)(live["client"].get("/faro/status").json()), 30)
+    assert st and st["models"]["dir-b"]["processing_ms"] >= 15
+
+
+def test_direct_drop_rate_half_gives_half_503s(live):
+    front = serve.get_deployment_handle("Front", app_name="dir-b")
+    front.control.remote(drop_rate=0.5).result(timeout_s=30)
+    time.sleep(2.5)  # the replicas learn it with their next report
+    res = fire(live["base"], "/dir-b/predict", 400, 8)
+    codes = [r[0] for r in res]
+    assert len(res) == 400 and set(codes) <= {200, 503}
+    share = codes.count(503) / 400
+    assert 0.4 <= share <= 0.6, share
+    assert {r[2] for r in res if r[0] == 503} == {"drop_rate"}
+    front.control.remote(drop_rate=0.0).result(timeout_s=30)
+    time.sleep(2.5)
+    assert meter("dir-b")["dropped"]["drop_rate"] == codes.count(503)
+
+
+def test_direct_flood_beyond_the_queue_gets_quick_503s_and_every_request_an_answer(live):
+    res = fire(live["base"], "/dir-b/predict", 300, 300)
+    codes = [r[0] for r in res]
+    assert codes.count(200) + codes.count(503) == 300, sorted(set(map(str, codes)))
+    assert codes.count(503) > 0 and {r[2] for r in res if r[0] == 503} == {"ray"}
+    served = sorted(r[1] for r in res if r[0] == 200)
+    rejected = sorted(r[1] for r in res if r[0] == 503)
+    assert np.median(rejected) < np.median(served)
+
+
+def test_the_proxy_queue_sends_each_request_to_a_free_replica(live):
+    """As many requests at once as dir-a has replicas, five rounds: none waits on its
+    replica behind another (the replica reports that wait, which would be a whole
+    processing time, over 80 ms for this distribution)."""
+    n = running("dir-a")
+    assert n == 3
+
+    async def round_():
+        async with httpx.AsyncClient(base_url=live["base"], timeout=60) as c:
+            async def one():
+                return (await c.post("/dir-a/predict", content=b"")).json()["waited_ms"]
+            return await asyncio.gather(*(one() for _ in range(n)))
+
+    waits = [w for _ in range(5) for w in asyncio.run(round_())]
+    assert len(waits) == 5 * n and max(waits) < 20, waits
+
+
+def test_direct_path_recovers_from_a_killed_replica(live):
+    results = []
+    load = threading.Thread(target=lambda: results.extend(
+        fire(live["base"], "/dir-a/predict", 150, 40, 5.0)), daemon=True)
+    load.start()
+    time.sleep(5)
+    victim = next(a for a in list_actors(address=live["dashboard"], filters=[("state", "=", "ALIVE")])
+                  if a.class_name == "ServeReplica:dir-a:Model")
+    ray.kill(ray.get_actor(victim.name, namespace="serve"), no_restart=True)
+    load.join(timeout=180)
+    codes = [r[0] for r in results]
+    # every request is answered; one in flight on the killed replica may get Ray's 500
+    assert len(results) == 150 and set(codes) <= {200, 500, 503}, sorted(set(map(str, codes)))
+    assert codes.count(200) >= 140
+    assert wait_for(lambda: running("dir-a") == 3, 60)
+    assert live["client"].post("/dir-a/predict", content=b"").status_code == 200
