@@ -63,6 +63,24 @@ def test_proxy_queue_times_out_to_see_new_replicas_and_counts_waiting():
     asyncio.run(run())
 
 
+def test_proxy_queue_forgets_requests_ray_gave_up_on():
+    async def run():
+        router, reps = _router()
+        await router.choose_replicas(reps[:1], _request("r0"))  # dispatched to a
+        assert await router.choose_replicas(reps[:1], _request("r1")) == []  # queued
+        assert router.report()["waiting"] == 1
+        router.prune(stale_s=60)
+        assert router.report()["waiting"] == 1  # asked about recently: still queued
+        await asyncio.sleep(0.05)
+        router.prune(stale_s=0.01)  # r1's client went away: Ray stops asking about it
+        rep = router.report()
+        assert rep["waiting"] == 0 and rep["dispatched"] == 1  # r0 is in flight, kept
+        router.update_replicas([reps[1]])  # a died with r0 on it
+        assert router.report()["dispatched"] == 0
+
+    asyncio.run(run())
+
+
 def test_proxy_queue_latency_is_from_rays_arrival_time():
     async def run():
         router, reps = _router()

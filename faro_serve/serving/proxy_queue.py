@@ -31,6 +31,7 @@ log = logging.getLogger("faro_serve.serving")
 METER = "Front"  # the deployment, in the model's application, that the router reports to
 REPORT_S = 1.0
 MAX_EVENTS = 100_000  # kept while the meter cannot be reached; past that the oldest go
+STALE_S = 5.0  # a queued request not asked about for this long was given up (cancelled, failed)
 
 
 class ProxyQueueRouter(RequestRouter):
@@ -43,11 +44,11 @@ class ProxyQueueRouter(RequestRouter):
     def initialize_state(self, **kwargs):
         self._load: dict = {}  # replica id -> requests in flight
         self._given: dict[str, tuple] = {}  # internal request id -> (replica id, request)
-        self._arrived: dict[str, float] = {}  # request id -> arrival time, until answered
+        self._arrived: dict[str, list] = {}  # request id -> [arrival time, last asked], until answered
         self._waiters: list[asyncio.Future] = []  # routing calls waiting for a free replica
         self.events: deque[tuple] = deque(maxlen=MAX_EVENTS)  # ("a", arrived), ("f", t, latency s)
-        self._dispatched = 0  # requests in flight at replicas (read by the reporting thread)
         self._reporter: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- routing -------------------------------------------------------------------------
     def update_replicas(self, replicas: list[RunningReplica]):
@@ -67,8 +68,10 @@ class ProxyQueueRouter(RequestRouter):
             return [candidate_replicas]  # nothing to count: Ray moves on
         req = pending_request.metadata.internal_request_id
         self._forget(req)  # asked again: the last choice was refused or not taken
-        if req not in self._arrived:
-            self._arrived[req] = pending_request.created_at
+        if req in self._arrived:
+            self._arrived[req][1] = time.monotonic()
+        else:
+            self._arrived[req] = [pending_request.created_at, time.monotonic()]
             self._event(("a", pending_request.created_at))
         free = [r for r in candidate_replicas if not self._load.get(r.replica_id)]
         if not free:
@@ -77,7 +80,6 @@ class ProxyQueueRouter(RequestRouter):
         best = random.choice(free)
         self._given[req] = (best.replica_id, pending_request)
         self._load[best.replica_id] = self._load.get(best.replica_id, 0) + 1
-        self._dispatched += 1
         return [[best]]
 
     async def _wait_for_a_free_replica(self, timeout_s: float = 0.1) -> None:
@@ -105,7 +107,7 @@ class ProxyQueueRouter(RequestRouter):
         arrived = self._arrived.pop(internal_request_id, None)
         if arrived is not None:
             now = time.time()
-            self._event(("f", now, now - arrived))
+            self._event(("f", now, now - arrived[0]))
         self._wake()
 
     def in_flight(self) -> dict:
@@ -115,12 +117,20 @@ class ProxyQueueRouter(RequestRouter):
     def _forget(self, req: str) -> None:
         given = self._given.pop(req, None)
         if given is not None:
-            self._dispatched -= 1
             n = self._load.get(given[0], 0) - 1
             if n > 0:
                 self._load[given[0]] = n
             else:
                 self._load.pop(given[0], None)
+
+    def prune(self, stale_s: float = STALE_S) -> None:
+        """Forget queued requests Ray stopped asking about: a waiting request is asked
+        about at least every 0.1 s, so one silent for ``stale_s`` was cancelled by its
+        client or failed with its replica, and must not count as waiting."""
+        cutoff = time.monotonic() - stale_s
+        for req in [r for r, (_, asked) in self._arrived.items()
+                    if asked < cutoff and r not in self._given]:
+            del self._arrived[req]
 
     # -- reporting -----------------------------------------------------------------------
     def _event(self, ev: tuple) -> None:
@@ -129,12 +139,13 @@ class ProxyQueueRouter(RequestRouter):
     def report(self) -> dict:
         """What the router sends the meter: the events since the last report and its queue."""
         events = [self.events.popleft() for _ in range(len(self.events))]
-        dispatched = self._dispatched
+        dispatched = len(self._given)
         return {"events": events, "waiting": max(0, len(self._arrived) - dispatched),
                 "dispatched": dispatched, "replicas": len(self._replicas)}
 
     def _start_reporting(self) -> None:
         if self._reporter is None:
+            self._loop = asyncio.get_running_loop()
             self._reporter = threading.Thread(target=self._report_loop, daemon=True,
                                               name=f"faro-report-{self.app_name}")
             self._reporter.start()
@@ -143,6 +154,7 @@ class ProxyQueueRouter(RequestRouter):
         meter, source, warned = None, f"router-{id(self):x}", False
         while True:
             time.sleep(REPORT_S)
+            self._loop.call_soon_threadsafe(self.prune)  # on the router's loop, not here
             batch = self.report()
             try:
                 if meter is None:
