@@ -1,5 +1,6 @@
 """What the router front costs (paper section 5): the same 0-ms synthetic model served
-through faro-serve's front and as a plain Ray Serve deployment, in one run.
+through faro-serve's front, on its direct path (``data_path: direct``: queue in the proxy,
+no second hop) and as a plain Ray Serve deployment, in one run.
 
 Usage: ``python -m bench.router_bench [--requests 400] [--seconds 10] [--concurrency 16]``
 
@@ -83,8 +84,10 @@ def main(argv=None) -> int:
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(model_app({"name": "front", "model": {"kind": "synthetic", "processing": "const:0"},
-                             "cpus": 0.25, "queue_limit": 1000}), name="front", route_prefix="/front")
+        for path in ("front", "direct"):
+            serve.run(model_app({"name": path, "model": {"kind": "synthetic", "processing": "const:0"},
+                                 "cpus": 0.25, "queue_limit": 1000, "data_path": path}),
+                      name=path, route_prefix=f"/{path}")
         plain = serve.deployment(PlainSynthetic, name="Plain", max_ongoing_requests=1,
                                  ray_actor_options={"num_cpus": 0.25})
         serve.run(plain.bind(processing="const:0"), name="plain", route_prefix="/plain")
@@ -93,7 +96,8 @@ def main(argv=None) -> int:
         tuned = plain.options(name="PlainTuned", request_router_config=ROUTER)
         serve.run(tuned.bind(processing="const:0"), name="plain-tuned", route_prefix="/plain-tuned")
         base = f"http://127.0.0.1:{port}"
-        paths = {"plain": "/plain", "plain-tuned": "/plain-tuned", "front": "/front/predict"}
+        paths = {"plain": "/plain", "plain-tuned": "/plain-tuned", "front": "/front/predict",
+                 "direct": "/direct/predict"}
         lat = asyncio.run(_latency(base, list(paths.values()), args.requests))
         rows = {}
         for name, p in paths.items():
@@ -114,7 +118,12 @@ def main(argv=None) -> int:
            "throughput_ratio": round(rows["front"]["throughput_rps"] / rows["plain"]["throughput_rps"], 3),
            "p50_overhead_vs_tuned_ms": round(rows["front"]["p50_ms"] - rows["plain-tuned"]["p50_ms"], 3),
            "throughput_ratio_vs_tuned": round(rows["front"]["throughput_rps"]
-                                              / rows["plain-tuned"]["throughput_rps"], 3)}
+                                              / rows["plain-tuned"]["throughput_rps"], 3),
+           "direct_p50_overhead_ms": round(rows["direct"]["p50_ms"] - rows["plain"]["p50_ms"], 3),
+           "direct_p99_overhead_ms": round(rows["direct"]["p99_ms"] - rows["plain"]["p99_ms"], 3),
+           "direct_throughput_ratio": round(rows["direct"]["throughput_rps"] / rows["plain"]["throughput_rps"], 3),
+           "direct_throughput_ratio_vs_tuned": round(rows["direct"]["throughput_rps"]
+                                                     / rows["plain-tuned"]["throughput_rps"], 3)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "router.json").write_text(json.dumps(res, indent=2))
@@ -122,10 +131,13 @@ def main(argv=None) -> int:
     print("| path | p50 ms | p99 ms | throughput req/s |\n|---|---|---|---|")
     for name, r in rows.items():
         print(f"| {name} | {r['p50_ms']} | {r['p99_ms']} | {r['throughput_rps']} |")
-    print(f"p50 overhead {res['p50_overhead_ms']} ms (target <= 2), p99 overhead "
+    print(f"front: p50 overhead {res['p50_overhead_ms']} ms (target <= 2), p99 overhead "
           f"{res['p99_overhead_ms']} ms, throughput ratio {res['throughput_ratio']} (target >= 0.8)")
     print(f"against plain with the same router backoff: p50 overhead {res['p50_overhead_vs_tuned_ms']} ms, "
           f"throughput ratio {res['throughput_ratio_vs_tuned']}")
+    print(f"direct: p50 overhead {res['direct_p50_overhead_ms']} ms (target <= 2), p99 overhead "
+          f"{res['direct_p99_overhead_ms']} ms, throughput ratio {res['direct_throughput_ratio']} "
+          f"(target >= 0.8), {res['direct_throughput_ratio_vs_tuned']} against plain-tuned")
     return 0
 
 
