@@ -77,6 +77,12 @@ def test_proxy_queue_forgets_requests_ray_gave_up_on():
         assert rep["waiting"] == 0 and rep["dispatched"] == 1  # r0 is in flight, kept
         router.update_replicas([reps[1]])  # a died with r0 on it
         assert router.report()["dispatched"] == 0
+        # a request cancelled between the choice and the send gets no completion report
+        r2 = _request("r2")
+        assert (await router.choose_replicas(reps[1:], r2))[0][0].replica_id == "b"
+        r2.future.cancel()
+        chosen = await asyncio.wait_for(router.choose_replicas(reps[1:], _request("r3")), 1)
+        assert chosen[0][0].replica_id == "b"  # b is free again, not held by r2
 
     asyncio.run(run())
 

@@ -25,7 +25,9 @@ import time
 from collections import deque
 
 from ray import serve
-from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, RunningReplica
+
+from .routing import InFlightRouter
 
 log = logging.getLogger("faro_serve.serving")
 METER = "Front"  # the deployment, in the model's application, that the router reports to
@@ -34,16 +36,12 @@ MAX_EVENTS = 100_000  # kept while the meter cannot be reached; past that the ol
 STALE_S = 5.0  # a queued request not asked about for this long was given up (cancelled, failed)
 
 
-class ProxyQueueRouter(RequestRouter):
-    """One request in flight per replica, the others queued FIFO in the proxy.
-
-    In flight is counted from the choice to Ray's completion report, by request id (the
-    acceptance report comes with the answer on some data planes, too late to count from).
-    """
+class ProxyQueueRouter(InFlightRouter):
+    """One request in flight per replica (counted as :class:`InFlightRouter` counts), the
+    others queued FIFO in the proxy."""
 
     def initialize_state(self, **kwargs):
-        self._load: dict = {}  # replica id -> requests in flight
-        self._given: dict[str, tuple] = {}  # internal request id -> (replica id, request)
+        super().initialize_state(**kwargs)
         self._arrived: dict[str, list] = {}  # request id -> [arrival time, last asked], until answered
         self._waiters: list[asyncio.Future] = []  # routing calls waiting for a free replica
         self.events: deque[tuple] = deque(maxlen=MAX_EVENTS)  # ("a", arrived), ("f", t, latency s)
@@ -53,9 +51,6 @@ class ProxyQueueRouter(RequestRouter):
     # -- routing -------------------------------------------------------------------------
     def update_replicas(self, replicas: list[RunningReplica]):
         super().update_replicas(replicas)
-        alive = {r.replica_id for r in replicas}
-        self._load = {rid: n for rid, n in self._load.items() if rid in alive}
-        self._given = {req: g for req, g in self._given.items() if g[0] in alive}
         self._wake(all_=True)  # new replicas: every waiting call looks again
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
@@ -66,6 +61,7 @@ class ProxyQueueRouter(RequestRouter):
         self._start_reporting()
         if pending_request is None or pending_request.future.done():
             return [candidate_replicas]  # nothing to count: Ray moves on
+        self._release_cancelled()
         req = pending_request.metadata.internal_request_id
         self._forget(req)  # asked again: the last choice was refused or not taken
         if req in self._arrived:
@@ -78,8 +74,7 @@ class ProxyQueueRouter(RequestRouter):
             await self._wait_for_a_free_replica()
             return []  # Ray asks again at once, with the replicas as they are now
         best = random.choice(free)
-        self._given[req] = (best.replica_id, pending_request)
-        self._load[best.replica_id] = self._load.get(best.replica_id, 0) + 1
+        self._give(best, pending_request)
         return [[best]]
 
     async def _wait_for_a_free_replica(self, timeout_s: float = 0.1) -> None:
@@ -100,28 +95,13 @@ class ProxyQueueRouter(RequestRouter):
                     return
 
     def on_request_completed(self, replica_id, internal_request_id):
-        given = self._given.get(internal_request_id)
-        if given is None or given[0] != replica_id:  # a refused earlier attempt
+        if not self._completed(replica_id, internal_request_id):  # a refused earlier attempt
             return
-        self._forget(internal_request_id)
         arrived = self._arrived.pop(internal_request_id, None)
         if arrived is not None:
             now = time.time()
             self._event(("f", now, now - arrived[0]))
         self._wake()
-
-    def in_flight(self) -> dict:
-        """Requests in flight by replica id, as this router counts them."""
-        return dict(self._load)
-
-    def _forget(self, req: str) -> None:
-        given = self._given.pop(req, None)
-        if given is not None:
-            n = self._load.get(given[0], 0) - 1
-            if n > 0:
-                self._load[given[0]] = n
-            else:
-                self._load.pop(given[0], None)
 
     def prune(self, stale_s: float = STALE_S) -> None:
         """Forget queued requests Ray stopped asking about: a waiting request is asked

@@ -38,17 +38,15 @@ def running_replicas(app: str) -> int | None:
     return _running().get(app)
 
 
-class IdleFirstRouter(RequestRouter):
-    """Sends each request to a replica with the fewest requests in flight, idle ones first.
+class InFlightRouter(RequestRouter):
+    """A request router that counts requests in flight per replica itself.
 
-    It counts in flight itself, from the choice to Ray's completion report
-    (``on_request_completed``), by request id. Ray's own signals come too late: over the
-    gRPC data plane a replica's acceptance (``on_request_routed``) and its queue report
-    arrive with its answer, so a count kept from them is zero while the request runs.
-    ``choose_replicas`` offers only the replica it counts the request on, so the choice is
-    the send; if that replica refuses, Ray asks again and the count moves with the request.
-    Without ``FIFOMixin`` a choice goes to the request it was made for (the front's gate
-    keeps the FIFO order).
+    It counts from the choice to Ray's completion report (``on_request_completed``), by
+    request id. Ray's own signals come too late: over the gRPC data plane a replica's
+    acceptance (``on_request_routed``) and its queue report arrive with its answer, so a
+    count kept from them is zero while the request runs. ``choose_replicas`` offers only the
+    replica it counts the request on, so the choice is the send; if that replica refuses,
+    Ray asks again and the count moves with the request. Subclasses decide which replica.
     """
 
     def initialize_state(self, **kwargs):
@@ -57,33 +55,32 @@ class IdleFirstRouter(RequestRouter):
 
     def update_replicas(self, replicas: list[RunningReplica]):
         super().update_replicas(replicas)
-        _running()[self.app_name] = len(replicas)
         alive = {r.replica_id for r in replicas}
         self._load = {rid: n for rid, n in self._load.items() if rid in alive}
         self._given = {req: g for req, g in self._given.items() if g[0] in alive}
 
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None
-                              ) -> list[list[RunningReplica]]:
-        if not candidate_replicas:
-            return []
-        for req, (_, pr) in list(self._given.items()):  # cancelled before it was sent
+    def _release_cancelled(self) -> None:
+        """Uncount requests cancelled between the choice and the send: Ray reports no
+        completion for a request it never sent."""
+        for req, (_, pr) in list(self._given.items()):
             if pr.future.cancelled():
                 self._forget(req)
-        req = pending_request.metadata.internal_request_id if pending_request else None
-        if req is not None:
-            self._forget(req)  # asked again: the last choice was refused or not taken
-        best = min(candidate_replicas,
-                   key=lambda r: (self._load.get(r.replica_id, 0), random.random()))
-        if req is not None:
-            self._given[req] = (best.replica_id, pending_request)
-            self._load[best.replica_id] = self._load.get(best.replica_id, 0) + 1
-        return [[best]]
+
+    def _give(self, replica: RunningReplica, pending_request: PendingRequest) -> None:
+        req = pending_request.metadata.internal_request_id
+        self._given[req] = (replica.replica_id, pending_request)
+        self._load[replica.replica_id] = self._load.get(replica.replica_id, 0) + 1
+
+    def _completed(self, replica_id, internal_request_id) -> bool:
+        """Uncount a completed request; False for a completion of a refused earlier attempt."""
+        given = self._given.get(internal_request_id)
+        if given is None or given[0] != replica_id:
+            return False
+        self._forget(internal_request_id)
+        return True
 
     def on_request_completed(self, replica_id, internal_request_id):
-        given = self._given.get(internal_request_id)
-        if given is not None and given[0] == replica_id:  # not a refused earlier attempt
-            self._forget(internal_request_id)
+        self._completed(replica_id, internal_request_id)
 
     def in_flight(self) -> dict:
         """Requests in flight by replica id, as this router counts them."""
@@ -97,6 +94,32 @@ class IdleFirstRouter(RequestRouter):
                 self._load[given[0]] = n
             else:
                 self._load.pop(given[0], None)
+
+
+class IdleFirstRouter(InFlightRouter):
+    """Sends each request to a replica with the fewest requests in flight, idle ones first.
+
+    Without ``FIFOMixin`` a choice goes to the request it was made for (the front's gate
+    keeps the FIFO order).
+    """
+
+    def update_replicas(self, replicas: list[RunningReplica]):
+        super().update_replicas(replicas)
+        _running()[self.app_name] = len(replicas)
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None
+                              ) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        self._release_cancelled()
+        if pending_request is not None:
+            self._forget(pending_request.metadata.internal_request_id)  # asked again
+        best = min(candidate_replicas,
+                   key=lambda r: (self._load.get(r.replica_id, 0), random.random()))
+        if pending_request is not None:
+            self._give(best, pending_request)
+        return [[best]]
 
 
 class DispatchGate:
