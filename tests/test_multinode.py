@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,14 +32,10 @@ import pytest
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from live_helpers import free_port
+
 VENV_BIN = Path(sys.executable).parent
 RAY = str(VENV_BIN / "ray")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_ports() -> list[str]:

@@ -6,7 +6,6 @@ One Ray cluster serves the module; all traffic goes to loopback, bounded in coun
 """
 
 import asyncio
-import socket
 import threading
 import time
 
@@ -20,6 +19,8 @@ from ray.util.state import list_actors
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.serving.app import deploy
 
+from live_helpers import fire, free_port, wait_for
+
 pytestmark = pytest.mark.slow
 
 CAPACITY = 1.5  # CPUs; 0.25 per replica -> 6 replicas
@@ -30,12 +31,6 @@ SLOS = [
      {"model": {"kind": "synthetic", "processing": "const:0.02"}, "max_body_kb": 64,
       "queue_limit": 20, "data_path": "direct"}),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -61,48 +56,8 @@ def meter(model: str) -> dict:
         reset_mean=False).result(timeout_s=30)
 
 
-def wait_for(cond, timeout: float, every: float = 0.5):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(every)
-    return cond()
-
-
 def running(model: str) -> int:
     return serve.status().applications[model].deployments["Model"].replica_states.get("RUNNING", 0)
-
-
-async def _fire(base: str, path: str, n: int, concurrency: int, rate: float | None = None):
-    """``n`` requests, at most ``concurrency`` in flight: (status, seconds, reason)."""
-    out, sem = [], asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=base, timeout=120,
-                                 limits=httpx.Limits(max_connections=concurrency + 10)) as c:
-        async def one():
-            async with sem:
-                t0 = time.time()
-                try:
-                    r = await c.post(path, content=b"x")
-                    reason = None
-                    if r.status_code != 200:
-                        ctype = r.headers.get("content-type", "")
-                        reason = r.json().get("reason") if ctype.startswith("application/json") else "ray"
-                    out.append((r.status_code, time.time() - t0, reason))
-                except Exception as err:  # a lost request: the tests below forbid these
-                    out.append((type(err).__name__, time.time() - t0, None))
-        tasks = []
-        for _ in range(n):
-            tasks.append(asyncio.create_task(one()))
-            if rate:
-                await asyncio.sleep(np.random.exponential(1 / rate))
-        await asyncio.gather(*tasks)
-    return out
-
-
-def fire(base, path, n, concurrency, rate=None):
-    return asyncio.run(_fire(base, path, n, concurrency, rate))
 
 
 def test_direct_models_answer_and_refuse_bad_bodies(live):

@@ -6,7 +6,6 @@ traffic goes to loopback, bounded in count and time.
 """
 
 import asyncio
-import socket
 import threading
 import time
 
@@ -19,6 +18,8 @@ from ray.util.state import list_actors
 
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.serving.app import autoscaler_app, deploy
+
+from live_helpers import fire, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -39,12 +40,6 @@ DASHBOARD: list[str] = []
 def alive_actors(**filters):
     return list_actors(address=DASHBOARD[-1], filters=[("state", "=", "ALIVE")]
                        + [(k, "=", v) for k, v in filters.items()])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def autoscaler_config(dashboard: str, **overrides) -> dict:
@@ -84,44 +79,6 @@ def running() -> dict[str, int]:
 
 def replica_ids(model: str) -> set[str]:
     return {a.actor_id for a in alive_actors(class_name=f"ServeReplica:{model}:Model")}
-
-
-async def _fire(base: str, path: str, n: int, concurrency: int, rate: float | None = None,
-                body: bytes = b"x") -> list[tuple]:
-    """``n`` requests, at most ``concurrency`` in flight; open-loop at ``rate``/s if given."""
-    out, sem = [], asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=base, timeout=120,
-                                 limits=httpx.Limits(max_connections=concurrency + 10)) as c:
-        async def one():
-            async with sem:
-                t0 = time.time()
-                try:
-                    r = await c.post(path, content=body)
-                    reason = r.json().get("reason") if r.status_code != 200 else None
-                    out.append((r.status_code, time.time() - t0, reason))
-                except Exception as err:  # a lost request: the tests below forbid these
-                    out.append((type(err).__name__, time.time() - t0, None))
-        tasks = []
-        for _ in range(n):
-            tasks.append(asyncio.create_task(one()))
-            if rate:
-                await asyncio.sleep(np.random.exponential(1 / rate))
-        await asyncio.gather(*tasks)
-    return out
-
-
-def fire(base, path, n, concurrency, rate=None):
-    return asyncio.run(_fire(base, path, n, concurrency, rate))
-
-
-def wait_for(cond, timeout: float, every: float = 1.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(every)
-    return cond()
 
 
 def test_every_model_answers_over_http(live):
