@@ -57,3 +57,24 @@ def fire(base: str, path: str, n: int, concurrency: int, rate: float | None = No
     """``n`` POSTs, at most ``concurrency`` in flight, open-loop at ``rate``/s if given:
     one (status or error name, seconds, 503 reason or "ray" for Ray's text errors) each."""
     return asyncio.run(_fire(base, path, n, concurrency, rate, body))
+
+
+def check_drop_share(res: list[tuple], n: int, share: float = 0.5, tol: float = 0.1) -> int:
+    """Every request answered 200 or 503, ``share`` +/- ``tol`` of them 503s for the drop
+    rate; returns the number of 503s."""
+    codes = [r[0] for r in res]
+    assert len(res) == n and set(codes) <= {200, 503}, sorted(set(map(str, codes)))
+    assert share - tol <= codes.count(503) / n <= share + tol, codes.count(503) / n
+    assert {r[2] for r in res if r[0] == 503} == {"drop_rate"}
+    return codes.count(503)
+
+
+def check_flood(res: list[tuple], n: int, reason: str) -> None:
+    """A flood past the queue: every request answered (200s + 503s = sent), some refused
+    with ``reason``, and refusals came at once, not after waiting in the queue."""
+    codes = [r[0] for r in res]
+    assert codes.count(200) + codes.count(503) == n, sorted(set(map(str, codes)))
+    assert codes.count(503) > 0 and {r[2] for r in res if r[0] == 503} == {reason}
+    served = [r[1] for r in res if r[0] == 200]
+    rejected = [r[1] for r in res if r[0] == 503]
+    assert np.median(rejected) < np.median(served)
