@@ -142,4 +142,19 @@ def test_validate_again_refuses_saved_runs_of_another_workload(cli, trace_csv, t
     code, _, err = cli("validate", "--trace", str(trace_csv), "--day", "1", "--start", "0",
                        "--jobs", "job0,job1", "--minutes", "5", "--capacity", "4", "--again",
                        "--policies", "fairshare", "--out", str(tmp_path))
-    assert code == 2 and "another workload or capacity" in err
+    assert code == 2 and "another workload;" in err
+
+
+def test_validate_again_refuses_saved_runs_of_another_data_path(cli, trace_csv, tmp_path):
+    import pickle
+
+    wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job1"), start=0, minutes=5)
+    with (tmp_path / "live.pkl").open("wb") as f:
+        pickle.dump({"workload": wl, "capacity": 4.0, "runs": {}, "data_path": "direct"}, f)
+    code, _, err = cli("validate", "--trace", str(trace_csv), "--day", "1", "--start", "0",
+                       "--jobs", "job0,job1", "--minutes", "5", "--capacity", "4", "--again",
+                       "--policies", "fairshare", "--out", str(tmp_path))
+    assert code == 2 and "another data path;" in err  # the same workload and capacity
+    code, _, err = cli("validate", "--trace", str(trace_csv), "--data-path", "sideways",
+                       "--out", str(tmp_path))
+    assert code == 2 and "--data-path" in err

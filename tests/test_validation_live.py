@@ -12,7 +12,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_validate_one_policy_live_and_simulated(cli, tmp_path, report):
+@pytest.mark.parametrize("data_path", ["front", "direct"])
+def test_validate_one_policy_live_and_simulated(cli, tmp_path, report, data_path):
     trace = tmp_path / "t.csv"
     with open(trace, "w", newline="") as f:
         w = csv.writer(f)
@@ -23,11 +24,11 @@ def test_validate_one_policy_live_and_simulated(cli, tmp_path, report):
     out = tmp_path / "val"
     code, stdout, err = cli("validate", "--trace", str(trace), "--day", "1", "--sample", "0",
                             "--jobs", "a,b", "--start", "1", "--minutes", "1", "--capacity", "4",
-                            "--policies", "fairshare", "--out", str(out))
+                            "--policies", "fairshare", "--data-path", data_path, "--out", str(out))
     assert code == 0, err
     doc = json.loads((out / "validation.json").read_text())
     row = doc["comparison"]["rows"][0]
-    assert row["policy"] == "fairshare"
+    assert row["policy"] == "fairshare" and doc["data_path"] == data_path
     assert row["live_requests"] == row["sim_requests"] > 200  # one seed, the same counts
     live = json.loads((out / "fairshare" / "result.json").read_text())
     acc = live["accounting"]
@@ -38,7 +39,7 @@ def test_validate_one_policy_live_and_simulated(cli, tmp_path, report):
     assert doc["simulator"]["replica_hold_s"] == pytest.approx(doc["calibration"]["hold_ms"]["p50"] / 1e3,
                                                                abs=1e-6)
     assert "| fairshare |" in stdout and (out / "validation.png").exists()
-    report(f"validate (1 min, fairshare, 2 jobs, capacity 4): cluster utility live "
+    report(f"validate (1 min, fairshare, 2 jobs, capacity 4, {data_path} path): cluster utility live "
            f"{row['live_cluster_utility']:.3f} sim {row['sim_cluster_utility']:.3f}; overhead p50 "
            f"{doc['calibration']['overhead_ms']['p50']} ms, replica hold p50 "
            f"{doc['calibration']['hold_ms']['p50']} ms, cold start {doc['calibration']['cold_start_s']} s")

@@ -34,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--capacity", type=float, default=12, help="replicas of 1 CPU (12)")
     p.add_argument("--policies", default="faro-fairsum,aiad,fairshare",
                    help="comma-separated policies (faro-fairsum,aiad,fairshare)")
+    p.add_argument("--data-path", choices=("front", "direct"), default="front",
+                   help="the live models' data path: the router front, or the direct path with "
+                        "the queue in Serve's proxy (docs/serving.md) (front)")
     p.add_argument("--forecaster", help="trained forecaster directory for both sides "
                    "(default: the fallback predictor)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (0)")
@@ -88,7 +91,7 @@ def run(args) -> int:
         print(f"live runs: {len(policies)} policies x {args.minutes} min on a local Ray cluster; "
               f"files in {out}", file=sys.stderr)
         previous = load_state(out) if args.again else None
-        state = _live(wl, policies, args.capacity, out, args.forecaster, previous)
+        state = _live(wl, policies, args.capacity, out, args.forecaster, previous, args.data_path)
     doc = resimulate(state, out, args.overhead_dist, args.cold_start_s, forecaster,
                      None if args.hold_ms is None else args.hold_ms / 1e3)
     print((out / "validation.md").read_text())
@@ -96,7 +99,7 @@ def run(args) -> int:
     return 0
 
 
-def _live(wl, policies, capacity, out, forecaster_dir, previous):
+def _live(wl, policies, capacity, out, forecaster_dir, previous, data_path):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..validation.run import run_live
@@ -107,4 +110,4 @@ def _live(wl, policies, capacity, out, forecaster_dir, previous):
             task = bar.add_task(f"live {policy}", total=total)
             return lambda k: bar.advance(task, k)
         return run_live(wl, policies, capacity, out, forecaster_dir=forecaster_dir,
-                        progress=progress, previous=previous)
+                        progress=progress, previous=previous, data_path=data_path)

@@ -73,8 +73,9 @@ class LiveCluster:
     """A local single-node Ray cluster on free loopback ports with ``capacity`` logical CPUs
     (the synthetic replicas sleep, so 1 CPU per replica fits any number on a small machine)."""
 
-    def __init__(self, capacity: float):
+    def __init__(self, capacity: float, data_path: str = "front"):
         self.capacity = capacity
+        self.data_path = data_path  # the models' data path (docs/serving.md)
         self.dashboard = self.base = ""
         self._cluster = None  # autoscaler.live.RayServeCluster, once the dashboard is known
 
@@ -118,7 +119,7 @@ class LiveCluster:
 
         for i, n in enumerate(names):
             args = {"name": n, "model": {"kind": "synthetic", "processing": processing, "seed": i},
-                    "cpus": 1.0}
+                    "cpus": 1.0, "data_path": self.data_path}
             serve.run(model_app(args), name=n, route_prefix=f"/{n}", external_scaler_enabled=True,
                       blocking=False)
         _wait(lambda: all(self.running().get(n) == 1 for n in names), 180, "the models to serve")

@@ -38,12 +38,14 @@ def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDi
 
 
 def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
-             forecaster_dir: str | None = None, progress=None, previous: dict | None = None) -> dict:
+             forecaster_dir: str | None = None, progress=None, previous: dict | None = None,
+             data_path: str = "front") -> dict:
     """Every policy live, one after the other, on a fresh local Ray cluster; saves
     ``live.pkl`` and each policy's ``records.csv``/``result.json``. Returns the saved state.
 
-    ``previous`` (a saved state of the same workload and capacity) keeps its other policies'
-    runs: a run disturbed by other work on the machine can be repeated alone."""
+    ``previous`` (a saved state of the same workload, capacity and data path) keeps its other
+    policies' runs: a run disturbed by other work on the machine can be repeated alone.
+    ``data_path`` is the models' data path: the router front or the direct path."""
     from .live import LiveCluster
 
     tr = wl.load()
@@ -51,13 +53,18 @@ def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
     sched = build_schedule(tr, tr.names, 1.0, 1.0, wl.seed)
     processing = str(wl.processing())
     state = {"workload": wl, "capacity": capacity, "processing": processing,
-             "forecaster_dir": forecaster_dir, "runs": {}, "calibration": None}
+             "forecaster_dir": forecaster_dir, "runs": {}, "calibration": None,
+             "data_path": data_path}
     if previous is not None:
-        if (previous["workload"], previous["capacity"]) != (wl, capacity):
-            raise ValueError("--again: the saved runs have another workload or capacity; use "
+        saved = {"workload": previous["workload"], "capacity": previous["capacity"],
+                 "data path": previous.get("data_path", "front")}
+        differ = [k for k, v in saved.items()
+                  if v != {"workload": wl, "capacity": capacity, "data path": data_path}[k]]
+        if differ:
+            raise ValueError(f"--again: the saved runs have another {' and '.join(differ)}; use "
                              "the same flags, or another --out")
         state = previous
-    with LiveCluster(capacity) as lc:
+    with LiveCluster(capacity, data_path) as lc:
         for k, p in enumerate(policies):
             task = progress(p, sched.size) if progress else None
             load_before = os.getloadavg()[0]
@@ -108,6 +115,7 @@ def resimulate(state: dict, out: Path, overhead: str | None = None,
     cmp = compare(live, sim)
     doc = {"workload": {k: getattr(wl, k) for k in wl.__dataclass_fields__},
            "capacity": capacity, "forecaster_dir": state["forecaster_dir"],
+           "data_path": state.get("data_path", "front"),
            "calibration": cal.to_dict() | {"scale_up_lag_s": _quantiles(lags)},
            "simulator": {"router_overhead": str(ovh), "cold_start_s": cold, "replica_hold_s": hold,
                          "processing": state["processing"]},
@@ -155,7 +163,8 @@ def _report(doc: dict, cmp: dict) -> str:
         f"minutes {wl['start']}-{wl['start'] + wl['minutes']} (x{wl['rate_scale']:g}), seed {wl['seed']}; "
         f"capacity {doc['capacity']:g} replicas; SLO {wl['slo_ms'] * wl['slowdown']:g} ms at "
         f"p{wl['percentile']:g}; processing and SLO x{wl['slowdown']:g}; "
-        f"forecaster {doc['forecaster_dir'] or 'fallback'}.", "",
+        f"forecaster {doc['forecaster_dir'] or 'fallback'}; live data path "
+        f"{doc.get('data_path', 'front')}.", "",
         f"Calibration on this machine: overhead outside the model {cal['overhead_ms']['p50']} ms p50 / "
         f"{cal['overhead_ms']['p99']} ms p99 (idle); replica hold between queued requests "
         f"{cal.get('hold_ms', {}).get('p50', 'not measured')} ms p50 (idle, one replica); cold start {cal['cold_start_s']} s (idle, one "
