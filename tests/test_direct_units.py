@@ -75,6 +75,7 @@ def test_proxy_queue_forgets_requests_ray_gave_up_on():
         router.prune(stale_s=0.01)  # r1's client went away: Ray stops asking about it
         rep = router.report()
         assert rep["waiting"] == 0 and rep["dispatched"] == 1  # r0 is in flight, kept
+        assert [e[0] for e in rep["events"]] == ["x"]  # the meter uncounts r1
         router.update_replicas([reps[1]])  # a died with r0 on it
         assert router.report()["dispatched"] == 0
         # a request cancelled between the choice and the send gets no completion report
@@ -126,3 +127,5 @@ def test_meter_merges_router_and_replica_reports():
     assert snap["processing"]["mean_ms"] == pytest.approx(150)
     assert (snap["waiting"], snap["dispatched"], snap["dispatch_capacity"]) == (1, 1, 2)
     assert snap["in_flight"] == 1  # two arrived, one answered
+    m.ingest("router-1", {"events": [("x", time.time())]})  # the other one's client left
+    assert m.metrics(reset_mean=False)["in_flight"] == 0

@@ -67,7 +67,11 @@ def test_direct_models_answer_and_refuse_bad_bodies(live):
     r = c.post("/dir-b/predict", content=b"x" * (70 * 1024))
     assert r.status_code == 413 and r.json()["reason"] == "too_large"
     assert c.post("/nope/predict", content=b"x").status_code == 404
-    assert "/predict" in c.get("/dir-a/openapi.json").json()["paths"]
+    assert {"/predict", "/metrics"} <= set(c.get("/dir-a/openapi.json").json()["paths"])
+    # the meter's figures, as a front's /metrics gives them (replicas report once a second)
+    m = wait_for(lambda: (lambda m: m if m["dropped"].get("too_large") else None)(
+        c.get("/dir-b/metrics").json()), 10, every=0.5)
+    assert m and m["model"] == "dir-b" and m["dropped"] == {"bad_request": 1, "too_large": 1}, m
     assert c.post("/dir-b/predict", content=b"x").status_code == 200  # still serving
 
 

@@ -94,6 +94,7 @@ def test_every_model_answers_over_http(live):
     r = c.post("/img/predict", content=b"\x00garbage bytes")
     assert r.status_code == 400 and "not a decodable" in r.json()["error"]
     assert c.post("/img/predict", content=b"x" * (600 * 1024)).status_code == 413
+    assert c.get("/img/metrics").json()["dropped"].get("too_large") == 1  # counted as what it was
     assert c.post("/nope/predict", content=b"x").status_code == 404
     assert c.post("/synth-a/predict", content=b"").status_code == 200
     assert "/predict" in c.get("/img/openapi.json").json()["paths"]

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from .control import FrontControl
-from .payload import drop_rate_refusal, read_payload, reject
+from .payload import drop_rate_refusal, read_payload, refusal_reason, reject
 from .proxy_queue import MAX_EVENTS, REPORT_S
 
 log = logging.getLogger("faro_serve.serving")
@@ -60,7 +60,7 @@ class DirectModel:
             return drop_rate_refusal(self.name, self.drop_rate)
         payload = await read_payload(request, self.name, self.max_body_bytes)
         if isinstance(payload, JSONResponse):
-            self._event(("d", time.time(), "bad_request"))
+            self._event(("d", time.time(), refusal_reason(payload)))
             return payload
         if self._async:
             result = await self.model.predict(payload)
@@ -73,6 +73,11 @@ class DirectModel:
         if proc is not None:
             self._event(("p", time.time(), proc / 1e3))
         return result
+
+    @api.get("/metrics", summary="What the meter gathered for this model (JSON)")
+    async def metrics_json(self):
+        # a person looking must not reset the autoscaler's in-flight average
+        return await self.meter.metrics.remote(reset_mean=False)
 
     def _event(self, ev: tuple) -> None:
         self.events.append(ev)
@@ -122,6 +127,8 @@ class Meter(FrontControl):
             elif kind == "f":
                 st.finished(t)
                 st.completed(now, float(ev[2]), None)
+            elif kind == "x":  # queued, then given up (client gone): no answer to count
+                st.finished(t)
             elif kind == "p":
                 st.processed(now, float(ev[2]))
             elif kind == "d":

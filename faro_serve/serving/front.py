@@ -32,7 +32,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from .control import FrontControl
-from .payload import drop_rate_refusal, read_payload, reject
+from .payload import drop_rate_refusal, read_payload, refusal_reason, reject
 from .routing import DispatchGate, running_replicas
 
 api = FastAPI(title="faro-serve model endpoint",
@@ -69,7 +69,7 @@ class Front(FrontControl):
             return drop_rate_refusal(self.name, self.drop_rate)
         payload = await read_payload(request, self.name, self.max_body_bytes)
         if isinstance(payload, JSONResponse):
-            self.stats.drop(t0, "bad_request")
+            self.stats.drop(t0, refusal_reason(payload))
             return payload
         if self.gate.waiting >= self.queue_limit:
             self.stats.drop(t0, "queue_full")

@@ -14,6 +14,11 @@ def reject(status: int, model: str, reason: str, detail: str) -> JSONResponse:
     return JSONResponse({"error": detail, "reason": reason, "model": model}, status_code=status)
 
 
+def refusal_reason(response: JSONResponse) -> str:
+    """The ``reason`` of a refusal made by :func:`reject` (413 ``too_large``, 400 ``bad_request``)."""
+    return json.loads(response.body)["reason"]
+
+
 def drop_rate_refusal(model: str, drop_rate: float) -> JSONResponse:
     return reject(503, model, "drop_rate", f"dropped by the autoscaler (drop rate {drop_rate:.3f})")
 

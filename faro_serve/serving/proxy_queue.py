@@ -44,7 +44,7 @@ class ProxyQueueRouter(InFlightRouter):
         super().initialize_state(**kwargs)
         self._arrived: dict[str, list] = {}  # request id -> [arrival time, last asked], until answered
         self._waiters: list[asyncio.Future] = []  # routing calls waiting for a free replica
-        self.events: deque[tuple] = deque(maxlen=MAX_EVENTS)  # ("a", arrived), ("f", t, latency s)
+        self.events: deque[tuple] = deque(maxlen=MAX_EVENTS)  # ("a", arrived), ("f", t, latency s), ("x", t): given up
         self._reporter: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -111,6 +111,7 @@ class ProxyQueueRouter(InFlightRouter):
         for req in [r for r, (_, asked) in self._arrived.items()
                     if asked < cutoff and r not in self._given]:
             del self._arrived[req]
+            self._event(("x", time.time()))  # the meter stops counting it in flight
 
     # -- reporting -----------------------------------------------------------------------
     def _event(self, ev: tuple) -> None:

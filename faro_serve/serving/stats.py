@@ -32,6 +32,7 @@ class RouterStats:
         self._minute_count = 0
         self.minutes: deque[int] = deque(maxlen=history_minutes)  # completed minutes
         self._seconds: dict[int, int] = {}  # second index -> arrivals, the last 60 s
+        self._pruned_sec = -1  # the second at which _seconds was last pruned
         self._done: deque[tuple[float, float, float]] = deque()  # (t, latency s, processing s)
         self._proc: deque[tuple[float, float]] = deque()  # (t, processing s) reported alone
         self.in_flight = 0
@@ -55,7 +56,8 @@ class RouterStats:
         while self._proc and self._proc[0][0] < horizon:
             self._proc.popleft()
         sec = int(now - self.start)
-        if self._seconds and min(self._seconds) <= sec - 60:
+        if sec != self._pruned_sec:  # per-second counts older than 60 s go, once a second
+            self._pruned_sec = sec
             self._seconds = {s: c for s, c in self._seconds.items() if s > sec - 60}
 
     def arrival(self, now: float, at: float | None = None) -> None:

@@ -58,8 +58,8 @@ def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
     if previous is not None:
         saved = {"workload": previous["workload"], "capacity": previous["capacity"],
                  "data path": previous.get("data_path", "front")}
-        differ = [k for k, v in saved.items()
-                  if v != {"workload": wl, "capacity": capacity, "data path": data_path}[k]]
+        asked = {"workload": wl, "capacity": capacity, "data path": data_path}
+        differ = [k for k in asked if saved[k] != asked[k]]
         if differ:
             raise ValueError(f"--again: the saved runs have another {' and '.join(differ)}; use "
                              "the same flags, or another --out")
