@@ -5,15 +5,28 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.faro-installed
 
-.PHONY: install run serve test bench clean
+.PHONY: install lock run serve test bench clean
 
 install: $(STAMP)
 
 # constraints.txt pins a torch/torchvision pair that works together on CPU (see the file).
-$(STAMP): pyproject.toml constraints.txt
+# requirements.lock pins every dependency, transitive ones included (make lock refreshes it).
+$(STAMP): pyproject.toml constraints.txt requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
+	$(BIN)/pip install --quiet -c constraints.txt -c requirements.lock -e ".[dev]"
 	@touch $(STAMP)
+
+# Refresh requirements.lock: every dependency of pyproject.toml (dev extras included),
+# resolved anew by uv for Python 3.10+ on any platform, within constraints.txt. Commit the
+# result; `make install` then gives every machine the same versions. Pass UV_EXCLUDE_NEWER=
+# <date> to resolve as of a past day.
+UV_VERSION := 0.13.8
+lock:
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet uv==$(UV_VERSION)
+	.lock-venv/bin/uv pip compile pyproject.toml --extra dev -c constraints.txt --universal \
+		--python-version 3.10 --custom-compile-command "make lock" --upgrade --quiet -o requirements.lock
+	rm -rf .lock-venv
 
 # The demo: Ray + serve_config.yaml, a real trace slice replayed with a live table, a report
 # under runs/demo-<time>/ (faro-serve demo --help; Ctrl-C stops early and shuts down).
