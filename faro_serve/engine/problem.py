@@ -15,7 +15,7 @@ import numpy as np
 from .latency import ESTIMATORS
 from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
 from .window import (DROP_GRID, NO_DROP, cold_start_fractions, interp_utilities,
-                     step_utility_table, window_table)
+                     saturation_count, step_utility_table, window_table)
 
 
 @dataclass
@@ -113,6 +113,21 @@ class Problem:
         x = np.asarray(x, float)
         return bool(self.cpus @ x <= self.cap_cpus + slack and self.mem @ x <= self.cap_mem + slack)
 
+    def subset(self, idx, cap_cpus: float, cap_mem: float | None, gamma: float) -> "Problem":
+        """The jobs ``idx`` alone within their own capacity (a group of section 3.4).
+
+        The tables are this problem's rows: a job's window utility does not depend on the
+        capacity, so a group's solve and the cross-group pass score every job identically.
+        """
+        idx = list(idx)
+        cap_mem_v = np.inf if cap_mem is None else float(cap_mem)
+        jobs = [self.jobs[i] for i in idx]
+        ceilings = count_ceiling(jobs, cap_cpus, cap_mem_v)
+        jobs = [JobInput(**{**j.__dict__, "max_replicas": c}) for j, c in zip(jobs, ceilings)]
+        return Problem(jobs=jobs, tables=self.tables[idx], drop_grid=self.drop_grid,
+                       cap_cpus=float(cap_cpus), cap_mem=cap_mem_v, kind=self.kind, gamma=gamma,
+                       fair_tiebreak=self.fair_tiebreak)
+
 
 def count_ceiling(jobs: list[JobInput], cap_cpus: float, cap_mem: float) -> list[int]:
     """Most replicas each job could get: its max, or what is left after everyone's minimum."""
@@ -137,18 +152,27 @@ def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | Non
     penalty = kind in PENALTY_OBJECTIVES
     any_drop = penalty and any(j.can_drop for j in jobs)
     grid = DROP_GRID if any_drop else NO_DROP
-    n_c = max(max(c, j.current) for j, c in zip(jobs, ceilings)) + 1
     est = ESTIMATORS[estimator]
+    # Columns past a job's saturation count are all 1 (utility cannot rise further), and
+    # the lookups hold the last column beyond a table's end: tabulating only up to it is
+    # exact, and far cheaper when the capacity dwarfs what a job needs.
+    widths = []
+    for j, c in zip(jobs, ceilings):
+        rates = np.ascontiguousarray(j.rates, dtype=float)
+        sat = saturation_count(float(rates.max()), j.proc_s, j.quantile, j.slo_s, rho_max, est, c)
+        widths.append(max(sat, j.current, j.min_replicas) + 1)
+    n_c = max(widths)
     tables = np.zeros((len(jobs), len(grid), n_c))
-    for i, j in enumerate(jobs):
+    for i, (j, width) in enumerate(zip(jobs, widths)):
         jgrid = grid if (penalty and j.can_drop) else NO_DROP
         rates = np.ascontiguousarray(j.rates, dtype=float)
         steps = step_utility_table(rates, j.proc_s, j.quantile, j.slo_s, alpha, rho_max, est,
-                                   n_c - 1, jgrid)
+                                   width - 1, jgrid)
         frac = cold_start_fractions(rates.shape[1], window_s, cold_start_s)
         w = window_table(steps, int(j.current), frac)
-        tables[i, : len(jgrid)] = w
+        tables[i, : len(jgrid), :width] = w
+        tables[i, : len(jgrid), width:] = w[:, -1:]
         if len(jgrid) < len(grid):  # a job that may not drop: same utility at every grid point
-            tables[i, len(jgrid):] = w[0]
+            tables[i, len(jgrid):] = tables[i, 0]
     return Problem(jobs=jobs, tables=tables, drop_grid=grid, cap_cpus=float(cap_cpus),
                    cap_mem=cap_mem_v, kind=kind, gamma=gamma, fair_tiebreak=fair_tiebreak)

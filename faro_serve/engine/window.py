@@ -65,6 +65,23 @@ def step_utility_table(rates: np.ndarray, p: float, q: float, slo: float, alpha:
 
 
 @njit(cache=True)
+def saturation_count(lam_max: float, p: float, q: float, slo: float, rho_max: float,
+                     estimator: int, cmax: int) -> int:
+    """Fewest replicas (at most ``cmax``) whose latency at ``lam_max`` meets the SLO.
+
+    Latency falls with replicas and rises with the rate, so from this count on every
+    forecast sample's step utility is exactly 1: a table needs no wider columns.
+    """
+    factors = rho_max_factors(cmax, q, rho_max)
+    row = np.empty(cmax + 1)
+    latency_row(lam_max, p, q, rho_max, estimator, factors, row)
+    for c in range(cmax + 1):
+        if row[c] <= slo:
+            return c
+    return cmax
+
+
+@njit(cache=True)
 def window_table(step_table: np.ndarray, current: int, new_fraction: np.ndarray) -> np.ndarray:
     """``W[d, c]``: window mean of ``step_table`` with the cold start applied to scale-ups.
 
