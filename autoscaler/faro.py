@@ -6,6 +6,15 @@
 * Short-term, every tick (10 s): a model whose observed percentile latency has broken its
   SLO for ``reactive_trigger_s`` (30 s) gets one more replica, only within free capacity,
   never a scale-down (the long-term part owns downscaling).
+* Surge (ours, after Knative's panic mode; ``surge``, on by default): every tick, a model
+  whose arrival rate over the last tick is ``surge_factor`` (2) times both what its target
+  replicas serve within the SLO (M/D/c) and its last completed minute's rate gets at once
+  the replicas that rate and its queue need, within free capacity, on top of whatever else
+  the tick decides. It only ever adds, and it acts again only when the rate doubles over
+  what the new target serves: a steady or noisy load never makes it oscillate, and a model
+  an overloaded plan keeps short on purpose is not a surge. It covers what the 30 s
+  trigger and a five-minute plan are too slow for: a step in load, and the first minutes
+  of a deployment, before there is history to forecast from.
 
 The oracle variant plans with the true future arrivals (simulator only): the same
 optimiser without forecast error, the bound the others are measured against.
@@ -20,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
-from faro_serve.engine import plan
+from faro_serve.engine import max_rate_for_slo, min_replicas_for_slo, plan
 from forecasting.base import FallbackForecaster, Forecast, Forecaster
 
 from .policy import Decision, Observation, Policy, grant_in_order
@@ -47,6 +56,7 @@ class FaroPolicy(Policy):
         self.n_samples = n_samples
         self.last_long_term = -math.inf
         self.violating_since: dict[str, float] = {}
+        self.surge_hold: dict[str, float] = {}  # model -> until when its reactive step waits
         self.decisions = 0
 
     # -- forecasting -------------------------------------------------------------------
@@ -61,10 +71,70 @@ class FaroPolicy(Policy):
     # -- decisions ---------------------------------------------------------------------
     def decide(self, obs: Observation) -> Decision | None:
         if obs.now - self.last_long_term >= self.cluster.long_term_interval_s:
-            return self.long_term(obs)
+            return self.with_surge(obs, self.long_term(obs))
         if self.reactive:
-            return self.short_term(obs)
-        return None
+            return self.with_surge(obs, self.short_term(obs))
+        return self.with_surge(obs, None)
+
+    # -- surge response ----------------------------------------------------------------
+    def surge_need(self, obs: Observation) -> dict[str, int]:
+        """Models whose last tick's arrival rate is at least ``surge_factor`` x both the rate
+        their target replicas serve within the SLO (M/D/c) and the last completed minute's
+        rate, with the replicas that rate and the queue behind it need: enough to drain the
+        queue within one more tick."""
+        out = {}
+        for n, o in obs.models.items():
+            m = self.slo[n]
+            if o.arrival_rate <= 0:
+                continue
+            p = (o.processing_ms or m.processing_ms or DEFAULT_PROCESSING_MS) / 1e3
+            slo, q = m.slo_ms / 1e3, m.percentile / 100
+            served = max_rate_for_slo(max(o.target_replicas, 1), p, slo, q, self.cluster.estimator,
+                                      self.cluster.rho_max)
+            # a surge is a change: a model the plan keeps short on purpose in an overloaded
+            # cluster is not surging (its rate was already there a minute ago)
+            before = float(o.arrivals_per_min[-1]) / 60.0 if len(o.arrivals_per_min) else 0.0
+            if o.arrival_rate < self.cluster.surge_factor * max(served, before):
+                continue
+            lam = o.arrival_rate + o.queue_length / self.tick_s
+            try:
+                need, _ = min_replicas_for_slo(lam, p, slo, q, self.cluster.estimator,
+                                               self.cluster.rho_max, limit=m.max_replicas)
+            except ValueError:  # not even max_replicas meet the SLO at this rate
+                need = m.max_replicas
+            out[n] = need
+        return out
+
+    def with_surge(self, obs: Observation, decision: Decision | None) -> Decision | None:
+        """Add the surge rule's replicas to ``decision`` (or to the current targets), within
+        the capacity the decision leaves free; the largest shortfall first."""
+        if not self.cluster.surge:
+            return decision
+        current = {n: o.target_replicas for n, o in obs.models.items()}
+        after = {**current, **(decision.replicas if decision else {})}
+        need = {n: r for n, r in self.surge_need(obs).items() if r > after[n]}
+        if not need:
+            return decision
+        order = sorted(need, key=lambda n: after[n] / need[n])
+        granted = grant_in_order(need, after, self.models, obs.capacity_cpus,
+                                 obs.capacity_memory_gb, order=order)
+        added = {n: granted[n] for n in order if granted[n] > after[n]}
+        if not added:
+            return decision
+        for n in added:
+            # the 30 s look-back still holds the surge's slow requests once the new replicas
+            # serve: the reactive trigger waits for them to age out before it counts again
+            self.violating_since.pop(n, None)
+            self.surge_hold[n] = obs.now + self.cluster.cold_start_s + self.cluster.reactive_trigger_s
+        info = {n: {"rate_rps": round(obs.models[n].arrival_rate, 3), "need": need[n],
+                    "from": after[n], "to": added[n]} for n in added}
+        if decision is None:
+            return Decision(added, {}, "surge", {"surge": info})
+        decision.replicas.update(added)
+        decision.info["surge"] = info
+        if decision.kind == "reactive":
+            decision.kind = "surge"
+        return decision
 
     def long_term(self, obs: Observation) -> Decision:
         self.last_long_term = obs.now
@@ -94,7 +164,9 @@ class FaroPolicy(Policy):
 
     def short_term(self, obs: Observation) -> Decision | None:
         for n, o in obs.models.items():
-            if o.latency_ms is not None and o.latency_ms > self.slo[n].slo_ms:
+            if obs.now < self.surge_hold.get(n, -math.inf):
+                self.violating_since.pop(n, None)  # a surge's replicas are still coming
+            elif o.latency_ms is not None and o.latency_ms > self.slo[n].slo_ms:
                 self.violating_since.setdefault(n, obs.now)
             else:
                 self.violating_since.pop(n, None)

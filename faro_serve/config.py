@@ -69,6 +69,13 @@ class ClusterSpec(BaseModel):
     cold_start_s: float = Field(65.0, ge=0)
     reactive_interval_s: float = Field(10.0, gt=0)
     reactive_trigger_s: float = Field(30.0, gt=0)
+    surge: bool = Field(True, description="surge response (ours, after Knative's panic mode): "
+                        "when the last tick's arrival rate is surge_factor x what a model's "
+                        "target replicas serve within the SLO, add what it needs at once, "
+                        "within free capacity")
+    surge_factor: float = Field(2.0, gt=1, description="how many times the rate the target "
+                                "replicas serve the last tick's rate must reach before the "
+                                "surge rule acts")
     fair_tiebreak: float = Field(1e-3, ge=0, description="weight of mean utility added to "
                                  "'fair' so equally fair allocations prefer more utility")
     shrink: bool = Field(True, description="run the shrink pass (paper section 4.3)")

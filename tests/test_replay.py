@@ -328,7 +328,8 @@ def test_live_replay_accounts_for_every_request_and_reports_the_simulate_metrics
     t0 = time.time()
     code, stdout, err = cli("replay", "--trace", str(trace), "--map", "job0=synth-a,job1=synth-b",
                             "--minutes", "2", "--time-scale", "0.3333", "--rate-scale", "0.5",
-                            "--url", serving, "--out", str(out), "--seed", "3", "--no-progress")
+                            "--url", serving, "--out", str(out), "--seed", "3", "--no-progress",
+                            "--step-at", "60")
     wall = time.time() - t0
     assert code == 0, err
     assert wall < 120
@@ -349,6 +350,16 @@ def test_live_replay_accounts_for_every_request_and_reports_the_simulate_metrics
     assert {r["model"] for r in rows} == {"synth-a", "synth-b"}
     served = [float(r["latency_ms"]) for r in rows if r["status"] == "200"]
     assert min(served) > 40  # a synthetic model sleeps; a 200 is a real answer
+    # the surge metrics of the step at trace second 60 (job0: 240 -> 360 per minute)
+    surge = doc["surge"]
+    assert surge["step_s"] == 60 and set(surge["models"]) == {"synth-a", "synth-b"}
+    after = [r for r in rows if 60 <= float(r["trace_s"]) < 180]
+    for n, m in surge["models"].items():
+        mine = [r for r in after if r["model"] == n]
+        assert m["requests"] == len(mine)
+        assert m["dropped"] == sum(r["status"] != "200" for r in mine)
+        assert m["recovery_s"] is None or 0 <= m["recovery_s"] <= 60
+    assert "step at 60 s" in stdout
     # the table and the accounting line are printed
     assert "lost cluster utility" in stdout and f"sent {acc['sent']:,} = answered" in stdout
     # the metric code is the simulator's: recomputing from the records gives the same numbers

@@ -41,6 +41,23 @@ def test_simulate_prints_and_writes_json(cli, trace_csv, tmp_path):
     assert d["minutes"] == 20 and d["policy"] == "aiad"
 
 
+def test_simulate_step_at_reports_recovery_and_damage(cli, trace_csv, tmp_path):
+    out = tmp_path / "r.json"
+    code, stdout, err = cli("simulate", "--trace", str(trace_csv), "--day", "3", "--sample", "0",
+                            "--capacity", "8", "--policy", "faro-fairsum", "--step-at", "300",
+                            "--json", str(out))
+    assert code == 0, err
+    surge = json.loads(out.read_text())["surge"]
+    assert surge["step_s"] == 300 and surge["span_s"] == 120 and set(surge["models"]) == {"job0", "job1", "job2"}
+    for m in surge["models"].values():
+        assert m["requests"] > 0 and m["bad"] == m["dropped"] + m["over_slo"] <= m["requests"]
+        assert m["recovery_s"] is None or 0 <= m["recovery_s"] <= 110
+    assert "step at 300 s" in stdout
+    code, _, err = cli("simulate", "--trace", str(trace_csv), "--day", "3", "--sample", "0",
+                       "--capacity", "8", "--step-at", "5000")
+    assert code == 2 and "--step-at 5000 s is outside" in err
+
+
 def test_replica_hold_slows_a_saturated_cluster(cli, trace_csv, tmp_path):
     """--replica-hold-ms reaches the simulator: with one replica per job near saturation, an
     idle gap of 40 ms per request (about a quarter of the 154 ms processing) raises the lost

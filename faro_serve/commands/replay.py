@@ -41,6 +41,10 @@ def register(sub) -> None:
     p.add_argument("--out", default="runs/replay", help="directory for records.csv and result.json (runs/replay)")
     p.add_argument("--json", metavar="OUT", help="also write the result JSON to OUT ('-' = stdout)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--step-at", type=float, metavar="SECONDS",
+                   help="a load step at this second of the replayed slice (trace clock): add each "
+                        "model's recovery time and the requests dropped or over the SLO in the "
+                        "step's first 2 minutes ('surge' in the JSON)")
     p.set_defaults(func=run)
 
 
@@ -78,7 +82,8 @@ def run(args) -> int:
     from ..cli import UsageError
     from ..replay.client import send_schedule
     from ..replay.loadgen import build_schedule, check_url, parse_map, select_trace
-    from ..replay.report import replay_document, replay_result, write_json, write_records
+    from ..replay.report import (replay_document, replay_result, replay_step, write_json,
+                                 write_records)
     from ..traces import load_trace
 
     url = check_url(args.url, args.allow_remote)
@@ -92,6 +97,8 @@ def run(args) -> int:
     trace = load_trace(args.trace, days=args.day, sample=args.sample)
     trace, names = select_trace(trace, jobs, mapping, args.start, args.minutes)
     sched = build_schedule(trace, names, args.time_scale, args.rate_scale, args.seed, args.max_requests)
+    if args.step_at is not None and not 0 <= args.step_at < 60 * sched.minutes:
+        raise UsageError(f"--step-at {args.step_at:g} s is outside the replayed {60 * sched.minutes} s")
     slo_ms, pct, st = _slos(args, url, names)
     out_dir = Path(args.out)
     try:
@@ -119,12 +126,18 @@ def run(args) -> int:
         policy = s.get("policy") or policy
     res = replay_result(sched, rec, slo_ms, pct, policy=policy)
     doc = replay_document(res, sched, rec, url)
+    if args.step_at is not None:
+        doc["surge"] = replay_step(sched, rec, slo_ms, pct, args.step_at)
     write_records(out_dir / "records.csv", sched, rec)
     write_json(out_dir / "result.json", doc)
     if args.json:
         write_json(args.json, doc)
     if args.json != "-":
         _print(res, doc, out_dir)
+        if args.step_at is not None:
+            from .simulate import print_step
+
+            print_step(doc["surge"])
     return 0
 
 

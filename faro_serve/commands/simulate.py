@@ -88,6 +88,10 @@ def register(sub) -> None:
     p.add_argument("--policy", default="faro-fairsum", help="policy name, e.g. faro-fairsum, oracle, mark, aiad (a wrong name lists all)")
     p.add_argument("--seed", type=int, default=0, help="random seed of arrivals and times (0)")
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-' = stdout)")
+    p.add_argument("--step-at", type=float, metavar="SECONDS",
+                   help="a load step at this run second: add each model's recovery time and the "
+                        "requests dropped or over the SLO in the step's first 2 minutes ('surge' in "
+                        "the JSON and the table)")
     p.set_defaults(func=run)
 
 
@@ -110,9 +114,15 @@ def run(args) -> int:
     if kind == "fallback" and (args.policy.startswith("faro-") or args.policy == "mark"):
         print(f"note: no --history given: {args.policy} forecasts with the fallback predictor "
               f"(uniform between the recent mean and max)", file=sys.stderr)
-    res = run_scenario(sc, args.policy, args.capacity, args.seed, forecaster=fc, loaded=loaded)
+    if args.step_at is not None and not 0 <= args.step_at < 60 * loaded[1].shape[1]:
+        raise UsageError(f"--step-at {args.step_at:g} s is outside the run's "
+                         f"{60 * loaded[1].shape[1]} s")
+    res = run_scenario(sc, args.policy, args.capacity, args.seed, forecaster=fc, loaded=loaded,
+                       keep_records=args.step_at is not None)
     out = res.to_dict() | {"forecaster": kind if (args.policy.startswith("faro-") or args.policy == "mark")
                            else "none"}
+    if args.step_at is not None:
+        out["surge"] = step_report(res.names, res.records, sc.models(res.names), args.step_at)
     if args.json:
         text = json.dumps(out, indent=2)
         if args.json == "-":
@@ -122,7 +132,28 @@ def run(args) -> int:
                 f.write(text + "\n")
     if args.json != "-":
         print_result(res, sc)
+        if args.step_at is not None:
+            print_step(out["surge"])
     return 0
+
+
+def step_report(names, records, models, step_s: float) -> dict:
+    """The surge metrics (faro_serve.recovery) of a run's request records."""
+    from ..recovery import surge_report
+
+    return surge_report(names, records["model"], records["arrival_s"], records["latency_s"],
+                        records["dropped"], [m.slo_ms / 1e3 for m in models],
+                        [m.percentile for m in models], step_s)
+
+
+def print_step(rep: dict) -> None:
+    print(f"step at {rep['step_s']:g} s: recovery (SLO-percentile over {rep['window_s']:g} s windows "
+          f"back under the SLO for the rest of {rep['span_s']:g} s) and requests dropped or over "
+          f"the SLO in that span")
+    for n, m in rep["models"].items():
+        rec = "not within the span" if m["recovery_s"] is None else f"{m['recovery_s']:g} s"
+        print(f"  {n}: recovery {rec}; {m['bad']:,} of {m['requests']:,} bad "
+              f"({m['dropped']:,} dropped, {m['over_slo']:,} over the SLO)")
 
 
 def print_result(res, sc) -> None:

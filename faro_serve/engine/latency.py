@@ -177,3 +177,22 @@ def min_replicas_for_slo(lam: float, p: float, slo: float, q: float, estimator: 
             return c, float(lat)
         c += 1
     raise ValueError(f"no replica count up to {limit} meets the SLO")
+
+
+def max_rate_for_slo(c: int, p: float, slo: float, q: float, estimator: str = "mdc",
+                     rho_max: float = 0.95, tol: float = 1e-4) -> float:
+    """Largest arrival rate (requests/s) at which ``c`` replicas still meet ``slo``: the
+    inverse of :func:`min_replicas_for_slo`, by bisection (latency rises with the rate)."""
+    if c < 1 or slo < p:
+        return 0.0
+    est = ESTIMATORS[estimator]
+    if est == EST_MDC:
+        est = EST_MDC_EXACT
+    lo, hi = 0.0, c / p  # at c / p the queue is unstable
+    while hi - lo > tol * max(hi, 1.0):
+        mid = 0.5 * (lo + hi)
+        if latency(c, mid, p, q, rho_max, est) <= slo:
+            lo = mid
+        else:
+            hi = mid
+    return lo

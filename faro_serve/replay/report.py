@@ -56,6 +56,20 @@ def replay_result(schedule: Schedule, rec: ReplayRecords, slo_ms: dict[str, floa
                      targets=np.asarray(targets, float), serving=np.asarray(serving, float))
 
 
+def replay_step(schedule: Schedule, rec: ReplayRecords, slo_ms: dict[str, float],
+                percentile: dict[str, float], step_s: float) -> dict:
+    """The surge metrics of ``faro_serve.recovery`` on the replay's records, on the trace's
+    clock (the instants the minute tables use); requests not sent are left out."""
+    from ..recovery import surge_report
+
+    names = schedule.names
+    sent = np.array([s != NOT_SENT for s in rec.status], dtype=bool)
+    served = np.array([s == "200" for s in rec.status], dtype=bool)
+    lat = np.where(served, rec.latency_s, np.inf)
+    return surge_report(names, rec.model[sent], rec.trace_s[sent], lat[sent], ~served[sent],
+                        [slo_ms[n] / 1e3 for n in names], [percentile[n] for n in names], step_s)
+
+
 def _ms(v: float):
     if math.isnan(v):
         return None  # no request in that minute
