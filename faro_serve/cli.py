@@ -22,6 +22,7 @@ COMMANDS = [
     "faro_serve.commands.demo",
     "faro_serve.commands.kuberay",
     "faro_serve.commands.validate",
+    "faro_serve.commands.compare",
 ]
 
 

@@ -158,3 +158,51 @@ def test_validate_again_refuses_saved_runs_of_another_data_path(cli, trace_csv, 
     code, _, err = cli("validate", "--trace", str(trace_csv), "--data-path", "sideways",
                        "--out", str(tmp_path))
     assert code == 2 and "--data-path" in err
+
+
+def test_head_to_head_report_against_ray_native(trace_csv, tmp_path):
+    """compare's report from saved runs: ray-native is simulated as Ray's rule (ray-serve),
+    the loss ratio, the accounting and the machine's load are written, the plot drawn."""
+    from faro_serve.validation.headtohead import contention, plot, report
+
+    wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job1", "job2"), start=0,
+                  minutes=8)
+    cal = Calibration(overhead_s=list(PAPER_ROUTER_OVERHEAD.sample(np.random.default_rng(0), 200)),
+                      cold_start_s=3.0, hold_s=[0.010, 0.014, 0.012])
+    native = _fake_live(wl, 2.0)
+    native[1].status_polls = [(2.0 * k, {"models": {n: {"target": 2, "replicas": 1 + k % 2}
+                                                    for n in ("job0", "job1", "job2")}})
+                              for k in range(10)]
+    state = {"workload": wl, "capacity": 9, "processing": "lognorm:0.4225,0.0793,0.0686",
+             "forecaster_dir": None, "calibration": cal, "load_average": {"ray-native": (0.5, 1.2)},
+             "runs": {"faro-fairsum": _fake_live(wl, 0.2), "ray-native": native}}
+    doc = resimulate(state, tmp_path)
+    assert doc["sim"]["ray-native"]["policy"] == "ray-serve"
+    text = report(state, doc)
+    n = native[1].counts()["sent"]
+    assert f"| ray-native | {3 - 3 * 0.72 / 2.0:.3f} |" in text  # U = SLO / latency per job-minute
+    assert "faro-fairsum loses 0.00x the utility ray-native loses" in text
+    assert f"| {n:,} |" in text and "0.5 / 1.2" in text
+    c = contention(wl, 9)
+    assert c["sum_of_peaks"] == sum(c["peak_need"].values()) and c["max_minute_need"] <= c["sum_of_peaks"]
+    plot(state, tmp_path / "compare.png")
+    assert (tmp_path / "compare.png").stat().st_size > 1000
+
+
+def test_the_default_compare_slice_is_contended():
+    """Issue 18's scenario: at least 6 jobs and 30 trace minutes whose busiest minutes
+    together need more replicas than the cluster has."""
+    from faro_serve.commands.compare import DEFAULT_JOBS
+    from faro_serve.validation.headtohead import contention
+
+    from conftest import SHARED_TRACES
+
+    path = SHARED_TRACES / "faro10_days1-10.csv"
+    if not path.exists():
+        pytest.skip(f"{path} is not here")
+    wl = Workload(trace=str(path), day=9, sample=0, jobs=tuple(DEFAULT_JOBS.split(",")), start=310,
+                  minutes=30, rate_scale=1 / 3, slowdown=3.0)
+    c = contention(wl, 16)
+    assert len(wl.jobs) >= 6 and wl.minutes >= 30
+    # the cluster holds the mean minute's need but not every job's peak at once
+    assert c["mean_need"] <= 16 < c["sum_of_peaks"]

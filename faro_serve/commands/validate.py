@@ -19,28 +19,39 @@ from pathlib import Path
 def register(sub) -> None:
     p = sub.add_parser("validate", help="live vs simulated runs of the same workload, per policy",
                        description=__doc__.split("\n\n", 1)[1])
+    add_live_args(p, day=10, jobs="job1,job5,job7,job8", start=180, minutes=20, capacity=12,
+                  slowdown=1.0, rate_scale=1.0, policies="faro-fairsum,aiad,fairshare",
+                  out="runs/validate")
+    p.set_defaults(func=run)
+
+
+def add_live_args(p, *, day: int, jobs: str, start: int, minutes: int, capacity: float,
+                  slowdown: float, rate_scale: float, policies: str, out: str) -> None:
+    """The flags of a live-vs-simulated run (``validate`` and ``compare``), with defaults."""
     p.add_argument("--trace", default="../shared/traces/faro10_days1-10.csv",
                    help="trace file (default: ../shared/traces/faro10_days1-10.csv)")
-    p.add_argument("--day", type=int, default=10, help="day (10)")
+    p.add_argument("--day", type=int, default=day, help=f"day ({day})")
     p.add_argument("--sample", type=int, default=0, help="sample (0)")
-    p.add_argument("--jobs", default="job1,job5,job7,job8", help="trace jobs, one model each "
-                   "(job1,job5,job7,job8)")
-    p.add_argument("--start", type=int, default=180, help="first trace minute (180)")
-    p.add_argument("--minutes", type=int, default=20, help="trace minutes, one wall minute each (20)")
-    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the counts (1)")
-    p.add_argument("--slowdown", type=float, default=1.0,
+    p.add_argument("--jobs", default=jobs, help=f"trace jobs, one model each ({jobs})")
+    p.add_argument("--start", type=int, default=start, help=f"first trace minute ({start})")
+    p.add_argument("--minutes", type=int, default=minutes,
+                   help=f"trace minutes, one wall minute each ({minutes})")
+    p.add_argument("--rate-scale", type=float, default=rate_scale,
+                   help=f"multiply the counts ({rate_scale:g})")
+    p.add_argument("--slowdown", type=float, default=slowdown,
                    help="processing times, SLO and prior x K: with --rate-scale 1/K the same queueing "
-                        "at 1/K of the requests per second, for small machines (1)")
-    p.add_argument("--capacity", type=float, default=12, help="replicas of 1 CPU (12)")
-    p.add_argument("--policies", default="faro-fairsum,aiad,fairshare",
-                   help="comma-separated policies (faro-fairsum,aiad,fairshare)")
+                        f"at 1/K of the requests per second, for small machines ({slowdown:g})")
+    p.add_argument("--capacity", type=float, default=capacity, help=f"replicas of 1 CPU ({capacity:g})")
+    p.add_argument("--policies", default=policies,
+                   help=f"comma-separated policies, or ray-native: plain Ray Serve under Ray's own "
+                        f"autoscaler, simulated as ray-serve ({policies})")
     p.add_argument("--data-path", choices=("front", "direct"), default="front",
                    help="the live models' data path: the router front, or the direct path with "
                         "the queue in Serve's proxy (docs/serving.md) (front)")
     p.add_argument("--forecaster", help="trained forecaster directory for both sides "
                    "(default: the fallback predictor)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (0)")
-    p.add_argument("--out", default="runs/validate", help="output directory (runs/validate)")
+    p.add_argument("--out", default=out, help=f"output directory ({out})")
     p.add_argument("--resimulate", action="store_true",
                    help="reuse the live runs saved in --out; only simulate and compare again")
     p.add_argument("--again", action="store_true",
@@ -51,10 +62,18 @@ def register(sub) -> None:
     p.add_argument("--cold-start-s", type=float, help="simulator cold start instead of the calibrated one")
     p.add_argument("--hold-ms", type=float, help="simulator replica hold between queued requests "
                    "instead of the calibrated one (0 = the paper's model)")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    out, doc, _ = run_validation(args)
+    print((out / "validation.md").read_text())
+    print(f"files: {out / 'validation.md'}, validation.json, validation.png, <policy>/records.csv")
+    return 0
+
+
+def run_validation(args) -> tuple[Path, dict, dict]:
+    """Live runs (or the saved ones), the matched simulations and validation.*: returns
+    (out, the validation document, the saved live state)."""
     from ..cli import UsageError
     from ..validation.compare import Workload
     from ..validation.run import load_state, resimulate
@@ -72,11 +91,14 @@ def run(args) -> int:
     else:
         from autoscaler.registry import policy_names
 
+        from ..validation.compare import NATIVE
+
+        known = policy_names() + sorted(NATIVE)
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-        unknown = [p for p in policies if p not in policy_names()]
+        unknown = [p for p in policies if p not in known]
         if not policies or unknown:
             raise UsageError(f"--policies: unknown {', '.join(unknown) or '(none given)'}; "
-                             f"choose from {', '.join(policy_names())}")
+                             f"choose from {', '.join(known)}")
         if not args.capacity >= 1:
             raise UsageError(f"--capacity must be >= 1 (got {args.capacity:g})")
         wl = Workload(trace=args.trace, day=args.day, sample=args.sample,
@@ -94,9 +116,7 @@ def run(args) -> int:
         state = _live(wl, policies, args.capacity, out, args.forecaster, previous, args.data_path)
     doc = resimulate(state, out, args.overhead_dist, args.cold_start_s, forecaster,
                      None if args.hold_ms is None else args.hold_ms / 1e3)
-    print((out / "validation.md").read_text())
-    print(f"files: {out / 'validation.md'}, validation.json, validation.png, <policy>/records.csv")
-    return 0
+    return out, doc, state
 
 
 def _live(wl, policies, capacity, out, forecaster_dir, previous, data_path):

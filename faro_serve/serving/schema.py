@@ -79,11 +79,16 @@ class AutoscalerConfig(FaroConfig):
         return "faro-" + self.cluster.objective.replace("_", "")
 
 
-def parse_model_args(data, source: str = "model application args") -> ModelAppArgs:
+def parse_args(cls: type[BaseModel], data, source: str):
+    """``data`` validated as ``cls``; a ConfigError naming the field, value and reason."""
     try:
-        return ModelAppArgs.model_validate(data or {})
+        return cls.model_validate(data or {})
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, source)) from None
+
+
+def parse_model_args(data, source: str = "model application args") -> ModelAppArgs:
+    return parse_args(ModelAppArgs, data, source)
 
 
 def parse_autoscaler_config(data, source: str = "faro application args") -> AutoscalerConfig:

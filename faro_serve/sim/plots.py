@@ -21,7 +21,7 @@ COLOURS = {
     "faro-sum": "#08519c", "faro-fairsum": "#3182bd", "faro-fair": "#6baed6",
     "faro-penaltysum": "#9ecae1", "faro-penaltyfairsum": "#c6dbef", "oracle": "black",
     "mark": "#ff7f0e", "mark-saturation": "#ffbb78", "aiad": "#2ca02c", "fairshare": "#7f7f7f",
-    "oneshot": "#d62728", "ray-serve": "#8c564b", "swayam": "#e377c2", "inferline": "#9467bd",
+    "oneshot": "#d62728", "ray-serve": "#8c564b", "ray-native": "#8c564b", "swayam": "#e377c2", "inferline": "#9467bd",
     "infaas": "#bcbd22",
 }
 

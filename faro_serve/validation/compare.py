@@ -70,6 +70,17 @@ class Workload:
         return PAPER_PROCESSING.scaled_to_mean(PAPER_PROCESSING.mean * self.slowdown)
 
 
+# Live baselines that are not faro-serve policies, and the simulator policy standing for each:
+# ``ray-native`` is plain Ray Serve under Ray's own autoscaler (faro_serve/serving/native.py),
+# ``ray-serve`` the simulator's model of Ray's default autoscaling rule.
+NATIVE = {"ray-native": "ray-serve"}
+
+
+def sim_policy(policy: str) -> str:
+    """The simulator policy that runs beside a live ``policy``."""
+    return NATIVE.get(policy, policy)
+
+
 def cluster_spec(capacity: float) -> ClusterSpec:
     """Both sides' policies plan with the same settings: the capacity, paper defaults else."""
     return ClusterSpec(cpus=capacity)

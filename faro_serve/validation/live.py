@@ -189,6 +189,69 @@ class LiveCluster:
         # the first completions may overlap the burst's own arrival; skip them
         return [t1 - t0 - p for (t0, _), (t1, p) in zip(done[2:], done[3:])]
 
+    # -- ray-native: plain Ray Serve under Ray's autoscaler ------------------------------
+    def deploy_native(self, names: list[str], processing: str, max_replicas: int,
+                      autoscaling: dict | None = None) -> None:
+        from ray import serve
+
+        from ..serving.native import native_app
+
+        for i, n in enumerate(names):
+            args = {"name": n, "model": {"kind": "synthetic", "processing": processing, "seed": i},
+                    "cpus": 1.0, "autoscaling_config": {"max_replicas": max_replicas, **(autoscaling or {})}}
+            serve.run(native_app(args), name=n, route_prefix=f"/{n}", blocking=False)
+        _wait(lambda: all(self.running().get(n) == 1 for n in names), 180, "the models to serve")
+
+    def native_replicas(self, names: list[str]) -> dict:
+        """What Ray's controller holds per model, as the autoscaler's status reports it:
+        ``target`` (every replica not stopping, pending ones included) and ``replicas``
+        (running)."""
+        from ray import serve
+
+        out = {}
+        for n, app in serve.status().applications.items():
+            dep = app.deployments.get("Model")
+            if n in names and dep is not None:
+                states = {str(getattr(k, "value", k)): v for k, v in dep.replica_states.items()}
+                out[n] = {"target": sum(v for k, v in states.items() if k != "STOPPING"),
+                          "replicas": int(states.get("RUNNING", 0))}
+        return out
+
+    def run_native(self, schedule: Schedule, models: list[ModelSLO], capacity: float,
+                   processing: str, autoscaling: dict | None = None,
+                   on_done=None) -> tuple[object, ReplayRecords]:
+        """The replay against ``ray-native``: no front, no faro autoscaler; Ray decides. The
+        replica counts are read from Ray Serve every 2 s into the records' status polls."""
+        import threading
+
+        names = [m.name for m in models]
+        self.deploy_native(names, processing, int(capacity), autoscaling)
+        polls: list[tuple[float, dict]] = []
+        stop = threading.Event()
+        t0 = time.time()
+
+        def poll():
+            while not stop.wait(2.0):
+                try:
+                    polls.append((time.time() - t0, {"policy": "ray-native", "capacity_cpus": capacity,
+                                                     "models": self.native_replicas(names)}))
+                except Exception as err:  # the controller is busy: the next poll
+                    log.warning("cannot read the replicas: %s", err)
+        th = threading.Thread(target=poll, daemon=True)
+        th.start()
+        try:
+            rec = asyncio.run(send_schedule(schedule, self.base, max_in_flight=2000, timeout_s=60.0,
+                                            status_every_s=None, on_done=on_done))
+        finally:
+            stop.set()
+            th.join(timeout=10)
+        rec.status_polls = polls
+        res = replay_result(schedule, rec, {m.name: m.slo_ms for m in models},
+                            {m.name: m.percentile for m in models}, policy="ray-native",
+                            capacity=capacity)
+        self.delete_all()
+        return res, rec
+
     # -- one policy --------------------------------------------------------------------
     def run_policy(self, policy: str, schedule: Schedule, models: list[ModelSLO], capacity: float,
                    processing: str, forecaster_dir: str | None, calibrate: bool = False,

@@ -18,7 +18,8 @@ from ..distributions import TimeDist, parse_dist
 from ..replay.loadgen import build_schedule
 from ..replay.report import replay_document, replay_result, write_records
 from ..sim.runner import SimConfig, simulate
-from .compare import Workload, cluster_spec, compare, fit_overhead, markdown, scale_up_lags
+from .compare import (NATIVE, Workload, cluster_spec, compare, fit_overhead, markdown, scale_up_lags,
+                      sim_policy)
 
 
 def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDist,
@@ -30,7 +31,7 @@ def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDi
 
     tr = wl.load()
     models = wl.models(tr.names)
-    pol = make_policy(policy, models, cluster_spec(capacity), forecaster)
+    pol = make_policy(sim_policy(policy), models, cluster_spec(capacity), forecaster)
     cfg = SimConfig(capacity_cpus=capacity, cold_start_s=cold_start_s, queue_limit=queue_limit,
                     processing=wl.processing(), router_overhead=overhead,
                     replica_hold_s=hold_s, seed=wl.seed)
@@ -68,8 +69,16 @@ def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
         for k, p in enumerate(policies):
             task = progress(p, sched.size) if progress else None
             load_before = os.getloadavg()[0]
-            res, rec, cal = lc.run_policy(p, sched, models, capacity, processing, forecaster_dir,
-                                          calibrate=k == 0 and previous is None, on_done=task)
+            if p in NATIVE:  # plain Ray Serve: nothing of faro-serve on the data path
+                cal = None
+                if k == 0 and previous is None:  # the calibration measures faro-serve's path
+                    lc.deploy_models([m.name for m in models], processing)
+                    cal = lc.calibrate(models[0].name)
+                    lc.delete_all()
+                res, rec = lc.run_native(sched, models, capacity, processing, on_done=task)
+            else:
+                res, rec, cal = lc.run_policy(p, sched, models, capacity, processing, forecaster_dir,
+                                              calibrate=k == 0 and previous is None, on_done=task)
             if cal is not None:
                 state["calibration"] = cal
             d = out / p

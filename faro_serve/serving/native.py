@@ -1,0 +1,77 @@
+"""``ray-native``: the models on plain Ray Serve under Ray's own autoscaler, the live baseline.
+
+What faro-serve's users run today, and what a live claim must beat: each model is one Ray
+Serve deployment with Ray's ``autoscaling_config`` (Ray's defaults unless set), no router
+front and no faro autoscaler; Ray's controller decides the replicas. Replicas take
+``cpus`` Ray CPUs each, so on a cluster started with the CPU budget the replicas beyond it
+stay pending in Ray, as in a real fixed cluster.
+
+The replica is the HTTP ingress at ``<route_prefix>/predict`` with the same body rules as
+faro-serve's paths (413 past the size limit, 400 for a bad JSON body) and the same model
+classes, so a replay sends both systems the very same requests. Nothing here drops or
+meters: overload queues in Ray, as Ray does it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import Field
+from ray import serve
+
+from .payload import read_payload, reject
+from .schema import ModelAppArgs, parse_args
+
+api = FastAPI(title="plain Ray Serve model endpoint (ray-native)",
+              description="Inference on a deployment autoscaled by Ray Serve itself.")
+
+MODEL = "Model"  # the deployment name faro-serve's tools count replicas of
+
+
+class NativeAppArgs(ModelAppArgs):
+    """``args`` of a ``ray-native`` model application: a model application's, plus Ray's
+    ``autoscaling_config`` (merged over ``min_replicas: 1``, ``max_replicas: 100``; every
+    other field Ray's default)."""
+
+    autoscaling_config: dict = Field(default_factory=dict, description="Ray Serve's "
+                                     "autoscaling_config for this deployment")
+
+
+@serve.ingress(api)
+class NativeModel:
+    def __init__(self, name: str, model_cls: type, model_kwargs: dict, max_body_bytes: int = 8 << 20):
+        self.name = name
+        self.model = model_cls(**model_kwargs)
+        self._async = asyncio.iscoroutinefunction(self.model.predict)
+        self.max_body_bytes = max_body_bytes
+
+    @api.post("/predict", summary="Run the model on one request",
+              description="Body: JPEG/PNG bytes, or JSON {\"image\": base64}.")
+    async def predict(self, request: Request):
+        payload = await read_payload(request, self.name, self.max_body_bytes)
+        if isinstance(payload, JSONResponse):
+            return payload
+        if self._async:
+            result = await self.model.predict(payload)
+        else:  # CPU-bound: off the replica's event loop
+            result = await asyncio.to_thread(self.model.predict, payload)
+        if isinstance(result, dict) and "error" in result:
+            return reject(int(result.get("status", 400)), self.name, "bad_request", result["error"])
+        return result
+
+
+def native_autoscaling(spec: NativeAppArgs) -> dict:
+    return {"min_replicas": 1, "max_replicas": 100, **spec.autoscaling_config}
+
+
+def native_app(args: dict):
+    """``import_path: faro_serve.serving.native:native_app``: one model on plain Ray Serve."""
+    from .app import _model_class
+
+    spec = parse_args(NativeAppArgs, args, "ray-native model application args")
+    cls, kwargs = _model_class(spec)
+    dep = serve.deployment(NativeModel, name=MODEL, autoscaling_config=native_autoscaling(spec),
+                           ray_actor_options={"num_cpus": spec.cpus})
+    return dep.bind(spec.name, cls, kwargs, spec.max_body_kb * 1024)
