@@ -78,3 +78,14 @@ def check_flood(res: list[tuple], n: int, reason: str) -> None:
     served = [r[1] for r in res if r[0] == 200]
     rejected = [r[1] for r in res if r[0] == 503]
     assert np.median(rejected) < np.median(served)
+
+
+def day_trace(path, counts: dict[str, list[int]], day: int = 1, sample: int = 0):
+    """A tidy trace CSV (day, sample, minute, job, requests) of one day's per-minute counts."""
+    with open(path, "w") as f:
+        f.write("day,sample,minute,job,requests\n")
+        for m in range(max(len(c) for c in counts.values())):
+            for job, c in counts.items():
+                if m < len(c):
+                    f.write(f"{day},{sample},{m},{job},{c[m]}\n")
+    return path

@@ -3,7 +3,6 @@ real local Ray cluster: loopback only, bounded load."""
 
 from __future__ import annotations
 
-import csv
 import json
 import threading
 import time
@@ -11,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from live_helpers import fire
+from live_helpers import day_trace, fire
 
 pytestmark = pytest.mark.slow
 
@@ -52,13 +51,7 @@ def test_ray_native_deploys_on_real_serve_and_ray_scales_it_under_load(report):
 
 
 def test_compare_short_slice_reports_both_runs_with_their_accounting(cli, tmp_path, report):
-    trace = tmp_path / "t.csv"
-    with open(trace, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["day", "sample", "minute", "job", "requests"])
-        for m in range(3):
-            w.writerow([1, 0, m, "a", 300])
-            w.writerow([1, 0, m, "b", 90])
+    trace = day_trace(tmp_path / "t.csv", {"a": [300] * 3, "b": [90] * 3})
     out = tmp_path / "cmp"
     code, stdout, err = cli("compare", "--trace", str(trace), "--day", "1", "--sample", "0",
                             "--jobs", "a,b", "--start", "1", "--minutes", "1", "--capacity", "4",
@@ -72,7 +65,8 @@ def test_compare_short_slice_reports_both_runs_with_their_accounting(cli, tmp_pa
     for run in ("faro-fairsum", "ray-native"):
         acc = json.loads((out / run / "result.json").read_text())["accounting"]
         assert acc["sent"] == acc["answered"] + acc["errors"] == acc["scheduled"] > 300
-        assert f"| {run} |" in text and f"| {acc['sent']:," in text
+        sent = f"{acc['sent']:,}"
+        assert f"| {run} |" in text and f"| {sent} |" in text
     # ray-native's replicas come from Ray Serve's status, polled while the replay ran
     from faro_serve.validation.run import load_state
 

@@ -4,23 +4,18 @@ report is written (paper 6.5)."""
 
 from __future__ import annotations
 
-import csv
 import json
 
 import pytest
+
+from live_helpers import day_trace
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("data_path", ["front", "direct"])
 def test_validate_one_policy_live_and_simulated(cli, tmp_path, report, data_path):
-    trace = tmp_path / "t.csv"
-    with open(trace, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["day", "sample", "minute", "job", "requests"])
-        for m in range(3):
-            w.writerow([1, 0, m, "a", 240])
-            w.writerow([1, 0, m, "b", 60])
+    trace = day_trace(tmp_path / "t.csv", {"a": [240] * 3, "b": [60] * 3})
     out = tmp_path / "val"
     code, stdout, err = cli("validate", "--trace", str(trace), "--day", "1", "--sample", "0",
                             "--jobs", "a,b", "--start", "1", "--minutes", "1", "--capacity", "4",

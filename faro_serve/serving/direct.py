@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from .control import FrontControl
-from .payload import drop_rate_refusal, read_payload, refusal_reason, reject
+from .payload import drop_rate_refusal, read_payload, refusal_reason, run_model
 from .proxy_queue import MAX_EVENTS, REPORT_S
 
 log = logging.getLogger("faro_serve.serving")
@@ -43,7 +43,6 @@ class DirectModel:
         self.meter = meter
         self.name = name
         self.model = model_cls(**model_kwargs)
-        self._async = asyncio.iscoroutinefunction(self.model.predict)
         self.max_body_bytes = max_body_bytes
         self.drop_rate = 0.0
         self.events: list[tuple] = []  # ("p", t, processing s) and ("d", t, reason)
@@ -62,13 +61,10 @@ class DirectModel:
         if isinstance(payload, JSONResponse):
             self._event(("d", time.time(), refusal_reason(payload)))
             return payload
-        if self._async:
-            result = await self.model.predict(payload)
-        else:  # CPU-bound: off the replica's event loop
-            result = await asyncio.to_thread(self.model.predict, payload)
-        if isinstance(result, dict) and "error" in result:
+        result = await run_model(self.model, self.name, payload)
+        if isinstance(result, JSONResponse):
             self._event(("d", time.time(), "bad_request"))
-            return reject(int(result.get("status", 400)), self.name, "bad_request", result["error"])
+            return result
         proc = result.get("processing_ms") if isinstance(result, dict) else None
         if proc is not None:
             self._event(("p", time.time(), proc / 1e3))

@@ -12,16 +12,12 @@ classes, so a replay sends both systems the very same requests. Nothing here dro
 meters: overload queues in Ray, as Ray does it.
 """
 
-from __future__ import annotations
-
-import asyncio
-
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field
 from ray import serve
 
-from .payload import read_payload, reject
+from .payload import read_payload, run_model
 from .schema import ModelAppArgs, parse_args
 
 api = FastAPI(title="plain Ray Serve model endpoint (ray-native)",
@@ -44,7 +40,6 @@ class NativeModel:
     def __init__(self, name: str, model_cls: type, model_kwargs: dict, max_body_bytes: int = 8 << 20):
         self.name = name
         self.model = model_cls(**model_kwargs)
-        self._async = asyncio.iscoroutinefunction(self.model.predict)
         self.max_body_bytes = max_body_bytes
 
     @api.post("/predict", summary="Run the model on one request",
@@ -53,13 +48,7 @@ class NativeModel:
         payload = await read_payload(request, self.name, self.max_body_bytes)
         if isinstance(payload, JSONResponse):
             return payload
-        if self._async:
-            result = await self.model.predict(payload)
-        else:  # CPU-bound: off the replica's event loop
-            result = await asyncio.to_thread(self.model.predict, payload)
-        if isinstance(result, dict) and "error" in result:
-            return reject(int(result.get("status", 400)), self.name, "bad_request", result["error"])
-        return result
+        return await run_model(self.model, self.name, payload)
 
 
 def native_autoscaling(spec: NativeAppArgs) -> dict:

@@ -2,6 +2,7 @@
 both data paths (the router front and the direct path): 413 past the size limit, 400 for
 a JSON body that is not ``{"image": base64}``, 503 with the reason of a drop."""
 
+import asyncio
 import base64
 import binascii
 import json
@@ -43,3 +44,15 @@ async def read_payload(request: Request, model: str, max_body_bytes: int) -> byt
             return reject(400, model, "bad_request",
                           'JSON bodies must be {"image": "<base64 of JPEG/PNG bytes>"}')
     return body
+
+
+async def run_model(model, name: str, payload: bytes) -> dict | JSONResponse:
+    """The model's answer to ``payload``, or the refusal it asked for (``{"error": ...}``).
+    A synchronous (CPU-bound) ``predict`` runs off the replica's event loop."""
+    if asyncio.iscoroutinefunction(model.predict):
+        result = await model.predict(payload)
+    else:
+        result = await asyncio.to_thread(model.predict, payload)
+    if isinstance(result, dict) and "error" in result:
+        return reject(int(result.get("status", 400)), name, "bad_request", result["error"])
+    return result
