@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..config import ClusterSpec, ModelSLO, check_minimums_fit
+from .integer import fill, polish, shrink
 from .latency import ESTIMATORS, latency
 from .problem import JobInput, Problem, build_problem
-from .integer import fill, polish, shrink
 from .solver import solve
 from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
 
