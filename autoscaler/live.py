@@ -18,7 +18,7 @@ import ray
 from fastapi import FastAPI
 from ray import serve
 
-from faro_serve.serving.schema import AutoscalerConfig, parse_autoscaler_config
+from .config import AutoscalerConfig, parse_autoscaler_config
 
 from .loop import AutoscalerLoop
 

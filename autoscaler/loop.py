@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from faro_serve.serving.schema import AutoscalerConfig
+from .config import AutoscalerConfig
 
 from .policy import Decision, ModelObservation, Observation
 from .registry import make_policy

@@ -13,7 +13,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..config import ConfigError, FaroConfig, format_validation_error
+from autoscaler.config import AutoscalerConfig, parse_autoscaler_config  # noqa: F401 (re-exported)
+
+from ..config import ConfigError, format_validation_error
 from ..distributions import PAPER_PROCESSING, parse_dist
 
 
@@ -62,23 +64,6 @@ class ModelAppArgs(BaseModel):
         "one hop less (docs/serving.md)")
 
 
-class AutoscalerConfig(FaroConfig):
-    """``args`` of the ``faro`` application: cluster, SLOs, and how to autoscale."""
-
-    policy: str | None = Field(None, description="policy name; default faro-<objective>")
-    forecaster_dir: str | None = Field(None, description="trained forecaster directory; "
-                                       "default: the fallback predictor")
-    dashboard_url: str = Field("http://127.0.0.1:8265", description="Ray dashboard (external "
-                               "scaling API)")
-    decision_log: str | None = Field(None, description="JSON-lines file of every decision")
-    enabled: bool = Field(True, description="false: measure and report, change nothing")
-
-    def policy_name(self) -> str:
-        if self.policy:
-            return self.policy
-        return "faro-" + self.cluster.objective.replace("_", "")
-
-
 def parse_args(cls: type[BaseModel], data, source: str):
     """``data`` validated as ``cls``; a ConfigError naming the field, value and reason."""
     try:
@@ -89,19 +74,3 @@ def parse_args(cls: type[BaseModel], data, source: str):
 
 def parse_model_args(data, source: str = "model application args") -> ModelAppArgs:
     return parse_args(ModelAppArgs, data, source)
-
-
-def parse_autoscaler_config(data, source: str = "faro application args") -> AutoscalerConfig:
-    if not isinstance(data, dict):
-        raise ConfigError(f"invalid configuration in {source}: expected a mapping with 'cluster' "
-                          f"and 'models'")
-    try:
-        cfg = AutoscalerConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(err, source)) from None
-    from autoscaler.registry import policy_names
-
-    if cfg.policy and cfg.policy not in policy_names():
-        raise ConfigError(f"invalid configuration in {source}: policy {cfg.policy!r} is unknown; "
-                          f"choose one of {', '.join(policy_names())}")
-    return cfg

@@ -1,0 +1,45 @@
+"""The autoscaler's configuration, Ray-free: the ``args`` of the ``faro`` application.
+
+It lives with the policies it names, so the policy layer never imports the serving layer
+(imports run serving -> autoscaler -> engine/forecasting -> config);
+``faro_serve.serving.schema`` re-exports it for the Serve applications.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, ValidationError
+
+from faro_serve.config import ConfigError, FaroConfig, format_validation_error
+
+
+class AutoscalerConfig(FaroConfig):
+    """``args`` of the ``faro`` application: cluster, SLOs, and how to autoscale."""
+
+    policy: str | None = Field(None, description="policy name; default faro-<objective>")
+    forecaster_dir: str | None = Field(None, description="trained forecaster directory; "
+                                       "default: the fallback predictor")
+    dashboard_url: str = Field("http://127.0.0.1:8265", description="Ray dashboard (external "
+                               "scaling API)")
+    decision_log: str | None = Field(None, description="JSON-lines file of every decision")
+    enabled: bool = Field(True, description="false: measure and report, change nothing")
+
+    def policy_name(self) -> str:
+        if self.policy:
+            return self.policy
+        return "faro-" + self.cluster.objective.replace("_", "")
+
+
+def parse_autoscaler_config(data, source: str = "faro application args") -> AutoscalerConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid configuration in {source}: expected a mapping with 'cluster' "
+                          f"and 'models'")
+    try:
+        cfg = AutoscalerConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+    from autoscaler.registry import policy_names
+
+    if cfg.policy and cfg.policy not in policy_names():
+        raise ConfigError(f"invalid configuration in {source}: policy {cfg.policy!r} is unknown; "
+                          f"choose one of {', '.join(policy_names())}")
+    return cfg
