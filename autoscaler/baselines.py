@@ -81,12 +81,12 @@ class Timers:
 
 
 def fcfs_decision(policy: Policy, obs: Observation, wanted: dict[str, int], order: list[str],
-                  kind: str, info: dict | None = None) -> Decision | None:
-    """Grant ``wanted`` (decreases at once, increases in ``order`` while capacity lasts);
-    None when nothing changes."""
+                  kind: str, info: dict | None = None, interleave: bool = False) -> Decision | None:
+    """Grant ``wanted`` (decreases at once, increases in ``order`` while capacity lasts,
+    ``interleave``d or not: ``grant_in_order``); None when nothing changes."""
     current = {n: o.target_replicas for n, o in obs.models.items()}
     granted = grant_in_order(wanted, current, policy.models, obs.capacity_cpus,
-                             obs.capacity_memory_gb, order=order)
+                             obs.capacity_memory_gb, order=order, interleave=interleave)
     changed = {n: granted[n] for n in wanted if granted[n] != current[n]}
     if not changed:
         return None
@@ -284,7 +284,9 @@ class RayServePolicy(Policy):
     ``ceil(running + factor * (desired - running))``; a change only after the desire held
     ``upscale_delay_s`` (30 s) / ``downscale_delay_s`` (600 s), measured against Ray's own
     target; then min/max replicas. Ray's target may exceed what the cluster holds: like
-    pending replicas, the excess is granted first come first served as capacity frees.
+    pending replicas, the excess is granted as capacity frees, one replica per waiting model
+    in turn (oldest wish first), which is how Ray spread freed CPUs over several deployments'
+    pending replicas live (docs/compare.md).
     """
 
     name = "ray-serve"
@@ -362,7 +364,7 @@ class RayServePolicy(Policy):
                 self.pending_since.pop(m.name, None)
         order = sorted(self.pending_since, key=self.pending_since.get)
         return fcfs_decision(self, obs, dict(self.ray_target), order, "reactive",
-                             {"ray_target": dict(self.ray_target)})
+                             {"ray_target": dict(self.ray_target)}, interleave=True)
 
 
 register("fairshare", lambda models, cluster, forecaster=None: FairSharePolicy(models, cluster))

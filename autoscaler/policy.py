@@ -76,32 +76,43 @@ class Policy(ABC):
 
 def grant_in_order(wanted: dict[str, int], current: dict[str, int], models: Iterable[ModelSLO],
                    capacity_cpus: float, capacity_memory_gb: float | None,
-                   order: Iterable[str] | None = None) -> dict[str, int]:
+                   order: Iterable[str] | None = None, interleave: bool = False) -> dict[str, int]:
     """Fit desired replica counts into the capacity, first come first served.
 
     Decreases are always granted (they free capacity first); increases are granted in
     ``order`` (default: the order of ``wanted``) while capacity remains, each as far as it
     fits. This is how independent per-model autoscalers share a fixed cluster.
+
+    ``interleave``: one replica per model per round, in ``order``, instead of each model's
+    whole increase in turn: how Ray places the pending replicas of several deployments when
+    CPUs free up (seen live: 10 freed CPUs went 3/3/2/2/0 to five deployments).
     """
     spec = {m.name: m for m in models}
     out = dict(current)
+    goal = {}
     for n, w in wanted.items():
-        w = int(np.clip(w, spec[n].min_replicas, spec[n].max_replicas))
-        if w < out.get(n, 0):
-            out[n] = w
-    used_cpu = sum(out[n] * spec[n].cpus for n in out)
-    used_mem = sum(out[n] * spec[n].memory_gb for n in out)
-    for n in (order if order is not None else wanted):
-        if n not in wanted:
-            continue
-        w = int(np.clip(wanted[n], spec[n].min_replicas, spec[n].max_replicas))
-        while out.get(n, 0) < w:
+        goal[n] = int(np.clip(w, spec[n].min_replicas, spec[n].max_replicas))
+        if goal[n] < out.get(n, 0):
+            out[n] = goal[n]
+    used = [sum(out[n] * spec[n].cpus for n in out), sum(out[n] * spec[n].memory_gb for n in out)]
+
+    def fits(m: ModelSLO) -> bool:
+        if used[0] + m.cpus > capacity_cpus + 1e-9:
+            return False
+        return capacity_memory_gb is None or used[1] + m.memory_gb <= capacity_memory_gb + 1e-9
+
+    queue = [n for n in (order if order is not None else wanted) if n in goal]
+    while queue:
+        still = []
+        for n in queue:
             m = spec[n]
-            if used_cpu + m.cpus > capacity_cpus + 1e-9:
-                break
-            if capacity_memory_gb is not None and used_mem + m.memory_gb > capacity_memory_gb + 1e-9:
-                break
-            out[n] = out.get(n, 0) + 1
-            used_cpu += m.cpus
-            used_mem += m.memory_gb
+            while out.get(n, 0) < goal[n] and fits(m):
+                out[n] = out.get(n, 0) + 1
+                used[0] += m.cpus
+                used[1] += m.memory_gb
+                if interleave:
+                    break
+            if interleave and out.get(n, 0) < goal[n] and fits(m):
+                still.append(n)
+        queue = still
     return out

@@ -102,15 +102,20 @@ def test_ray_serve_default_formula_and_delays():
 
 
 def test_ray_serve_keeps_its_target_pending_until_capacity_frees():
-    ms = models(2)
-    pol = make_policy("ray-serve", ms, ClusterSpec(cpus=6))
-    state = {"m0": {"replicas": 1, "ongoing_per_replica": 20.0}, "m1": {"replicas": 1, "target_replicas": 5}}
-    for t in (0, 10, 20):
-        pol.decide(obs(t, state, cap=6))
-    assert pol.decide(obs(30, state, cap=6)) is None  # wants 10, no capacity free: pending
-    # m1 gives replicas back (after its own downscale delay): m0's pending target takes them
-    state = {"m0": {"replicas": 1, "ongoing_per_replica": 20.0}, "m1": {"replicas": 1, "target_replicas": 1}}
-    assert pol.decide(obs(40, state, cap=6)).replicas["m0"] == 5
+    ms = models(3)
+    pol = make_policy("ray-serve", ms, ClusterSpec(cpus=8))
+    busy = {"replicas": 1, "ongoing_per_replica": 20.0}
+    idle = {"replicas": 6, "ongoing_per_replica": 0.0}
+    for t in range(0, 40, 10):  # m0 and m1 want 10 each after Ray's 30 s upscale delay
+        assert pol.decide(obs(t, {"m0": busy, "m1": busy, "m2": idle}, cap=8)) is None
+    # m2 idles at 6 replicas: after Ray's 600 s downscale delay it gives 5 back, and the two
+    # pending targets take them one replica each in turn (the older wish first), as Ray
+    # placed freed CPUs among several deployments' pending replicas live
+    t, d = 40, None
+    while d is None and t <= 700:
+        d = pol.decide(obs(t, {"m0": busy, "m1": busy, "m2": idle}, cap=8))
+        t += 10
+    assert t > 600 and d.replicas == {"m0": 4, "m1": 3, "m2": 1}
 
 
 def test_mark_provisions_the_forecast_peak_at_one_replica_capacity():

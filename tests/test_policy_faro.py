@@ -78,6 +78,12 @@ def test_grant_in_order_is_first_come_first_served():
     out = grant_in_order({"a": 5, "b": 5, "c": 2}, cur, models, capacity_cpus=8, capacity_memory_gb=None,
                          order=["b", "a", "c"])
     assert out == {"a": 1, "b": 5, "c": 2}  # c's decrease frees room first; b asked first
+    spread = grant_in_order({"a": 5, "b": 5, "c": 2}, cur, models, capacity_cpus=8,
+                            capacity_memory_gb=None, order=["b", "a", "c"], interleave=True)
+    assert spread == {"a": 3, "b": 3, "c": 2}  # one each in turn: b, a, b, a (b first)
+    odd = grant_in_order({"a": 9, "b": 2, "c": 9}, {"a": 1, "b": 1, "c": 1}, models, capacity_cpus=9,
+                         capacity_memory_gb=None, order=["c", "a", "b"], interleave=True)
+    assert odd == {"a": 3, "b": 2, "c": 4}  # b stops at its wish; the rest goes round, c first
 
 
 def test_fallback_forecaster_spread_between_mean_and_max():

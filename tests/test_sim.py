@@ -13,7 +13,7 @@ from autoscaler.policy import Decision, Policy
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine.latency import latency_mdc
 from faro_serve.sim import NO_OVERHEAD, CapacityExceeded, SimConfig, TimeDist, simulate
-from faro_serve.sim.kernels import DONE, DROP_TAIL, PENDING, advance
+from faro_serve.sim.kernels import DONE, DROP_TAIL, PENDING, TIMED_OUT, advance
 
 
 class Hold(Policy):
@@ -242,3 +242,43 @@ def test_targets_are_clamped_to_model_bounds():
     res = simulate(np.full((1, 1), 60.0), m, ScaleOnce(m, ClusterSpec(cpus=10), {"a": 0}),
                    SimConfig(capacity_cpus=10))
     assert res.targets[0, 0] == 2
+
+
+def test_clients_give_up_after_their_timeout():
+    """A client's timeout (a replay's 60 s): a request still queued after it leaves unserved
+    and never takes a replica; one answered later than it fails too; the queue stays bounded."""
+    n = 600
+    arr = np.arange(n) * 0.1  # 10 req/s on one replica of 1 s: hopelessly overloaded
+    proc = np.full(n, 1.0)
+    start, lat = np.full(n, np.nan), np.full(n, np.nan)
+    status = np.zeros(n, np.int8)
+    qbuf = np.zeros(n, np.int64)
+    free_at, busy = np.zeros(1), np.full(1, -np.inf)
+    out = advance(0.0, 1e9, arr, proc, np.zeros(n), np.ones(n), start, lat, status, 0, n, qbuf, 0, 0,
+                  free_at, busy, 0.0, n, 0.0, 3.5)
+    assert out[2] == 0 and not (status == PENDING).any()
+    done = status == DONE
+    assert np.all(lat[done] <= 3.5) and np.all(np.isinf(lat[~done]))
+    assert np.all(status[~done] == TIMED_OUT) and 0 < done.sum() < n / 10
+    # the replica serves one request at a time, and stops when that request's client leaves
+    began = ~np.isnan(start)
+    order = np.argsort(start[began])
+    s0 = start[began][order]
+    ends = np.minimum(s0 + 1.0, arr[began][order] + 3.5)
+    assert np.all(s0[1:] >= ends[:-1] - 1e-9) and np.all(s0 - arr[began][order] <= 3.5)
+    assert np.isclose(s0[-1], ends[-2])  # back to back: no idle replica while clients wait
+
+    # Plain Ray Serve's unbounded queue, overloaded for 10 minutes: with clients that give
+    # up after 60 s its backlog (mean ongoing requests) stays about 60 s of arrivals deep.
+    m = one_model(200.0)
+    runs = {}
+    for timeout in (60.0, np.inf):
+        cfg = SimConfig(capacity_cpus=1, queue_limit=10**6, processing=TimeDist("const", (0.2,)),
+                        router_overhead=NO_OVERHEAD, client_timeout_s=timeout, keep_records=True)
+        runs[timeout] = simulate(np.full((1, 10), 600.0), m, Hold(m, ClusterSpec(cpus=1)), cfg)
+    waits = runs[60.0].records["latency_s"]
+    assert np.nanmax(waits[np.isfinite(waits)]) <= 60.0
+    assert runs[60.0].summary.job_dropped.sum() > 0.4 * 6000
+    assert runs[np.inf].summary.job_dropped.sum() == 0
+    with pytest.raises(ValueError, match="client timeout"):
+        SimConfig(capacity_cpus=1, client_timeout_s=0)

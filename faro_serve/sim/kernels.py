@@ -13,10 +13,17 @@ drains).
 Replicas added by the autoscaler appear with ``free_at`` = the end of their cold start, so
 nothing is special about them here.
 
+A client may give up: with a finite ``patience`` (the load generator's per-request timeout,
+60 s in a replay), a request still queued ``patience`` seconds after it arrived leaves the
+queue unserved, and one that would be answered later than that fails too: its replica
+stops serving it when the client leaves. Live, Ray Serve cancels a request whose HTTP client disconnected,
+so an unbounded queue in plain Ray Serve stays about ``patience`` deep instead of growing
+for ever; without this the simulated backlog outlives the overload by minutes.
+
 Requests live in per-model buffers (arrival, processing, overhead and drop draw, all drawn
 beforehand from a seeded generator, so a run is deterministic); the kernel fills in start
 time, latency and status. Status codes: ``PENDING`` (not arrived yet or queued), ``DONE``,
-``DROP_RATE``, ``DROP_TAIL``.
+``DROP_RATE``, ``DROP_TAIL``, ``TIMED_OUT``.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ PENDING = 0
 DONE = 1
 DROP_RATE = 2
 DROP_TAIL = 3
+TIMED_OUT = 4
 
 
 @njit(cache=True)
@@ -46,7 +54,7 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             u: np.ndarray, start: np.ndarray, lat: np.ndarray, status: np.ndarray,
             nxt: int, nend: int, qbuf: np.ndarray, qh: int, nq: int,
             free_at: np.ndarray, busy_until: np.ndarray, drop_rate: float, limit: int,
-            hold: float = 0.0):
+            hold: float = 0.0, patience: float = np.inf):
     """Simulate ``[t0, t1)``: serve the queue, take the arrivals ``arr[nxt:nend]`` before t1.
 
     ``qbuf`` is a ring of buffer indices (the FIFO queue) with head ``qh`` and length ``nq``.
@@ -77,12 +85,22 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             qh = (qh + 1) % cap
             nq -= 1
             s = max(f, arr[j])
+            if s - arr[j] > patience:  # its client gave up while it waited
+                status[j] = TIMED_OUT
+                lat[j] = np.inf
+                area += max(0.0, min(arr[j] + patience, t1) - max(arr[j], t0))
+                continue
             start[j] = s
-            busy_until[k] = s + proc[j]
-            free_at[k] = s + proc[j] + hold
             lat[j] = s - arr[j] + proc[j] + ovh[j]
+            end = s + proc[j]
             status[j] = DONE
-            area += (s - max(arr[j], t0)) + (min(s + proc[j], t1) - s)
+            if lat[j] > patience:  # answered too late: cancelled when its client leaves
+                status[j] = TIMED_OUT
+                lat[j] = np.inf
+                end = max(s, arr[j] + patience)
+            busy_until[k] = end
+            free_at[k] = end + hold
+            area += (s - max(arr[j], t0)) + (min(end, t1) - s)
         if ta >= t1:
             break
         n_arr += 1
@@ -98,11 +116,16 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
                     k = -1
             if k >= 0:
                 start[i] = ta
-                busy_until[k] = ta + proc[i]
-                free_at[k] = ta + proc[i] + hold
                 lat[i] = proc[i] + ovh[i]
+                end = ta + proc[i]
                 status[i] = DONE
-                area += min(ta + proc[i], t1) - ta
+                if lat[i] > patience:
+                    status[i] = TIMED_OUT
+                    lat[i] = np.inf
+                    end = ta + patience
+                busy_until[k] = end
+                free_at[k] = end + hold
+                area += min(end, t1) - ta
             elif nq >= limit:
                 status[i] = DROP_TAIL
                 lat[i] = np.inf
@@ -111,9 +134,9 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
                 qbuf[(qh + nq) % cap] = i
                 nq += 1
         i += 1
-    for m in range(nq):  # still waiting at t1
+    for m in range(nq):  # still waiting at t1 (or gone: the client gave up)
         j = qbuf[(qh + m) % cap]
-        area += t1 - max(arr[j], t0)
+        area += max(0.0, min(t1, arr[j] + patience) - max(arr[j], t0))
     return i, qh, nq, n_arr, n_drop, area
 
 

@@ -56,6 +56,9 @@ class SimConfig:
     # a replica's idle gap between two queued requests: the router's dispatch round trip
     # (0 = the paper's model; matched validation calibrates it on the live system)
     replica_hold_s: float = 0.0
+    # a client gives up on a request not answered within this (a replay's per-request
+    # timeout); inf: clients wait for ever, the paper's model (kernels.advance)
+    client_timeout_s: float = math.inf
     look_back_s: float = 30.0
     initial_replicas: int | None = None  # None: each model's min_replicas
     seed: int = 0
@@ -70,6 +73,8 @@ class SimConfig:
             raise ValueError(f"queue limit must be >= 0 (got {self.queue_limit})")
         if not (0 <= self.replica_hold_s < 60):
             raise ValueError(f"replica hold must be in [0, 60) s (got {self.replica_hold_s:g})")
+        if not self.client_timeout_s > 0:
+            raise ValueError(f"client timeout must be > 0 s (got {self.client_timeout_s:g})")
         if self.look_back_s <= 0:
             raise ValueError("look-back must be > 0 s")
 
@@ -148,7 +153,7 @@ def simulate(counts: np.ndarray, models: Sequence[ModelSLO], policy: Policy, cfg
     tick = float(policy.tick_s)
     look_ticks = int(math.ceil(cfg.look_back_s / tick)) + 1
     states = {m.name: ModelState(m.name, i, cfg.queue_limit, look_ticks,
-                                     cfg.replica_hold_s) for i, m in enumerate(models)}
+                                     cfg.replica_hold_s, cfg.client_timeout_s) for i, m in enumerate(models)}
     for s, r in zip(states.values(), init):
         s.scale_to(r, 0.0, 0.0)
     slo_s = np.array([m.slo_ms / 1e3 for m in models])

@@ -28,6 +28,7 @@ from ..replay.client import ReplayRecords, send_schedule
 from ..replay.loadgen import Schedule
 from ..replay.report import replay_result
 from ..serving.app import AUTOSCALER, AUTOSCALER_APP, FRONT, autoscaler_app, model_app
+from .compare import REPLAY_TIMEOUT_S
 
 log = logging.getLogger("faro_serve.validation")
 
@@ -240,8 +241,8 @@ class LiveCluster:
         th = threading.Thread(target=poll, daemon=True)
         th.start()
         try:
-            rec = asyncio.run(send_schedule(schedule, self.base, max_in_flight=2000, timeout_s=60.0,
-                                            status_every_s=None, on_done=on_done))
+            rec = asyncio.run(send_schedule(schedule, self.base, max_in_flight=2000,
+                                            timeout_s=REPLAY_TIMEOUT_S, status_every_s=None, on_done=on_done))
         finally:
             stop.set()
             th.join(timeout=10)
@@ -255,13 +256,15 @@ class LiveCluster:
     # -- one policy --------------------------------------------------------------------
     def run_policy(self, policy: str, schedule: Schedule, models: list[ModelSLO], capacity: float,
                    processing: str, forecaster_dir: str | None, calibrate: bool = False,
-                   on_done=None) -> tuple[object, ReplayRecords, Calibration | None]:
+                   on_done=None, cluster: dict | None = None
+                   ) -> tuple[object, ReplayRecords, Calibration | None]:
+        """``cluster``: ClusterSpec fields set over the matched defaults (e.g. ``surge``)."""
         names = [m.name for m in models]
         self.deploy_models(names, processing)
         cal = self.calibrate(names[0]) if calibrate else None
         from .compare import cluster_spec
 
-        config = {"cluster": cluster_spec(capacity).model_dump(),
+        config = {"cluster": cluster_spec(capacity).model_dump() | (cluster or {}),
                   "models": [m.model_dump() for m in models], "policy": policy,
                   "forecaster_dir": forecaster_dir}
         # The autoscaler's first decision must not see the calibration's requests (the
@@ -270,8 +273,8 @@ class LiveCluster:
         self.reset_fronts(names)
         self.deploy_autoscaler(config)
         self.reset_fronts(names)
-        rec = asyncio.run(send_schedule(schedule, self.base, max_in_flight=2000, timeout_s=60.0,
-                                        status_every_s=2.0, on_done=on_done))
+        rec = asyncio.run(send_schedule(schedule, self.base, max_in_flight=2000,
+                                        timeout_s=REPLAY_TIMEOUT_S, status_every_s=2.0, on_done=on_done))
         res = replay_result(schedule, rec, {m.name: m.slo_ms for m in models},
                             {m.name: m.percentile for m in models}, policy=policy,
                             capacity=capacity)

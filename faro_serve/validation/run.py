@@ -18,23 +18,27 @@ from ..distributions import TimeDist, parse_dist
 from ..replay.loadgen import build_schedule
 from ..replay.report import replay_document, replay_result, write_records
 from ..sim.runner import SimConfig, simulate
-from .compare import (NATIVE, Workload, cluster_spec, compare, fit_overhead, markdown, scale_up_lags,
+from .compare import (NATIVE, REPLAY_TIMEOUT_S, UNBOUNDED_QUEUE, Workload, cluster_spec, compare, fit_overhead, markdown, scale_up_lags,
                       sim_policy)
 
 
 def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDist,
                     cold_start_s: float, forecaster=None, queue_limit: int = 50,
-                    hold_s: float = 0.0):
+                    hold_s: float = 0.0, client_timeout_s: float = REPLAY_TIMEOUT_S):
     """The simulator on the live run's workload: the same slice, seed (so the same
-    per-minute counts), models, policy settings, and this machine's overhead and cold start."""
+    per-minute counts), models, policy settings, and this machine's overhead and cold start.
+    Its clients give up after the replay's timeout; a ``ray-native`` run's queue has no
+    limit, as in plain Ray Serve (faro-serve's front tail-drops at ``queue_limit``)."""
     from autoscaler import make_policy
 
     tr = wl.load()
     models = wl.models(tr.names)
     pol = make_policy(sim_policy(policy), models, cluster_spec(capacity), forecaster)
+    if policy in NATIVE:
+        queue_limit = UNBOUNDED_QUEUE
     cfg = SimConfig(capacity_cpus=capacity, cold_start_s=cold_start_s, queue_limit=queue_limit,
                     processing=wl.processing(), router_overhead=overhead,
-                    replica_hold_s=hold_s, seed=wl.seed)
+                    replica_hold_s=hold_s, client_timeout_s=client_timeout_s, seed=wl.seed)
     return simulate(tr.counts, models, pol, cfg)
 
 
