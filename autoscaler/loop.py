@@ -26,8 +26,8 @@ from typing import Protocol
 import numpy as np
 
 from .config import AutoscalerConfig
-
-from .policy import Decision, ModelObservation, Observation
+from .driver import FrontSnapshot, apply_decision, observe
+from .policy import Decision, Observation
 from .registry import make_policy
 
 log = logging.getLogger("faro_serve.autoscaler")
@@ -68,31 +68,21 @@ class AutoscalerLoop:
     def tick_s(self) -> float:
         return self.policy.tick_s
 
-    def _observe(self, now: float) -> tuple[Observation, dict]:
+    def _observe(self, now: float) -> tuple[Observation, dict[str, FrontSnapshot]]:
         running = self.cluster.running_replicas()
         names = [m.name for m in self.cfg.models if m.name in running]
-        fronts = self.cluster.front_metrics(names)
+        fronts = {n: FrontSnapshot.from_front(f) for n, f in self.cluster.front_metrics(names).items()}
         cpus, mem = self.cluster.capacity()
         cap_cpu = min(self.cfg.cluster.cpus, cpus)
         cap_mem = self.cfg.cluster.memory_gb
         if cap_mem is not None and mem is not None:
             cap_mem = min(cap_mem, mem)
-        models = {}
         for n in names:
-            slo = self.slo[n]
             if n not in self.targets:  # (re)start: resume from what is running
-                self.targets[n] = int(np.clip(running[n], slo.min_replicas, slo.max_replicas))
-            f = fronts.get(n, {})
-            hist = _history(f)
-            proc = (f.get("processing") or {}).get("mean_ms")
-            models[n] = ModelObservation(
-                name=n, replicas=running[n], target_replicas=self.targets[n],
-                arrivals_per_min=hist, arrival_rate=float(f.get("arrival_rate", 0.0)),
-                latency_ms=f.get("latency_ms"), processing_ms=proc,
-                queue_length=float(f.get("queue_length", 0.0)),
-                ongoing_per_replica=float(f.get("mean_in_flight", 0.0)) / max(running[n], 1),
-                drop_rate=self.drop_rates.get(n, 0.0))
-        return Observation(now - self.start, cap_cpu, cap_mem, models), fronts
+                self.targets[n] = self.slo[n].clamp(running[n])
+        snaps = {n: fronts.get(n) or FrontSnapshot(np.zeros(0)) for n in names}
+        obs = observe(now - self.start, cap_cpu, cap_mem, snaps, running, self.targets, self.drop_rates)
+        return obs, fronts
 
     def step(self) -> dict:
         """One tick: observe, decide, apply, log. Returns the tick's record."""
@@ -107,7 +97,7 @@ class AutoscalerLoop:
             else:
                 decision = self.policy.decide(obs)
         if decision is not None:
-            self._apply(decision)
+            self._apply(decision, obs)
         if self.cfg.enabled:
             self._sync_fronts(obs, fronts)
         record = self._record(now, obs, decision)
@@ -117,30 +107,26 @@ class AutoscalerLoop:
             self._log(record)
         return record
 
-    def _sync_fronts(self, obs: Observation, fronts: dict) -> None:
+    def _sync_fronts(self, obs: Observation, fronts: dict[str, FrontSnapshot]) -> None:
         """Tell a front the drop rate, target and SLO percentile where it differs from ours
         (after a decision, or when a restarted front came back with defaults)."""
         for n in obs.models:
             f = fronts.get(n)
             want = (self.drop_rates.get(n, 0.0), self.targets[n], self.slo[n].percentile)
-            if f is not None and (f.get("drop_rate"), f.get("replicas"), f.get("percentile")) == want:
+            if f is not None and f.enforces(*want):
                 continue
             try:
                 self.cluster.control(n, *want)
             except Exception as err:  # a front may be restarting
                 log.warning("cannot reach the front of %s: %s", n, err)
 
-    def _apply(self, decision: Decision) -> None:
-        for n, r in decision.replicas.items():
-            if n not in self.targets:
-                continue
-            slo = self.slo[n]
-            r = int(np.clip(r, slo.min_replicas, slo.max_replicas))
-            if r != self.targets[n]:
-                self.cluster.scale(n, r)
-                self.targets[n] = r
-        for n, d in decision.drop_rates.items():
-            self.drop_rates[n] = float(d)
+    def _apply(self, decision: Decision, obs: Observation) -> None:
+        done = apply_decision(decision, self.targets, self.cfg.models, obs.capacity_cpus,
+                              obs.capacity_memory_gb, policy=self.policy.name, now=obs.now)
+        for n, r in done.changes:  # decreases first: they free what the increases take
+            self.cluster.scale(n, r)
+            self.targets[n] = r
+        self.drop_rates.update(done.drop_rates)
         if decision.kind == "long_term":
             self.last_plan = decision.info.get("models", {})
 
@@ -179,20 +165,6 @@ class AutoscalerLoop:
                 "capacity_cpus": self.last.get("capacity_cpus"),
                 "models": self.last.get("models", {}), "last_decision": self.history[-1]["decision"]
                 if self.history else None}
-
-
-def _history(front: dict, min_elapsed_s: float = 10.0, startup_minutes: int = 2) -> np.ndarray:
-    """Completed-minute arrival counts, as the simulator gives its policies.
-
-    Right after a start (fewer than ``startup_minutes`` completed minutes) the open minute is
-    appended, extrapolated to a full minute once it is ``min_elapsed_s`` old, so the first
-    decisions see the load; later the forecaster's input is exactly the simulator's.
-    """
-    hist = list(front.get("arrivals_per_min", []))
-    elapsed = float(front.get("current_minute_elapsed_s", 0.0))
-    if len(hist) < startup_minutes and elapsed >= min_elapsed_s:
-        hist.append(front.get("current_minute_count", 0) * 60.0 / elapsed)
-    return np.asarray(hist, float)
 
 
 def _json_default(o):

@@ -49,6 +49,10 @@ class ModelSLO(BaseModel):
                              f"({self.slo_ms:g}): no replica count could meet the SLO")
         return self
 
+    def clamp(self, replicas: float) -> int:
+        """``replicas`` as a whole count within this model's bounds."""
+        return int(min(max(int(replicas), self.min_replicas), self.max_replicas))
+
 
 class ClusterSpec(BaseModel):
     """The fixed-size cluster and the autoscaler's settings (paper sections 3.2, 4.4)."""

@@ -218,14 +218,17 @@ def test_loop_moves_replicas_to_load_and_resumes_from_running_state():
 
 
 def test_history_extrapolates_the_open_minute_only_at_start():
-    from autoscaler.loop import _history
+    from autoscaler.driver import FrontSnapshot
 
-    assert _history({"arrivals_per_min": [], "current_minute_count": 50,
-                     "current_minute_elapsed_s": 20.0}).tolist() == [150.0]
-    assert _history({"arrivals_per_min": [], "current_minute_count": 5,
-                     "current_minute_elapsed_s": 5.0}).tolist() == []  # too young to say
+    def hist(front):
+        return FrontSnapshot.from_front(front).arrivals_per_min.tolist()
+
+    assert hist({"arrivals_per_min": [], "current_minute_count": 50,
+                 "current_minute_elapsed_s": 20.0}) == [150.0]
+    assert hist({"arrivals_per_min": [], "current_minute_count": 5,
+                 "current_minute_elapsed_s": 5.0}) == []  # too young to say
     later = {"arrivals_per_min": [60, 90, 120], "current_minute_count": 50, "current_minute_elapsed_s": 20.0}
-    assert _history(later).tolist() == [60, 90, 120]  # the simulator's input exactly
+    assert hist(later) == [60, 90, 120]  # the simulator's input exactly
 
 
 def test_loop_reactive_step_and_disabled_mode_changes_nothing():

@@ -3,10 +3,11 @@
 It plays the role the live autoscaler plays on Ray Serve: every ``policy.tick_s`` it builds
 the :class:`~autoscaler.policy.Observation` the router front would report and hands it to
 the very same policy object (``autoscaler.make_policy``), then applies the returned
-:class:`~autoscaler.policy.Decision`: targets clamped to each model's min/max, added
-replicas serving after the cold start, removed ones leaving at once, drop rates enforced
-at the router. A decision above the cluster's capacity is a bug in the policy and raises
-:class:`CapacityExceeded`: policies must fit their own decisions (``grant_in_order``).
+:class:`~autoscaler.policy.Decision`. Observations and decision checks are the live loop's
+own (``autoscaler.driver``): targets clamped to each model's min/max, a decision above the
+cluster's capacity refused with :class:`CapacityExceeded` (a bug in the policy: policies
+fit their own decisions, ``grant_in_order``); here added replicas serve after the cold
+start, removed ones leave at once, and drop rates are enforced at the router.
 
 Observation semantics (what a router front measures):
 * ``arrivals_per_min``: arrivals (dropped ones included) of every completed minute, after
@@ -30,17 +31,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoscaler.policy import Decision, ModelObservation, Observation, Policy
+from autoscaler.driver import CapacityExceeded, FrontSnapshot, apply_decision, observe  # noqa: F401 (re-exported)
+from autoscaler.policy import Policy
 from faro_serve.config import ModelSLO
 from faro_serve.metrics import MinuteTable, Summary, minute_table, summarize
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, TimeDist
 from .state import ModelState
 from .workload import Workload
-
-
-class CapacityExceeded(RuntimeError):
-    """A policy asked for more replicas than the cluster holds."""
 
 
 @dataclass(frozen=True)
@@ -102,28 +100,6 @@ class SimResult:
         if per_job:
             out["jobs"] = self.summary.to_dict()["jobs"]
         return out
-
-
-def _check_decision(dec: Decision, states: dict[str, ModelState], spec: dict[str, ModelSLO],
-                    cfg: SimConfig, policy: str, now: float) -> dict[str, int]:
-    unknown = set(dec.replicas) - set(states)
-    unknown |= set(dec.drop_rates) - set(states)
-    if unknown:
-        raise ValueError(f"policy {policy!r} named unknown models {sorted(unknown)} at t={now:g}s")
-    targets = {n: s.target for n, s in states.items()}
-    for n, r in dec.replicas.items():
-        m = spec[n]
-        targets[n] = int(min(max(int(r), m.min_replicas), m.max_replicas))
-    cpus = sum(targets[n] * spec[n].cpus for n in targets)
-    if cpus > cfg.capacity_cpus + 1e-9:
-        raise CapacityExceeded(f"policy {policy!r} asked for {cpus:g} CPUs at t={now:g}s; the "
-                               f"cluster has {cfg.capacity_cpus:g} (targets {targets})")
-    if cfg.capacity_memory_gb is not None:
-        mem = sum(targets[n] * spec[n].memory_gb for n in targets)
-        if mem > cfg.capacity_memory_gb + 1e-9:
-            raise CapacityExceeded(f"policy {policy!r} asked for {mem:g} GiB at t={now:g}s; the "
-                                   f"cluster has {cfg.capacity_memory_gb:g}")
-    return targets
 
 
 def simulate(counts: np.ndarray, models: Sequence[ModelSLO], policy: Policy, cfg: SimConfig,
@@ -217,34 +193,31 @@ def simulate(counts: np.ndarray, models: Sequence[ModelSLO], policy: Policy, cfg
         if k_tick < n_ticks and t >= tick_times[k_tick]:
             dt = t - last_tick_t
             minute_now = int(t // 60.0)
-            obs_models = {}
+            snaps, running = {}, {}
             for i, (n, s) in enumerate(states.items()):
                 n_arr, _, area = s.end_tick()
-                serving = s.serving(t)
-                serving_log[k_tick, i] = serving
+                running[n] = serving_log[k_tick, i] = s.serving(t)
                 lat, proc, _ = s.observe(t, cfg.look_back_s, spec[n].percentile)
-                obs_models[n] = ModelObservation(
-                    name=n, replicas=serving, target_replicas=s.target,
+                snaps[n] = FrontSnapshot(
                     arrivals_per_min=history[i, :n_warm + minute_now],
                     arrival_rate=n_arr / dt if dt > 0 else 0.0,
                     latency_ms=None if math.isnan(lat) else lat * 1e3,
                     processing_ms=None if math.isnan(proc) else proc * 1e3,
-                    queue_length=float(s.nq),
-                    ongoing_per_replica=(area / dt) / max(serving, 1) if dt > 0 else 0.0,
-                    drop_rate=s.drop_rate)
+                    queue_length=float(s.nq), mean_in_flight=area / dt if dt > 0 else 0.0)
             future = {n: work.counts[i, minute_now:minute_now + future_minutes].astype(float)
                       for i, n in enumerate(names)}
-            obs = Observation(now=float(t), capacity_cpus=cfg.capacity_cpus,
-                              capacity_memory_gb=cfg.capacity_memory_gb, models=obs_models,
-                              future_arrivals_per_min=future)
+            obs = observe(float(t), cfg.capacity_cpus, cfg.capacity_memory_gb, snaps, running,
+                          {n: s.target for n, s in states.items()},
+                          {n: s.drop_rate for n, s in states.items()}, future)
             dec = policy.decide(obs)
             if dec is not None:
-                targets = _check_decision(dec, states, spec, cfg, policy.name, float(t))
-                for n, r in targets.items():
-                    if r != states[n].target:
-                        states[n].scale_to(r, float(t), cfg.cold_start_s)
-                for n, d in dec.drop_rates.items():
-                    states[n].drop_rate = float(min(max(d, 0.0), 1.0))
+                done = apply_decision(dec, {n: s.target for n, s in states.items()}, models,
+                                      cfg.capacity_cpus, cfg.capacity_memory_gb,
+                                      policy=policy.name, now=float(t))
+                for n, r in done.changes:
+                    states[n].scale_to(r, float(t), cfg.cold_start_s)
+                for n, d in done.drop_rates.items():
+                    states[n].drop_rate = d
                 kinds[dec.kind] = kinds.get(dec.kind, 0) + 1
             for i, s in enumerate(state_list):
                 targets_log[k_tick, i] = s.target
