@@ -23,12 +23,8 @@ from .direct import DirectModel, Meter
 from .front import Front
 from .proxy_queue import ProxyQueueRouter
 from .routing import IdleFirstRouter
+from .names import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL
 from .schema import ModelAppArgs, parse_autoscaler_config, parse_model_args
-
-FRONT = "Front"
-MODEL = "Model"
-AUTOSCALER_APP = "faro"
-AUTOSCALER = "FaroAutoscaler"
 
 # Each replica serves one request at a time (as the paper's M/D/c model and the simulator
 # assume). The front's gate queues requests and sends one only when a replica is free; the
@@ -101,7 +97,7 @@ def autoscaler_app(args: dict):
     autoscaler through ``reconfigure`` and never touches model replicas.
     """
     parse_autoscaler_config(args)  # fail the deploy early, naming the field at fault
-    from autoscaler.live import FaroAutoscaler
+    from .autoscaler_deployment import FaroAutoscaler
 
     return FaroAutoscaler.options(name=AUTOSCALER, user_config=dict(args)).bind()
 

@@ -17,13 +17,12 @@ from fastapi.responses import JSONResponse
 from pydantic import Field
 from ray import serve
 
+from .names import MODEL  # the deployment faro-serve's tools count replicas of
 from .payload import read_payload, run_model
 from .schema import ModelAppArgs, parse_args
 
 api = FastAPI(title="plain Ray Serve model endpoint (ray-native)",
               description="Inference on a deployment autoscaled by Ray Serve itself.")
-
-MODEL = "Model"  # the deployment name faro-serve's tools count replicas of
 
 
 class NativeAppArgs(ModelAppArgs):

@@ -27,10 +27,10 @@ from collections import deque
 from ray import serve
 from ray.serve.request_router import PendingRequest, RunningReplica
 
+from .names import FRONT as METER  # the deployment, in the model's application, that the router reports to
 from .routing import InFlightRouter
 
 log = logging.getLogger("faro_serve.serving")
-METER = "Front"  # the deployment, in the model's application, that the router reports to
 REPORT_S = 1.0
 MAX_EVENTS = 100_000  # kept while the meter cannot be reached; past that the oldest go
 STALE_S = 5.0  # a queued request not asked about for this long was given up (cancelled, failed)

@@ -27,7 +27,8 @@ from ..config import ModelSLO
 from ..replay.client import ReplayRecords, send_schedule
 from ..replay.loadgen import Schedule
 from ..replay.report import replay_result
-from ..serving.app import AUTOSCALER, AUTOSCALER_APP, FRONT, autoscaler_app, model_app
+from ..serving.app import autoscaler_app, model_app
+from ..serving.names import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL
 from .compare import REPLAY_TIMEOUT_S
 
 log = logging.getLogger("faro_serve.validation")
@@ -78,7 +79,7 @@ class LiveCluster:
         self.capacity = capacity
         self.data_path = data_path  # the models' data path (docs/serving.md)
         self.dashboard = self.base = ""
-        self._cluster = None  # autoscaler.live.RayServeCluster, once the dashboard is known
+        self._cluster = None  # RayServeCluster (serving.autoscaler_deployment), once known
 
     def __enter__(self) -> "LiveCluster":
         import ray
@@ -104,7 +105,7 @@ class LiveCluster:
     # -- deployment --------------------------------------------------------------------
     def running(self) -> dict[str, int]:
         """Serving replicas per model: the autoscaler's own view of the cluster."""
-        from autoscaler.live import RayServeCluster
+        from ..serving.autoscaler_deployment import RayServeCluster
 
         if self._cluster is None:
             self._cluster = RayServeCluster(self.dashboard)
@@ -211,7 +212,7 @@ class LiveCluster:
 
         out = {}
         for n, app in serve.status().applications.items():
-            dep = app.deployments.get("Model")
+            dep = app.deployments.get(MODEL)
             if n in names and dep is not None:
                 states = {str(getattr(k, "value", k)): v for k, v in dep.replica_states.items()}
                 out[n] = {"target": sum(v for k, v in states.items() if k != "STOPPING"),

@@ -18,12 +18,12 @@ import ray
 from fastapi import FastAPI
 from ray import serve
 
-from .config import AutoscalerConfig, parse_autoscaler_config
+from autoscaler.config import AutoscalerConfig, parse_autoscaler_config
+from autoscaler.loop import AutoscalerLoop
 
-from .loop import AutoscalerLoop
+from .names import FRONT, MODEL
 
 log = logging.getLogger("faro_serve.autoscaler")
-FRONT, MODEL = "Front", "Model"
 
 
 def dashboard_headers() -> dict[str, str]:
