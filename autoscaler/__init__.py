@@ -1,4 +1,5 @@
-"""Autoscaling policies (Ray-free) and the live autoscaler that drives them."""
+"""Autoscaling policies and the Ray-free driver around them (observations, decisions), shared
+by the live autoscaler (``faro_serve.serving.autoscaler_deployment``) and the simulator."""
 
 from .policy import Decision, ModelObservation, Observation, Policy, grant_in_order
 from .registry import make_policy, policy_names, register

@@ -3,8 +3,9 @@
 Every tick it reads the cluster through a :class:`ClusterAdapter` (router-front metrics,
 running replicas, capacity), builds the policy's :class:`~autoscaler.policy.Observation`,
 lets the policy decide, applies the decision (replica targets, drop rates) and logs it as
-one JSON line. The Ray Serve adapter lives in ``live.py``; tests drive this loop with a
-fake adapter and a fake clock.
+one JSON line. Observing and applying are the simulator's own code (``driver.py``). The Ray
+Serve adapter and deployment live in ``faro_serve/serving/autoscaler_deployment.py``; tests
+drive this loop with a fake adapter and a fake clock.
 
 On a restart the loop resumes from the cluster as it is: the targets start at the running
 replica counts (never below a model's minimum), and the metric history is the fronts'.
