@@ -62,6 +62,8 @@ def max_rate_one_replica(p: float, slo: float, q: float) -> float:
 class Timers:
     """Per-model "condition true since" clocks (the paper's overload/underload triggers)."""
 
+    state_fields = ("since",)
+
     def __init__(self):
         self.since: dict[str, float] = {}
 
@@ -102,6 +104,7 @@ class FairSharePolicy(Policy):
     """No autoscaling: every job gets ``floor(capacity / jobs)`` replicas, once."""
 
     name = "fairshare"
+    state_fields = ("done",)
 
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec):
         super().__init__(models, cluster)
@@ -124,6 +127,8 @@ class FairSharePolicy(Policy):
 # -- Oneshot and AIAD ------------------------------------------------------------------
 class TriggeredPolicy(Policy):
     """Reactive per-job autoscaler with the paper's overload / underload triggers."""
+
+    state_fields = ("over", "under")
 
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *,
                  up_after_s: float = SCALE_UP_AFTER_S, down_after_s: float = SCALE_DOWN_AFTER_S):
@@ -214,6 +219,7 @@ class MArkPolicy(Policy):
     """
 
     name = "mark"
+    state_fields = ("last", "calls", "over")
 
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec,
                  forecaster: Forecaster | None = None, *, peak_quantile: float = 0.5,
@@ -290,6 +296,7 @@ class RayServePolicy(Policy):
     """
 
     name = "ray-serve"
+    state_fields = ("ray_target", "counter", "stamp", "samples", "pending_since")
 
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *,
                  target_ongoing_requests: float = 2.0, upscale_delay_s: float = 30.0,

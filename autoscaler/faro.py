@@ -43,6 +43,8 @@ DEFAULT_PROCESSING_MS = 100.0
 class FaroPolicy(Policy):
     """Hybrid long-term predictive + short-term reactive Faro autoscaler."""
 
+    state_fields = ("last_long_term", "violating_since", "surge_hold", "decisions")
+
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec,
                  forecaster: Forecaster | None = None, *, reactive: bool = True,
                  n_samples: int = 100, name: str | None = None):

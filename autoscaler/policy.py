@@ -17,6 +17,8 @@ import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
 
+from .state import decode, encode
+
 
 @dataclass
 class ModelObservation:
@@ -62,6 +64,10 @@ class Policy(ABC):
 
     name: str = "policy"
     tick_s: float = 10.0
+    #: the attributes a policy keeps between decisions (timers, the time of its last plan,
+    #: counters that seed its forecasts); saved by :meth:`get_state` after every tick and
+    #: restored by :meth:`set_state` when the autoscaler restarts (``autoscaler.state``)
+    state_fields: tuple[str, ...] = ()
 
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec):
         self.models = list(models)
@@ -72,6 +78,22 @@ class Policy(ABC):
     @abstractmethod
     def decide(self, obs: Observation) -> Decision | None:
         """Return the new targets, or None to leave everything as it is."""
+
+    def get_state(self) -> dict:
+        """This policy's state between decisions, JSON-able."""
+        return {"policy": self.name, "models": sorted(self.slo),
+                "fields": {f: encode(getattr(self, f)) for f in self.state_fields}}
+
+    def set_state(self, state: dict) -> None:
+        """Carry on from ``state`` (from :meth:`get_state` of the same policy over the same
+        models; raises ``ValueError`` otherwise, and the policy then starts afresh)."""
+        if state.get("policy") != self.name or state.get("models") != sorted(self.slo):
+            raise ValueError(f"saved state is for policy {state.get('policy')!r} over "
+                             f"{state.get('models')}, not {self.name!r} over {sorted(self.slo)}")
+        fields = state.get("fields", {})
+        restored = {f: decode(fields[f], getattr(self, f)) for f in self.state_fields if f in fields}
+        for f, v in restored.items():  # all decoded before any is set: all or nothing
+            setattr(self, f, v)
 
 
 def grant_in_order(wanted: dict[str, int], current: dict[str, int], models: Iterable[ModelSLO],

@@ -57,6 +57,7 @@ class SwayamPolicy(Policy):
     """
 
     name = "swayam"
+    state_fields = ("rates", "wishes", "rising_since")
 
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *, burst: float = 2.0,
                  history_s: float = 500.0, average_s: float = 100.0, t_setup_s: float | None = None,
@@ -143,6 +144,7 @@ class InferLineTunerPolicy(Policy):
     """
 
     name = "inferline"
+    state_fields = ("last_plan", "provisional", "started", "last_change", "ticks", "rho", "sample_env")
 
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *,
                  replan_s: float = 1800.0, plan_history_min: int = 15, envelope_s: float = 120.0,
@@ -276,6 +278,7 @@ class INFaaSPolicy(Policy):
     """
 
     name = "infaas"
+    state_fields = ("fits_since", "short_since")
 
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *, slack: float = 1.05,
                  t_v_s: float | None = None):
