@@ -49,12 +49,26 @@ class ClusterAdapter(Protocol):
     def control(self, name: str, drop_rate: float, replicas: int, percentile: float) -> None: ...
 
 
+class StateStore(Protocol):
+    """Where the loop keeps its state between restarts (live: a named Ray actor)."""
+
+    def load(self) -> dict | None: ...
+
+    def save(self, state: dict) -> None: ...
+
+
 class AutoscalerLoop:
+    """``previous``: the loop this one replaces after a config change (same process);
+    ``store``: the state saved by a loop that stopped (a restart), restored when it is
+    the same policy over the same models and at most ``max_state_age_s`` old."""
+
     def __init__(self, cfg: AutoscalerConfig, cluster: ClusterAdapter, forecaster=None,
-                 clock: Callable[[], float] = time.time, previous: "AutoscalerLoop | None" = None):
+                 clock: Callable[[], float] = time.time, previous: "AutoscalerLoop | None" = None,
+                 store: StateStore | None = None):
         self.cfg = cfg
         self.cluster = cluster
         self.clock = clock
+        self.store = store
         self.policy = make_policy(cfg.policy_name(), cfg.models, cfg.cluster, forecaster)
         self.slo = {m.name: m for m in cfg.models}
         self.start = previous.start if previous else clock()
@@ -64,6 +78,46 @@ class AutoscalerLoop:
         self.last: dict = {}
         self.last_plan: dict = previous.last_plan if previous else {}
         self.ticks = 0
+        self.restored: dict | None = None  # where the state came from, for the status
+        if previous is not None:
+            self._resume(previous.state(), "the previous configuration")
+        elif store is not None:
+            try:
+                saved = store.load()
+            except Exception as err:  # no store yet, or it cannot be reached: start afresh
+                log.warning("cannot read the saved autoscaler state: %s", err)
+                saved = None
+            if saved:
+                self._resume(saved, "the state saved before a restart", restart=True)
+
+    @property
+    def max_state_age_s(self) -> float:
+        """Older saved state is stale (its timers describe another load): start afresh."""
+        return max(2 * self.cfg.cluster.long_term_interval_s, 600.0)
+
+    def state(self) -> dict:
+        """Everything a restarted loop needs to carry on, JSON-able."""
+        return {"version": 1, "saved_at": self.clock(), "start": self.start,
+                "drop_rates": dict(self.drop_rates), "last_plan": self.last_plan,
+                "policy": self.policy.get_state()}
+
+    def _resume(self, saved: dict, source: str, restart: bool = False) -> None:
+        age = self.clock() - float(saved.get("saved_at", -math.inf))
+        if restart and not age <= self.max_state_age_s:
+            log.info("saved autoscaler state is %.0f s old: starting afresh", age)
+            return
+        try:
+            self.policy.set_state(saved["policy"])
+        except (KeyError, TypeError, ValueError) as err:  # another policy or model set
+            log.info("not resuming from %s: %s", source, err)
+            return
+        if restart:
+            self.start = float(saved["start"])  # the policy's timers run on this clock
+            self.drop_rates = {n: float(d) for n, d in saved.get("drop_rates", {}).items()
+                               if n in self.slo}
+            self.last_plan = saved.get("last_plan") or {}
+        self.restored = {"from": source, "saved_at": saved.get("saved_at"), "age_s": round(age, 3)}
+        log.info("resumed %s from %s (%.1f s old)", self.policy.name, source, age)
 
     @property
     def tick_s(self) -> float:
@@ -106,6 +160,11 @@ class AutoscalerLoop:
         if decision is not None:
             self.history.append(record)
             self._log(record)
+        if self.store is not None:
+            try:
+                self.store.save(self.state())
+            except Exception as err:  # the next tick saves again
+                log.warning("cannot save the autoscaler state: %s", err)
         return record
 
     def _sync_fronts(self, obs: Observation, fronts: dict[str, FrontSnapshot]) -> None:
@@ -165,7 +224,7 @@ class AutoscalerLoop:
                 "enabled": self.cfg.enabled, "ticks": self.ticks,
                 "capacity_cpus": self.last.get("capacity_cpus"),
                 "models": self.last.get("models", {}), "last_decision": self.history[-1]["decision"]
-                if self.history else None}
+                if self.history else None, "restored": self.restored}
 
 
 def _json_default(o):

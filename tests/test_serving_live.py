@@ -190,6 +190,8 @@ def test_recovers_from_killed_replica_and_killed_autoscaler(live):
         fire(live["base"], "/synth-a/predict", 200, 50, 5.0)), daemon=True)
     load.start()
     time.sleep(5)
+    saved = live["client"].get("/faro/state").json()
+    assert saved["policy"]["policy"] == "faro-fairsum" and saved["policy"]["fields"]["decisions"] >= 1
     victims = [a for a in alive_actors()
                if a.class_name in ("ServeReplica:synth-a:Model", "ServeReplica:faro:FaroAutoscaler")]
     assert {a.class_name for a in victims} == {"ServeReplica:synth-a:Model", "ServeReplica:faro:FaroAutoscaler"}
@@ -206,6 +208,17 @@ def test_recovers_from_killed_replica_and_killed_autoscaler(live):
     t0 = wait_for(lambda: live["client"].get("/faro/status").json().get("ticks"), 90)
     assert t0
     assert wait_for(lambda: live["client"].get("/faro/status").json().get("ticks", 0) > t0, 30)
+    # ... carrying on from the state saved before the kill: the same clock, and the plan
+    # made before it kept (a new autoscaler would have planned at its first tick)
+    st = live["client"].get("/faro/status").json()
+    assert st["restored"] and st["restored"]["from"].startswith("the state saved"), st.get("restored")
+    now = live["client"].get("/faro/state").json()
+    assert now["start"] == saved["start"]
+    before, after = saved["policy"]["fields"], now["policy"]["fields"]
+    assert after["decisions"] >= before["decisions"]
+    interval = autoscaler_config("")["cluster"]["long_term_interval_s"]
+    if now["saved_at"] - now["start"] - before["last_long_term"] < interval:  # plan still fresh
+        assert after["last_long_term"] == before["last_long_term"]
     r = running()
     assert r.get("synth-a", 0) >= 1 and sum(r.values()) * 0.25 <= CAPACITY
     assert live["client"].post("/synth-a/predict", content=b"").status_code == 200

@@ -1,7 +1,9 @@
 """The autoscaler as a single-replica Ray Serve deployment: a thin adapter (paper section 5).
 
 Serve restarts it when it crashes or its health check fails; the loop then resumes from the
-running replica counts. It reads each model's router front over handles, scales model
+running replica counts and from the state it saved at its last tick (the policy's timers,
+the time of its last plan, drop rates) in a small named Ray actor that outlives the replica
+(:class:`ActorStateStore`). It reads each model's router front over handles, scales model
 deployments through Ray Serve's external scaling REST API (the model applications set
 ``external_scaler_enabled``), and answers ``GET /faro/status`` and ``GET /faro/decisions``.
 """
@@ -90,6 +92,51 @@ class RayServeCluster:
                                          percentile=percentile).result(timeout_s=self.timeout_s)
 
 
+@ray.remote(num_cpus=0, max_restarts=-1)
+class _StateKeeper:
+    def __init__(self):
+        self.state = None
+
+    def save(self, state: dict) -> None:
+        self.state = state
+
+    def load(self) -> dict | None:
+        return self.state
+
+
+class ActorStateStore:
+    """:class:`~autoscaler.loop.StateStore` in a detached named actor, one per autoscaler
+    application: it survives the autoscaler replica, so a restarted replica finds the state
+    (the loop ignores state that is stale or of another policy). Deleting the application
+    (a graceful stop) removes it."""
+
+    def __init__(self, app_name: str, timeout_s: float = 5.0):
+        self.name = f"faro-state-{app_name}"
+        self.timeout_s = timeout_s
+        self._actor = None
+
+    def _keeper(self):
+        if self._actor is None:
+            self._actor = _StateKeeper.options(name=self.name, lifetime="detached",
+                                               get_if_exists=True).remote()
+        return self._actor
+
+    def load(self) -> dict | None:
+        return ray.get(self._keeper().load.remote(), timeout=self.timeout_s)
+
+    def save(self, state: dict) -> None:
+        try:
+            ray.get(self._keeper().save.remote(state), timeout=self.timeout_s)
+        except ray.exceptions.RayActorError:  # removed meanwhile (a rolling update): anew
+            self._actor = None
+            ray.get(self._keeper().save.remote(state), timeout=self.timeout_s)
+
+    def remove(self) -> None:
+        if self._actor is not None:
+            ray.kill(self._actor, no_restart=True)
+            self._actor = None
+
+
 def load_forecaster(cfg: AutoscalerConfig):
     """The trained forecaster of ``forecaster_dir``, or None for the fallback predictor."""
     if not cfg.forecaster_dir:
@@ -113,6 +160,7 @@ class FaroAutoscaler:
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
         self.errors = 0
+        self.store = ActorStateStore(serve.get_replica_context().app_name)
 
     def reconfigure(self, config: dict) -> None:
         """New settings (e.g. an SLO or the objective) take effect without any restart."""
@@ -122,7 +170,7 @@ class FaroAutoscaler:
             cluster = self.loop.cluster if self.loop else RayServeCluster(cfg.dashboard_url)
             if self.loop and self.loop.cfg.dashboard_url != cfg.dashboard_url:
                 cluster = RayServeCluster(cfg.dashboard_url)
-            self.loop = AutoscalerLoop(cfg, cluster, forecaster, previous=self.loop)
+            self.loop = AutoscalerLoop(cfg, cluster, forecaster, previous=self.loop, store=self.store)
         log.info("autoscaler configured: policy %s, %d models", self.loop.policy.name, len(cfg.models))
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="faro-autoscaler", daemon=True)
@@ -148,12 +196,23 @@ class FaroAutoscaler:
             raise RuntimeError(f"{self.errors} autoscaler ticks failed in a row")
 
     def __del__(self):
+        """A graceful stop (the application deleted or redeployed): the saved state goes
+        too; a crash never gets here, so a restarted replica finds it."""
         self.stopping.set()
+        try:
+            self.store.remove()
+        except Exception:
+            pass
 
     @api.get("/status", summary="Per model: SLO, rate, observed latency, replicas, utility")
     def status(self) -> dict:
         with self.lock:
             return self.loop.status() if self.loop else {"models": {}}
+
+    @api.get("/state", summary="What the autoscaler saves every tick to carry on after a restart")
+    def state(self) -> dict:
+        with self.lock:
+            return self.loop.state() if self.loop else {}
 
     @api.get("/decisions", summary="The most recent decisions (newest last)")
     def decisions(self, limit: int = 20) -> list:

@@ -1,0 +1,142 @@
+"""A restarted autoscaler loop carries on from its saved state (Ray-free, with a fake
+cluster whose fronts measure a load that changes over time): the same decisions as an
+uninterrupted loop; a stale plan replaced at the first tick; stale or foreign state ignored.
+The live version (a killed autoscaler replica on a real cluster) is in test_serving_live.py."""
+
+import json
+
+import numpy as np
+import pytest
+
+from autoscaler.loop import AutoscalerLoop
+from faro_serve.serving.schema import parse_autoscaler_config
+
+
+def config(policy=None):
+    return parse_autoscaler_config({
+        "cluster": {"cpus": 3, "objective": "fair_sum", "reactive_trigger_s": 20},
+        "policy": policy,
+        "models": [{"name": "a", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25},
+                   {"name": "b", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25}]})
+
+
+def rate(name: str, t: float) -> float:
+    """Requests/s: a rises in steps, b falls, so plans and reactive steps both happen."""
+    return (2.0 + 3.0 * (t // 200)) if name == "a" else max(0.5, 8.0 - 2.5 * (t // 250))
+
+
+class Cluster:
+    """Replicas start at once; a front reports the load of ``rate``, and a p99 over the SLO
+    while its replicas are more than 60 % busy."""
+
+    def __init__(self):
+        self.running = {"a": 1, "b": 1}
+        self.t = 0.0
+        self.scaled = []
+
+    def capacity(self):
+        return 3.0, None
+
+    def running_replicas(self):
+        return dict(self.running)
+
+    def front_metrics(self, names):
+        out = {}
+        for n in names:
+            minutes = int(self.t // 60)
+            lam = rate(n, self.t)
+            busy = lam * 0.154 / self.running[n]
+            latency = 400.0 if busy < 0.6 else 3000.0
+            out[n] = {"arrivals_per_min": [60 * rate(n, 60 * m) for m in range(minutes)],
+                      "current_minute_count": lam * (self.t - 60 * minutes),
+                      "current_minute_elapsed_s": self.t - 60 * minutes, "arrival_rate": lam,
+                      "latency_ms": latency, "processing": {"mean_ms": 154.0}, "queue_length": 0.0,
+                      "mean_in_flight": lam * latency / 1e3}  # Little's law
+        return out
+
+    def scale(self, name, replicas):
+        self.scaled.append((self.t, name, replicas))
+        self.running[name] = replicas
+
+    def control(self, *args):
+        pass
+
+
+class Store:
+    """The saved state, through JSON as the live store keeps it."""
+
+    def __init__(self):
+        self.doc = None
+
+    def load(self):
+        return None if self.doc is None else json.loads(self.doc)
+
+    def save(self, state):
+        self.doc = json.dumps(state)
+
+
+def run(loop, cluster, times):
+    out = []
+    for t in times:
+        cluster.t = t
+        d = loop.step()["decision"]
+        out.append(None if d is None else (d["kind"], d["replicas"]))
+    return out
+
+
+@pytest.mark.parametrize("policy", [None, "aiad", "ray-serve", "mark"])
+def test_a_restarted_loop_decides_as_the_uninterrupted_one(policy):
+    times = np.arange(0, 900, 10.0)
+    ref_cluster = Cluster()
+    ref = AutoscalerLoop(config(policy), ref_cluster, clock=lambda: ref_cluster.t)
+    want = run(ref, ref_cluster, times)
+    k = 47  # a tick between plans, with timers running
+    assert sum(d is not None for d in want) >= 2 and any(d is not None for d in want[k:])
+
+    cluster, store = Cluster(), Store()
+    first = AutoscalerLoop(config(policy), cluster, clock=lambda: cluster.t, store=store)
+    got = run(first, cluster, times[:k])
+    # the autoscaler dies; Serve starts a new one, which finds the saved state
+    again = AutoscalerLoop(config(policy), cluster, clock=lambda: cluster.t, store=store)
+    cluster.t = times[k]
+    assert again.restored is not None and again.start == first.start
+    got += run(again, cluster, times[k:])
+    assert got == want
+
+
+def test_a_stale_plan_is_replaced_at_the_first_tick_and_a_fresh_one_kept():
+    cluster, store = Cluster(), Store()
+    loop = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=store)
+    assert run(loop, cluster, [0.0])[0][0] == "long_term"
+    run(loop, cluster, [10.0, 20.0])
+    # restarted 100 s after the plan: the plan holds (a fresh loop would plan at once)
+    fresh = AutoscalerLoop(config(), Cluster(), clock=lambda: 100.0)
+    assert run(fresh, fresh.cluster, [100.0])[0][0] == "long_term"
+    soon = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=store)
+    d = run(soon, cluster, [100.0])[0]
+    assert soon.restored is not None and (d is None or d[0] != "long_term")
+    # restarted 320 s after it (the long-term interval is 300 s): planned at the first tick
+    late = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=store)
+    cluster.t = 320.0
+    assert late.restored is not None
+    assert run(late, cluster, [320.0])[0][0] == "long_term"
+
+
+def test_stale_or_foreign_state_is_not_restored():
+    cluster, store = Cluster(), Store()
+    run(AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=store), cluster, [0.0, 10.0])
+    cluster.t = 10.0 + 601.0  # older than max(2 x 300 s, 600 s)
+    old = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=store)
+    assert old.restored is None and old.start == cluster.t
+    cluster.t = 20.0  # a faro-fairsum state offered to AIAD
+    assert AutoscalerLoop(config("aiad"), cluster, clock=lambda: cluster.t, store=store).restored is None
+
+    class Broken:
+        def load(self):
+            raise ConnectionError("store gone")
+
+        def save(self, state):
+            raise ConnectionError("store gone")
+
+    loop = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=Broken())
+    assert loop.restored is None and loop.step()["decision"]["kind"] == "long_term"  # still works
