@@ -27,76 +27,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
-from faro_serve.engine.latency import latency_mdc
-from forecasting.base import FallbackForecaster, Forecaster
+from forecasting.base import Forecaster
 
-from .faro import DEFAULT_PROCESSING_MS
-from .policy import Decision, Observation, Policy, grant_in_order
+from .common import (Timers, fallback_for, fcfs_decision, forecast_or_fallback,  # noqa: F401
+                     max_rate_one_replica, processing_s)
+from .policy import Decision, Observation, Policy
 from .registry import register
 
 SCALE_UP_AFTER_S = 30.0
 SCALE_DOWN_AFTER_S = 300.0
-
-
-# -- shared helpers (also used by autoscaler.seeds) -------------------------------------
-def processing_s(model: ModelSLO, measured_ms: float | None) -> float:
-    """Measured mean processing time, else the model's prior, else the engine default (s)."""
-    return (measured_ms or model.processing_ms or DEFAULT_PROCESSING_MS) / 1e3
-
-
-def max_rate_one_replica(p: float, slo: float, q: float) -> float:
-    """Largest Poisson rate (requests/s) one replica serves with its ``q`` latency within
-    ``slo`` under the engine's M/D/c estimator (c = 1); bisection on ``latency_mdc``."""
-    if latency_mdc(1, 0.0, p, q) > slo:
-        return 0.0
-    lo, hi = 0.0, 1.0 / p
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if latency_mdc(1, mid, p, q) <= slo:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-class Timers:
-    """Per-model "condition true since" clocks (the paper's overload/underload triggers)."""
-
-    state_fields = ("since",)
-
-    def __init__(self):
-        self.since: dict[str, float] = {}
-
-    def update(self, name: str, condition: bool, now: float) -> None:
-        if condition:
-            self.since.setdefault(name, now)
-        else:
-            self.since.pop(name, None)
-
-    def held(self, name: str, now: float, hold_s: float) -> bool:
-        t0 = self.since.get(name)
-        return t0 is not None and now - t0 >= hold_s - 1e-9
-
-    def restart(self, name: str, now: float) -> None:
-        if name in self.since:
-            self.since[name] = now
-
-
-def fcfs_decision(policy: Policy, obs: Observation, wanted: dict[str, int], order: list[str],
-                  kind: str, info: dict | None = None, interleave: bool = False) -> Decision | None:
-    """Grant ``wanted`` (decreases at once, increases in ``order`` while capacity lasts,
-    ``interleave``d or not: ``grant_in_order``); None when nothing changes."""
-    current = {n: o.target_replicas for n, o in obs.models.items()}
-    granted = grant_in_order(wanted, current, policy.models, obs.capacity_cpus,
-                             obs.capacity_memory_gb, order=order, interleave=interleave)
-    changed = {n: granted[n] for n in wanted if granted[n] != current[n]}
-    if not changed:
-        return None
-    return Decision(changed, {}, kind, info or {})
-
-
-def _clamp(m: ModelSLO, n: float) -> int:
-    return int(min(max(int(n), m.min_replicas), m.max_replicas))
 
 
 # -- FairShare --------------------------------------------------------------------------
@@ -120,7 +59,7 @@ class FairSharePolicy(Policy):
             share = obs.capacity_cpus / n / m.cpus
             if obs.capacity_memory_gb is not None:
                 share = min(share, obs.capacity_memory_gb / n / m.memory_gb)
-            wanted[m.name] = _clamp(m, math.floor(share + 1e-9))
+            wanted[m.name] = m.clamp(math.floor(share + 1e-9))
         return fcfs_decision(self, obs, wanted, [m.name for m in self.models], "long_term")
 
 
@@ -182,7 +121,7 @@ class OneshotPolicy(TriggeredPolicy):
     def _proportional(self, m: ModelSLO, o) -> int:
         if o.latency_ms is None:
             return m.min_replicas
-        return _clamp(m, math.ceil(max(o.replicas, 1) * o.latency_ms / m.slo_ms - 1e-9))
+        return m.clamp(math.ceil(max(o.replicas, 1) * o.latency_ms / m.slo_ms - 1e-9))
 
     def up_target(self, m, o):
         return self._proportional(m, o)
@@ -197,10 +136,10 @@ class AIADPolicy(TriggeredPolicy):
     name = "aiad"
 
     def up_target(self, m, o):
-        return _clamp(m, o.target_replicas + 1)
+        return m.clamp(o.target_replicas + 1)
 
     def down_target(self, m, o):
-        return _clamp(m, o.target_replicas - 1)
+        return m.clamp(o.target_replicas - 1)
 
 
 # -- MArk / Cocktail / Barista ------------------------------------------------------------
@@ -225,10 +164,7 @@ class MArkPolicy(Policy):
                  forecaster: Forecaster | None = None, *, peak_quantile: float = 0.5,
                  reactive: bool = True, n_samples: int = 100, replica_rate: str = "slo"):
         super().__init__(models, cluster)
-        horizon = max(1, int(round(cluster.window_s / 60.0)))
-        self.forecaster = forecaster or FallbackForecaster(horizon=horizon)
-        self.fallback = FallbackForecaster(input_size=getattr(self.forecaster, "input_size", 15),
-                                           horizon=getattr(self.forecaster, "horizon", horizon))
+        self.forecaster, self.fallback = fallback_for(forecaster, max(1, round(cluster.window_s / 60)))
         self.peak_quantile = peak_quantile
         self.reactive = reactive
         self.n_samples = n_samples
@@ -247,11 +183,7 @@ class MArkPolicy(Policy):
     def proactive(self, obs: Observation) -> Decision | None:
         self.last = obs.now
         self.over.since.clear()
-        history = {n: np.asarray(o.arrivals_per_min, float) for n, o in obs.models.items()}
-        try:
-            fc = self.forecaster.predict(history, n_samples=self.n_samples, seed=self.calls)
-        except Exception:  # a broken forecaster must not stop autoscaling
-            fc = self.fallback.predict(history, n_samples=self.n_samples, seed=self.calls)
+        fc = forecast_or_fallback(self.forecaster, self.fallback, obs, self.n_samples, self.calls)
         self.calls += 1
         rng = np.random.default_rng(self.cluster.seed + self.calls)
         wanted, peaks = {}, {}
@@ -261,7 +193,7 @@ class MArkPolicy(Policy):
             p = processing_s(m, obs.models[m.name].processing_ms)
             r1 = 1.0 / p if self.replica_rate == "saturation" else \
                 max_rate_one_replica(p, m.slo_ms / 1e3, m.percentile / 100.0)
-            wanted[m.name] = _clamp(m, math.ceil(peak / r1 - 1e-9) if r1 > 0 else m.max_replicas)
+            wanted[m.name] = m.clamp(math.ceil(peak / r1 - 1e-9) if r1 > 0 else m.max_replicas)
             peaks[m.name] = round(peak, 3)
         # Simultaneous independent requests: no job is first by construction; shuffle.
         order = [self.models[i].name for i in rng.permutation(len(self.models))]
@@ -363,7 +295,7 @@ class RayServePolicy(Policy):
             running = o.replicas
             desired = self.ray_target[m.name] if running == 0 else total / self.target_ongoing
             final = self._delay(m.name, max(0, self._scaled(desired, running)), now)
-            self.ray_target[m.name] = _clamp(m, final)
+            self.ray_target[m.name] = m.clamp(final)
         for m in self.models:  # Ray's target above what runs = pending replicas
             if self.ray_target[m.name] > obs.models[m.name].target_replicas:
                 self.pending_since.setdefault(m.name, now)

@@ -11,6 +11,8 @@ from pydantic import Field, ValidationError
 
 from faro_serve.config import ConfigError, FaroConfig, format_validation_error
 
+from .common import faro_policy_name
+
 
 class AutoscalerConfig(FaroConfig):
     """``args`` of the ``faro`` application: cluster, SLOs, and how to autoscale."""
@@ -24,9 +26,7 @@ class AutoscalerConfig(FaroConfig):
     enabled: bool = Field(True, description="false: measure and report, change nothing")
 
     def policy_name(self) -> str:
-        if self.policy:
-            return self.policy
-        return "faro-" + self.cluster.objective.replace("_", "")
+        return self.policy or faro_policy_name(self.cluster.objective)
 
 
 def parse_autoscaler_config(data, source: str = "faro application args") -> AutoscalerConfig:

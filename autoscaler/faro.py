@@ -30,45 +30,36 @@ import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import max_rate_for_slo, min_replicas_for_slo, plan
-from forecasting.base import FallbackForecaster, Forecast, Forecaster
+from forecasting.base import Forecast, Forecaster
 
+from .common import (DEFAULT_PROCESSING_MS, Timers, fallback_for, faro_policy_name, fcfs_decision,
+                     forecast_or_fallback)
 from .policy import Decision, Observation, Policy, grant_in_order
 
 log = logging.getLogger(__name__)
-
-# Processing time assumed for a model with neither a measurement nor a prior yet.
-DEFAULT_PROCESSING_MS = 100.0
 
 
 class FaroPolicy(Policy):
     """Hybrid long-term predictive + short-term reactive Faro autoscaler."""
 
-    state_fields = ("last_long_term", "violating_since", "surge_hold", "decisions")
+    state_fields = ("last_long_term", "violating", "surge_hold", "decisions")
 
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec,
                  forecaster: Forecaster | None = None, *, reactive: bool = True,
                  n_samples: int = 100, name: str | None = None):
         super().__init__(models, cluster)
-        self.name = name or f"faro-{cluster.objective.replace('_', '')}"
-        horizon = max(1, int(round(cluster.window_s / 60.0)))
-        self.forecaster = forecaster or FallbackForecaster(horizon=horizon)
-        self.fallback = FallbackForecaster(input_size=getattr(self.forecaster, "input_size", 15),
-                                           horizon=getattr(self.forecaster, "horizon", horizon))
+        self.name = name or faro_policy_name(cluster.objective)
+        self.forecaster, self.fallback = fallback_for(forecaster, max(1, round(cluster.window_s / 60)))
         self.reactive = reactive
         self.n_samples = n_samples
         self.last_long_term = -math.inf
-        self.violating_since: dict[str, float] = {}
+        self.violating = Timers()  # models over their SLO since (the reactive trigger)
         self.surge_hold: dict[str, float] = {}  # model -> until when its reactive step waits
         self.decisions = 0
 
     # -- forecasting -------------------------------------------------------------------
     def forecast(self, obs: Observation) -> Forecast:
-        history = {n: np.asarray(m.arrivals_per_min, float) for n, m in obs.models.items()}
-        try:
-            return self.forecaster.predict(history, n_samples=self.n_samples, seed=self.decisions)
-        except Exception as err:  # a broken model must not stop autoscaling
-            log.warning("forecaster failed (%s); using the fallback predictor", err)
-            return self.fallback.predict(history, n_samples=self.n_samples, seed=self.decisions)
+        return forecast_or_fallback(self.forecaster, self.fallback, obs, self.n_samples, self.decisions)
 
     # -- decisions ---------------------------------------------------------------------
     def decide(self, obs: Observation) -> Decision | None:
@@ -126,7 +117,7 @@ class FaroPolicy(Policy):
         for n in added:
             # the 30 s look-back still holds the surge's slow requests once the new replicas
             # serve: the reactive trigger waits for them to age out before it counts again
-            self.violating_since.pop(n, None)
+            self.violating.update(n, False, obs.now)
             self.surge_hold[n] = obs.now + self.cluster.cold_start_s + self.cluster.reactive_trigger_s
         info = {n: {"rate_rps": round(obs.models[n].arrival_rate, 3), "need": need[n],
                     "from": after[n], "to": added[n]} for n in added}
@@ -140,7 +131,7 @@ class FaroPolicy(Policy):
 
     def long_term(self, obs: Observation) -> Decision:
         self.last_long_term = obs.now
-        self.violating_since.clear()
+        self.violating.since.clear()
         fc = self.forecast(obs)
         self.decisions += 1
         procs = {}
@@ -165,27 +156,21 @@ class FaroPolicy(Policy):
         return Decision(alloc.replicas, alloc.drop_rates, "long_term", info)
 
     def short_term(self, obs: Observation) -> Decision | None:
+        """One more replica, within free capacity, for each model over its SLO for the
+        trigger period (oldest violation first); never fewer."""
         for n, o in obs.models.items():
-            if obs.now < self.surge_hold.get(n, -math.inf):
-                self.violating_since.pop(n, None)  # a surge's replicas are still coming
-            elif o.latency_ms is not None and o.latency_ms > self.slo[n].slo_ms:
-                self.violating_since.setdefault(n, obs.now)
-            else:
-                self.violating_since.pop(n, None)
-        due = [n for n, t0 in sorted(self.violating_since.items(), key=lambda kv: kv[1])
-               if obs.now - t0 >= self.cluster.reactive_trigger_s - 1e-9]
-        if not due:
-            return None
-        current = {n: o.target_replicas for n, o in obs.models.items()}
-        wanted = {n: current[n] + 1 for n in due}
-        granted = grant_in_order(wanted, current, self.models, obs.capacity_cpus,
-                                 obs.capacity_memory_gb, order=due)
-        changed = {n: granted[n] for n in due if granted[n] > current[n]}
+            over = o.latency_ms is not None and o.latency_ms > self.slo[n].slo_ms
+            # while a surge's replicas are still coming, the trigger waits
+            self.violating.update(n, over and obs.now >= self.surge_hold.get(n, -math.inf), obs.now)
+        due = [n for n in sorted(self.violating.since, key=self.violating.since.get)
+               if self.violating.held(n, obs.now, self.cluster.reactive_trigger_s)]
         for n in due:  # restart the timer: the next step needs another full trigger period
-            self.violating_since[n] = obs.now
-        if not changed:
-            return None
-        return Decision(changed, {}, "reactive", {"scaled_up": sorted(changed)})
+            self.violating.restart(n, obs.now)
+        d = fcfs_decision(self, obs, {n: obs.models[n].target_replicas + 1 for n in due}, due,
+                          "reactive")
+        if d is not None:
+            d.info = {"scaled_up": sorted(d.replicas)}
+        return d
 
 
 class OraclePolicy(FaroPolicy):

@@ -11,16 +11,12 @@ from collections.abc import Callable, Sequence
 
 from faro_serve.config import ClusterSpec, ModelSLO
 
+from .common import faro_policy_name
 from .faro import FaroPolicy, OraclePolicy
 from .policy import Policy
 
-FARO_OBJECTIVES = {
-    "faro-sum": "sum",
-    "faro-fair": "fair",
-    "faro-fairsum": "fair_sum",
-    "faro-penaltysum": "penalty_sum",
-    "faro-penaltyfairsum": "penalty_fair_sum",
-}
+FARO_OBJECTIVES = {faro_policy_name(o): o for o in ("sum", "fair", "fair_sum", "penalty_sum",
+                                                    "penalty_fair_sum")}
 
 Factory = Callable[..., Policy]
 _REGISTRY: dict[str, Factory] = {}

@@ -20,7 +20,7 @@ import numpy as np
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine.latency import min_replicas_for_slo
 
-from .baselines import _clamp, fcfs_decision, max_rate_one_replica, processing_s
+from .common import fcfs_decision, max_rate_one_replica, processing_s
 from .policy import Decision, Observation, Policy
 from .registry import register
 
@@ -33,7 +33,7 @@ def _replicas_for(lam: float, p: float, slo: float, q: float, m: ModelSLO) -> in
         n, _ = min_replicas_for_slo(max(lam, 0.0), p, slo, q, "mdc", limit=m.max_replicas)
     except ValueError:
         return m.max_replicas
-    return _clamp(m, n)
+    return m.clamp(n)
 
 
 class SwayamPolicy(Policy):
@@ -243,12 +243,12 @@ class InferLineTunerPolicy(Policy):
             over = [r for r, s in zip(live, self.sample_env[m.name]) if r > s]
             k_up = math.ceil(max(over) / (mu * rho) - 1e-9) if over else 0
             if k_up > o.target_replicas:
-                wanted[m.name] = _clamp(m, k_up)
+                wanted[m.name] = m.clamp(k_up)
                 up.append(m.name)
             elif now - self.last_change.get(m.name, -math.inf) > self.down_guard_s:
                 recent = [c for t, c in self.ticks[m.name] if t > now - self.down_window_s]
                 lam_new = max(recent) / self.tick_s if recent else 0.0
-                k = _clamp(m, math.ceil(lam_new / (mu * rho) - 1e-9))
+                k = m.clamp(math.ceil(lam_new / (mu * rho) - 1e-9))
                 if k < o.target_replicas:
                     wanted[m.name] = k
         if not wanted:
@@ -297,7 +297,7 @@ class INFaaSPolicy(Policy):
             load = o.arrival_rate
             n = o.target_replicas
             if load > 0 and n * q_sat / load < self.slack:
-                wanted[m.name] = _clamp(m, math.ceil(self.slack * load / q_sat - 1e-9))
+                wanted[m.name] = m.clamp(math.ceil(self.slack * load / q_sat - 1e-9))
                 self.short_since.setdefault(m.name, now)
                 self.fits_since.pop(m.name, None)
                 continue

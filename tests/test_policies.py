@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from autoscaler import make_policy, policy_names
-from autoscaler.baselines import max_rate_one_replica
+from autoscaler.common import max_rate_one_replica
 from autoscaler.policy import ModelObservation, Observation
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine.latency import latency_mdc, min_replicas_for_slo

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from autoscaler import make_policy, policy_names
-from autoscaler.baselines import Timers
+from autoscaler.common import Timers
 from autoscaler.state import decode, encode
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.sim import SimConfig, simulate

@@ -1,0 +1,100 @@
+"""What several policies share, in one place: processing times and one replica's rate,
+"condition held since" timers, first-come-first-served grants, forecasts that fall back to
+the fallback predictor when a trained model fails, and Faro's policy names."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from faro_serve.config import ModelSLO
+from faro_serve.engine.latency import latency_mdc
+from forecasting.base import FallbackForecaster, Forecast, Forecaster
+
+from .policy import Decision, Observation, Policy, grant_in_order
+
+log = logging.getLogger(__name__)
+
+# Processing time assumed for a model with neither a measurement nor a prior yet.
+DEFAULT_PROCESSING_MS = 100.0
+
+
+def faro_policy_name(objective: str) -> str:
+    """The Faro policy of a cluster objective: ``fair_sum`` -> ``faro-fairsum``."""
+    return "faro-" + objective.replace("_", "")
+
+
+def processing_s(model: ModelSLO, measured_ms: float | None) -> float:
+    """Measured mean processing time, else the model's prior, else the engine default (s)."""
+    return (measured_ms or model.processing_ms or DEFAULT_PROCESSING_MS) / 1e3
+
+
+def max_rate_one_replica(p: float, slo: float, q: float) -> float:
+    """Largest Poisson rate (requests/s) one replica serves with its ``q`` latency within
+    ``slo`` under the engine's M/D/c estimator (c = 1); bisection on ``latency_mdc``."""
+    if latency_mdc(1, 0.0, p, q) > slo:
+        return 0.0
+    lo, hi = 0.0, 1.0 / p
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if latency_mdc(1, mid, p, q) <= slo:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class Timers:
+    """Per-model "condition true since" clocks (the paper's overload/underload triggers)."""
+
+    state_fields = ("since",)
+
+    def __init__(self):
+        self.since: dict[str, float] = {}
+
+    def update(self, name: str, condition: bool, now: float) -> None:
+        if condition:
+            self.since.setdefault(name, now)
+        else:
+            self.since.pop(name, None)
+
+    def held(self, name: str, now: float, hold_s: float) -> bool:
+        t0 = self.since.get(name)
+        return t0 is not None and now - t0 >= hold_s - 1e-9
+
+    def restart(self, name: str, now: float) -> None:
+        if name in self.since:
+            self.since[name] = now
+
+
+def fcfs_decision(policy: Policy, obs: Observation, wanted: dict[str, int], order: list[str],
+                  kind: str, info: dict | None = None, interleave: bool = False) -> Decision | None:
+    """Grant ``wanted`` (decreases at once, increases in ``order`` while capacity lasts,
+    ``interleave``d or not: ``grant_in_order``); None when nothing changes."""
+    current = {n: o.target_replicas for n, o in obs.models.items()}
+    granted = grant_in_order(wanted, current, policy.models, obs.capacity_cpus,
+                             obs.capacity_memory_gb, order=order, interleave=interleave)
+    changed = {n: granted[n] for n in wanted if granted[n] != current[n]}
+    if not changed:
+        return None
+    return Decision(changed, {}, kind, info or {})
+
+
+def fallback_for(forecaster: Forecaster | None, horizon: int) -> tuple[Forecaster, FallbackForecaster]:
+    """The forecaster to use (the fallback predictor when none is given) and the fallback
+    predictor of the same input size and horizon that stands in when it fails."""
+    fc = forecaster or FallbackForecaster(horizon=horizon)
+    return fc, FallbackForecaster(input_size=getattr(fc, "input_size", 15),
+                                  horizon=getattr(fc, "horizon", horizon))
+
+
+def forecast_or_fallback(forecaster: Forecaster, fallback: Forecaster, obs: Observation,
+                         n_samples: int, seed: int) -> Forecast:
+    """Sampled forecasts of every model's arrivals; a broken model must not stop autoscaling."""
+    history = {n: np.asarray(m.arrivals_per_min, float) for n, m in obs.models.items()}
+    try:
+        return forecaster.predict(history, n_samples=n_samples, seed=seed)
+    except Exception as err:
+        log.warning("forecaster failed (%s); using the fallback predictor", err)
+        return fallback.predict(history, n_samples=n_samples, seed=seed)
