@@ -109,131 +109,145 @@ def simulate(counts: np.ndarray, models: Sequence[ModelSLO], policy: Policy, cfg
     ``warmup_history`` (jobs x minutes) is arrival history from before the run (e.g. the
     previous day's end), prepended to what the policy sees but not simulated.
     """
-    t_wall = time.perf_counter()
-    models = list(models)
-    names = [m.name for m in models]
-    counts = np.asarray(counts, dtype=float)
-    if counts.ndim != 2 or counts.shape[0] != len(models):
-        raise ValueError(f"counts must be (models={len(models)}, minutes), got {counts.shape}")
-    n_min = counts.shape[1]
-    if n_min == 0:
-        raise ValueError("the trace has no minutes")
-    spec = {m.name: m for m in models}
-    init = [cfg.initial_replicas or m.min_replicas for m in models]
-    init = [min(max(r, m.min_replicas), m.max_replicas) for r, m in zip(init, models)]
-    if sum(r * m.cpus for r, m in zip(init, models)) > cfg.capacity_cpus + 1e-9:
-        raise ValueError(f"the initial replicas need {sum(init)} replicas but the capacity is "
-                         f"{cfg.capacity_cpus:g}")
-    procs = list(cfg.processing) if isinstance(cfg.processing, tuple) else cfg.processing
-    work = Workload(counts, procs, cfg.router_overhead, seed=cfg.seed)
-    tick = float(policy.tick_s)
-    look_ticks = int(math.ceil(cfg.look_back_s / tick)) + 1
-    states = {m.name: ModelState(m.name, i, cfg.queue_limit, look_ticks,
-                                     cfg.replica_hold_s, cfg.client_timeout_s) for i, m in enumerate(models)}
-    for s, r in zip(states.values(), init):
-        s.scale_to(r, 0.0, 0.0)
-    slo_s = np.array([m.slo_ms / 1e3 for m in models])
-    pct = np.array([m.percentile for m in models])
-    if warmup_history is None:
-        warmup_history = np.zeros((len(models), 0))
-    warmup_history = np.asarray(warmup_history, dtype=float)
-    if warmup_history.ndim != 2 or warmup_history.shape[0] != len(models):
-        raise ValueError("warm-up history must be (models, minutes)")
-    history = np.concatenate([warmup_history, work.counts.astype(float)], axis=1)
-    n_warm = warmup_history.shape[1]
-    if future_minutes is None:
-        window = getattr(getattr(policy, "cluster", None), "window_s", 420.0)
-        future_minutes = int(math.ceil(window / 60.0)) + 1
-    end = 60.0 * n_min
-    n_ticks = int(math.ceil(end / tick))
-    tick_times = np.arange(n_ticks) * tick
-    targets_log = np.zeros((n_ticks, len(models)), dtype=np.int32)
-    serving_log = np.zeros((n_ticks, len(models)), dtype=np.int32)
-    kinds: dict[str, int] = {}
-    table = MinuteTable.empty(names, n_min)
-    rec_parts: list[tuple] = []
-    state_list = list(states.values())
+    run = _Run(counts, models, policy, cfg, warmup_history, future_minutes)
+    # Event instants: minute starts (load the minute) and ticks (observe + decide).
+    minute_starts = 60.0 * np.arange(run.n_min)
+    t_prev = 0.0
+    for t in np.unique(np.concatenate([minute_starts, run.tick_times, [run.end]])):
+        if t > t_prev:
+            for s in run.states.values():
+                s.run(t_prev, t)
+            t_prev = t
+        if t >= run.end:
+            break
+        if run.m_next < run.n_min and t >= minute_starts[run.m_next]:
+            run.load_minute()
+        if run.k_tick < len(run.tick_times) and t >= run.tick_times[run.k_tick]:
+            run.tick(float(t))
+    return run.finish()
 
-    def flush(final: bool) -> None:
-        nonlocal table
-        upto = n_min if final else min(s.settled_until_minute() for s in state_list)
-        parts = [s.take_settled(upto) for s in state_list]
+
+class _Run:
+    """One simulation's state: set up from the arguments of :func:`simulate`, advanced by
+    :meth:`load_minute` and :meth:`tick`, summarised by :meth:`finish`."""
+
+    def __init__(self, counts, models, policy: Policy, cfg: SimConfig, warmup_history, future_minutes):
+        self.t_wall = time.perf_counter()
+        self.models = list(models)
+        self.names = [m.name for m in self.models]
+        self.policy, self.cfg = policy, cfg
+        counts = np.asarray(counts, dtype=float)
+        if counts.ndim != 2 or counts.shape[0] != len(self.models):
+            raise ValueError(f"counts must be (models={len(self.models)}, minutes), got {counts.shape}")
+        self.n_min = counts.shape[1]
+        if self.n_min == 0:
+            raise ValueError("the trace has no minutes")
+        self.spec = {m.name: m for m in self.models}
+        init = [m.clamp(cfg.initial_replicas or m.min_replicas) for m in self.models]
+        if sum(r * m.cpus for r, m in zip(init, self.models)) > cfg.capacity_cpus + 1e-9:
+            raise ValueError(f"the initial replicas need {sum(init)} replicas but the capacity is "
+                             f"{cfg.capacity_cpus:g}")
+        procs = list(cfg.processing) if isinstance(cfg.processing, tuple) else cfg.processing
+        self.work = Workload(counts, procs, cfg.router_overhead, seed=cfg.seed)
+        tick = float(policy.tick_s)
+        look_ticks = int(math.ceil(cfg.look_back_s / tick)) + 1
+        self.states = {m.name: ModelState(m.name, i, cfg.queue_limit, look_ticks, cfg.replica_hold_s,
+                                          cfg.client_timeout_s) for i, m in enumerate(self.models)}
+        for s, r in zip(self.states.values(), init):
+            s.scale_to(r, 0.0, 0.0)
+        self.slo_s = np.array([m.slo_ms / 1e3 for m in self.models])
+        self.pct = np.array([m.percentile for m in self.models])
+        if warmup_history is None:
+            warmup_history = np.zeros((len(self.models), 0))
+        warmup_history = np.asarray(warmup_history, dtype=float)
+        if warmup_history.ndim != 2 or warmup_history.shape[0] != len(self.models):
+            raise ValueError("warm-up history must be (models, minutes)")
+        self.history = np.concatenate([warmup_history, self.work.counts.astype(float)], axis=1)
+        self.n_warm = warmup_history.shape[1]
+        if future_minutes is None:
+            future_minutes = int(math.ceil(policy.cluster.window_s / 60.0)) + 1
+        self.future_minutes = future_minutes
+        self.end = 60.0 * self.n_min
+        self.tick_times = np.arange(int(math.ceil(self.end / tick))) * tick
+        self.targets_log = np.zeros((len(self.tick_times), len(self.models)), dtype=np.int32)
+        self.serving_log = np.zeros_like(self.targets_log)
+        self.kinds: dict[str, int] = {}
+        self.table = MinuteTable.empty(self.names, self.n_min)
+        self.rec_parts: list[tuple] = []
+        self.last_tick_t = 0.0
+        self.k_tick = 0
+        self.m_next = 0
+
+    def load_minute(self) -> None:
+        """The next minute's requests join each model's buffer; every 5 minutes the settled
+        ones go to the metrics."""
+        batch = self.work.minute(self.m_next)
+        for s, sl in zip(self.states.values(), batch.job_slices()):
+            s.append(batch.arrival[sl], batch.proc[sl], batch.overhead[sl], batch.u[sl])
+        self.m_next += 1
+        if self.m_next % 5 == 0:
+            self.flush(False)
+
+    def tick(self, t: float) -> None:
+        """What the live loop does every tick (``autoscaler.driver``): observe, decide, apply."""
+        dt = t - self.last_tick_t
+        minute_now = int(t // 60.0)
+        snaps, running = {}, {}
+        for i, (n, s) in enumerate(self.states.items()):
+            n_arr, _, area = s.end_tick()
+            running[n] = self.serving_log[self.k_tick, i] = s.serving(t)
+            lat, proc, _ = s.observe(t, self.cfg.look_back_s, self.spec[n].percentile)
+            snaps[n] = FrontSnapshot(
+                arrivals_per_min=self.history[i, :self.n_warm + minute_now],
+                arrival_rate=n_arr / dt if dt > 0 else 0.0,
+                latency_ms=None if math.isnan(lat) else lat * 1e3,
+                processing_ms=None if math.isnan(proc) else proc * 1e3,
+                queue_length=float(s.nq), mean_in_flight=area / dt if dt > 0 else 0.0)
+        future = {n: self.work.counts[i, minute_now:minute_now + self.future_minutes].astype(float)
+                  for i, n in enumerate(self.names)}
+        targets = {n: s.target for n, s in self.states.items()}
+        obs = observe(t, self.cfg.capacity_cpus, self.cfg.capacity_memory_gb, snaps, running, targets,
+                      {n: s.drop_rate for n, s in self.states.items()}, future)
+        dec = self.policy.decide(obs)
+        if dec is not None:
+            done = apply_decision(dec, targets, self.models, self.cfg.capacity_cpus,
+                                  self.cfg.capacity_memory_gb, policy=self.policy.name, now=t)
+            for n, r in done.changes:
+                self.states[n].scale_to(r, t, self.cfg.cold_start_s)
+            for n, d in done.drop_rates.items():
+                self.states[n].drop_rate = d
+            self.kinds[dec.kind] = self.kinds.get(dec.kind, 0) + 1
+        self.targets_log[self.k_tick] = [s.target for s in self.states.values()]
+        self.last_tick_t = t
+        self.k_tick += 1
+
+    def flush(self, final: bool) -> None:
+        states = list(self.states.values())
+        upto = self.n_min if final else min(s.settled_until_minute() for s in states)
+        parts = [s.take_settled(upto) for s in states]
         sizes = [p[0].size for p in parts]
         if sum(sizes) == 0:
             return
-        midx = np.repeat(np.arange(len(models)), sizes)
-        arr = np.concatenate([p[0] for p in parts])
-        lat = np.concatenate([p[1] for p in parts])
-        drp = np.concatenate([p[2] for p in parts])
-        table = table.merge(minute_table(names, midx, arr, lat, drp, slo_s, n_min, pct))
-        if cfg.keep_records:
-            rec_parts.append((midx, arr, lat, drp))
+        midx = np.repeat(np.arange(len(self.models)), sizes)
+        arr, lat, drp = (np.concatenate([p[k] for p in parts]) for k in range(3))
+        self.table = self.table.merge(minute_table(self.names, midx, arr, lat, drp, self.slo_s,
+                                                   self.n_min, self.pct))
+        if self.cfg.keep_records:
+            self.rec_parts.append((midx, arr, lat, drp))
 
-    # Event instants: minute starts (load the minute) and ticks (observe + decide).
-    minute_starts = 60.0 * np.arange(n_min)
-    events = np.unique(np.concatenate([minute_starts, tick_times, [end]]))
-    last_tick_t = 0.0
-    k_tick = 0
-    m_next = 0
-    t_prev = 0.0
-    for t in events:
-        if t > t_prev:
-            for s in state_list:
-                s.run(t_prev, t)
-            t_prev = t
-        if t >= end:
-            break
-        if m_next < n_min and t >= minute_starts[m_next]:
-            batch = work.minute(m_next)
-            for s, sl in zip(state_list, batch.job_slices()):
-                s.append(batch.arrival[sl], batch.proc[sl], batch.overhead[sl], batch.u[sl])
-            m_next += 1
-            if m_next % 5 == 0:
-                flush(False)
-        if k_tick < n_ticks and t >= tick_times[k_tick]:
-            dt = t - last_tick_t
-            minute_now = int(t // 60.0)
-            snaps, running = {}, {}
-            for i, (n, s) in enumerate(states.items()):
-                n_arr, _, area = s.end_tick()
-                running[n] = serving_log[k_tick, i] = s.serving(t)
-                lat, proc, _ = s.observe(t, cfg.look_back_s, spec[n].percentile)
-                snaps[n] = FrontSnapshot(
-                    arrivals_per_min=history[i, :n_warm + minute_now],
-                    arrival_rate=n_arr / dt if dt > 0 else 0.0,
-                    latency_ms=None if math.isnan(lat) else lat * 1e3,
-                    processing_ms=None if math.isnan(proc) else proc * 1e3,
-                    queue_length=float(s.nq), mean_in_flight=area / dt if dt > 0 else 0.0)
-            future = {n: work.counts[i, minute_now:minute_now + future_minutes].astype(float)
-                      for i, n in enumerate(names)}
-            obs = observe(float(t), cfg.capacity_cpus, cfg.capacity_memory_gb, snaps, running,
-                          {n: s.target for n, s in states.items()},
-                          {n: s.drop_rate for n, s in states.items()}, future)
-            dec = policy.decide(obs)
-            if dec is not None:
-                done = apply_decision(dec, {n: s.target for n, s in states.items()}, models,
-                                      cfg.capacity_cpus, cfg.capacity_memory_gb,
-                                      policy=policy.name, now=float(t))
-                for n, r in done.changes:
-                    states[n].scale_to(r, float(t), cfg.cold_start_s)
-                for n, d in done.drop_rates.items():
-                    states[n].drop_rate = d
-                kinds[dec.kind] = kinds.get(dec.kind, 0) + 1
-            for i, s in enumerate(state_list):
-                targets_log[k_tick, i] = s.target
-            last_tick_t = t
-            k_tick += 1
-    # Drain: no more arrivals; queued requests are served by the replicas left.
-    for s in state_list:
-        s.run(end, 1e18)
-    flush(True)
-    records = None
-    if cfg.keep_records:
-        cols = list(zip(*rec_parts)) if rec_parts else [[np.empty(0, int)], [np.empty(0)],
-                                                        [np.empty(0)], [np.empty(0, bool)]]
-        records = dict(zip(("model", "arrival_s", "latency_s", "dropped"),
-                           (np.concatenate(c) for c in cols)))
-    return SimResult(policy=policy.name, names=names, capacity_cpus=cfg.capacity_cpus, seed=cfg.seed,
-                     table=table, summary=summarize(table, slo_s), wall_s=time.perf_counter() - t_wall,
-                     tick_times=tick_times, targets=targets_log, serving=serving_log,
-                     decisions=kinds, records=records)
+    def finish(self) -> SimResult:
+        """Drain (no more arrivals; the replicas left serve the queues) and summarise."""
+        for s in self.states.values():
+            s.run(self.end, 1e18)
+        self.flush(True)
+        records = None
+        if self.cfg.keep_records:
+            cols = list(zip(*self.rec_parts)) if self.rec_parts else [
+                [np.empty(0, int)], [np.empty(0)], [np.empty(0)], [np.empty(0, bool)]]
+            records = dict(zip(("model", "arrival_s", "latency_s", "dropped"),
+                               (np.concatenate(c) for c in cols)))
+        return SimResult(policy=self.policy.name, names=self.names, capacity_cpus=self.cfg.capacity_cpus,
+                         seed=self.cfg.seed, table=self.table, summary=summarize(self.table, self.slo_s),
+                         wall_s=time.perf_counter() - self.t_wall, tick_times=self.tick_times,
+                         targets=self.targets_log, serving=self.serving_log, decisions=self.kinds,
+                         records=records)
