@@ -85,8 +85,7 @@ def fallback_for(forecaster: Forecaster | None, horizon: int) -> tuple[Forecaste
     """The forecaster to use (the fallback predictor when none is given) and the fallback
     predictor of the same input size and horizon that stands in when it fails."""
     fc = forecaster or FallbackForecaster(horizon=horizon)
-    return fc, FallbackForecaster(input_size=getattr(fc, "input_size", 15),
-                                  horizon=getattr(fc, "horizon", horizon))
+    return fc, FallbackForecaster(input_size=fc.input_size, horizon=fc.horizon)
 
 
 def forecast_or_fallback(forecaster: Forecaster, fallback: Forecaster, obs: Observation,

@@ -113,7 +113,7 @@ def grant_in_order(wanted: dict[str, int], current: dict[str, int], models: Iter
     out = dict(current)
     goal = {}
     for n, w in wanted.items():
-        goal[n] = int(np.clip(w, spec[n].min_replicas, spec[n].max_replicas))
+        goal[n] = spec[n].clamp(w)
         if goal[n] < out.get(n, 0):
             out[n] = goal[n]
     used = [sum(out[n] * spec[n].cpus for n in out), sum(out[n] * spec[n].memory_gb for n in out)]
