@@ -306,10 +306,18 @@ class RayServePolicy(Policy):
                              {"ray_target": dict(self.ray_target)}, interleave=True)
 
 
-register("fairshare", lambda models, cluster, forecaster=None: FairSharePolicy(models, cluster))
-register("oneshot", lambda models, cluster, forecaster=None: OneshotPolicy(models, cluster))
-register("aiad", lambda models, cluster, forecaster=None: AIADPolicy(models, cluster))
-register("mark", lambda models, cluster, forecaster=None: MArkPolicy(models, cluster, forecaster))
-register("ray-serve", lambda models, cluster, forecaster=None: RayServePolicy(models, cluster))
+register("fairshare", lambda models, cluster, forecaster=None: FairSharePolicy(models, cluster),
+         "Baseline: no autoscaling, floor(capacity / models) replicas each")
+register("oneshot", lambda models, cluster, forecaster=None: OneshotPolicy(models, cluster),
+         "Baseline: ceil(serving x latency / SLO) replicas after 30 s over or 5 min under the SLO")
+register("aiad", lambda models, cluster, forecaster=None: AIADPolicy(models, cluster),
+         "Baseline: +1 replica after 30 s over the SLO, -1 after 5 min under it")
+register("mark", lambda models, cluster, forecaster=None: MArkPolicy(models, cluster, forecaster),
+         "MArk/Cocktail/Barista: per model, replicas for the forecast peak at the rate one "
+         "replica serves within the SLO, every 5 min")
+register("ray-serve", lambda models, cluster, forecaster=None: RayServePolicy(models, cluster),
+         "Ray Serve's default rule, simulated: 2 ongoing requests per replica, 30 s up and "
+         "600 s down delays (live, use ray-native in validate/compare)")
 register("mark-saturation", lambda models, cluster, forecaster=None:
-         MArkPolicy(models, cluster, forecaster, replica_rate="saturation"))
+         MArkPolicy(models, cluster, forecaster, replica_rate="saturation"),
+         "MArk with one replica's rate at saturation (1 / processing time), no SLO margin")

@@ -20,11 +20,14 @@ FARO_OBJECTIVES = {faro_policy_name(o): o for o in ("sum", "fair", "fair_sum", "
 
 Factory = Callable[..., Policy]
 _REGISTRY: dict[str, Factory] = {}
+_SUMMARY: dict[str, str] = {}
 
 
-def register(name: str, factory: Factory) -> None:
-    """Make ``factory(models, cluster, forecaster=None)`` available as ``name``."""
+def register(name: str, factory: Factory, summary: str = "") -> None:
+    """Make ``factory(models, cluster, forecaster=None)`` available as ``name``; ``summary``
+    is the one line ``faro-serve policies`` shows."""
     _REGISTRY[name] = factory
+    _SUMMARY[name] = summary
 
 
 def _faro(objective: str, policy_name: str) -> Factory:
@@ -34,14 +37,30 @@ def _faro(objective: str, policy_name: str) -> Factory:
     return build
 
 
+_FARO = ("Faro: a forecast-driven plan every 5 min, +1 replica after 30 s over the SLO, the "
+         "surge response; maximises ")
+_OBJECTIVE_SUMMARY = {
+    "sum": "the total utility",
+    "fair": "the worst model's utility (max-min fairness)",
+    "fair_sum": "the total utility with a fairness term (the default)",
+    "penalty_sum": "the total utility minus drop penalties (drops requests when overloaded)",
+    "penalty_fair_sum": "the fair total utility minus drop penalties",
+}
 for _name, _obj in FARO_OBJECTIVES.items():
-    register(_name, _faro(_obj, _name))
-register("oracle", lambda models, cluster, forecaster=None: OraclePolicy(models, cluster))
+    register(_name, _faro(_obj, _name), _FARO + _OBJECTIVE_SUMMARY[_obj])
+register("oracle", lambda models, cluster, forecaster=None: OraclePolicy(models, cluster),
+         "Faro-FairSum planning with the true future arrivals (simulator only): the bound")
 
 
 def policy_names() -> list[str]:
     _load_plugins()
     return sorted(_REGISTRY)
+
+
+def policy_summaries() -> dict[str, str]:
+    """Every policy's one-line description, by name."""
+    _load_plugins()
+    return {n: _SUMMARY[n] for n in sorted(_REGISTRY)}
 
 
 def make_policy(name: str, models: Sequence[ModelSLO], cluster: ClusterSpec,

@@ -316,6 +316,12 @@ class INFaaSPolicy(Policy):
         return fcfs_decision(self, obs, wanted, order, "reactive")
 
 
-register("swayam", lambda models, cluster, forecaster=None: SwayamPolicy(models, cluster))
-register("inferline", lambda models, cluster, forecaster=None: InferLineTunerPolicy(models, cluster))
-register("infaas", lambda models, cluster, forecaster=None: INFaaSPolicy(models, cluster))
+register("swayam", lambda models, cluster, forecaster=None: SwayamPolicy(models, cluster),
+         "Swayam: per model, replicas for a regression-predicted, burst-padded rate; up at "
+         "once, down only to the most needed in the last 15 min")
+register("inferline", lambda models, cluster, forecaster=None: InferLineTunerPolicy(models, cluster),
+         "InferLine's tuner: up at once when the traffic envelope exceeds the plan's, down "
+         "after 15 s of calm")
+register("infaas", lambda models, cluster, forecaster=None: INFaaSPolicy(models, cluster),
+         "INFaaS: replicate when headroom falls below 1.05 x the load, one fewer once the "
+         "load fits for a load time (one variant)")

@@ -23,6 +23,7 @@ COMMANDS = [
     "faro_serve.commands.kuberay",
     "faro_serve.commands.validate",
     "faro_serve.commands.compare",
+    "faro_serve.commands.policies",
 ]
 
 

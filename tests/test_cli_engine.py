@@ -74,3 +74,20 @@ def test_console_script_is_installed():
     res = subprocess.run([str(exe), "estimate", "--rate", "1", "--proc-ms", "10", "--slo-ms", "50",
                           "--json"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and json.loads(res.stdout)["replicas"] == 1
+
+
+def test_policies_lists_every_policy_with_a_summary(cli):
+    import json
+
+    from autoscaler import make_policy, policy_names
+    from faro_serve.config import ClusterSpec, ModelSLO
+
+    code, out, _ = cli("policies")
+    assert code == 0
+    lines = {line.split()[0]: line for line in out.strip().splitlines()}
+    assert sorted(lines) == policy_names() and "faro-fairsum" in lines and "ray-serve" in lines
+    code, out, _ = cli("policies", "--json")
+    rows = json.loads(out)
+    assert sorted(rows) == policy_names() and all(len(s) > 20 for s in rows.values())
+    for name in rows:  # every listed name builds
+        make_policy(name, [ModelSLO(name="m", slo_ms=720)], ClusterSpec(cpus=4))
