@@ -34,7 +34,7 @@ from forecasting.base import Forecast, Forecaster
 
 from .common import (DEFAULT_PROCESSING_MS, Timers, fallback_for, faro_policy_name, fcfs_decision,
                      forecast_or_fallback)
-from .policy import Decision, Observation, Policy, grant_in_order
+from .policy import Decision, ModelPlan, Observation, Policy, grant_in_order
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,10 @@ class FaroPolicy(Policy):
                                 "latency_ms": round(d.latency_ms, 2) if math.isfinite(d.latency_ms) else None}
                        for d in alloc.decisions},
         }
-        return Decision(alloc.replicas, alloc.drop_rates, "long_term", info)
+        plan_ = {d.name: ModelPlan(d.replicas, d.utility,
+                                   d.latency_ms if math.isfinite(d.latency_ms) else None,
+                                   fc.predictor.get(d.name, "?")) for d in alloc.decisions}
+        return Decision(alloc.replicas, alloc.drop_rates, "long_term", info, plan_)
 
     def short_term(self, obs: Observation) -> Decision | None:
         """One more replica, within free capacity, for each model over its SLO for the

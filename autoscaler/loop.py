@@ -187,8 +187,9 @@ class AutoscalerLoop:
             self.cluster.scale(n, r)
             self.targets[n] = r
         self.drop_rates.update(done.drop_rates)
-        if decision.kind == "long_term":
-            self.last_plan = decision.info.get("models", {})
+        if decision.plan:  # what the status shows as predicted, until the next plan
+            self.last_plan = {n: {"utility": round(p.utility, 4), "predictor": p.predictor,
+                                  "latency_ms": p.latency_ms} for n, p in decision.plan.items()}
 
     def _record(self, now: float, obs: Observation, decision: Decision | None) -> dict:
         models = {}

@@ -49,14 +49,25 @@ class Observation:
     future_arrivals_per_min: dict[str, np.ndarray] | None = None
 
 
+@dataclass(frozen=True)
+class ModelPlan:
+    """What a planning policy expects for one model at the replicas it chose."""
+
+    replicas: int
+    utility: float  # predicted utility over the forecast window
+    latency_ms: float | None  # estimated SLO-percentile latency (None: cannot meet it)
+    predictor: str  # the forecaster that served this model ("nhits", "fallback", ...)
+
+
 @dataclass
 class Decision:
     """Target replicas (and drop rates) per model; models left out keep their target."""
 
     replicas: dict[str, int]
     drop_rates: dict[str, float] = field(default_factory=dict)
-    kind: str = "long_term"  # "long_term" or "reactive" (for logs)
+    kind: str = "long_term"  # "long_term", "reactive" or "surge" (for logs)
     info: dict = field(default_factory=dict)  # JSON-able details for the decision log
+    plan: dict[str, ModelPlan] = field(default_factory=dict)  # planning policies: per model
 
 
 class Policy(ABC):
