@@ -141,12 +141,16 @@ class FaroPolicy(Policy):
         current = {n: o.target_replicas for n, o in obs.models.items()}
         alloc = plan(self.models, fc.by_model(), current, self.cluster, processing_ms=procs,
                      capacity_cpus=obs.capacity_cpus, capacity_memory_gb=obs.capacity_memory_gb)
+        samples = fc.by_model()
         info = {
             "objective": alloc.objective, "objective_value": round(alloc.objective_value, 6),
             "solve_ms": round(alloc.solve_ms, 2), "groups": alloc.groups,
+            "bound": self._binding(alloc, obs),
             "models": {d.name: {"predictor": fc.predictor.get(d.name, "?"),
-                                "forecast_mean_rps": round(float(fc.by_model()[d.name].mean()), 4),
-                                "forecast_p90_rps": round(float(np.quantile(fc.by_model()[d.name], 0.9)), 4),
+                                "forecast_mean_rps": round(float(samples[d.name].mean()), 4),
+                                "forecast_p90_rps": round(float(np.quantile(samples[d.name], 0.9)), 4),
+                                "forecast_rps": {f"p{q}": round(float(np.quantile(samples[d.name], q / 100)), 4)
+                                                 for q in (10, 50, 90)},
                                 "processing_ms": round(d.processing_ms, 3),
                                 "current": d.current, "replicas": d.replicas,
                                 "drop_rate": d.drop_rate, "utility": round(d.utility, 4),
@@ -157,6 +161,21 @@ class FaroPolicy(Policy):
                                    d.latency_ms if math.isfinite(d.latency_ms) else None,
                                    fc.predictor.get(d.name, "?")) for d in alloc.decisions}
         return Decision(alloc.replicas, alloc.drop_rates, "long_term", info, plan_)
+
+    def _binding(self, alloc, obs: Observation) -> dict:
+        """Which constraint held the plan back: the capacity (models short of utility 1 and
+        no room for one more of their replicas) or a model's ``max_replicas``."""
+        short = [d for d in alloc.decisions if d.utility < 1 - 1e-9]
+        free_cpu = obs.capacity_cpus - sum(d.replicas * self.slo[d.name].cpus for d in alloc.decisions)
+        free_mem = (None if obs.capacity_memory_gb is None else obs.capacity_memory_gb
+                    - sum(d.replicas * self.slo[d.name].memory_gb for d in alloc.decisions))
+        at_max = [d.name for d in short if d.replicas >= self.slo[d.name].max_replicas]
+        room = [d.name for d in short if d.name not in at_max
+                and self.slo[d.name].cpus <= free_cpu + 1e-9
+                and (free_mem is None or self.slo[d.name].memory_gb <= free_mem + 1e-9)]
+        return {"capacity": bool(short) and len(room) < len(short) - len(at_max),
+                "free_cpus": round(free_cpu, 3), "max_replicas": at_max,
+                "short_of_slo": [d.name for d in short]}
 
     def short_term(self, obs: Observation) -> Decision | None:
         """One more replica, within free capacity, for each model over its SLO for the

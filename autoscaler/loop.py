@@ -202,7 +202,11 @@ class AutoscalerLoop:
                 "processing_ms": None if o.processing_ms is None else round(o.processing_ms, 2),
                 "queue_length": o.queue_length, "replicas": o.replicas,
                 "target": self.targets.get(n), "drop_rate": self.drop_rates.get(n, 0.0),
+                # measured: min(SLO / p99 over the look-back, 1), the paper's utility (alpha 1);
+                # predicted: what the last plan expected over its window
+                "observed_utility": observed_utility(o.latency_ms, self.slo[n].slo_ms),
                 "predicted_utility": planned.get("utility"), "predictor": planned.get("predictor"),
+                "predicted_latency_ms": planned.get("latency_ms"),
             }
         rec = {"time": round(now, 3), "t": round(obs.now, 3), "policy": self.policy.name,
                "capacity_cpus": obs.capacity_cpus, "models": models,
@@ -226,6 +230,14 @@ class AutoscalerLoop:
                 "capacity_cpus": self.last.get("capacity_cpus"),
                 "models": self.last.get("models", {}), "last_decision": self.history[-1]["decision"]
                 if self.history else None, "restored": self.restored}
+
+
+def observed_utility(latency_ms: float | None, slo_ms: float) -> float | None:
+    """The paper's utility of a measured SLO-percentile latency, ``min(SLO / latency, 1)``;
+    None when nothing completed in the look-back."""
+    if latency_ms is None:
+        return None
+    return round(min(slo_ms / latency_ms, 1.0), 4) if latency_ms > 0 else 1.0
 
 
 def _json_default(o):

@@ -348,3 +348,29 @@ def test_synthetic_model_serves_one_request_at_a_time():
     wall, outs = asyncio.run(run())
     assert wall >= 4 * 0.05 * 0.95  # back to back, not side by side
     assert all(o["processing_ms"] < 150 for o in outs)  # waiting is not processing
+
+
+def test_status_explains_plans_and_shows_measured_beside_planned_utility():
+    from faro_serve.commands.status import explain
+
+    cluster = FakeCluster({"a": 1, "b": 1})
+    t = [0.0]
+    loop = AutoscalerLoop(config(), cluster, clock=lambda: t[0])
+    cluster.fronts["a"].update(arrivals_per_min=[2400] * 20, latency_ms=1440.0)  # 40 req/s: too many
+    rec = loop.step()
+    a = rec["models"]["a"]
+    assert a["observed_utility"] == 0.5 and a["predicted_utility"] is not None  # 720 / 1440
+    info = rec["decision"]["info"]
+    assert info["bound"]["capacity"] and "a" in info["bound"]["short_of_slo"]
+    q = info["models"]["a"]["forecast_rps"]
+    assert 0 < q["p10"] <= q["p50"] <= q["p90"]
+    text = "\n".join(explain(list(loop.history)))
+    assert "long_term decision" in text and "bound by the capacity" in text
+    assert "a: forecast p10/p50/p90" in text and "estimated p99" in text and "vs SLO 720 ms" in text
+    # reactive and surge steps say why
+    lines = explain([{"t": 40, "decision": {"kind": "surge", "replicas": {"a": 4, "b": 2},
+                                            "info": {"scaled_up": ["b"], "surge": {"a": {
+                                                "rate_rps": 30.0, "need": 6, "from": 1, "to": 4}}}}}])
+    assert lines[1] == "  reactive: over the SLO for the trigger period: b +1"
+    assert lines[2] == "  surge: a at 30.0 req/s needs 6 replicas: 1 -> 4"
+    assert explain([]) == ["no decisions yet"]

@@ -12,15 +12,19 @@ def register(sub) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="Serve HTTP address")
     p.add_argument("--app", default="faro", help="route prefix of the autoscaler application")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.add_argument("--explain", nargs="?", type=int, const=5, default=None, metavar="N",
+                   help="also explain the last N decisions (5): the forecast quantiles used, each "
+                   "model's estimated p99 and utility at the chosen replicas, the objective "
+                   "value and the constraint that bound (GET <url>/faro/decisions)")
     p.set_defaults(func=run)
 
 
-def fetch_status(url: str, app: str = "faro", timeout: float = 10.0) -> dict:
+def fetch_status(url: str, app: str = "faro", timeout: float = 10.0, path: str = "status"):
     import httpx
 
     from ..cli import UsageError
 
-    target = f"{url.rstrip('/')}/{app.strip('/')}/status"
+    target = f"{url.rstrip('/')}/{app.strip('/')}/{path}"
     host = httpx.URL(target).host
     # a loopback address never goes through a proxy from the environment
     loopback = host in ("localhost", "::1") or host.startswith("127.")
@@ -38,25 +42,86 @@ def _fmt(v, spec=".0f", none="-"):
 
 
 def run(args) -> int:
+    if args.explain is not None and args.explain < 1:
+        from ..cli import UsageError
+
+        raise UsageError(f"--explain N needs N >= 1 (got {args.explain})")
     st = fetch_status(args.url, args.app)
+    decisions = (fetch_status(args.url, args.app, path=f"decisions?limit={args.explain}")
+                 if args.explain else None)
     if args.json:
-        print(json.dumps(st, indent=2))
+        print(json.dumps(st if decisions is None else {"status": st, "decisions": decisions}, indent=2))
         return 0
     from ._console import console
     from rich.table import Table
 
     table = Table(title=f"faro-serve: policy {st.get('policy')} (objective {st.get('objective')}), "
-                        f"capacity {st.get('capacity_cpus')} CPUs")
-    for col in ("model", "SLO", "rate/s", "observed", "proc ms", "replicas", "utility", "drop"):
+                        f"capacity {st.get('capacity_cpus')} CPUs",
+                  caption="p99 measured: over the last 30 s; utility measured: min(SLO / that p99, 1); "
+                          "utility planned: what the last plan expected over its window")
+    for col in ("model", "SLO", "rate/s", "p99 measured", "proc ms", "replicas", "utility measured",
+                "utility planned", "drop"):
         table.add_column(col, justify="left" if col == "model" else "right", no_wrap=True)
     for name, m in st.get("models", {}).items():
         lat = m.get("latency_ms")
         style = "red" if lat is not None and lat > m["slo_ms"] else None
         table.add_row(name, f"{m['slo_ms']:g} ms p{m['percentile']:g}", _fmt(m.get("arrival_rate"), ".2f"),
                       f"{_fmt(lat)} ms" if lat is not None else "-", _fmt(m.get("processing_ms")),
-                      f"{m.get('replicas')}/{m.get('target')}", _fmt(m.get("predicted_utility"), ".3f"),
-                      f"{m.get('drop_rate', 0):.1%}", style=style)
+                      f"{m.get('replicas')}/{m.get('target')}", _fmt(m.get("observed_utility"), ".3f"),
+                      _fmt(m.get("predicted_utility"), ".3f"), f"{m.get('drop_rate', 0):.1%}", style=style)
     console().print(table)
     if not st.get("enabled", True):
         print("autoscaling is disabled (enabled: false): measuring only")
+    if decisions is not None:
+        for line in explain(decisions):
+            print(line)
     return 0
+
+
+def explain(records: list[dict]) -> list[str]:
+    """Plain-text reasons for decision records (``GET /faro/decisions``), newest last."""
+    out = []
+    if not records:
+        return ["no decisions yet"]
+    for rec in records:
+        d = rec.get("decision") or {}
+        info = d.get("info") or {}
+        out.append(f"\n[t={rec.get('t', 0):.0f} s] {d.get('kind')} decision: replicas {d.get('replicas')}"
+                   + (f", drop rates {d['drop_rates']}" if d.get("drop_rates") else ""))
+        if "models" in info:  # a plan: forecast, estimate, utility per model
+            out.append(f"  objective {info.get('objective')} = {info.get('objective_value')} "
+                       f"(solved in {info.get('solve_ms')} ms)")
+            b = info.get("bound") or {}
+            if b:
+                why = []
+                if b.get("capacity"):
+                    why.append(f"the capacity ({b.get('free_cpus')} CPUs left)")
+                if b.get("max_replicas"):
+                    why.append(f"max_replicas of {', '.join(b['max_replicas'])}")
+                if why:
+                    out.append("  bound by " + " and ".join(why))
+                elif not b.get("short_of_slo"):
+                    out.append("  no constraint bound: every model is planned to meet its SLO")
+                else:
+                    out.append(f"  short of the SLO with room left ({', '.join(b['short_of_slo'])}): "
+                               "another replica would not pay within the window (cold start)")
+            for name, m in info["models"].items():
+                q = m.get("forecast_rps") or {}
+                band = (f"{q.get('p10')}/{q.get('p50')}/{q.get('p90')}" if q
+                        else f"mean {m.get('forecast_mean_rps')}, p90 {m.get('forecast_p90_rps')}")
+                slo = (rec.get("models") or {}).get(name, {}).get("slo_ms")
+                lat = m.get("latency_ms")
+                out.append(f"  {name}: forecast p10/p50/p90 {band} req/s ({m.get('predictor')}); "
+                           f"{m.get('current')} -> {m.get('replicas')} replicas; estimated p99 "
+                           f"{'beyond the SLO' if lat is None else f'{lat:.0f} ms'}"
+                           f"{'' if slo is None else f' vs SLO {slo:g} ms'}; utility {m.get('utility')}"
+                           + (f"; drop {m['drop_rate']:.1%}" if m.get("drop_rate") else ""))
+        if "scaled_up" in info:
+            out.append(f"  reactive: over the SLO for the trigger period: {', '.join(info['scaled_up'])} +1")
+        for name, sv in (info.get("surge") or {}).items():
+            out.append(f"  surge: {name} at {sv.get('rate_rps')} req/s needs {sv.get('need')} replicas: "
+                       f"{sv.get('from')} -> {sv.get('to')}")
+        for key in ("up", "down"):
+            if info.get(key):
+                out.append(f"  {key}: {', '.join(info[key])}")
+    return out
