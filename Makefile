@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.faro-installed
 
-.PHONY: install lock run serve test bench clean
+.PHONY: install system-deps lock run serve test bench clean
 
 install: $(STAMP)
 
@@ -14,7 +14,22 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -c constraints.txt -c requirements.lock -e ".[dev]"
+	@$(MAKE) --no-print-directory system-deps
 	@touch $(STAMP)
+
+# Debian packages that tests use for real components: a Prometheus server (the metrics
+# test) and a headless Chromium (the status page test). Installed with apt-get when this
+# machine has it and we are root; otherwise those tests skip and say why.
+SYSTEM_DEPS := prometheus chromium
+system-deps:
+	@missing=""; for p in $(SYSTEM_DEPS); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "note: not installing$$missing (needs root and apt-get): the tests that use them skip"; exit 0; fi; \
+	echo "installing Debian packages:$$missing"; \
+	(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends $$missing) >/dev/null 2>&1 \
+		|| echo "note: apt-get could not install$$missing: the tests that use them skip"
 
 # Refresh requirements.lock: every dependency of pyproject.toml (dev extras included),
 # resolved anew by uv for Python 3.10+ on any platform, within constraints.txt. Commit the

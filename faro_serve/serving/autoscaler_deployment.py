@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import ray
 from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
 from ray import serve
 
 from autoscaler.config import AutoscalerConfig, parse_autoscaler_config
@@ -137,6 +138,30 @@ class ActorStateStore:
             self._actor = None
 
 
+class AutoscalerGauges:
+    """Prometheus gauges (``ray.util.metrics``, exported with Ray's metrics) of what the
+    autoscaler sees and decides each tick, per model; the fronts export the request
+    counters, latency, queue and drop rate (``control.py``)."""
+
+    FIELDS = {"arrival_rate": ("faro_arrival_rate", "arrival rate over the last tick (req/s)"),
+              "target": ("faro_replicas_target", "target replicas the autoscaler set"),
+              "replicas": ("faro_replicas_serving", "replicas serving"),
+              "observed_utility": ("faro_utility_observed", "min(SLO / measured p99, 1)"),
+              "predicted_utility": ("faro_utility_planned", "utility the last plan expected")}
+
+    def __init__(self):
+        from ray.util import metrics
+
+        self.gauges = {k: metrics.Gauge(name, doc, tag_keys=("model",))
+                       for k, (name, doc) in self.FIELDS.items()}
+
+    def publish(self, record: dict) -> None:
+        for name, m in (record.get("models") or {}).items():
+            for k, g in self.gauges.items():
+                if m.get(k) is not None:
+                    g.set(float(m[k]), tags={"model": name})
+
+
 def load_forecaster(cfg: AutoscalerConfig):
     """The trained forecaster of ``forecaster_dir``, or None for the fallback predictor."""
     if not cfg.forecaster_dir:
@@ -148,6 +173,9 @@ def load_forecaster(cfg: AutoscalerConfig):
 
 
 api = FastAPI(title="faro-serve autoscaler", description="Status and decisions of the Faro autoscaler.")
+# The status page at GET /faro/: static HTML whose script reads /faro/status and
+# /faro/decisions every 2 s; no build step.
+STATUS_PAGE = (Path(__file__).parent / "status_page.html").read_text()
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64,
@@ -161,6 +189,7 @@ class FaroAutoscaler:
         self.thread: threading.Thread | None = None
         self.errors = 0
         self.store = ActorStateStore(serve.get_replica_context().app_name)
+        self.gauges = AutoscalerGauges()
 
     def reconfigure(self, config: dict) -> None:
         """New settings (e.g. an SLO or the objective) take effect without any restart."""
@@ -182,7 +211,7 @@ class FaroAutoscaler:
             with self.lock:
                 loop = self.loop
             try:
-                loop.step()
+                self.gauges.publish(loop.step())
                 self.errors = 0
             except Exception:
                 self.errors += 1
@@ -208,6 +237,10 @@ class FaroAutoscaler:
     def status(self) -> dict:
         with self.lock:
             return self.loop.status() if self.loop else {"models": {}}
+
+    @api.get("/", response_class=HTMLResponse, summary="The status page (refreshes itself)")
+    def page(self) -> HTMLResponse:
+        return HTMLResponse(STATUS_PAGE)
 
     @api.get("/state", summary="What the autoscaler saves every tick to carry on after a restart")
     def state(self) -> dict:

@@ -1,0 +1,191 @@
+"""Operating faro-serve as Ray users do, on a real local Ray cluster: a real Prometheus server
+scrapes Ray's metrics export during bounded load and answers for the faro_* series per model;
+the status page at GET /faro/ renders in a real headless Chromium with the values of
+GET /faro/status. Loopback only; each tool skips with a message when it is not installed
+(`make install` installs both with apt-get when it runs as root)."""
+
+import re
+import shutil
+import subprocess
+import tempfile
+from html.parser import HTMLParser
+from pathlib import Path
+
+import httpx
+import pytest
+import ray
+from ray import serve
+
+from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.serving.app import deploy
+from live_helpers import fire, free_port, wait_for
+
+pytestmark = pytest.mark.slow
+CAPACITY = 2.0
+SLOS = [(ModelSLO(name="ops-a", slo_ms=720, processing_ms=154, cpus=0.25, max_replicas=4),
+         {"model": {"kind": "synthetic"}}),
+        (ModelSLO(name="ops-b", slo_ms=300, processing_ms=20, cpus=0.25, max_replicas=4),
+         {"model": {"kind": "synthetic", "processing": "const:0.02"}})]
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    dash, http = free_port(), free_port()
+    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
+             dashboard_port=dash, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": http})
+    spec = ClusterSpec(cpus=CAPACITY, objective="fair_sum", long_term_interval_s=20, window_s=120,
+                       cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
+    deploy(SLOS, spec, dashboard_url=f"http://127.0.0.1:{dash}")
+    base = f"http://127.0.0.1:{http}"
+    assert wait_for(lambda: httpx.get(f"{base}/faro/status").json().get("ticks", 0) >= 2, 60)
+    yield {"base": base}
+    serve.shutdown()
+    ray.shutdown()
+
+
+# --- Prometheus ----------------------------------------------------------------------
+def _prometheus_config(tmp: Path) -> Path:
+    """Ray's own generated Prometheus config (the one Ray's docs start Prometheus with), with
+    a 2 s scrape interval so that a short test sees several scrapes."""
+    generated = Path("/tmp/ray/session_latest/metrics/prometheus/prometheus.yml")
+    assert wait_for(generated.is_file, 30), f"Ray wrote no {generated}"
+    text = re.sub(r"scrape_interval: \S+", "scrape_interval: 2s", generated.read_text())
+    out = tmp / "prometheus.yml"
+    out.write_text(text)
+    return out
+
+
+def _query(prom: str, q: str) -> list:
+    r = httpx.get(f"{prom}/api/v1/query", params={"query": q}, timeout=10)
+    r.raise_for_status()
+    return r.json()["data"]["result"]
+
+
+def test_a_real_prometheus_scrapes_the_faro_series_per_model(cluster, tmp_path, report):
+    exe = shutil.which("prometheus")
+    if exe is None:
+        pytest.skip("Debian's prometheus is not installed (make install as root installs it)")
+    port = free_port()
+    prom = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([exe, f"--config.file={_prometheus_config(tmp_path)}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: _ready(prom), 30), "prometheus did not start"
+        res = fire(cluster["base"], "/ops-a/predict", 300, 30, rate=15.0)  # about 20 s of load
+        assert len(res) == 300
+        wanted = {"faro_requests": "requests by outcome (rate: rate(...[1m]))",
+                  "faro_latency_ms": "SLO-percentile latency", "faro_queue_length": "queue",
+                  "faro_drop_rate": "drop rate", "faro_arrival_rate": "arrival rate",
+                  "faro_replicas_target": "replicas target", "faro_replicas_serving": "replicas serving"}
+
+        def series():
+            found = {}
+            for name in wanted:
+                for s in _query(prom, f'{{__name__=~".*{name}.*"}}'):
+                    found.setdefault(name, set()).add(s["metric"].get("model"))
+            return found if all("ops-a" in found.get(n, ()) for n in wanted) else None
+
+        found = wait_for(series, 60, every=2)
+        assert found, f"missing faro series for ops-a; Prometheus has {_names(prom)}"
+        lat = _query(prom, '{__name__=~".*faro_latency_ms.*", model="ops-a"}')
+        assert 0 < float(lat[0]["value"][1]) < 60000
+        target = _query(prom, '{__name__=~".*faro_replicas_target.*", model="ops-a"}')
+        assert 1 <= float(target[0]["value"][1]) <= 4
+        report(f"prometheus: faro series for ops-a: {sorted(found)}; names {_names(prom)}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _ready(prom: str) -> bool:
+    try:
+        return httpx.get(f"{prom}/-/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _names(prom: str) -> list[str]:
+    r = httpx.get(f"{prom}/api/v1/label/__name__/values", timeout=10).json()["data"]
+    return sorted(n for n in r if "faro" in n)
+
+
+# --- the status page in a browser ----------------------------------------------------
+class _Cells(HTMLParser):
+    """``{model: {field: text}}`` from the page's table (rows tagged data-model, cells
+    data-field)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: dict[str, dict[str, str]] = {}
+        self._row = self._field = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "tr" and "data-model" in a:
+            self._row = self.rows.setdefault(a["data-model"], {})
+        elif tag == "td" and "data-field" in a and self._row is not None:
+            self._field = a["data-field"]
+            self._row[self._field] = ""
+
+    def handle_endtag(self, tag):
+        if tag == "td":
+            self._field = None
+        elif tag == "tr":
+            self._row = None
+
+    def handle_data(self, data):
+        if self._field is not None:
+            self._row[self._field] += data
+
+
+def _chromium(*args: str, timeout: float = 90) -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("Debian's chromium is not installed (make install as root installs it)")
+    with tempfile.TemporaryDirectory() as profile:
+        out = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+                             capture_output=True, text=True, timeout=timeout)
+    return out.stdout
+
+
+def _expected(st: dict) -> dict[str, dict[str, str]]:
+    """What the page shows for a status document, formatted as its script formats it."""
+    def fmt(v, d=0):
+        return "-" if v is None else f"{float(v):.{d}f}"
+    out = {}
+    for name, m in st["models"].items():
+        out[name] = {"model": name, "slo": f"{m['slo_ms']:g} ms p{m['percentile']:g}",
+                     "p99": "-" if m["latency_ms"] is None else f"{fmt(m['latency_ms'])} ms",
+                     "rate": fmt(m["arrival_rate"], 2), "replicas": f"{m['replicas']} / {m['target']}",
+                     "utility_measured": fmt(m.get("observed_utility"), 3),
+                     "utility_planned": fmt(m.get("predicted_utility"), 3)}
+    return out
+
+
+def test_the_status_page_shows_the_status_in_a_real_browser(cluster, tmp_path):
+    base = cluster["base"]
+    fire(base, "/ops-b/predict", 60, 10, rate=20.0)
+    before = httpx.get(f"{base}/faro/status").json()
+    dom = _chromium("--virtual-time-budget=6000", "--dump-dom", f"{base}/faro/")
+    after = httpx.get(f"{base}/faro/status").json()
+    assert 'data-ready="1"' in dom, dom[-2000:]  # the script ran and read the autoscaler
+    page = _Cells()
+    page.feed(dom)
+    assert set(page.rows) == {"ops-a", "ops-b"}
+    for name, cells in page.rows.items():
+        for field, text in cells.items():
+            if field in ("forecast", "drop"):
+                continue
+            options = {_expected(s)[name][field] for s in (before, after)}
+            assert text.strip() in options, (name, field, text, options)
+    assert re.search(r"policy faro-fairsum \(objective fair_sum\), capacity 2(\.0)? CPUs", dom)
+    assert "long_term:" in dom  # the last decisions, with their reasons
+    shot = tmp_path / "status.png"
+    _chromium("--virtual-time-budget=6000", f"--screenshot={shot}", "--window-size=1300,520",
+              f"{base}/faro/")
+    assert shot.is_file() and shot.stat().st_size > 10_000
