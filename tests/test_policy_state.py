@@ -7,6 +7,7 @@ import copy
 import json
 import math
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,14 +19,14 @@ from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.sim import SimConfig, simulate
 from faro_serve.traces import load_trace
 
-TRACE = "../shared/traces/faro10_days1-10.csv"
+TRACE = Path(__file__).parent / "data" / "guard_day9.csv"  # real minutes, bundled (data/README.md)
 
 
 @pytest.fixture(scope="module")
 def observations():
-    """The observations of a real simulated hour (day 10, 4 jobs, a binding capacity),
+    """The observations of a real simulated hour (day 9, 4 jobs, a binding capacity),
     recorded once per policy from its own run."""
-    tr = load_trace(TRACE, days=10, sample=0).select(["job0", "job1", "job2", "job3"]).window(300, 360)
+    tr = load_trace(TRACE, days=9, sample=0).select(["job0", "job1", "job2", "job3"]).window(60, 120)
     models = [ModelSLO(name=n, slo_ms=720, processing_ms=154) for n in tr.names]
     cluster = ClusterSpec(cpus=12, cold_start_s=10)
     out = {}
