@@ -4,6 +4,7 @@ the status page at GET /faro/ renders in a real headless Chromium with the value
 GET /faro/status. Loopback only; each tool skips with a message when it is not installed
 (`make install` installs both with apt-get when it runs as root)."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ SLOS = [(ModelSLO(name="ops-a", slo_ms=720, processing_ms=154, cpus=0.25, max_re
          {"model": {"kind": "synthetic"}}),
         (ModelSLO(name="ops-b", slo_ms=300, processing_ms=20, cpus=0.25, max_replicas=4),
          {"model": {"kind": "synthetic", "processing": "const:0.02"}})]
+DASHBOARD = Path(__file__).parents[1] / "faro_serve" / "serving" / "grafana" / "faro_dashboard.json"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -96,7 +98,16 @@ def test_a_real_prometheus_scrapes_the_faro_series_per_model(cluster, tmp_path, 
         assert 0 < float(lat[0]["value"][1]) < 60000
         target = _query(prom, '{__name__=~".*faro_replicas_target.*", model="ops-a"}')
         assert 1 <= float(target[0]["value"][1]) <= 4
-        report(f"prometheus: faro series for ops-a: {sorted(found)}; names {_names(prom)}")
+        # the Grafana dashboard asks for series Prometheus has, and its queries answer
+        names = set(_names(prom))
+        dash = json.loads(DASHBOARD.read_text())
+        exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+        asked = {n for e in exprs for n in re.findall(r"ray_faro_\w+", e)}
+        assert asked <= names, f"the dashboard asks for {sorted(asked - names)}; Prometheus has {sorted(names)}"
+        for e in exprs:
+            if "dropped_" not in e:  # no drops under this load
+                assert _query(prom, e.replace("$model", "ops-a")), e
+        report(f"prometheus: faro series for ops-a: {sorted(found)}; names {sorted(names)}")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
