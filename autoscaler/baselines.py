@@ -31,7 +31,7 @@ from forecasting.base import Forecaster
 
 from .common import (Timers, fallback_for, fcfs_decision, forecast_or_fallback,  # noqa: F401
                      max_rate_one_replica, processing_s)
-from .policy import Decision, Observation, Policy
+from .policy import Decision, Observation, Policy, grant_in_order
 from .registry import register
 
 SCALE_UP_AFTER_S = 30.0
@@ -301,9 +301,21 @@ class RayServePolicy(Policy):
                 self.pending_since.setdefault(m.name, now)
             else:
                 self.pending_since.pop(m.name, None)
-        order = sorted(self.pending_since, key=self.pending_since.get)
-        return fcfs_decision(self, obs, dict(self.ray_target), order, "reactive",
-                             {"ray_target": dict(self.ray_target)}, interleave=True)
+        # Replicas already pending when CPUs free up take them in turn; a new wish takes
+        # what is free at once, first come first served (Ray starts a replica as soon as its
+        # request finds room). Both as seen live (docs/compare.md).
+        current = {n: o.target_replicas for n, o in obs.models.items()}
+        waiting = sorted((n for n, t in self.pending_since.items() if t < now),
+                         key=self.pending_since.get)
+        fresh = [n for n in self.pending_since if self.pending_since[n] >= now]
+        granted = grant_in_order(dict(self.ray_target), current, self.models, obs.capacity_cpus,
+                                 obs.capacity_memory_gb, order=waiting, interleave=True)
+        granted = grant_in_order({n: self.ray_target[n] for n in fresh}, granted, self.models,
+                                 obs.capacity_cpus, obs.capacity_memory_gb, order=fresh)
+        changed = {n: granted[n] for n in granted if granted[n] != current[n]}
+        if not changed:
+            return None
+        return Decision(changed, {}, "reactive", {"ray_target": dict(self.ray_target)})
 
 
 register("fairshare", lambda models, cluster, forecaster=None: FairSharePolicy(models, cluster),

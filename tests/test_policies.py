@@ -118,6 +118,18 @@ def test_ray_serve_keeps_its_target_pending_until_capacity_frees():
     assert t > 600 and d.replicas == {"m0": 4, "m1": 3, "m2": 1}
 
 
+def test_ray_serve_gives_free_capacity_to_a_new_wish_at_once():
+    """Ray starts a replica as soon as its request finds room: the first wish of a tick
+    takes what is free (first come first served), not a share."""
+    ms = models(3)
+    pol = make_policy("ray-serve", ms, ClusterSpec(cpus=10))
+    busy = {"replicas": 1, "ongoing_per_replica": 20.0}
+    state = {"m0": busy, "m1": busy, "m2": {"replicas": 4, "ongoing_per_replica": 0.0}}
+    for t in range(0, 30, 10):
+        assert pol.decide(obs(t, state, cap=10)) is None
+    assert pol.decide(obs(30, state, cap=10)).replicas == {"m0": 5}  # 4 free CPUs, all to m0
+
+
 def test_mark_provisions_the_forecast_peak_at_one_replica_capacity():
     class Const:
         input_size, horizon = 15, 7

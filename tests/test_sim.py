@@ -282,3 +282,14 @@ def test_clients_give_up_after_their_timeout():
     assert runs[np.inf].summary.job_dropped.sum() == 0
     with pytest.raises(ValueError, match="client timeout"):
         SimConfig(capacity_cpus=1, client_timeout_s=0)
+
+    # a server that does not notice (plain Ray Serve, live): the replica serves the given-up
+    # requests anyway, back to back, and almost nothing is answered in time
+    n = 600
+    start, lat = np.full(n, np.nan), np.full(n, np.nan)
+    status = np.zeros(n, np.int8)
+    advance(0.0, 1e9, arr, proc, np.zeros(n), np.ones(n), start, lat, status, 0, n, np.zeros(n, np.int64),
+            0, 0, np.zeros(1), np.full(1, -np.inf), 0.0, n, 0.0, 3.5, False)
+    assert np.all(~np.isnan(start))  # every request took the replica, one second each
+    assert np.allclose(np.diff(np.sort(start)), 1.0)
+    assert (status == DONE).sum() <= 3 < (status == TIMED_OUT).sum()

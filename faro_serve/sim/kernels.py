@@ -14,11 +14,12 @@ Replicas added by the autoscaler appear with ``free_at`` = the end of their cold
 nothing is special about them here.
 
 A client may give up: with a finite ``patience`` (the load generator's per-request timeout,
-60 s in a replay), a request still queued ``patience`` seconds after it arrived leaves the
-queue unserved, and one that would be answered later than that fails too: its replica
-stops serving it when the client leaves. Live, Ray Serve cancels a request whose HTTP client disconnected,
-so an unbounded queue in plain Ray Serve stays about ``patience`` deep instead of growing
-for ever; without this the simulated backlog outlives the overload by minutes.
+60 s in a replay), a request not answered ``patience`` seconds after it arrived is a failure
+(``TIMED_OUT``). With ``cancel`` the server notices: a request still queued then leaves the
+queue unserved, and one in service frees its replica (faro-serve's front drops a waiter
+whose client left). Without it the server serves the request anyway, for nobody, which is
+what plain Ray Serve did live under a backlog (docs/compare.md): a replica at its limit
+answered a tenth of what it could in time, its time going to requests already given up.
 
 Requests live in per-model buffers (arrival, processing, overhead and drop draw, all drawn
 beforehand from a seeded generator, so a run is deterministic); the kernel fills in start
@@ -54,7 +55,7 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             u: np.ndarray, start: np.ndarray, lat: np.ndarray, status: np.ndarray,
             nxt: int, nend: int, qbuf: np.ndarray, qh: int, nq: int,
             free_at: np.ndarray, busy_until: np.ndarray, drop_rate: float, limit: int,
-            hold: float = 0.0, patience: float = np.inf):
+            hold: float = 0.0, patience: float = np.inf, cancel: bool = True):
     """Simulate ``[t0, t1)``: serve the queue, take the arrivals ``arr[nxt:nend]`` before t1.
 
     ``qbuf`` is a ring of buffer indices (the FIFO queue) with head ``qh`` and length ``nq``.
@@ -85,7 +86,7 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             qh = (qh + 1) % cap
             nq -= 1
             s = max(f, arr[j])
-            if s - arr[j] > patience:  # its client gave up while it waited
+            if cancel and s - arr[j] > patience:  # its client gave up while it waited
                 status[j] = TIMED_OUT
                 lat[j] = np.inf
                 area += max(0.0, min(arr[j] + patience, t1) - max(arr[j], t0))
@@ -94,10 +95,11 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             lat[j] = s - arr[j] + proc[j] + ovh[j]
             end = s + proc[j]
             status[j] = DONE
-            if lat[j] > patience:  # answered too late: cancelled when its client leaves
+            if lat[j] > patience:  # answered too late: a failure, cancelled if the server notices
                 status[j] = TIMED_OUT
                 lat[j] = np.inf
-                end = max(s, arr[j] + patience)
+                if cancel:
+                    end = max(s, arr[j] + patience)
             busy_until[k] = end
             free_at[k] = end + hold
             area += (s - max(arr[j], t0)) + (min(end, t1) - s)
@@ -122,7 +124,8 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
                 if lat[i] > patience:
                     status[i] = TIMED_OUT
                     lat[i] = np.inf
-                    end = ta + patience
+                    if cancel:
+                        end = ta + patience
                 busy_until[k] = end
                 free_at[k] = end + hold
                 area += min(end, t1) - ta
@@ -136,7 +139,8 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
         i += 1
     for m in range(nq):  # still waiting at t1 (or gone: the client gave up)
         j = qbuf[(qh + m) % cap]
-        area += max(0.0, min(t1, arr[j] + patience) - max(arr[j], t0))
+        gone = arr[j] + patience if cancel else np.inf
+        area += max(0.0, min(t1, gone) - max(arr[j], t0))
     return i, qh, nq, n_arr, n_drop, area
 
 

@@ -57,6 +57,9 @@ class SimConfig:
     # a client gives up on a request not answered within this (a replay's per-request
     # timeout); inf: clients wait for ever, the paper's model (kernels.advance)
     client_timeout_s: float = math.inf
+    # True: the server drops a request its client gave up on (faro-serve's front does);
+    # False: it serves it anyway, for nobody (what plain Ray Serve did live, docs/compare.md)
+    cancel_timed_out: bool = True
     look_back_s: float = 30.0
     initial_replicas: int | None = None  # None: each model's min_replicas
     seed: int = 0
@@ -152,7 +155,7 @@ class _Run:
         tick = float(policy.tick_s)
         look_ticks = int(math.ceil(cfg.look_back_s / tick)) + 1
         self.states = {m.name: ModelState(m.name, i, cfg.queue_limit, look_ticks, cfg.replica_hold_s,
-                                          cfg.client_timeout_s) for i, m in enumerate(self.models)}
+                                          cfg.client_timeout_s, cfg.cancel_timed_out) for i, m in enumerate(self.models)}
         for s, r in zip(self.states.values(), init):
             s.scale_to(r, 0.0, 0.0)
         self.slo_s = np.array([m.slo_ms / 1e3 for m in self.models])

@@ -22,10 +22,11 @@ from .kernels import DONE, PENDING, advance, lookback
 
 class ModelState:
     def __init__(self, name: str, index: int, queue_limit: int, look_back_ticks: int,
-                 hold_s: float = 0.0, patience_s: float = float("inf")):
+                 hold_s: float = 0.0, patience_s: float = float("inf"), cancel: bool = True):
         self.name = name
         self.hold = float(hold_s)  # replica busy after each request (kernels.advance)
         self.patience = float(patience_s)  # the client's timeout (kernels.advance)
+        self.cancel = bool(cancel)  # the server drops what its client gave up on
         self.index = index
         self.limit = int(queue_limit)
         self.qbuf = np.zeros(max(self.limit, 1), dtype=np.int64)
@@ -102,7 +103,7 @@ class ModelState:
         out = advance(t0, t1, self.arr, self.proc, self.ovh, self.u, self.start, self.lat,
                       self.status, self.nxt, self.arr.size, self.qbuf, self.qh, self.nq,
                       self.free_at, self.busy_until, self.drop_rate, self.limit, self.hold,
-                      self.patience)
+                      self.patience, self.cancel)
         self.nxt, self.qh, self.nq, n_arr, n_drop, area = out
         self.tick_arrivals += n_arr
         self.tick_dropped += n_drop

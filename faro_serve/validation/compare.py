@@ -76,7 +76,7 @@ class Workload:
 NATIVE = {"ray-native": "ray-serve"}
 
 # The live replay's per-request timeout: the simulator's clients give up after it too
-# (SimConfig.client_timeout_s), as Ray Serve cancels a request whose client disconnected.
+# (SimConfig.client_timeout_s).
 REPLAY_TIMEOUT_S = 60.0
 # Plain Ray Serve queues without limit (max_queued_requests -1); a ring this large never fills.
 UNBOUNDED_QUEUE = 10**6

@@ -27,18 +27,21 @@ def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDi
                     hold_s: float = 0.0, client_timeout_s: float = REPLAY_TIMEOUT_S):
     """The simulator on the live run's workload: the same slice, seed (so the same
     per-minute counts), models, policy settings, and this machine's overhead and cold start.
-    Its clients give up after the replay's timeout; a ``ray-native`` run's queue has no
-    limit, as in plain Ray Serve (faro-serve's front tail-drops at ``queue_limit``)."""
+    Its clients give up after the replay's timeout. A ``ray-native`` run is simulated as
+    plain Ray Serve behaved live (docs/compare.md): a queue without limit, and requests
+    whose clients gave up still served; faro-serve's front tail-drops at ``queue_limit`` and
+    drops a request whose client left."""
     from autoscaler import make_policy
 
     tr = wl.load()
     models = wl.models(tr.names)
     pol = make_policy(sim_policy(policy), models, cluster_spec(capacity), forecaster)
-    if policy in NATIVE:
-        queue_limit = UNBOUNDED_QUEUE
-    cfg = SimConfig(capacity_cpus=capacity, cold_start_s=cold_start_s, queue_limit=queue_limit,
+    native = policy in NATIVE
+    cfg = SimConfig(capacity_cpus=capacity, cold_start_s=cold_start_s,
+                    queue_limit=UNBOUNDED_QUEUE if native else queue_limit,
                     processing=wl.processing(), router_overhead=overhead,
-                    replica_hold_s=hold_s, client_timeout_s=client_timeout_s, seed=wl.seed)
+                    replica_hold_s=hold_s, client_timeout_s=client_timeout_s,
+                    cancel_timed_out=not native, seed=wl.seed)
     return simulate(tr.counts, models, pol, cfg)
 
 
