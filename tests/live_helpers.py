@@ -15,6 +15,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def local_serve(num_cpus: int = 2) -> tuple[str, str]:
+    """A local Ray cluster with its dashboard and Serve's HTTP proxy on free loopback ports:
+    (dashboard URL, Serve base URL). The caller shuts both down (serve.shutdown, ray.shutdown)."""
+    import ray
+    from ray import serve
+
+    dash, http = free_port(), free_port()
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
+             dashboard_port=dash, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": http})
+    return f"http://127.0.0.1:{dash}", f"http://127.0.0.1:{http}"
+
+
 def wait_for(cond, timeout: float, every: float = 1.0):
     """``cond()``'s first truthy value within ``timeout`` s, else its last value."""
     end = time.time() + timeout

@@ -20,7 +20,7 @@ from ray import serve
 
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.serving.app import deploy
-from live_helpers import fire, free_port, wait_for
+from live_helpers import fire, free_port, local_serve, wait_for
 
 pytestmark = pytest.mark.slow
 CAPACITY = 2.0
@@ -35,14 +35,10 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 @pytest.fixture(scope="module")
 def cluster():
-    dash, http = free_port(), free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
-             dashboard_port=dash, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": http})
+    dashboard, base = local_serve()
     spec = ClusterSpec(cpus=CAPACITY, objective="fair_sum", long_term_interval_s=20, window_s=120,
                        cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
-    deploy(SLOS, spec, dashboard_url=f"http://127.0.0.1:{dash}")
-    base = f"http://127.0.0.1:{http}"
+    deploy(SLOS, spec, dashboard_url=dashboard)
     assert wait_for(lambda: httpx.get(f"{base}/faro/status").json().get("ticks", 0) >= 2, 60)
     yield {"base": base}
     serve.shutdown()

@@ -18,7 +18,7 @@ from ray.util.state import list_actors
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.serving.app import deploy
 
-from live_helpers import check_drop_share, check_flood, fire, free_port, wait_for
+from live_helpers import check_drop_share, check_flood, fire, local_serve, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -34,17 +34,13 @@ SLOS = [
 
 @pytest.fixture(scope="module")
 def live():
-    dash, http = free_port(), free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
-             dashboard_port=dash, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": http})
+    dashboard, base = local_serve()
     cluster = ClusterSpec(cpus=CAPACITY, objective="fair_sum", long_term_interval_s=600,
                           window_s=120, cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
     # the autoscaler watches and reports only, so the replica counts stay as deployed
-    deploy(SLOS, cluster, dashboard_url=f"http://127.0.0.1:{dash}", enabled=False)
-    base = f"http://127.0.0.1:{http}"
+    deploy(SLOS, cluster, dashboard_url=dashboard, enabled=False)
     client = httpx.Client(base_url=base, timeout=60)
-    yield {"base": base, "client": client, "dashboard": f"http://127.0.0.1:{dash}"}
+    yield {"base": base, "client": client, "dashboard": dashboard}
     client.close()
     serve.shutdown()
     ray.shutdown()
