@@ -26,6 +26,8 @@ from typing import Protocol
 
 import numpy as np
 
+from faro_serve.metrics import utility_from_latency
+
 from .config import AutoscalerConfig
 from .driver import FrontSnapshot, apply_decision, observe
 from .policy import Decision, Observation
@@ -233,11 +235,11 @@ class AutoscalerLoop:
 
 
 def observed_utility(latency_ms: float | None, slo_ms: float) -> float | None:
-    """The paper's utility of a measured SLO-percentile latency, ``min(SLO / latency, 1)``;
+    """The paper's utility of a measured SLO-percentile latency (the metrics' own formula);
     None when nothing completed in the look-back."""
     if latency_ms is None:
         return None
-    return round(min(slo_ms / latency_ms, 1.0), 4) if latency_ms > 0 else 1.0
+    return round(float(utility_from_latency(latency_ms, slo_ms)), 4)
 
 
 def _json_default(o):
