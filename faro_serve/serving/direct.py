@@ -120,9 +120,9 @@ class Meter(FrontControl):
             if kind == "a":
                 st.arrival(now, t)
                 st.started(t)
-            elif kind == "f":
+            elif kind == "f":  # at its own time: the look-back window is the simulator's
                 st.finished(t)
-                st.completed(now, float(ev[2]), None)
+                st.completed(t, float(ev[2]), None)
             elif kind == "x":  # queued, then given up (client gone): no answer to count
                 st.finished(t)
             elif kind == "p":
