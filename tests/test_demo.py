@@ -368,6 +368,9 @@ def test_live_demo_completes_accounts_for_every_request_and_leaves_nothing_runni
     md = (out / "report.md").read_text()
     assert (out / "timeline.png").stat().st_size > 5_000
     assert f"sent {acc['sent']:,} = answered {acc['answered']:,}" in md and "Partial" not in md
+    # the autoscaler's decisions (it plans at its first tick) and the machine, with a verdict
+    assert "## Autoscaler decisions" in md and "long_term decision" in md, md
+    assert "## The machine" in md and "Verdict: " in md and "| 1 | " in md
     assert f"report: {out / 'report.md'}" in stdout and f"sent {acc['sent']:,} = answered" in stdout
     assert (out / "serve.log").stat().st_size > 0
     report(f"live demo: {acc['sent']} sent, by status {acc['by_status']}, errors {acc['errors']}, "
@@ -393,3 +396,44 @@ def test_live_demo_ctrl_c_writes_a_partial_report_and_shuts_down(tmp_path, repor
     assert "partial report (interrupted)" in stdout
     report(f"demo Ctrl-C: {acc['sent']} sent, {acc['not_sent']} not sent, shut down in "
            f"{time.time() - t0:.0f} s")
+
+
+def test_report_explains_decisions_and_says_when_the_machine_was_the_bottleneck(tmp_path):
+    """The report's decisions (from a real autoscaler loop's records) and the machine
+    section: minute 2 has an oversubscribed CPU and synth-a's processing time tripled."""
+    from faro_serve.demo.diagnosis import decisions_section, machine_minutes, machine_section
+    from test_serving_units import FakeCluster, config
+    from autoscaler.loop import AutoscalerLoop
+
+    cluster = FakeCluster({"a": 1, "b": 1})
+    t = [0.0]
+    loop = AutoscalerLoop(config(), cluster, clock=lambda: t[0])
+    cluster.fronts["a"].update(arrivals_per_min=[2400] * 20, latency_ms=1440.0)
+    loop.step()
+    t[0] = 12.0
+    loop.step()
+    records = list(loop.history)
+    assert records, "the loop decided nothing"
+    lines = "\n".join(decisions_section(records, replay_start_wall=-30.0))
+    assert "## Autoscaler decisions" in lines and "long-term plans" in lines
+    assert "[t=30 s] long_term decision" in lines  # shifted to the replay's clock
+    assert "estimated p99" in lines and "bound by the capacity" in lines
+    assert "no decision" in "\n".join(decisions_section([], None))
+
+    s, rec = _fake_run(minutes=3)
+    polls = [(tt, {"models": {"synth-a": {"processing_ms": 150.0 * (3 if 30 <= tt < 60 else 1),
+                                          "replicas": 1 + int(tt > 40), "target": 1 + int(tt >= 10)},
+                              "resnet18": {"processing_ms": 60.0, "replicas": 1, "target": 1}}})
+             for tt in np.arange(0.0, 90.0, 5.0)]
+    load = [(tt, 5.0 if 30 <= tt < 60 else 1.0) for tt in np.arange(0.0, 90.0, 5.0)]
+    mm = machine_minutes(polls, load, ["synth-a", "resnet18"], 30.0, 3, cores=2)
+    assert [bool(w) for w in mm["bound"]] == [False, True, False]
+    assert "load average 5.0 on 2 cores" in mm["bound"][1][0] and "synth-a processing 450 ms" in mm["bound"][1][1]
+    assert mm["lags"]["synth-a"] == [pytest.approx(45.0 - 10.0)]  # target 2 at 10 s, serving at 45 s
+    md = "\n".join(machine_section(mm, ["synth-a", "resnet18"],
+                                   {"synth-a": np.array([True, False, True]), "resnet18": np.ones(3, bool)},
+                                   "warm-up: measured"))
+    assert "machine was the bottleneck in minute(s) 2 (minute 2: synth-a over the SLO)" in md
+    assert "| 2 | 5.0 | 450 | 60 |" in md and "warm-up: measured" in md
+    quiet = machine_minutes(polls[:6], [(0.0, 0.5)], ["synth-a"], 30.0, 1, cores=2)
+    assert "the machine kept up in every minute" in "\n".join(machine_section(quiet, ["synth-a"]))

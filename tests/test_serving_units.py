@@ -351,7 +351,7 @@ def test_synthetic_model_serves_one_request_at_a_time():
 
 
 def test_status_explains_plans_and_shows_measured_beside_planned_utility():
-    from faro_serve.commands.status import explain
+    from autoscaler.explain import explain
 
     cluster = FakeCluster({"a": 1, "b": 1})
     t = [0.0]

@@ -227,9 +227,31 @@ def _finish(args, out, sched, rec, view, url, names, interrupted, trace_desc, wh
             "stopped_at_s": view.stopped_at or 0.0, "full_minutes": sched.minutes,
             "unsent_after_stop": unsent_after_stop(sched, rec, view.stopped_at) if interrupted else 0,
             "files": files}
+    meta["sections"] = _diagnosis(url, m_sched, m_rec, view, names, res, slo_ms)
     (out / "report.md").write_text(render_markdown(doc, res, m_sched, m_rec, slo_ms, meta, image))
     a = doc["accounting"]
     by = ", ".join(f"{k}: {v:,}" for k, v in a["by_status"].items()) or "none"
     print(f"sent {a['sent']:,} = answered {a['answered']:,} ({by}) + errors {a['errors']:,}"
           f" | not sent {a['not_sent']:,}")
     print(f"{'partial report (interrupted)' if interrupted else 'report'}: {out / 'report.md'}", flush=True)
+
+
+def _diagnosis(url, sched, rec, view, names, res, slo_ms) -> list[str]:
+    """The report's decisions and machine sections (faro_serve.demo.diagnosis)."""
+    import numpy as np
+
+    from ..cli import UsageError
+    from ..demo.diagnosis import decisions_section, machine_minutes, machine_section
+    from .status import fetch_status
+
+    try:
+        records = fetch_status(url, path="decisions?limit=500")
+    except UsageError as err:  # the deployment went away: the rest of the report stands
+        print(f"faro-serve: warning: no decisions for the report ({err})", file=sys.stderr)
+        records = []
+    minute_s = 60.0 * sched.time_scale
+    mm = machine_minutes(rec.status_polls, view.load, names, minute_s, sched.minutes,
+                         baseline_ms=getattr(view, "baseline_ms", None))
+    slo_ok = {n: np.asarray(res.table.p_all[i]) <= slo_ms[n] / 1e3 for i, n in enumerate(names)}
+    return (decisions_section(records, view.t0_wall)
+            + machine_section(mm, names, slo_ok, getattr(view, "warmup_note", None)))

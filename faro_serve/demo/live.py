@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import io
 import math
+import os
 import signal
 import time
 from collections import deque
@@ -60,6 +61,8 @@ class LiveView:
         self.recent: list[deque] = [deque() for _ in range(n)]  # (end time, latency s) of 200s
         self.status: dict = {}
         self.t0 = time.monotonic()
+        self.t0_wall = time.time()  # the same instant on the autoscaler's clock (its decision records)
+        self.load: list[tuple[float, float]] = []  # (seconds into the replay, 1-min load average)
         self.stopped_at: float | None = None
         # send offsets per model, to count what is due (= sent: the sender never waits)
         self._due = [np.sort(schedule.send_s[schedule.model == i]) for i in range(n)]
@@ -75,6 +78,7 @@ class LiveView:
 
     def on_status(self, _t: float, st: dict) -> None:
         self.status = st
+        self.load.append((self.elapsed(), os.getloadavg()[0]))  # the machine, for the report
 
     def sent(self, m: int) -> int:
         t = self.elapsed() if self.stopped_at is None else self.stopped_at
@@ -161,7 +165,7 @@ async def _replay(schedule: Schedule, url: str, view: LiveView, body: bytes, max
     live = Live(view.table(), console=console, auto_refresh=False) if live_table and console.is_terminal else None
     if live is not None:
         live.start()
-    view.t0 = time.monotonic()
+    view.t0, view.t0_wall = time.monotonic(), time.time()
     refresher = asyncio.create_task(_refresh(view, live, console, refresh_s))
     try:
         rec = await send_schedule(schedule, url, max_in_flight=max_in_flight, timeout_s=timeout_s,

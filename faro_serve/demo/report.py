@@ -180,6 +180,7 @@ def render_markdown(doc: dict, res, schedule: Schedule, rec: ReplayRecords, slo_
               f"is 'failed' when more than 1% of its requests failed).", ""]
     if image:
         lines += [f"![arrivals, replicas and p99 vs SLO per model]({image})", ""]
+    lines += list(meta.get("sections") or [])
     lines += ["## Per minute", "", "| minute | model | sent | 200 | 503 / other | p99 ms | SLO ms | replicas (mean) |",
               "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for m in range(schedule.minutes):
