@@ -437,3 +437,28 @@ def test_report_explains_decisions_and_says_when_the_machine_was_the_bottleneck(
     assert "| 2 | 5.0 | 450 | 60 |" in md and "warm-up: measured" in md
     quiet = machine_minutes(polls[:6], [(0.0, 0.5)], ["synth-a"], 30.0, 1, cores=2)
     assert "the machine kept up in every minute" in "\n".join(machine_section(quiet, ["synth-a"]))
+
+
+def test_the_demo_is_sized_to_the_machine_by_its_warm_up():
+    """size_rate keeps the default where the busiest minutes fit, and on a slower machine
+    (processing tripled) or a CPU-bound mix picks the largest scale that does."""
+    from faro_serve.demo.warmup import ModelFit, check, size_rate
+    from faro_serve.engine import min_replicas_for_slo
+
+    def fits(factor):  # the ResNets compute (CPU ~ processing); synth-a sleeps
+        return [ModelFit("resnet18", 400, 99, 0.25, 4, 60 * factor, 55 * factor, 5.0 / 0.3),
+                ModelFit("resnet34", 600, 99, 0.25, 4, 100 * factor, 95 * factor, 2.0 / 0.3),
+                ModelFit("synth-a", 720, 99, 0.25, 6, 154, 0.0, 18.0 / 0.3)]
+
+    scale, why = size_rate(fits(1), 0.3, 2.0, cores=2)
+    assert scale == 0.3 and "fits this machine" in why
+    slow, why = size_rate(fits(3), 0.3, 2.0, cores=2)
+    assert 0.1 <= slow < 0.3 and "the default 0.3" in why and "compute needs" in why, why
+    assert not check(fits(3), slow, 2.0, 2) and check(fits(3), slow + 0.01, 2.0, 2)
+    # at the chosen scale every model's busiest minute is met within its max_replicas
+    for f in fits(3):
+        assert min_replicas_for_slo(f.peak_rps * slow, f.processing_ms / 1e3, f.slo_ms / 1e3, 0.99)[0] <= f.max_replicas
+    # a CPU-bound model alone: the compute budget binds (half of one core here)
+    heavy = [ModelFit("resnet50", 3000, 99, 0.25, 8, 400, 400, 6.0)]
+    s, why = size_rate(heavy, 1.0, 2.0, cores=1)
+    assert "compute needs" in why and 6.0 * s * 0.4 <= 0.5 + 1e-9 and s > 0.15

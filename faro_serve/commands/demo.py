@@ -47,6 +47,9 @@ def register(sub) -> None:
     g.add_argument("--timeout", type=float, default=30.0, help="per-request timeout, seconds (30)")
     p.add_argument("--out", help="output directory (runs/demo-<UTC time>)")
     p.add_argument("--no-live", action="store_true", help="no live table (a table per trace minute instead)")
+    p.add_argument("--no-fit", action="store_true",
+                   help="keep the rate scale even if the warm-up finds this machine too slow for it "
+                        "(default: a lighter load on a slower machine; docs/demo.md)")
     p.set_defaults(func=run)
 
 
@@ -60,6 +63,7 @@ def _load(args):
     from ..demo import DEMO_MAP, DEMO_RATE_SCALE, DEMO_TRACE
     from ..replay.loadgen import build_schedule, parse_map, select_trace
     from ..traces import load_trace
+    import numpy as np
 
     for flag, v in (("--max-requests", args.max_requests), ("--max-in-flight", args.max_in_flight)):
         if v < 1:
@@ -75,6 +79,8 @@ def _load(args):
     rate = args.rate_scale if args.rate_scale is not None else (DEMO_RATE_SCALE if bundled else 1.0)
     trace = load_trace(path, days=args.day, sample=args.sample)
     trace, names = select_trace(trace, jobs, mapping, args.start, args.minutes)
+    args.peak_rps = {n: float(np.max(c)) / (60.0 * args.time_scale) for n, c in zip(names, trace.counts)}
+    args.base_rate_scale = rate
     sched = build_schedule(trace, names, args.time_scale, rate, args.seed, args.max_requests)
     pairs = ", ".join(f"{j} -> {n}" for j, n in zip(sched.jobs, names))
     where = "".join(f", {k} {v}" for k, v in (("day", args.day), ("sample", args.sample)) if v is not None)
@@ -94,6 +100,7 @@ def run(args) -> int:
         raise UsageError("--keep-serving is for a deployment the demo starts, not with --url/--no-start")
     if not args.startup_timeout > 0:
         raise UsageError(f"--startup-timeout must be > 0 (got {args.startup_timeout:g})")
+    explicit_rate = args.rate_scale is not None
     sched, names, trace_desc = _load(args)
     target = None
     if start:
@@ -151,9 +158,18 @@ def run(args) -> int:
                 note(dep.log_tails())
             note(f"faro-serve: error: {err}")
             return 1
+        fit = None
+        if dep is not None:
+            keep = "--no-fit" if args.no_fit else ("--rate-scale" if explicit_rate else None)
+            fit = _fit(args, target, names, url, body, note, keep)
+            if fit["scale"] != args.base_rate_scale:
+                args.rate_scale = fit["scale"]
+                sched, names, trace_desc = _load(args)
         note(f"ready after {time.monotonic() - t0:.0f} s: replaying {sched.size:,} requests over "
              f"{sched.minutes} trace minute(s) in {sched.duration_s:.0f} s to {url}")
         rec, interrupted, view = _replay(args, sched, names, url, body)
+        if fit is not None:
+            view.warmup_note, view.baseline_ms = fit["note"], fit["baseline_ms"]
         _finish(args, out, sched, rec, view, url, names, interrupted, trace_desc, when, t0, dep, target)
         reported = True
     except KeyboardInterrupt:
@@ -255,3 +271,32 @@ def _diagnosis(url, sched, rec, view, names, res, slo_ms) -> list[str]:
     slo_ok = {n: np.asarray(res.table.p_all[i]) <= slo_ms[n] / 1e3 for i, n in enumerate(names)}
     return (decisions_section(records, view.t0_wall)
             + machine_section(mm, names, slo_ok, getattr(view, "warmup_note", None)))
+
+
+def _fit(args, target, names, url, body, note, keep: str | None) -> dict:
+    """The warm-up and the rate scale it allows (faro_serve.demo.warmup)."""
+    import asyncio
+    import os
+
+    import numpy as np
+
+    from ..demo.warmup import WARMUP_S, ModelFit, measure, size_rate
+
+    note(f"warm-up: {WARMUP_S:g} s of one request in flight per model, to size the load to this machine")
+    got = asyncio.run(measure(url, names, body))
+    slo = {m.name: m for m in target.slos}
+    fits = [ModelFit(n, slo[n].slo_ms, slo[n].percentile, slo[n].cpus, slo[n].max_replicas,
+                     got[n]["processing_ms"], got[n]["cpu_ms"], args.peak_rps[n]) for n in names]
+    scale, why = size_rate(fits, args.base_rate_scale, target.capacity_cpus, os.cpu_count())
+    measured = ", ".join(f"{f.name} {f.processing_ms:.0f} ms ({f.cpu_ms:.0f} ms CPU, {got[f.name]['n']} answers)"
+                         for f in fits)
+    if keep and scale != args.base_rate_scale:
+        chosen = f"kept rate scale {args.base_rate_scale:g} ({keep}), although {why}"
+        scale = args.base_rate_scale
+    else:
+        chosen = f"rate scale {scale:g}: {why}"
+    text = (f"Warm-up ({WARMUP_S:g} s, one request in flight per model, all at once): processing "
+            f"{measured}. Sized to this machine: {chosen}.")
+    note(text)
+    return {"scale": scale, "note": text,
+            "baseline_ms": {f.name: f.processing_ms for f in fits if np.isfinite(f.processing_ms)}}

@@ -67,6 +67,8 @@ class ServeTarget:
     http_port: int
     dashboard_port: int  # of the faro app's dashboard_url
     models: list[str] = field(default_factory=list)  # the autoscaler's models (SLO entries)
+    slos: list = field(default_factory=list)  # their ModelSLO entries
+    capacity_cpus: float = 0.0  # the autoscaler's cluster capacity
 
 
 def _loopback(host: str) -> bool:
@@ -115,7 +117,8 @@ def read_config(path: str | Path) -> ServeTarget:
                          f"loopback address with a port (got {cfg.dashboard_url})")
     url_host = f"[{host}]" if ":" in host else host
     return ServeTarget(config=p, url=f"http://{url_host}:{port}", http_port=port,
-                       dashboard_port=dash.port, models=[m.name for m in cfg.models])
+                       dashboard_port=dash.port, models=[m.name for m in cfg.models],
+                       slos=list(cfg.models), capacity_cpus=float(cfg.cluster.cpus))
 
 
 def free_port() -> int:
