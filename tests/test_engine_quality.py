@@ -1,6 +1,7 @@
 """Quality and invariants of the planner (paper sections 3.4, 4.2, 4.3)."""
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -71,6 +72,31 @@ def test_scipy_backend_agrees_with_nlopt_backend():
             a = plan(models, fc, cur, cluster.model_copy(update={"solver": solver}))
             vals.append(prob.value(np.array([a.replicas[m.name] for m in models], float), np.zeros(prob.n)))
         assert vals[1] == pytest.approx(vals[0], abs=0.02 * len(models))
+
+
+def test_nlopt_runs_with_a_deadline_and_a_stall_falls_back_to_scipy():
+    """NLopt's COBYLA can spin forever holding the GIL (NLopt #118/#370; it did on a
+    12-job penalty problem of the Azure suite), so it runs in a child process with a
+    deadline. A solve past the deadline is given up, its child killed, and the relaxed
+    solve falls back to SciPy's COBYLA; the next solve starts a new child."""
+    from faro_serve.engine import sandbox
+    from faro_serve.engine.solver import solve_relaxed
+
+    rng = np.random.default_rng(11)
+    models, fc, cur, cluster = random_instance(rng, "sum")
+    prob = make_problem(models, fc, cur, cluster)
+    inline = solve_relaxed(prob, backend="nlopt-inline")
+    guarded = sandbox.relaxed(prob, 2.0, None)
+    assert guarded is not None and np.allclose(guarded[0], inline[0]) and guarded[2] == inline[2]
+    child = sandbox._child
+    assert child is not None and child.poll() is None and child.pid != os.getpid()
+    before = sandbox.stalls
+    assert sandbox.relaxed(prob, 2.0, None, timeout_s=1e-6) is None  # "stalled"
+    assert sandbox.stalls == before + 1 and child.poll() is not None  # killed
+    # the solver's own path: the same numbers as inline, from a fresh child
+    x, d, n = solve_relaxed(prob)
+    assert np.allclose(x, inline[0]) and sandbox._child.pid != child.pid
+    assert sandbox.deadline_s(10) == pytest.approx(4.0) and sandbox.deadline_s(100) > 7.5
 
 
 # --- invariants under hypothesis -------------------------------------------------------

@@ -79,7 +79,7 @@ def _cobyla_scipy(fun, v0, lb, ub, a, b, rhobeg, maxeval):
     return np.asarray(res.x, float)
 
 
-BACKENDS = {"nlopt": _cobyla_nlopt, "scipy": _cobyla_scipy}
+BACKENDS = {"nlopt": _cobyla_nlopt, "nlopt-inline": _cobyla_nlopt, "scipy": _cobyla_scipy}
 
 
 def solve_relaxed(prob: Problem, rhobeg: float = 2.0, backend: str = "nlopt",
@@ -89,7 +89,16 @@ def solve_relaxed(prob: Problem, rhobeg: float = 2.0, backend: str = "nlopt",
     ``backend`` "nlopt" runs Powell's COBYLA compiled (NLopt); "scipy" runs
     ``scipy.optimize.minimize(method="COBYLA")``, which from SciPy 1.16 is a pure-Python
     port (PRIMA) costing about 1 ms per iteration: same algorithm, ~20x slower here.
+    "nlopt" runs in a child process with a deadline (``sandbox.py``: NLopt's COBYLA can
+    spin forever) and falls back to "scipy" when it stalls; "nlopt-inline" runs it here.
     """
+    if backend == "nlopt":
+        from . import sandbox
+
+        got = sandbox.relaxed(prob, rhobeg, maxeval)
+        if got is not None:
+            return got
+        backend = "scipy"  # NLopt stalled (or its process could not run): PRIMA's COBYLA
     n = prob.n
     free = prob.hi > prob.lo
     drop_idx = np.flatnonzero(prob.can_drop)
