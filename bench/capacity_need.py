@@ -7,9 +7,11 @@ M/D/c estimate on the scenario's own counts, summarised two ways:
   for peaks would hold).
 
 The paper's 36 replicas for its 10-job trace sit between the two (this machine: 32 and
-40 for ``faro10_days1-10.csv`` day 10 sample 0), so ``high`` = their mean; the paper's
-32 and 16 are 8/9 and 4/9 of 36, so ``mid`` and ``low`` keep those ratios, never below
-one replica per job.
+40 for ``faro10_days1-10.csv`` day 10 sample 0), so ``high`` = their mean. Beyond one
+replica per job (every policy's floor) the paper's 36/32/16 keep 26/22/6 spare replicas,
+so ``mid`` and ``low`` keep those shares (22/26 and 6/26) of ``high``'s spare replicas.
+(Scaling the capacities themselves, 8/9 and 4/9 of ``high``, would put 12 jobs' ``low``
+below one replica per job: a capacity at which no policy has a choice.)
 
 Usage: ``python -m bench.capacity_need --trace T --day D [--sample S] [--rescale LO,HI]``
 """
@@ -37,9 +39,10 @@ def need_per_minute(counts: np.ndarray, processing_s: float, slo_s: float, q: fl
 def capacities(need: np.ndarray) -> dict:
     busiest, peaks = int(need.sum(axis=0).max()), int(need.max(axis=1).sum())
     high = int(round((busiest + peaks) / 2))
-    floor = need.shape[0]
+    jobs = need.shape[0]
+    spare = max(high - jobs, 0)
     return {"busiest_minute": busiest, "sum_of_peaks": peaks, "high": high,
-            "mid": max(floor, int(round(high * 32 / 36))), "low": max(floor, int(round(high * 16 / 36)))}
+            "mid": jobs + int(round(spare * 22 / 26)), "low": jobs + int(round(spare * 6 / 26))}
 
 
 def main(argv=None) -> int:
@@ -60,8 +63,8 @@ def main(argv=None) -> int:
     print(f"{args.trace} day {args.day}: {len(names)} jobs x {counts.shape[1]} minutes")
     print(f"replicas needed: busiest minute {caps['busiest_minute']}, sum of per-job peaks "
           f"{caps['sum_of_peaks']}")
-    print(f"capacities: {caps['high']},{caps['mid']},{caps['low']} (high = their mean; mid, low = "
-          f"8/9 and 4/9 of it, at least one replica per job)")
+    print(f"capacities: {caps['high']},{caps['mid']},{caps['low']} (high = their mean; mid, low keep "
+          f"22/26 and 6/26 of high's replicas beyond one per job, as the paper's 32 and 16 of 36)")
     return 0
 
 
