@@ -3,7 +3,7 @@ stays idle between two queued requests, measured by the matched validation's bur
 calibration, first on a quiet cluster, then while three other models take open-loop
 Poisson load.
 
-Usage: ``python -m bench.replica_hold [--rate 4.3] [--seconds 90]``
+Usage: ``python -m bench.replica_hold [--rate 4.3] [--seconds 90] [--data-path direct|front]``
 
 Four synthetic models with the validation's processing time (the paper's ResNet34
 lognormal x3): ``m0`` with one replica takes the bursts; ``m1..m3`` with three replicas
@@ -51,10 +51,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", type=float, default=4.3, help="requests/s to each loaded model (4.3)")
     ap.add_argument("--seconds", type=float, default=90.0, help="at most this long under load (90)")
+    ap.add_argument("--data-path", choices=("direct", "front"), default="direct",
+                    help="the models' data path (direct, the default)")
     args = ap.parse_args(argv)
     if not (0 < args.rate <= 50 and 10 <= args.seconds <= 600):
         ap.error("--rate must be in (0, 50] and --seconds in [10, 600]")
-    with LiveCluster(12) as lc:
+    with LiveCluster(12, args.data_path) as lc:
         lc.deploy_models(["m0", *LOADED], PROCESSING)
         for n in LOADED:
             lc.scale(n, 3)
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
         while time.time() < end and any(lc.running().get(n) != 3 for n in LOADED):
             time.sleep(1)
         res = asyncio.run(_measure(lc, args.rate, args.seconds))
-    print(f"load: {args.rate:g} req/s on each of {len(LOADED)} models (3 replicas each), "
+    print(f"data path: {args.data_path}; load: {args.rate:g} req/s on each of {len(LOADED)} models (3 replicas each), "
           f"{res['sent']} requests; 1-min load average {res['load_average']:.2f}")
     for k in ("idle", "loaded"):
         h = np.asarray(res[k]) * 1e3

@@ -6,7 +6,10 @@ Usage: ``python -m bench.router_bench [--requests 400] [--seconds 10] [--concurr
 
 * latency: sequential requests (one in flight), paths interleaved, p50 and p99;
 * throughput: a closed loop with ``--concurrency`` requests in flight for ``--seconds``;
-  the completed requests per second is the highest rate each path sustains here.
+  the completed requests per second is the highest rate each path sustains here;
+* cost: CPU-seconds used by every Ray process (raylet, GCS, proxy, controller, replicas,
+  read from /proc) during that loop, per 1,000 completed requests. The client is not
+  counted; every path's deployments stay up throughout, so idle work is in every row.
 Starts its own local Ray on free loopback ports and shuts it down at the end.
 """
 
@@ -25,6 +28,7 @@ from ray import serve
 from starlette.requests import Request
 
 from deployments.synthetic import SyntheticModel
+from bench.procstat import ray_cpu_seconds
 from faro_serve.serving.app import ROUTER, model_app
 
 
@@ -101,11 +105,14 @@ def main(argv=None) -> int:
         lat = asyncio.run(_latency(base, list(paths.values()), args.requests))
         rows = {}
         for name, p in paths.items():
+            cpu0 = ray_cpu_seconds()
             rps, codes = asyncio.run(_throughput(base, p, args.seconds, args.concurrency))
+            cpu = ray_cpu_seconds() - cpu0
             a = np.array(lat[p])
             rows[name] = {"p50_ms": round(float(np.percentile(a, 50)), 3),
                           "p99_ms": round(float(np.percentile(a, 99)), 3),
-                          "throughput_rps": round(rps, 1), "codes": codes}
+                          "throughput_rps": round(rps, 1), "codes": codes,
+                          "cpu_s_per_1000": round(1000 * cpu / max(codes.get(200, 0), 1), 3)}
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -123,14 +130,18 @@ def main(argv=None) -> int:
            "direct_p99_overhead_ms": round(rows["direct"]["p99_ms"] - rows["plain"]["p99_ms"], 3),
            "direct_throughput_ratio": round(rows["direct"]["throughput_rps"] / rows["plain"]["throughput_rps"], 3),
            "direct_throughput_ratio_vs_tuned": round(rows["direct"]["throughput_rps"]
-                                                     / rows["plain-tuned"]["throughput_rps"], 3)}
+                                                     / rows["plain-tuned"]["throughput_rps"], 3),
+           "direct_cpu_ratio_vs_tuned": round(rows["direct"]["cpu_s_per_1000"]
+                                              / rows["plain-tuned"]["cpu_s_per_1000"], 3),
+           "front_cpu_ratio_vs_tuned": round(rows["front"]["cpu_s_per_1000"]
+                                             / rows["plain-tuned"]["cpu_s_per_1000"], 3)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "router.json").write_text(json.dumps(res, indent=2))
     print(f"router front vs plain Ray Serve, 0-ms synthetic model ({res['env']})")
-    print("| path | p50 ms | p99 ms | throughput req/s |\n|---|---|---|---|")
+    print("| path | p50 ms | p99 ms | throughput req/s | Ray CPU-s per 1,000 |\n|---|---|---|---|---|")
     for name, r in rows.items():
-        print(f"| {name} | {r['p50_ms']} | {r['p99_ms']} | {r['throughput_rps']} |")
+        print(f"| {name} | {r['p50_ms']} | {r['p99_ms']} | {r['throughput_rps']} | {r['cpu_s_per_1000']} |")
     print(f"front: p50 overhead {res['p50_overhead_ms']} ms (target <= 2), p99 overhead "
           f"{res['p99_overhead_ms']} ms, throughput ratio {res['throughput_ratio']} (target >= 0.8)")
     print(f"against plain with the same router backoff: p50 overhead {res['p50_overhead_vs_tuned_ms']} ms, "
@@ -138,6 +149,8 @@ def main(argv=None) -> int:
     print(f"direct: p50 overhead {res['direct_p50_overhead_ms']} ms (target <= 2), p99 overhead "
           f"{res['direct_p99_overhead_ms']} ms, throughput ratio {res['direct_throughput_ratio']} "
           f"(target >= 0.8), {res['direct_throughput_ratio_vs_tuned']} against plain-tuned")
+    print(f"CPU per request against plain-tuned: direct {res['direct_cpu_ratio_vs_tuned']}x, "
+          f"front {res['front_cpu_ratio_vs_tuned']}x (target <= 1.25)")
     return 0
 
 

@@ -27,23 +27,27 @@ def _request(k, created_at=100.0):
                           created_at=created_at)
 
 
-def test_proxy_queue_holds_a_request_until_a_replica_is_free():
+def test_proxy_queue_sends_the_next_request_to_the_replica_that_frees_first():
     async def run():
         router, reps = _router()
         first = [(await router.choose_replicas(reps, _request(k)))[0][0].replica_id for k in ("r0", "r1")]
-        assert sorted(first) == ["a", "b"]
-        waiting = asyncio.create_task(router.choose_replicas(reps, _request("r2")))
+        assert sorted(first) == ["a", "b"]  # idle replicas first
+        # both busy: the next one waits on the replica whose request started first, the
+        # one after on the other; one request runs on each and one waits behind it
+        second = [(await router.choose_replicas(reps, _request(k)))[0][0].replica_id for k in ("r2", "r3")]
+        assert second == first
+        assert router.in_flight() == {"a": 2, "b": 2}
+        waiting = asyncio.create_task(router.choose_replicas(reps, _request("r4")))
         await asyncio.sleep(0.02)
-        assert not waiting.done()  # both replicas busy: the call waits, it does not spin
+        assert not waiting.done()  # every replica full: the call waits, it does not spin
         router.on_request_completed(first[1], "r1")
         assert await asyncio.wait_for(waiting, 1) == []  # woken: Ray asks again at once
-        again = await router.choose_replicas(reps, _request("r2"))
+        again = await router.choose_replicas(reps, _request("r4"))
         assert again[0][0].replica_id == first[1]
-        assert router.in_flight() == {"a": 1, "b": 1}
         rep = router.report()
-        # three arrivals (r2 counted once though chosen twice), one answer
-        assert [e[0] for e in rep["events"]] == ["a", "a", "a", "f"]
-        assert rep["dispatched"] == 2 and rep["waiting"] == 0
+        # five arrivals (r4 counted once though chosen twice), one answer
+        assert [e[0] for e in rep["events"]] == ["a"] * 5 + ["f"]
+        assert rep["dispatched"] == 2 and rep["waiting"] == 2  # two at work, two behind them
         assert router.report()["events"] == []
 
     asyncio.run(run())
@@ -52,13 +56,14 @@ def test_proxy_queue_holds_a_request_until_a_replica_is_free():
 def test_proxy_queue_times_out_to_see_new_replicas_and_counts_waiting():
     async def run():
         router, reps = _router()
-        await router.choose_replicas(reps[:1], _request("r0"))
+        for k in ("r0", "r1"):
+            assert (await router.choose_replicas(reps[:1], _request(k)))[0][0].replica_id == "a"
         t0 = asyncio.get_running_loop().time()
-        assert await router.choose_replicas(reps[:1], _request("r1")) == []
+        assert await router.choose_replicas(reps[:1], _request("r2")) == []
         assert asyncio.get_running_loop().time() - t0 >= 0.09  # waited, then asked afresh
-        assert router.report()["waiting"] == 1
-        # replica b arrives: r1 goes there
-        assert (await router.choose_replicas(reps, _request("r1")))[0][0].replica_id == "b"
+        assert router.report()["waiting"] == 2  # r1 behind r0 on a, r2 in the proxy
+        # replica b arrives: r2 goes there
+        assert (await router.choose_replicas(reps, _request("r2")))[0][0].replica_id == "b"
 
     asyncio.run(run())
 
@@ -66,24 +71,26 @@ def test_proxy_queue_times_out_to_see_new_replicas_and_counts_waiting():
 def test_proxy_queue_forgets_requests_ray_gave_up_on():
     async def run():
         router, reps = _router()
-        await router.choose_replicas(reps[:1], _request("r0"))  # dispatched to a
-        assert await router.choose_replicas(reps[:1], _request("r1")) == []  # queued
-        assert router.report()["waiting"] == 1
+        for k in ("r0", "r1"):
+            await router.choose_replicas(reps[:1], _request(k))  # both on a
+        assert await router.choose_replicas(reps[:1], _request("r2")) == []  # queued
+        assert router.report()["waiting"] == 2
         router.prune(stale_s=60)
-        assert router.report()["waiting"] == 1  # asked about recently: still queued
+        assert router.report()["waiting"] == 2  # asked about recently: still queued
         await asyncio.sleep(0.05)
-        router.prune(stale_s=0.01)  # r1's client went away: Ray stops asking about it
+        router.prune(stale_s=0.01)  # r2's client went away: Ray stops asking about it
         rep = router.report()
-        assert rep["waiting"] == 0 and rep["dispatched"] == 1  # r0 is in flight, kept
-        assert [e[0] for e in rep["events"]] == ["x"]  # the meter uncounts r1
-        router.update_replicas([reps[1]])  # a died with r0 on it
-        assert router.report()["dispatched"] == 0
+        assert rep["waiting"] == 1 and rep["dispatched"] == 1  # r0, r1 on a, kept
+        assert [e[0] for e in rep["events"]] == ["x"]  # the meter uncounts r2
+        router.update_replicas([reps[1]])  # a died with r0 and r1 on it
+        assert router.report()["dispatched"] == 0 and router._sent_at == {}
         # a request cancelled between the choice and the send gets no completion report
-        r2 = _request("r2")
-        assert (await router.choose_replicas(reps[1:], r2))[0][0].replica_id == "b"
-        r2.future.cancel()
-        chosen = await asyncio.wait_for(router.choose_replicas(reps[1:], _request("r3")), 1)
-        assert chosen[0][0].replica_id == "b"  # b is free again, not held by r2
+        r3 = _request("r3")
+        assert (await router.choose_replicas(reps[1:], r3))[0][0].replica_id == "b"
+        r3.future.cancel()
+        assert router.in_flight() == {"b": 1}
+        await router.choose_replicas(reps[1:], _request("r4"))
+        assert router.in_flight() == {"b": 1}  # r3 uncounted: b holds r4 alone
 
     asyncio.run(run())
 

@@ -1,6 +1,9 @@
-"""The direct data path (``data_path: direct``) on a real local Ray cluster: the model
-replicas are the HTTP ingress, the queue is kept in Ray Serve's proxy by
-``ProxyQueueRouter``, and the meter gathers what the router and the replicas report.
+"""The direct data path (the default, ``data_path: direct``) on a real local Ray cluster:
+the model replicas are the HTTP ingress, the queue is kept in Ray Serve's proxy by
+``ProxyQueueRouter``, and the meter gathers what the router and the replicas report. The
+opt-in router front's own behaviour (its JSON tail-drop, its retry when a replica dies) is
+tested here too, on one model of the same cluster; tests/test_serving_live.py covers the
+default path as a whole.
 
 One Ray cluster serves the module; all traffic goes to loopback, bounded in count and time.
 """
@@ -29,6 +32,9 @@ SLOS = [
     (ModelSLO(name="dir-b", slo_ms=200, processing_ms=20, cpus=0.25, max_replicas=2),
      {"model": {"kind": "synthetic", "processing": "const:0.02"}, "max_body_kb": 64,
       "queue_limit": 20, "data_path": "direct"}),
+    (ModelSLO(name="frt", slo_ms=200, processing_ms=20, cpus=0.25, max_replicas=2),
+     {"model": {"kind": "synthetic", "processing": "const:0.02"}, "queue_limit": 20,
+      "initial_replicas": 2, "data_path": "front"}),
 ]
 
 
@@ -105,8 +111,21 @@ def test_direct_drop_rate_half_gives_half_503s(live):
     assert meter("dir-b")["dropped"]["drop_rate"] == dropped
 
 
-def test_direct_flood_beyond_the_queue_gets_quick_503s_and_every_request_an_answer(live):
-    check_flood(fire(live["base"], "/dir-b/predict", 300, 300), 300, "ray")  # Ray's text 503
+def test_a_flood_gets_503s_and_every_request_an_answer(live, report):
+    """The flood of issue 19: 1,500 requests, 300 at a time, at a model with 3 replicas of
+    the paper's ResNet34 time (mean 154 ms) and a queue limit of 50. Nothing is lost:
+    sent = 200s + 503s, the refusals are Ray's tail-drop. The issue's bound (every 200
+    within the queue's wait plus its processing, about 3 s here) is NOT met yet on this
+    2-core machine: requests wait in Serve's proxy before its queue counts them (the
+    figures are reported, docs/serving.md "Under a flood")."""
+    res = fire(live["base"], "/dir-a/predict", 1500, 300)
+    f = check_flood(res, 1500, "ray")
+    report(f"flood 1500 x 300 at 3 replicas: {f['200']} x 200 (max {f['max_200_s']:.1f} s), "
+           f"{f['503']} x 503 (median {f['median_503_s']:.2f} s, p90 {f['p90_503_s']:.2f} s)")
+
+
+def test_the_front_tail_drops_with_its_own_json(live):
+    check_flood(fire(live["base"], "/frt/predict", 300, 300), 300, "queue_full")
 
 
 def test_the_proxy_queue_sends_each_request_to_a_free_replica(live):
@@ -126,19 +145,20 @@ def test_the_proxy_queue_sends_each_request_to_a_free_replica(live):
     assert len(waits) == 5 * n and max(waits) < 20, waits
 
 
-def test_direct_path_recovers_from_a_killed_replica(live):
+def test_the_front_retries_a_request_whose_replica_died(live):
+    """What the opt-in front wins: a replica killed under load costs no 500, the front
+    sends its requests again (docs/serving.md, which path to pick)."""
     results = []
     load = threading.Thread(target=lambda: results.extend(
-        fire(live["base"], "/dir-a/predict", 150, 40, 5.0)), daemon=True)
+        fire(live["base"], "/frt/predict", 150, 40, 10.0)), daemon=True)
     load.start()
-    time.sleep(5)
+    time.sleep(4)
     victim = next(a for a in list_actors(address=live["dashboard"], filters=[("state", "=", "ALIVE")])
-                  if a.class_name == "ServeReplica:dir-a:Model")
+                  if a.class_name == "ServeReplica:frt:Model")
     ray.kill(ray.get_actor(victim.name, namespace="serve"), no_restart=True)
     load.join(timeout=180)
     codes = [r[0] for r in results]
-    # every request is answered; one in flight on the killed replica may get Ray's 500
-    assert len(results) == 150 and set(codes) <= {200, 500, 503}, sorted(set(map(str, codes)))
+    assert len(results) == 150 and set(codes) <= {200, 503}, sorted(set(map(str, codes)))
     assert codes.count(200) >= 140
-    assert wait_for(lambda: running("dir-a") == 3, 60)
-    assert live["client"].post("/dir-a/predict", content=b"").status_code == 200
+    assert wait_for(lambda: running("frt") == 2, 60)
+    assert live["client"].post("/frt/predict", content=b"").status_code == 200

@@ -138,7 +138,7 @@ def test_validate_again_refuses_saved_runs_of_another_workload(cli, trace_csv, t
 
     wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job1"), start=0, minutes=4)
     with (tmp_path / "live.pkl").open("wb") as f:
-        pickle.dump({"workload": wl, "capacity": 4, "runs": {}}, f)
+        pickle.dump({"workload": wl, "capacity": 4, "runs": {}, "data_path": "direct"}, f)
     code, _, err = cli("validate", "--trace", str(trace_csv), "--day", "1", "--start", "0",
                        "--jobs", "job0,job1", "--minutes", "5", "--capacity", "4", "--again",
                        "--policies", "fairshare", "--out", str(tmp_path))
@@ -150,7 +150,7 @@ def test_validate_again_refuses_saved_runs_of_another_data_path(cli, trace_csv, 
 
     wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job1"), start=0, minutes=5)
     with (tmp_path / "live.pkl").open("wb") as f:
-        pickle.dump({"workload": wl, "capacity": 4.0, "runs": {}, "data_path": "direct"}, f)
+        pickle.dump({"workload": wl, "capacity": 4.0, "runs": {}, "data_path": "front"}, f)
     code, _, err = cli("validate", "--trace", str(trace_csv), "--day", "1", "--start", "0",
                        "--jobs", "job0,job1", "--minutes", "5", "--capacity", "4", "--again",
                        "--policies", "fairshare", "--out", str(tmp_path))

@@ -45,9 +45,9 @@ def add_live_args(p, *, day: int, jobs: str, start: int, minutes: int, capacity:
     p.add_argument("--policies", default=policies,
                    help=f"comma-separated policies, or ray-native: plain Ray Serve under Ray's own "
                         f"autoscaler, simulated as ray-serve ({policies})")
-    p.add_argument("--data-path", choices=("front", "direct"), default="front",
-                   help="the live models' data path: the router front, or the direct path with "
-                        "the queue in Serve's proxy (docs/serving.md) (front)")
+    p.add_argument("--data-path", choices=("direct", "front"), default="direct",
+                   help="the live models' data path: the direct path with the queue in Serve's "
+                        "proxy, or the router front (docs/serving.md) (direct)")
     p.add_argument("--forecaster", help="trained forecaster directory for both sides "
                    "(default: the fallback predictor)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (0)")

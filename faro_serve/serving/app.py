@@ -2,10 +2,11 @@
 
 ``serve_config.yaml`` names these builders as ``import_path``:
 
-* ``faro_serve.serving.app:model_app`` for each model: a router front (``Front``, the
-  ingress) and the model deployment (``Model``), scaled by the external scaling API; with
-  ``data_path: direct`` the model deployment is the ingress, its queue is kept in Ray
-  Serve's proxy, and ``Front`` is the front's control plane alone (``direct.py``);
+* ``faro_serve.serving.app:model_app`` for each model: the model deployment (``Model``),
+  scaled by the external scaling API, is the HTTP ingress, its queue kept in Ray Serve's
+  proxy, and ``Front`` is the model's control plane (``direct.py``, the default
+  ``data_path: direct``); with ``data_path: front`` a router front (``Front``) is the
+  ingress and sends requests on to the model deployment (``front.py``);
 * ``faro_serve.serving.app:autoscaler_app`` once: the autoscaler (``FaroAutoscaler``).
 
 :func:`deploy` does the same from Python.
@@ -21,7 +22,7 @@ from ray.serve.config import RequestRouterConfig
 from ..config import ClusterSpec, ModelSLO
 from .direct import DirectModel, Meter
 from .front import Front
-from .proxy_queue import ProxyQueueRouter
+from .proxy_queue import PIPELINE, ProxyQueueRouter
 from .routing import IdleFirstRouter
 from .names import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL
 from .schema import ModelAppArgs, parse_autoscaler_config, parse_model_args
@@ -36,7 +37,8 @@ ROUTER = RequestRouterConfig(initial_backoff_s=0.001, backoff_multiplier=1.5, ma
 MODEL_ROUTER = RequestRouterConfig(request_router_class=IdleFirstRouter, initial_backoff_s=0.001,
                                    backoff_multiplier=1.5, max_backoff_s=0.01)
 MODEL_SLOTS = 2
-# The direct path: the queue waits for completions in the proxy's router, no backoff.
+# The direct path: the queue waits for completions in the proxy's router, no backoff; a
+# replica takes PIPELINE requests, the one it serves and the next.
 DIRECT_ROUTER = RequestRouterConfig(request_router_class=ProxyQueueRouter)
 
 # The front runs Ray Serve's documented throughput-optimized mode: its handle to the model
@@ -74,7 +76,7 @@ def direct_model_app(spec: ModelAppArgs):
     cls, kwargs = _model_class(spec)
     meter = Meter.options(name=FRONT).bind(spec.name)
     dep = serve.deployment(DirectModel, name=MODEL, num_replicas=spec.initial_replicas,
-                           max_ongoing_requests=MODEL_SLOTS, max_queued_requests=spec.queue_limit,
+                           max_ongoing_requests=PIPELINE, max_queued_requests=spec.queue_limit,
                            request_router_config=DIRECT_ROUTER,
                            ray_actor_options={"num_cpus": spec.cpus})
     return dep.bind(meter, spec.name, cls, kwargs, spec.max_body_kb * 1024)

@@ -58,10 +58,10 @@ class ModelAppArgs(BaseModel):
     initial_replicas: int = Field(1, ge=1)
     queue_limit: int = Field(50, ge=1, description="requests queued at the router before 503")
     max_body_kb: int = Field(8192, ge=1, description="larger request bodies get 413")
-    data_path: Literal["front", "direct"] = Field(
-        "front", description="front: requests pass the router front (the validated default); "
-        "direct: the model replicas are the ingress and the queue is kept in Ray Serve's proxy, "
-        "one hop less (docs/serving.md)")
+    data_path: Literal["direct", "front"] = Field(
+        "direct", description="direct: the model replicas are the HTTP ingress and the queue is "
+        "kept in Ray Serve's proxy (one hop, the default); front: requests pass a router front "
+        "that also retries a request whose replica died (docs/serving.md, which to pick)")
 
 
 def parse_args(cls: type[BaseModel], data, source: str):

@@ -75,7 +75,7 @@ class LiveCluster:
     """A local single-node Ray cluster on free loopback ports with ``capacity`` logical CPUs
     (the synthetic replicas sleep, so 1 CPU per replica fits any number on a small machine)."""
 
-    def __init__(self, capacity: float, data_path: str = "front"):
+    def __init__(self, capacity: float, data_path: str = "direct"):
         self.capacity = capacity
         self.data_path = data_path  # the models' data path (docs/serving.md)
         self.dashboard = self.base = ""

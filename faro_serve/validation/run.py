@@ -47,7 +47,7 @@ def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDi
 
 def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
              forecaster_dir: str | None = None, progress=None, previous: dict | None = None,
-             data_path: str = "front") -> dict:
+             data_path: str = "direct") -> dict:
     """Every policy live, one after the other, on a fresh local Ray cluster; saves
     ``live.pkl`` and each policy's ``records.csv``/``result.json``. Returns the saved state.
 
