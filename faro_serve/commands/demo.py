@@ -79,9 +79,10 @@ def _load(args):
     rate = args.rate_scale if args.rate_scale is not None else (DEMO_RATE_SCALE if bundled else 1.0)
     trace = load_trace(path, days=args.day, sample=args.sample)
     trace, names = select_trace(trace, jobs, mapping, args.start, args.minutes)
+    sched = build_schedule(trace, names, args.time_scale, rate, args.seed, args.max_requests)
+    # busiest minute per model at rate scale 1, for the warm-up's sizing (faro_serve.demo.warmup)
     args.peak_rps = {n: float(np.max(c)) / (60.0 * args.time_scale) for n, c in zip(names, trace.counts)}
     args.base_rate_scale = rate
-    sched = build_schedule(trace, names, args.time_scale, rate, args.seed, args.max_requests)
     pairs = ", ".join(f"{j} -> {n}" for j, n in zip(sched.jobs, names))
     where = "".join(f", {k} {v}" for k, v in (("day", args.day), ("sample", args.sample)) if v is not None)
     desc = (f"`{path}`{' (bundled slice)' if bundled else ''}{where}, trace minutes "
