@@ -122,8 +122,11 @@ def _serve() -> None:
     """The child: answer (problem, rhobeg, maxeval) with NLopt's relaxed solution."""
     from .solver import solve_relaxed
 
-    out = sys.stdout.buffer
-    sys.stdout = sys.stderr  # nothing else may write to the channel
+    # the channel is a private copy of fd 1; fd 1 itself (Python's and any C library's
+    # stdout) goes to stderr, so nothing else can write into the channel
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     _write(out, "ready")
     fd = sys.stdin.buffer.fileno()
     while True:
