@@ -268,10 +268,10 @@ def _diagnosis(url, sched, rec, view, names, res, slo_ms) -> list[str]:
         records = []
     minute_s = 60.0 * sched.time_scale
     mm = machine_minutes(rec.status_polls, view.load, names, minute_s, sched.minutes,
-                         baseline_ms=getattr(view, "baseline_ms", None))
+                         baseline_ms=view.baseline_ms)
     slo_ok = {n: np.asarray(res.table.p_all[i]) <= slo_ms[n] / 1e3 for i, n in enumerate(names)}
     return (decisions_section(records, view.t0_wall)
-            + machine_section(mm, names, slo_ok, getattr(view, "warmup_note", None)))
+            + machine_section(mm, names, slo_ok, view.warmup_note))
 
 
 def _fit(args, target, names, url, body, note, keep: str | None) -> dict:

@@ -63,6 +63,8 @@ class LiveView:
         self.t0 = time.monotonic()
         self.t0_wall = time.time()  # the same instant on the autoscaler's clock (its decision records)
         self.load: list[tuple[float, float]] = []  # (seconds into the replay, 1-min load average)
+        self.warmup_note: str | None = None  # what the demo's warm-up measured and chose
+        self.baseline_ms: dict[str, float] | None = None  # processing per model at the warm-up
         self.stopped_at: float | None = None
         # send offsets per model, to count what is due (= sent: the sender never waits)
         self._due = [np.sort(schedule.send_s[schedule.model == i]) for i in range(n)]
