@@ -1,11 +1,14 @@
 """What the live tests share: a free loopback port, polling, and bounded HTTP load that
-records every answer (or the error that took its place)."""
+records every answer (or the error that took its place). The load goes through aiohttp,
+as the replay's does: httpx's pool costs 24 ms of CPU per request at 300 open, which on
+2 cores made the client, not the server, the bottleneck of a flood."""
 
 import asyncio
+import json
 import socket
 import time
 
-import httpx
+import aiohttp
 import numpy as np
 
 
@@ -42,18 +45,19 @@ def wait_for(cond, timeout: float, every: float = 1.0):
 async def _fire(base: str, path: str, n: int, concurrency: int, rate: float | None,
                 body: bytes) -> list[tuple]:
     out, sem = [], asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=base, timeout=120,
-                                 limits=httpx.Limits(max_connections=concurrency + 10)) as c:
+    async with aiohttp.ClientSession(base, connector=aiohttp.TCPConnector(limit=concurrency + 10),
+                                     timeout=aiohttp.ClientTimeout(total=120)) as c:
         async def one():
             async with sem:
                 t0 = time.time()
                 try:
-                    r = await c.post(path, content=body)
+                    async with c.post(path, data=body) as r:
+                        answer = await r.read()
                     reason = None
-                    if r.status_code != 200:  # faro-serve answers JSON; Ray's own errors are text
-                        json = r.headers.get("content-type", "").startswith("application/json")
-                        reason = r.json().get("reason") if json else "ray"
-                    out.append((r.status_code, time.time() - t0, reason))
+                    if r.status != 200:  # faro-serve answers JSON; Ray's own errors are text
+                        reason = (json.loads(answer).get("reason")
+                                  if r.content_type == "application/json" else "ray")
+                    out.append((r.status, time.time() - t0, reason))
                 except Exception as err:  # a lost request: the tests forbid these
                     out.append((type(err).__name__, time.time() - t0, None))
         tasks = []
@@ -82,17 +86,19 @@ def check_drop_share(res: list[tuple], n: int, share: float = 0.5, tol: float = 
     return codes.count(503)
 
 
-def check_flood(res: list[tuple], n: int, reason: str) -> dict:
-    """A flood past the queue: every request answered (200s + 503s = sent), some refused
-    with ``reason``. Returns the figures (how many of each, how long they took) to report;
-    issue 19's bound on them is not met yet (docs/serving.md "Under a flood")."""
+def check_flood(res: list[tuple], n: int, reason: str, bound_s: float) -> dict:
+    """A flood past the queue (issue 19): every request answered (200s + 503s = sent), some
+    refused with ``reason``; every 200 within ``bound_s`` (the queue's wait plus the
+    processing) and the refusals at once (median under 1 s). Returns the figures."""
     codes = [r[0] for r in res]
     assert codes.count(200) + codes.count(503) == n, sorted(set(map(str, codes)))
     assert codes.count(503) > 0 and {r[2] for r in res if r[0] == 503} == {reason}
     served = np.array([r[1] for r in res if r[0] == 200])
     rejected = np.array([r[1] for r in res if r[0] == 503])
-    return {"200": served.size, "503": rejected.size, "max_200_s": float(served.max()),
-            "median_503_s": float(np.median(rejected)), "p90_503_s": float(np.percentile(rejected, 90))}
+    f = {"200": served.size, "503": rejected.size, "max_200_s": float(served.max()),
+         "median_503_s": float(np.median(rejected)), "p90_503_s": float(np.percentile(rejected, 90))}
+    assert f["max_200_s"] <= bound_s and f["median_503_s"] < 1.0, f
+    return f
 
 
 def day_trace(path, counts: dict[str, list[int]], day: int = 1, sample: int = 0):

@@ -1,7 +1,7 @@
 """Live trace replay against a running faro-serve deployment (paper section 6).
 
 ``loadgen`` draws the open-loop Poisson schedule (pure), ``client`` sends it over HTTP
-(httpx, asyncio), ``report`` runs the records through ``faro_serve.metrics``.
+(aiohttp, asyncio), ``report`` runs the records through ``faro_serve.metrics``.
 """
 
 from .loadgen import Schedule, build_schedule, check_url, parse_map, select_trace

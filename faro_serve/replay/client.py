@@ -11,6 +11,12 @@ as failed and never resent. What the sender accounts for, request by request:
 * ``not_sent``: requests whose instant came while ``max_in_flight`` requests were still
   open; they are skipped (not queued, which would turn the loop closed) and counted.
 
+The HTTP client is aiohttp, not httpx: with hundreds of requests open (an overloaded model
+in a replay, a flood) httpx's connection pool costs the sender 24 ms of CPU per request at
+300 open (encode/httpx#3215), so on a small machine the load generator starved the server it
+measured and its own delays showed up as latency; aiohttp costs 0.3-0.8 ms
+(docs/serving.md "Under a flood").
+
 The sender is bounded: it stops after the schedule's last instant plus ``timeout_s`` (the
 per-request timeout), whatever the server does. While it runs it polls ``GET /faro/status``
 every ``status_every_s`` for the replica counts (the table's "mean replicas").
@@ -24,6 +30,7 @@ open requests get ``stop_grace_s`` to finish and are then cancelled (``error``, 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,11 +74,15 @@ class ReplayRecords:
 
 async def _poll_status(client, url: str, every_s: float, t0: float, stop: asyncio.Event,
                        out: list, on_status: Callable[[float, dict], None] | None = None) -> None:
+    import aiohttp
+
     while not stop.is_set():
         try:
-            r = await client.get(f"{url}/faro/status", timeout=5.0)
-            if r.status_code == 200:
-                out.append((time.perf_counter() - t0, r.json()))
+            async with client.get(f"{url}/faro/status",
+                                  timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+                body = await r.json() if r.status == 200 else None
+            if body is not None:
+                out.append((time.perf_counter() - t0, body))
                 if on_status:
                     on_status(*out[-1])
         except Exception:  # the status is a nicety; the replay does not depend on it
@@ -80,6 +91,11 @@ async def _poll_status(client, url: str, every_s: float, t0: float, stop: asynci
             await asyncio.wait_for(stop.wait(), timeout=every_s)
         except asyncio.TimeoutError:
             pass
+
+
+async def _post(client, url: str, body: bytes) -> tuple[int, bytes]:
+    async with client.post(url, data=body) as r:
+        return r.status, await r.read()
 
 
 async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 1000,
@@ -95,7 +111,7 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
     ``on_result(i, status, latency_s)`` follows each sent request's end (latency NaN without
     an answer); ``on_status(wall_s, status_json)`` each status poll.
     """
-    import httpx
+    import aiohttp
 
     n = schedule.size
     status = [NOT_SENT] * n
@@ -104,10 +120,10 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
     latency = np.full(n, np.nan)
     paths = [f"{url}/{m}/predict" for m in schedule.names]
     in_flight = 0
-    # trust_env=False: no proxy from the environment; requests go straight to --url.
-    limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=min(max_in_flight, 200))
+    # trust_env=False (aiohttp's default): no proxy from the environment, straight to --url
+    connector = aiohttp.TCPConnector(limit=max_in_flight + 2)  # + the status poll
     polls: list = []
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, trust_env=False) as client:
+    async with aiohttp.ClientSession(connector=connector, trust_env=False) as client:
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         stop = asyncio.Event()
@@ -120,15 +136,15 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
             start = time.perf_counter()
             send_s[i] = start - t0
             try:
-                # httpx's timeout bounds each step (connect, write, each read); wait_for
-                # bounds the whole request, so a slow trickle cannot outlive --timeout
-                r = await asyncio.wait_for(client.post(paths[schedule.model[i]], content=body),
-                                           timeout_s)
+                # wait_for bounds the whole request (connect, send, every read), so a slow
+                # trickle cannot outlive --timeout
+                code, answer = await asyncio.wait_for(_post(client, paths[schedule.model[i]], body),
+                                                      timeout_s)
                 latency[i] = time.perf_counter() - start
-                status[i] = str(r.status_code)
-                if r.status_code != 200:
+                status[i] = str(code)
+                if code != 200:
                     try:
-                        reason[i] = str(r.json().get("reason") or "")
+                        reason[i] = str(json.loads(answer).get("reason") or "")
                     except Exception:
                         reason[i] = ""
             except Exception as err:  # connection refused, timeout, protocol error...
