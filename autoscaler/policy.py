@@ -34,6 +34,11 @@ class ModelObservation:
     queue_length: float = 0.0  # requests waiting at the router
     ongoing_per_replica: float = 0.0  # mean in-flight requests (queued + running) per replica
     drop_rate: float = 0.0  # the drop rate in force
+    # batching models (issue 20): the remaining budgets (s) of the queued requests, EDF
+    # order, when the front knows them; the threads and batch size in force
+    queued_budgets_s: np.ndarray | None = None
+    threads: int = 1
+    batch_size: int = 1
 
 
 @dataclass
@@ -68,6 +73,10 @@ class Decision:
     kind: str = "long_term"  # "long_term", "reactive" or "surge" (for logs)
     info: dict = field(default_factory=dict)  # JSON-able details for the decision log
     plan: dict[str, ModelPlan] = field(default_factory=dict)  # planning policies: per model
+    # batching models (issue 20): threads inside each replica (vertical scaling in place)
+    # and the batch size; models left out keep theirs
+    threads: dict[str, int] = field(default_factory=dict)
+    batch_sizes: dict[str, int] = field(default_factory=dict)
 
 
 class Policy(ABC):

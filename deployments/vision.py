@@ -2,6 +2,12 @@
 
 There is no model hub here: weights are random unless ``checkpoint`` names a local
 state_dict file. Input is JPEG/PNG bytes; output is the top-k class ids and softmax scores.
+
+It serves one request (:meth:`predict`) or a batch (:meth:`predict_batch`, one forward
+pass), with ``threads`` torch intra-op threads that :meth:`set_threads` changes in place:
+the only vertical scaling a Ray replica allows, since Ray cannot resize a running replica's
+CPUs (issue 20, Sponge). :meth:`profile` times forward passes over a grid of batch sizes and
+thread counts for Sponge's latency model (``faro-serve profile``).
 """
 
 from __future__ import annotations
@@ -50,6 +56,59 @@ class ImageClassifier:
         except (RuntimeError, ValueError):
             raise ValueError(f"body is not a decodable JPEG/PNG image ({len(payload)} bytes)") from None
 
+    def set_threads(self, threads: int) -> None:
+        """Torch's intra-op threads for the next forward passes (process-wide)."""
+        if not (isinstance(threads, int) and threads >= 1):
+            raise ValueError(f"threads must be an integer >= 1 (got {threads!r})")
+        torch.set_num_threads(threads)
+
+    def _top(self, probs: torch.Tensor) -> tuple[list, list]:
+        scores, classes = torch.topk(probs, min(self.top_k, probs.numel()))
+        return classes.tolist(), [round(float(s), 6) for s in scores]
+
+    def predict_batch(self, payloads: list[bytes]) -> list[dict]:
+        """One answer per payload, the decodable ones classified in one forward pass; each
+        answer carries the batch's size and processing time."""
+        with self._one_at_a_time:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            images, out = [], [None] * len(payloads)
+            for k, payload in enumerate(payloads):
+                try:
+                    images.append((k, self.transform(self.decode(payload))))
+                except ValueError as err:
+                    out[k] = {"error": str(err), "status": 400}
+            if images:
+                with torch.inference_mode():
+                    probs = torch.softmax(self.model(torch.stack([x for _, x in images])), dim=1)
+                done = {"processing_ms": (time.perf_counter() - t0) * 1e3,
+                        "cpu_ms": (time.thread_time() - c0) * 1e3, "batch": len(images)}
+                for (k, _), p in zip(images, probs):
+                    classes, scores = self._top(p)
+                    out[k] = {"model": self.arch, "classes": classes, "scores": scores, **done}
+            return out
+
+    def profile(self, batches: list[int], threads: list[int], repeats: int = 5,
+                image_size: int = 224) -> list[dict]:
+        """Forward-pass seconds at every (batch, threads) point: ``repeats`` timed passes
+        after one untimed (warm-up) pass, on random input. Restores the thread count."""
+        before = torch.get_num_threads()
+        rows = []
+        try:
+            with self._one_at_a_time, torch.inference_mode():
+                for c in threads:
+                    self.set_threads(int(c))
+                    for b in batches:
+                        x = torch.rand(int(b), 3, image_size, image_size)
+                        self.model(x)
+                        for _ in range(repeats):
+                            t0 = time.perf_counter()
+                            self.model(x)
+                            rows.append({"batch": int(b), "threads": int(c),
+                                         "latency_s": time.perf_counter() - t0})
+        finally:
+            torch.set_num_threads(before)
+        return rows
+
     def predict(self, payload: bytes) -> dict:
         with self._one_at_a_time:
             t0, c0 = time.perf_counter(), time.thread_time()
@@ -59,9 +118,8 @@ class ImageClassifier:
                 return {"error": str(err), "status": 400}
             with torch.inference_mode():
                 probs = torch.softmax(self.model(self.transform(img).unsqueeze(0))[0], dim=0)
-                scores, classes = torch.topk(probs, min(self.top_k, probs.numel()))
-            return {"model": self.arch, "classes": classes.tolist(),
-                    "scores": [round(float(s), 6) for s in scores],
+            classes, scores = self._top(probs)
+            return {"model": self.arch, "classes": classes, "scores": scores,
                     "processing_ms": (time.perf_counter() - t0) * 1e3,
                     # CPU this request used (torch's intra-op threads: 1 by default, this thread)
                     "cpu_ms": (time.thread_time() - c0) * 1e3}

@@ -24,6 +24,7 @@ COMMANDS = [
     "faro_serve.commands.validate",
     "faro_serve.commands.compare",
     "faro_serve.commands.policies",
+    "faro_serve.commands.profile",
 ]
 
 

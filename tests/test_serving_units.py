@@ -310,6 +310,27 @@ def test_vision_model_top_k_and_bad_images():
     assert m.predict(b"")["status"] == 400
 
 
+def test_vision_model_batches_match_single_requests_and_profile_the_grid():
+    import torch
+    import torchvision
+
+    from deployments.vision import ImageClassifier
+
+    m = ImageClassifier("resnet18", top_k=2, image_size=64)
+    imgs = [torchvision.io.encode_png(torch.randint(0, 255, (3, 70, 70), dtype=torch.uint8)).numpy().tobytes()
+            for _ in range(3)]
+    out = m.predict_batch([imgs[0], b"junk", imgs[1], imgs[2]])
+    assert out[1]["status"] == 400 and [o["batch"] for o in out if "batch" in o] == [3, 3, 3]
+    for one, img in zip([out[0], out[2], out[3]], imgs):  # the same classes as alone
+        assert one["classes"] == m.predict(img)["classes"]
+    rows = m.profile([1, 2], [1, 2], repeats=2, image_size=32)
+    assert sorted({(r["batch"], r["threads"]) for r in rows}) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert len(rows) == 8 and all(r["latency_s"] > 0 for r in rows)
+    assert torch.get_num_threads() == 1  # restored
+    with pytest.raises(ValueError, match="threads"):
+        m.set_threads(0)
+
+
 def test_vision_model_loads_a_local_checkpoint(tmp_path):
     import torch
     import torchvision

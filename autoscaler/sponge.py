@@ -1,0 +1,71 @@
+"""Sponge (EuroMLSys '24) as a policy, and the static allocation it is compared with.
+
+Every second (section 4: the adaptation period), per model with a batch profile: the
+fewest cores, then the smallest batch, such that the queued requests, in EDF order in
+batches of ``b``, all finish within their remaining budgets, and ``h(b, c)`` keeps up with
+the arrival rate (Algorithm 1 with the rate constraint of its program (3);
+:func:`faro_serve.engine.batching.sponge_choice`). The front reports the queued budgets
+(``ModelObservation.queued_budgets_s``).
+
+Where the cores go, live: Ray cannot resize a running replica's CPUs, so a Sponge model is
+one replica that reserves ``c_max`` CPUs (its ``cpus``) and Sponge's "cores" are the torch
+threads it runs inside them (``Decision.threads``), set in place through the replica's
+``reconfigure``. What the cluster saves is CPU time, not the reservation; the simulator
+accounts the cores Sponge chose, as the paper does with in-place vertical scaling.
+
+[gap] With no feasible pair the paper says nothing: here the most cores and, there, the
+batch with the highest throughput (seed-notes: "use c_max").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.engine.batching import B_MAX, C_MAX, BatchProfile, sponge_choice
+
+from .policy import Decision, Observation, Policy
+
+
+class SpongePolicy(Policy):
+    name = "sponge"
+
+    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec,
+                 profiles: dict[str, BatchProfile] | None = None, c_min: int = 1,
+                 c_max: int = C_MAX, b_max: int = B_MAX, name: str | None = None):
+        super().__init__(models, cluster)
+        self.tick_s = 1.0
+        self.profiles = dict(profiles or {})
+        missing = sorted(set(self.slo) - set(self.profiles))
+        if missing:
+            raise ValueError(f"{self.name}: no batch profile for {', '.join(missing)} "
+                             "(faro-serve profile makes one)")
+        if not 1 <= c_min <= c_max:
+            raise ValueError(f"need 1 <= c_min <= c_max (got {c_min}, {c_max})")
+        self.c_min, self.c_max, self.b_max = c_min, c_max, b_max
+        if name:
+            self.name = name
+
+    def decide(self, obs: Observation) -> Decision | None:
+        threads, batches, info = {}, {}, {}
+        for n, m in obs.models.items():
+            if n not in self.profiles:
+                continue
+            budgets = m.queued_budgets_s if m.queued_budgets_s is not None else []
+            ch = sponge_choice(self.profiles[n], budgets, m.arrival_rate, c_max=self.c_max,
+                               b_max=self.b_max, c_min=self.c_min)
+            threads[n], batches[n] = ch.cores, ch.batch
+            info[n] = {"cores": ch.cores, "batch": ch.batch, "feasible": ch.feasible,
+                       "queued": len(budgets), "rate": round(m.arrival_rate, 3)}
+        if not threads:
+            return None
+        return Decision(replicas={}, threads=threads, batch_sizes=batches, kind="vertical",
+                        info=info)
+
+
+def static(cores: int, models: Sequence[ModelSLO], cluster: ClusterSpec,
+           profiles: dict[str, BatchProfile], b_max: int = B_MAX) -> SpongePolicy:
+    """A fixed ``cores`` per model (the paper's static 8- and 16-core instances), the batch
+    still chosen each second by Sponge's rule at those cores."""
+    return SpongePolicy(models, cluster, profiles, c_min=cores, c_max=cores, b_max=b_max,
+                        name=f"static-{cores}")
