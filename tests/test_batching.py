@@ -150,3 +150,27 @@ def test_sponge_in_its_own_setting_saves_cores_and_meets_the_budgets():
     assert 1 < sponge.batch.max() <= 16 and len(set(sponge.cores.tolist())) > 1  # it adapts
     with pytest.raises(ValueError, match="no batch profile for m"):
         SpongePolicy(models, cluster, {})
+
+
+# ------------------------------------------------------------------ the profile command
+
+@pytest.mark.slow
+def test_profile_command_measures_on_ray_serve_fits_and_saves(tmp_path, capsys):
+    import json
+
+    from faro_serve.cli import main
+
+    rc = main(["profile", "--arch", "resnet18", "--batches", "1,4", "--threads", "1,2",
+               "--repeats", "2", "--image-size", "48", "--out", str(tmp_path)])
+    assert rc == 0
+    doc = json.loads((tmp_path / "resnet18.json").read_text())
+    prof = BatchProfile.from_dict(doc["profile"])
+    assert len(doc["rows"]) == 8 and prof.points == 4 and doc["machine"]["cores"] >= 1
+    # the fit predicts what was measured (medians), and a batch of 4 costs more than 1
+    med = {(b, c): np.median([r["latency_s"] for r in doc["rows"] if (r["batch"], r["threads"]) == (b, c)])
+           for b in (1, 4) for c in (1, 2)}
+    assert med[(4, 1)] > med[(1, 1)]
+    for (b, c), m in med.items():
+        assert float(prof.latency(b, c)) == pytest.approx(m, rel=0.5)
+    assert "resnet18: gamma" in capsys.readouterr().out
+    assert main(["profile", "--batches", "1"]) == 2  # one batch size cannot be fitted
