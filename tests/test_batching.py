@@ -161,11 +161,11 @@ def test_profile_command_measures_on_ray_serve_fits_and_saves(tmp_path, capsys):
     from faro_serve.cli import main
 
     rc = main(["profile", "--arch", "resnet18", "--batches", "1,4", "--threads", "1,2",
-               "--repeats", "2", "--image-size", "48", "--out", str(tmp_path)])
+               "--repeats", "3", "--image-size", "96", "--out", str(tmp_path)])
     assert rc == 0
     doc = json.loads((tmp_path / "resnet18.json").read_text())
     prof = BatchProfile.from_dict(doc["profile"])
-    assert len(doc["rows"]) == 8 and prof.points == 4 and doc["machine"]["cores"] >= 1
+    assert len(doc["rows"]) == 12 and prof.points == 4 and doc["machine"]["cores"] >= 1
     # the fit predicts what was measured (medians), and a batch of 4 costs more than 1
     med = {(b, c): np.median([r["latency_s"] for r in doc["rows"] if (r["batch"], r["threads"]) == (b, c)])
            for b in (1, 4) for c in (1, 2)}
