@@ -12,7 +12,7 @@ as failed and never resent. What the sender accounts for, request by request:
   open; they are skipped (not queued, which would turn the loop closed) and counted.
 
 The HTTP client is aiohttp, not httpx: with hundreds of requests open (an overloaded model
-in a replay, a flood) httpx's connection pool costs the sender 24 ms of CPU per request at
+in a replay, a flood) httpx's connection pool cost the sender 16-24 ms of CPU per request at
 300 open (encode/httpx#3215), so on a small machine the load generator starved the server it
 measured and its own delays showed up as latency; aiohttp costs 0.3-0.8 ms
 (docs/serving.md "Under a flood").
