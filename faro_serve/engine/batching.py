@@ -102,11 +102,12 @@ def edf_order(deadlines) -> np.ndarray:
 def meets_budgets(profile: BatchProfile, b: int, c: float, budgets_s) -> bool:
     """Whether every queued request, served EDF in batches of ``b`` on ``c`` cores, ends
     within its remaining budget: the ``k``-th (from 1) ends after ``ceil(k / b) l(b, c)``."""
-    budgets = np.sort(np.asarray(budgets_s, dtype=float))
-    if budgets.size == 0:
-        return True
-    k = np.arange(1, budgets.size + 1)
-    return bool(np.all(np.ceil(k / b) * float(profile.latency(b, c)) <= budgets))
+    return _fits(float(profile.latency(b, c)), b, np.sort(np.asarray(budgets_s, dtype=float)))
+
+
+def _fits(lat: float, b: int, sorted_budgets: np.ndarray) -> bool:
+    k = np.arange(1, sorted_budgets.size + 1)
+    return bool(np.all(np.ceil(k / b) * lat <= sorted_budgets))
 
 
 @dataclass(frozen=True)
@@ -123,9 +124,11 @@ def sponge_choice(profile: BatchProfile, budgets_s, rate: float, c_max: int = C_
     best throughput."""
     if not 1 <= c_min <= c_max or b_max < 1:
         raise ValueError(f"need 1 <= c_min <= c_max and b_max >= 1 (got {c_min}, {c_max}, {b_max})")
+    budgets = np.sort(np.asarray(budgets_s, dtype=float))  # once, not per (c, b) pair
     for c in range(c_min, c_max + 1):
         for b in range(1, b_max + 1):
-            if float(profile.throughput(b, c)) >= rate and meets_budgets(profile, b, c, budgets_s):
+            lat = float(profile.latency(b, c))
+            if b / lat >= rate and _fits(lat, b, budgets):
                 return SpongeChoice(c, b, True)
     bs = np.arange(1, b_max + 1)
     return SpongeChoice(c_max, int(bs[np.argmax(profile.throughput(bs, c_max))]), False)
