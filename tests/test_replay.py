@@ -390,6 +390,26 @@ def test_replay_and_simulator_draw_the_same_per_minute_counts_for_a_seed():
         assert np.bincount(live.model, minlength=2).tolist() == sim.counts.sum(axis=1).tolist()
 
 
+def test_a_simulator_draw_keeps_the_counts_and_redraws_each_request():
+    """Matched validation's expected value (validation.compare.SIM_DRAWS): draw k > 0 is the
+    same per-minute load with other arrival offsets and processing times; draw 0 is the
+    seed's own stream, so earlier results stay reproducible."""
+    from faro_serve.distributions import NO_OVERHEAD, PAPER_PROCESSING
+    from faro_serve.sim.workload import Workload
+
+    counts = np.array([[30.0, 60.0, 5.0], [10.0, 0.0, 90.0]])
+    base, again = (Workload(counts, PAPER_PROCESSING, NO_OVERHEAD, seed=3) for _ in range(2))
+    d1, d2 = (Workload(counts, PAPER_PROCESSING, NO_OVERHEAD, seed=3, draw=k) for k in (1, 2))
+    assert base.counts.tolist() == d1.counts.tolist() == d2.counts.tolist()
+    m0, m0b, m1, m2 = (w.minute(1) for w in (base, again, d1, d2))
+    assert np.array_equal(m0.arrival, m0b.arrival) and np.array_equal(m0.proc, m0b.proc)
+    assert m0.arrival.size == m1.arrival.size == m2.arrival.size
+    assert not np.array_equal(m0.arrival, m1.arrival) and not np.array_equal(m1.arrival, m2.arrival)
+    assert not np.array_equal(m0.proc, m1.proc)
+    with pytest.raises(ValueError, match="draw must be >= 0"):
+        Workload(counts, PAPER_PROCESSING, NO_OVERHEAD, draw=-1)
+
+
 def test_status_on_loopback_ignores_a_proxy_from_the_environment(monkeypatch):
     import http.server
     import threading

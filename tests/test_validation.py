@@ -94,8 +94,12 @@ def test_resimulate_compares_saved_runs_and_writes_the_report(trace_csv, tmp_pat
     state = {"workload": wl, "capacity": 9, "processing": "lognorm:0.4225,0.0793,0.0686",
              "forecaster_dir": None, "calibration": cal,
              "runs": {"faro-fairsum": _fake_live(wl, 0.2), "fairshare": _fake_live(wl, 2.0)}}
-    doc = resimulate(state, tmp_path)
+    doc = resimulate(state, tmp_path, draws=3)
     rows = {r["policy"]: r for r in doc["comparison"]["rows"]}
+    for r in rows.values():  # the simulated side is the mean of 3 draws, inside their range
+        assert r["sim_draws"] == 3
+        assert r["sim_cluster_utility_min"] <= r["sim_cluster_utility"] <= r["sim_cluster_utility_max"]
+    assert any(r["sim_cluster_utility_min"] < r["sim_cluster_utility_max"] for r in rows.values())
     assert rows["faro-fairsum"]["live_cluster_utility"] == pytest.approx(3.0)
     assert rows["fairshare"]["live_cluster_utility"] == pytest.approx(3 * 0.72 / 2.0)  # U = SLO / latency
     for r in rows.values():  # the simulator ran the same per-minute counts
@@ -108,9 +112,12 @@ def test_resimulate_compares_saved_runs_and_writes_the_report(trace_csv, tmp_pat
     text = (tmp_path / "validation.md").read_text()
     assert "replica hold 12.0 ms" in text
     assert "| faro-fairsum |" in text and "Kendall-tau distance" in text
+    assert "sim (mean of 3 draws) | range" in text
     assert (tmp_path / "validation.png").stat().st_size > 1000
     # an override replaces the calibration
-    assert resimulate(state, tmp_path, hold_s=0.0)["simulator"]["replica_hold_s"] == 0.0
+    assert resimulate(state, tmp_path, hold_s=0.0, draws=1)["simulator"]["replica_hold_s"] == 0.0
+    with pytest.raises(ValueError, match="draws must be >= 1"):
+        resimulate(state, tmp_path, draws=0)
     with pytest.raises(FileNotFoundError, match="no saved live runs"):
         load_state(tmp_path)
 
@@ -121,6 +128,7 @@ def test_resimulate_compares_saved_runs_and_writes_the_report(trace_csv, tmp_pat
     (["--jobs", "job0,job1,job2", "--capacity", "2", "--minutes", "5"], "3 jobs need at least 3 replicas"),
     (["--minutes", "50"], "beyond the 12 minutes"),
     (["--hold-ms", "-1"], "--hold-ms must be in [0, 60000)"),
+    (["--sim-draws", "0"], "--sim-draws must be in [1, 100]"),
 ])
 def test_validate_bad_input_is_one_line_exit_2(cli, trace_csv, tmp_path, args, message):
     code, out, err = cli("validate", "--trace", str(trace_csv), "--day", "1", "--start", "0",

@@ -4,7 +4,8 @@ Runs the same trace slice live (a local Ray cluster on loopback, synthetic model
 paper's processing-time distribution, one policy at a time, about --minutes of wall time per
 policy) and in the matched simulator, then reports per policy the live and simulated cluster
 utility, lost utility and SLO violation rate, their relative difference, and whether the
-policies rank the same (Kendall tau). The simulator takes this machine's overhead, cold
+policies rank the same (Kendall tau). The simulated side is the mean of --sim-draws
+simulations at the live run's per-minute counts. The simulator takes this machine's overhead, cold
 start and replica hold between queued requests from a calibration before the first run.
 --resimulate DIR compares a changed simulator against the live runs saved in DIR, without
 running them again.
@@ -22,6 +23,9 @@ def register(sub) -> None:
     add_live_args(p, day=10, jobs="job1,job5,job7,job8", start=180, minutes=20, capacity=12,
                   slowdown=1.0, rate_scale=1.0, policies="faro-fairsum,aiad,fairshare",
                   out="runs/validate")
+    p.add_argument("--sim-draws", type=int, default=None,
+                   help="simulations per policy, compared by their mean: the same per-minute counts, "
+                        "other draws of each request's arrival offset and times (5: validation.compare.SIM_DRAWS)")
     p.set_defaults(func=run)
 
 
@@ -81,6 +85,13 @@ def run_validation(args) -> tuple[Path, dict, dict]:
     out = Path(args.out)
     if args.hold_ms is not None and not 0 <= args.hold_ms < 60000:  # before an hour of live runs
         raise UsageError(f"--hold-ms must be in [0, 60000) (got {args.hold_ms:g})")
+    from ..validation.compare import SIM_DRAWS
+
+    # compare's report reads one simulation per run; validate compares the mean of several
+    draws = getattr(args, "sim_draws", 1)
+    draws = SIM_DRAWS if draws is None else draws
+    if not 1 <= draws <= 100:
+        raise UsageError(f"--sim-draws must be in [1, 100] (got {draws})")
     forecaster = None
     if args.forecaster:
         from forecasting.io import load_forecaster
@@ -115,7 +126,7 @@ def run_validation(args) -> tuple[Path, dict, dict]:
         previous = load_state(out) if args.again else None
         state = _live(wl, policies, args.capacity, out, args.forecaster, previous, args.data_path)
     doc = resimulate(state, out, args.overhead_dist, args.cold_start_s, forecaster,
-                     None if args.hold_ms is None else args.hold_ms / 1e3)
+                     None if args.hold_ms is None else args.hold_ms / 1e3, draws)
     return out, doc, state
 
 

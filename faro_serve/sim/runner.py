@@ -63,6 +63,7 @@ class SimConfig:
     look_back_s: float = 30.0
     initial_replicas: int | None = None  # None: each model's min_replicas
     seed: int = 0
+    draw: int = 0  # > 0: same counts, another draw of the per-request randomness (workload.Workload)
     keep_records: bool = False  # keep every request record (tests, live comparison)
 
     def __post_init__(self) -> None:
@@ -151,7 +152,7 @@ class _Run:
             raise ValueError(f"the initial replicas need {sum(init)} replicas but the capacity is "
                              f"{cfg.capacity_cpus:g}")
         procs = list(cfg.processing) if isinstance(cfg.processing, tuple) else cfg.processing
-        self.work = Workload(counts, procs, cfg.router_overhead, seed=cfg.seed)
+        self.work = Workload(counts, procs, cfg.router_overhead, seed=cfg.seed, draw=cfg.draw)
         tick = float(policy.tick_s)
         look_ticks = int(math.ceil(cfg.look_back_s / tick)) + 1
         self.states = {m.name: ModelState(m.name, i, cfg.queue_limit, look_ticks, cfg.replica_hold_s,

@@ -53,8 +53,15 @@ class Workload:
     """Realised per-minute counts of a trace and the generator of each minute's requests."""
 
     def __init__(self, expected_counts: np.ndarray, processing: TimeDist | list[TimeDist],
-                 overhead: TimeDist, seed: int = 0):
+                 overhead: TimeDist, seed: int = 0, draw: int = 0):
+        """``draw`` > 0: the same per-minute counts with another draw of each request's
+        arrival offset, processing time and overhead (a sibling of draw 0's stream), for a
+        simulator's expected value over the per-request randomness at one realised load."""
+        if draw < 0:
+            raise ValueError(f"draw must be >= 0 (got {draw})")
         self.counts, req_ss = draw_counts(expected_counts, seed)
+        if draw:
+            req_ss = np.random.SeedSequence(req_ss.entropy, spawn_key=req_ss.spawn_key + (draw,))
         self.rng = np.random.default_rng(req_ss)
         n_jobs = self.counts.shape[0]
         self.processing = processing if isinstance(processing, list) else [processing] * n_jobs

@@ -18,19 +18,20 @@ from ..distributions import TimeDist, parse_dist
 from ..replay.loadgen import build_schedule
 from ..replay.report import replay_document, replay_result, write_records
 from ..sim.runner import SimConfig, simulate
-from .compare import (NATIVE, REPLAY_TIMEOUT_S, UNBOUNDED_QUEUE, Workload, cluster_spec, compare, fit_overhead, markdown, scale_up_lags,
+from .compare import (NATIVE, SIM_DRAWS, REPLAY_TIMEOUT_S, UNBOUNDED_QUEUE, Workload, cluster_spec, compare, fit_overhead, markdown, scale_up_lags,
                       sim_policy)
 
 
 def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDist,
                     cold_start_s: float, forecaster=None, queue_limit: int = 50,
-                    hold_s: float = 0.0, client_timeout_s: float = REPLAY_TIMEOUT_S):
+                    hold_s: float = 0.0, client_timeout_s: float = REPLAY_TIMEOUT_S, draw: int = 0):
     """The simulator on the live run's workload: the same slice, seed (so the same
     per-minute counts), models, policy settings, and this machine's overhead and cold start.
     Its clients give up after the replay's timeout. A ``ray-native`` run is simulated as
     plain Ray Serve behaved live (docs/compare.md): a queue without limit, and requests
     whose clients gave up still served; faro-serve's front tail-drops at ``queue_limit`` and
-    drops a request whose client left."""
+    drops a request whose client left. ``draw`` > 0: the same counts, another draw of the
+    per-request randomness (sim.workload.Workload)."""
     from autoscaler import make_policy
 
     tr = wl.load()
@@ -41,7 +42,7 @@ def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDi
                     queue_limit=UNBOUNDED_QUEUE if native else queue_limit,
                     processing=wl.processing(), router_overhead=overhead,
                     replica_hold_s=hold_s, client_timeout_s=client_timeout_s,
-                    cancel_timed_out=not native, seed=wl.seed)
+                    cancel_timed_out=not native, seed=wl.seed, draw=draw)
     return simulate(tr.counts, models, pol, cfg)
 
 
@@ -104,9 +105,13 @@ def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
 
 def resimulate(state: dict, out: Path, overhead: str | None = None,
                cold_start_s: float | None = None, forecaster=None,
-               hold_s: float | None = None) -> dict:
-    """Simulate every live-run policy with the calibration (or the given overrides), compare,
-    and write ``validation.json``, ``validation.md`` and ``validation.png``."""
+               hold_s: float | None = None, draws: int = SIM_DRAWS) -> dict:
+    """Simulate every live-run policy with the calibration (or the given overrides), ``draws``
+    times (the same counts, other draws of each request's arrival offset and times: the
+    simulator's expected value, compare.compare), compare, and write ``validation.json``,
+    ``validation.md`` and ``validation.png``."""
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1 (got {draws})")
     wl: Workload = state["workload"]
     capacity = state["capacity"]
     cal = state["calibration"]
@@ -127,7 +132,8 @@ def resimulate(state: dict, out: Path, overhead: str | None = None,
         models = wl.models(sched.names)
         live[p] = replay_result(sched, rec, {m.name: m.slo_ms for m in models},
                                 {m.name: m.percentile for m in models}, policy=p, capacity=capacity)
-        sim[p] = simulate_policy(p, wl, capacity, ovh, cold, forecaster, hold_s=hold)
+        sim[p] = [simulate_policy(p, wl, capacity, ovh, cold, forecaster, hold_s=hold, draw=k)
+                  for k in range(draws)]
     cmp = compare(live, sim)
     doc = {"workload": {k: getattr(wl, k) for k in wl.__dataclass_fields__},
            "capacity": capacity, "forecaster_dir": state["forecaster_dir"],
@@ -138,10 +144,11 @@ def resimulate(state: dict, out: Path, overhead: str | None = None,
            "load_average": state.get("load_average", {}),  # (1-min before, 5-min after) per run
            "comparison": cmp,
            "live": {p: r.to_dict() for p, r in live.items()},
-           "sim": {p: r.to_dict() for p, r in sim.items()}}
+           "sim": {p: r[0].to_dict() for p, r in sim.items()},  # draw 0; the means in "comparison"
+           "sim_draws": draws}
     (out / "validation.json").write_text(json.dumps(doc, indent=2, default=_jsonable) + "\n")
     (out / "validation.md").write_text(_report(doc, cmp))
-    plot(live, sim, out / "validation.png")
+    plot(live, {p: r[0] for p, r in sim.items()}, out / "validation.png")
     return doc
 
 
