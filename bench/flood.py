@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from faro_serve.distributions import PAPER_PROCESSING
+from faro_serve.replay.client import post_burst
 from faro_serve.validation.live import LiveCluster
 
 from .procstat import ray_cpu_seconds
@@ -29,22 +30,7 @@ REPLICAS = 3
 
 
 async def _aiohttp(url: str, n: int, concurrency: int) -> list[tuple]:
-    import aiohttp
-
-    out, sem = [], asyncio.Semaphore(concurrency)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency + 10),
-                                     timeout=aiohttp.ClientTimeout(total=120)) as c:
-        async def one():
-            async with sem:
-                t0 = time.perf_counter()
-                try:
-                    async with c.post(url, data=b"x") as r:
-                        await r.read()
-                    out.append((r.status, time.perf_counter() - t0))
-                except Exception as err:
-                    out.append((type(err).__name__, time.perf_counter() - t0))
-        await asyncio.gather(*(one() for _ in range(n)))
-    return out
+    return await post_burst(url, n, concurrency)
 
 
 async def _httpx(url: str, n: int, concurrency: int) -> list[tuple]:
@@ -58,9 +44,9 @@ async def _httpx(url: str, n: int, concurrency: int) -> list[tuple]:
                 t0 = time.perf_counter()
                 try:
                     r = await c.post(url, content=b"x")
-                    out.append((r.status_code, time.perf_counter() - t0))
+                    out.append((r.status_code, time.perf_counter() - t0, None))
                 except Exception as err:
-                    out.append((type(err).__name__, time.perf_counter() - t0))
+                    out.append((type(err).__name__, time.perf_counter() - t0, None))
         await asyncio.gather(*(one() for _ in range(n)))
     return out
 
@@ -78,8 +64,8 @@ def flood(url: str, client: str, n: int, concurrency: int) -> dict:
     res = asyncio.run(CLIENTS[client](url, n, concurrency))
     wall = time.perf_counter() - t0
     codes = [r[0] for r in res]
-    ok = np.array([t for c, t in res if c == 200])
-    no = np.array([t for c, t in res if c == 503])
+    ok = np.array([t for c, t, _ in res if c == 200])
+    no = np.array([t for c, t, _ in res if c == 503])
     return {"client": client, "wall_s": round(wall, 1), "200": int(ok.size), "503": int(no.size),
             "other": n - int(ok.size) - int(no.size),
             "max_200_s": round(float(ok.max()), 2) if ok.size else None,

@@ -1,15 +1,16 @@
 """What the live tests share: a free loopback port, polling, and bounded HTTP load that
-records every answer (or the error that took its place). The load goes through aiohttp,
-as the replay's does: httpx's pool costs 24 ms of CPU per request at 300 open, which on
-2 cores made the client, not the server, the bottleneck of a flood."""
+records every answer (or the error that took its place). The load goes through the
+replay's aiohttp sender (faro_serve.replay.client.post_burst): httpx's pool costs 16-24 ms
+of CPU per request at 300 open, which on 2 cores made the client, not the server, the
+bottleneck of a flood."""
 
 import asyncio
-import json
 import socket
 import time
 
-import aiohttp
 import numpy as np
+
+from faro_serve.replay.client import post_burst
 
 
 def free_port() -> int:
@@ -42,38 +43,12 @@ def wait_for(cond, timeout: float, every: float = 1.0):
     return cond()
 
 
-async def _fire(base: str, path: str, n: int, concurrency: int, rate: float | None,
-                body: bytes) -> list[tuple]:
-    out, sem = [], asyncio.Semaphore(concurrency)
-    async with aiohttp.ClientSession(base, connector=aiohttp.TCPConnector(limit=concurrency + 10),
-                                     timeout=aiohttp.ClientTimeout(total=120)) as c:
-        async def one():
-            async with sem:
-                t0 = time.time()
-                try:
-                    async with c.post(path, data=body) as r:
-                        answer = await r.read()
-                    reason = None
-                    if r.status != 200:  # faro-serve answers JSON; Ray's own errors are text
-                        reason = (json.loads(answer).get("reason")
-                                  if r.content_type == "application/json" else "ray")
-                    out.append((r.status, time.time() - t0, reason))
-                except Exception as err:  # a lost request: the tests forbid these
-                    out.append((type(err).__name__, time.time() - t0, None))
-        tasks = []
-        for _ in range(n):
-            tasks.append(asyncio.create_task(one()))
-            if rate:
-                await asyncio.sleep(np.random.exponential(1 / rate))
-        await asyncio.gather(*tasks)
-    return out
-
-
 def fire(base: str, path: str, n: int, concurrency: int, rate: float | None = None,
          body: bytes = b"x") -> list[tuple]:
     """``n`` POSTs, at most ``concurrency`` in flight, open-loop at ``rate``/s if given:
-    one (status or error name, seconds, 503 reason or "ray" for Ray's text errors) each."""
-    return asyncio.run(_fire(base, path, n, concurrency, rate, body))
+    one (status or error name, seconds, 503 reason or "ray" for Ray's text errors) each
+    (faro_serve.replay.client.post_burst)."""
+    return asyncio.run(post_burst(base + path, n, concurrency, rate, body))
 
 
 def check_drop_share(res: list[tuple], n: int, share: float = 0.5, tol: float = 0.1) -> int:

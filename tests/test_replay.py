@@ -442,3 +442,56 @@ def test_status_on_loopback_ignores_a_proxy_from_the_environment(monkeypatch):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_post_burst_records_every_answer_with_its_reason():
+    """The flood sender of the tests and bench.flood, against a real loopback HTTP server:
+    every request ends with its status (faro-serve's JSON reason, "ray" for a text error)
+    or, where nothing listens, the error's name; never more open than asked."""
+    import asyncio
+    import http.server
+    import threading
+
+    from faro_serve.replay.client import post_burst
+
+    lock, seen = threading.Lock(), {"n": 0, "open": 0, "max_open": 0}
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            with lock:
+                seen["n"] += 1
+                k = seen["n"]
+                seen["open"] += 1
+                seen["max_open"] = max(seen["max_open"], seen["open"])
+            time.sleep(0.02)
+            code, kind, body = ((200, "application/json", b"{}") if k % 3 == 1 else
+                                (503, "application/json", b'{"reason": "queue_full"}') if k % 3 == 2 else
+                                (500, "text/plain", b"Internal Server Error"))
+            with lock:
+                seen["open"] -= 1
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        res = asyncio.run(post_burst(f"http://127.0.0.1:{server.server_port}/m", 30, 4))
+    finally:
+        server.shutdown()
+    assert len(res) == 30 and seen["n"] == 30 and seen["max_open"] <= 4
+    by_code = {c: [r for r in res if r[0] == c] for c in (200, 503, 500)}
+    assert [len(v) for v in by_code.values()] == [10, 10, 10]
+    assert {r[2] for r in by_code[200]} == {None} and {r[2] for r in by_code[503]} == {"queue_full"}
+    assert {r[2] for r in by_code[500]} == {"ray"} and all(r[1] >= 0.02 for r in res)
+    with socket.socket() as sock:  # nothing listens here: each request is an error, none lost
+        sock.bind(("127.0.0.1", 0))
+        dead = sock.getsockname()[1]
+    res = asyncio.run(post_burst(f"http://127.0.0.1:{dead}/m", 5, 2, rate=100.0))
+    assert len(res) == 5 and all(isinstance(r[0], str) and r[2] is None for r in res)

@@ -205,3 +205,38 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
     return ReplayRecords(model=schedule.model.copy(), trace_s=schedule.trace_s.copy(), send_s=send_s,
                          status=status, latency_s=latency, reason=reason, wall_s=wall,
                          status_polls=polls)
+
+
+async def post_burst(url: str, n: int, concurrency: int, rate: float | None = None,
+                     body: bytes = b"x", seed: int = 0) -> list[tuple]:
+    """``n`` POSTs to ``url`` with at most ``concurrency`` open: as fast as answers come back
+    (a flood), or started at Poisson instants of ``rate``/s. One (status or the error's
+    name, seconds, reason) per request; the reason of a non-200 is faro-serve's JSON
+    ``reason``, or "ray" for Ray's own text errors. The floods of the tests and of
+    ``bench.flood`` send through here, with aiohttp for the reason in the module docstring."""
+    import aiohttp
+
+    out, sem = [], asyncio.Semaphore(concurrency)
+    gaps = np.random.default_rng(seed).exponential(1 / rate, n) if rate else None
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency + 10),
+                                     timeout=aiohttp.ClientTimeout(total=120)) as c:
+        async def one():
+            async with sem:
+                t0 = time.perf_counter()
+                try:
+                    async with c.post(url, data=body) as r:
+                        answer = await r.read()
+                    reason = None
+                    if r.status != 200:
+                        reason = (json.loads(answer).get("reason")
+                                  if r.content_type == "application/json" else "ray")
+                    out.append((r.status, time.perf_counter() - t0, reason))
+                except Exception as err:  # a lost request: callers count these
+                    out.append((type(err).__name__, time.perf_counter() - t0, None))
+        tasks = []
+        for k in range(n):
+            tasks.append(asyncio.create_task(one()))
+            if gaps is not None:
+                await asyncio.sleep(gaps[k])
+        await asyncio.gather(*tasks)
+    return out
