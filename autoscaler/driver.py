@@ -19,7 +19,7 @@ Nothing here imports Ray.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -100,6 +100,7 @@ class Applied:
     targets: dict[str, int]  # every model's target after the decision
     changes: list[tuple[str, int]]  # (model, new target), decreases first
     drop_rates: dict[str, float]  # the drop rates the decision sets, in [0, 1]
+    batch_sizes: dict[str, int] = field(default_factory=dict)  # within each model's batching
 
 
 def apply_decision(decision: Decision, targets: Mapping[str, int], models: Sequence[ModelSLO],
@@ -132,4 +133,10 @@ def apply_decision(decision: Decision, targets: Mapping[str, int], models: Seque
     changes = [(n, after[n]) for n in after if after[n] != targets[n]]
     changes.sort(key=lambda c: c[1] > targets[c[0]])  # decreases first, stable otherwise
     drops = {n: float(np.clip(d, 0.0, 1.0)) for n, d in decision.drop_rates.items()}
-    return Applied(after, changes, drops)
+    batches = {}
+    for n, b in decision.batch_sizes.items():
+        if n not in spec or spec[n].batching is None:
+            raise ValueError(f"policy {policy!r} set a batch size for {n!r}, which does not batch "
+                             f"(no batching in its config) at t={now:g}s")
+        batches[n] = int(min(max(int(b), 1), spec[n].batching.max_batch_size))
+    return Applied(after, changes, drops, batches)

@@ -154,13 +154,16 @@ class FaroPolicy(Policy):
                                 "processing_ms": round(d.processing_ms, 3),
                                 "current": d.current, "replicas": d.replicas,
                                 "drop_rate": d.drop_rate, "utility": round(d.utility, 4),
+                                "batch_size": d.batch_size,
                                 "latency_ms": round(d.latency_ms, 2) if math.isfinite(d.latency_ms) else None}
                        for d in alloc.decisions},
         }
         plan_ = {d.name: ModelPlan(d.replicas, d.utility,
                                    d.latency_ms if math.isfinite(d.latency_ms) else None,
                                    fc.predictor.get(d.name, "?")) for d in alloc.decisions}
-        return Decision(alloc.replicas, alloc.drop_rates, "long_term", info, plan_)
+        batches = {d.name: d.batch_size for d in alloc.decisions if self.slo[d.name].batching}
+        return Decision(alloc.replicas, alloc.drop_rates, "long_term", info, plan_,
+                        batch_sizes=batches)
 
     def _binding(self, alloc, obs: Observation) -> dict:
         """Which constraint held the plan back: the capacity (models short of utility 1 and

@@ -21,6 +21,49 @@ class ConfigError(ValueError):
     """A configuration file or object is invalid; the message names field, value and reason."""
 
 
+class Batching(BaseModel):
+    """A model whose replicas serve dynamic batches: Sponge's profile
+    ``l(b, c) = gamma b / c + eps / c + delta b + eta`` seconds (what ``faro-serve profile``
+    fits and saves) and the largest batch a replica may take. The planner weighs batch sizes
+    up to it with the replica count (engine/batched_latency.py); the profile's shape, not
+    its scale, is what it uses: the measured processing time sets the scale."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gamma: float = Field(ge=0, description="s per request, parallel (x b / c)")
+    eps: float = Field(ge=0, description="s per batch, parallel (/ c)")
+    delta: float = Field(0.0, ge=0, description="s per request, serial (x b)")
+    eta: float = Field(0.0, ge=0, description="s per batch, serial")
+    max_batch_size: int = Field(16, ge=1, le=64, description="largest batch a replica takes")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_file(cls, data: Any) -> Any:
+        """``profile: PATH`` reads the four parameters from a saved ``faro-serve profile``
+        file (its ``profile`` entry); parameters given beside it win."""
+        if not isinstance(data, dict) or "profile" not in data:
+            return data
+        data = dict(data)
+        path = Path(data.pop("profile"))
+        try:
+            saved = json.loads(path.read_text())["profile"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"batching profile {path}: not a saved profile "
+                             f"(faro-serve profile writes one): {err}") from None
+        return {**{k: saved[k] for k in ("gamma", "eps", "delta", "eta") if k in saved}, **data}
+
+    @model_validator(mode="after")
+    def _positive(self) -> "Batching":
+        if self.gamma + self.eps + self.delta + self.eta <= 0:
+            raise ValueError("a batch profile needs a positive time (gamma, eps, delta, eta all 0)")
+        return self
+
+    def share(self, cores: float) -> float:
+        """The share of one request's time ``l(1, cores)`` that each request of a batch adds."""
+        per_request = self.gamma / cores + self.delta
+        return per_request / (per_request + self.eps / cores + self.eta)
+
+
 class ModelSLO(BaseModel):
     """One served model and its latency SLO."""
 
@@ -38,6 +81,8 @@ class ModelSLO(BaseModel):
     processing_ms: float | None = Field(None, gt=0, description="prior per-request processing "
                                         "time; replaced by measurements at run time")
     allow_drop: bool = Field(True, description="penalty objectives may drop this model's requests")
+    batching: Batching | None = Field(None, description="the replicas serve dynamic batches "
+                                      "(profile and largest batch); None: one request at a time")
 
     @model_validator(mode="after")
     def _bounds(self) -> "ModelSLO":

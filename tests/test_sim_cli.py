@@ -102,6 +102,7 @@ def test_simulate_reads_json_lines(cli, tmp_path):
     (["--capacity", "8", "--minutes", "99"], "exceeds the 20 minutes"),
     (["--capacity", "8", "--rescale", "5"], "--rescale takes LOW,HIGH"),
     (["--capacity", "8", "--replica-hold-ms", "-3"], "--replica-hold-ms must be in [0, 60000)"),
+    (["--capacity", "8", "--batch-profile", "nope.json"], "--batch-profile/--max-batch: batching profile nope.json: not a saved profile"),
 ])
 def test_simulate_bad_input_is_one_line_exit_2(cli, trace_csv, args, message):
     base = ["--trace", str(trace_csv), "--day", "3", "--sample", "0"]

@@ -38,6 +38,11 @@ def add_scenario_args(p) -> None:
     p.add_argument("--replica-hold-ms", type=float, default=0.0,
                    help="a replica's idle gap between queued requests, e.g. the one `validate` "
                         "calibrates (0: the paper's model)")
+    p.add_argument("--batch-profile", metavar="PATH",
+                   help="every job's replicas serve dynamic batches with this saved profile "
+                        "(faro-serve profile's JSON); Faro plans batch sizes with the replicas")
+    p.add_argument("--max-batch", type=int, default=16,
+                   help="largest batch with --batch-profile (16)")
     p.add_argument("--history", help="CSV to train the N-HiTS forecaster on (cached)")
     p.add_argument("--history-days", help="days of --history to train on (default: days before --day)")
     p.add_argument("--history-sample", type=int, default=0, help="sample of --history (0)")
@@ -64,7 +69,21 @@ def scenario_from_args(args):
                     percentile=args.percentile, processing_ms=args.processing_ms,
                     processing_dist=args.processing_dist, overhead_dist=args.overhead_dist,
                     cold_start_s=args.cold_start_s, queue_limit=args.queue_limit,
-                    replica_hold_ms=args.replica_hold_ms).validate()
+                    replica_hold_ms=args.replica_hold_ms, batching=_batching(args)).validate()
+
+
+def _batching(args):
+    if not getattr(args, "batch_profile", None):
+        return None
+    from pydantic import ValidationError
+
+    from ..config import Batching
+
+    try:
+        return Batching(profile=args.batch_profile, max_batch_size=args.max_batch)
+    except ValidationError as err:
+        msg = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
+        raise ValueError(f"--batch-profile/--max-batch: {msg}") from None
 
 
 def forecaster_from_args(args, log=None):

@@ -18,7 +18,8 @@ import numpy as np
 
 from ..config import ClusterSpec, ModelSLO, check_minimums_fit
 from .integer import fill, polish, shrink
-from .latency import ESTIMATORS, latency
+from .batched_latency import latency_batched
+from .latency import ESTIMATORS
 from .problem import JobInput, Problem, build_problem
 from .solver import solve
 from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
@@ -36,6 +37,7 @@ class ModelDecision:
     arrival_rate: float  # window mean forecast, requests/s
     processing_ms: float
     slo_ms: float
+    batch_size: int = 1  # the largest batch a replica should take (1: the model does not batch)
 
 
 @dataclass
@@ -118,11 +120,14 @@ def _jobs(models, forecasts, current, processing_ms, cluster) -> list[JobInput]:
         c = m.min_replicas if c is None else int(c)
         if c < 0:
             raise ValueError(f"current replicas of {m.name!r} is negative ({c})")
+        bt = m.batching
         jobs.append(JobInput(name=m.name, rates=normalise_rates(f, m.name), proc_s=p_ms / 1e3,
                              slo_s=m.slo_ms / 1e3, quantile=m.percentile / 100.0,
                              priority=m.priority, cpus=m.cpus, memory_gb=m.memory_gb,
                              min_replicas=m.min_replicas, max_replicas=m.max_replicas,
-                             current=c, can_drop=m.allow_drop))
+                             current=c, can_drop=m.allow_drop,
+                             batch_share=1.0 if bt is None else bt.share(m.cpus),
+                             max_batch=1 if bt is None else bt.max_batch_size))
     return jobs
 
 
@@ -137,7 +142,8 @@ def _group_job(members: list[JobInput], k: int) -> JobInput:
     """A group as one job (paper 3.4): summed rates, mean processing time.
 
     Resources per replica are averaged weighted by minimum replicas, so the group's minimum
-    needs exactly what its members' minimums need.
+    needs exactly what its members' minimums need. The group serves one request at a time
+    (members' batching is weighed in their own solve and the cross-group pass).
     """
     shapes = {m.rates.shape for m in members}
     n_s = max(s[0] for s in shapes)
@@ -266,10 +272,12 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
     reps = np.zeros(n, dtype=int)
     drops = np.zeros(n)
     utils = np.zeros(n)
+    batches = np.ones(n, dtype=int)
     for prob, idx, x, d in probs:
         reps[idx] = x
         drops[idx] = d
         utils[idx] = prob.utilities(x.astype(float), d)
+        batches[idx] = prob.batch_sizes(x, d)
     cpus_used = float(sum(reps[i] * jobs[i].cpus for i in range(n)))
     mem_used = float(sum(reps[i] * jobs[i].memory_gb for i in range(n)))
     if cpus_used > cap_cpus + 1e-9 or (cap_mem is not None and mem_used > cap_mem + 1e-9):
@@ -281,11 +289,13 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
     decisions = []
     for i, j in enumerate(jobs):
         lam = float(j.rates.mean()) * (1.0 - drops[i])
-        lat = latency(int(reps[i]), lam, j.proc_s, j.quantile, cluster.rho_max, est)
+        lat = latency_batched(int(reps[i]), lam, j.proc_s, j.quantile, cluster.rho_max, est,
+                              j.batch_share, int(batches[i]))
         decisions.append(ModelDecision(
             name=j.name, replicas=int(reps[i]), current=int(j.current), drop_rate=round(float(drops[i]), 4),
             utility=float(utils[i]), effective_utility=float(eu[i]), latency_ms=float(lat) * 1e3,
-            arrival_rate=float(j.rates.mean()), processing_ms=j.proc_s * 1e3, slo_ms=j.slo_s * 1e3))
+            arrival_rate=float(j.rates.mean()), processing_ms=j.proc_s * 1e3, slo_ms=j.slo_s * 1e3,
+            batch_size=int(batches[i])))
     return Allocation(objective=cluster.objective, objective_value=float(value), decisions=decisions,
                       solve_ms=(time.perf_counter() - t0) * 1e3, groups=n_groups, evaluations=evals,
                       cpus_used=cpus_used, memory_used_gb=mem_used, notes=notes)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .batched_latency import BATCH_CHOICES
 from .latency import ESTIMATORS
 from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
 from .window import (DROP_GRID, NO_DROP, cold_start_fractions, interp_utilities,
@@ -34,6 +35,10 @@ class JobInput:
     max_replicas: int
     current: int
     can_drop: bool
+    # replicas that batch (batched_latency.py): the share of a request's time that each
+    # request of a batch adds, and the largest batch allowed; 1 and 1: no batching
+    batch_share: float = 1.0
+    max_batch: int = 1
 
 
 @dataclass
@@ -46,6 +51,9 @@ class Problem:
     kind: str
     gamma: float
     fair_tiebreak: float
+    # (jobs, drops, counts): the largest batch behind each W entry (1 for jobs that do not
+    # batch); None when no job batches
+    batch_tables: np.ndarray | None = None
     lo: np.ndarray = field(init=False)
     hi: np.ndarray = field(init=False)
     cpus: np.ndarray = field(init=False)
@@ -126,7 +134,18 @@ class Problem:
         jobs = [JobInput(**{**j.__dict__, "max_replicas": c}) for j, c in zip(jobs, ceilings)]
         return Problem(jobs=jobs, tables=self.tables[idx], drop_grid=self.drop_grid,
                        cap_cpus=float(cap_cpus), cap_mem=cap_mem_v, kind=self.kind, gamma=gamma,
-                       fair_tiebreak=self.fair_tiebreak)
+                       fair_tiebreak=self.fair_tiebreak,
+                       batch_tables=None if self.batch_tables is None else self.batch_tables[idx])
+
+    def batch_sizes(self, x: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """The largest batch each job should allow at whole replicas ``x`` and drop rates
+        ``d``: the one behind its W entry (the nearest drop-grid point)."""
+        n = self.n
+        if self.batch_tables is None:
+            return np.ones(n, dtype=int)
+        cols = np.clip(np.asarray(x, dtype=int), 0, self.tables.shape[2] - 1)
+        rows = np.abs(self.drop_grid[None, :] - np.asarray(d, float)[:, None]).argmin(axis=1)
+        return self.batch_tables[np.arange(n), rows, cols].astype(int)
 
 
 def count_ceiling(jobs: list[JobInput], cap_cpus: float, cap_mem: float) -> list[int]:
@@ -163,16 +182,34 @@ def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | Non
         widths.append(max(sat, j.current, j.min_replicas) + 1)
     n_c = max(widths)
     tables = np.zeros((len(jobs), len(grid), n_c))
+    batching = any(j.max_batch > 1 for j in jobs)
+    batch_tables = np.ones((len(jobs), len(grid), n_c), dtype=np.int64) if batching else None
     for i, (j, width) in enumerate(zip(jobs, widths)):
         jgrid = grid if (penalty and j.can_drop) else NO_DROP
         rates = np.ascontiguousarray(j.rates, dtype=float)
-        steps = step_utility_table(rates, j.proc_s, j.quantile, j.slo_s, alpha, rho_max, est,
-                                   width - 1, jgrid)
         frac = cold_start_fractions(rates.shape[1], window_s, cold_start_s)
-        w = window_table(steps, int(j.current), frac)
+        # A batching job: W for every largest batch it may allow, then per entry the best
+        # (the planner picks replicas and batch together; batch 1 is always a choice)
+        w, wb = None, None
+        for b in sorted({c for c in BATCH_CHOICES if c < j.max_batch} | {j.max_batch}):
+            steps = step_utility_table(rates, j.proc_s, j.quantile, j.slo_s, alpha, rho_max, est,
+                                       width - 1, jgrid, j.batch_share, b)
+            wn = window_table(steps, int(j.current), frac)
+            if w is None:
+                w, wb = wn, np.ones(wn.shape, dtype=np.int64)
+            else:
+                better = wn > w + 1e-9
+                w = np.where(better, wn, w)
+                wb = np.where(better, b, wb)
         tables[i, : len(jgrid), :width] = w
         tables[i, : len(jgrid), width:] = w[:, -1:]
         if len(jgrid) < len(grid):  # a job that may not drop: same utility at every grid point
             tables[i, len(jgrid):] = tables[i, 0]
+        if batching:
+            batch_tables[i, : len(jgrid), :width] = wb
+            batch_tables[i, : len(jgrid), width:] = wb[:, -1:]
+            if len(jgrid) < len(grid):
+                batch_tables[i, len(jgrid):] = batch_tables[i, 0]
     return Problem(jobs=jobs, tables=tables, drop_grid=grid, cap_cpus=float(cap_cpus),
-                   cap_mem=cap_mem_v, kind=kind, gamma=gamma, fair_tiebreak=fair_tiebreak)
+                   cap_mem=cap_mem_v, kind=kind, gamma=gamma, fair_tiebreak=fair_tiebreak,
+                   batch_tables=batch_tables)

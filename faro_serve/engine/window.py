@@ -19,6 +19,7 @@ import math
 import numpy as np
 from numba import njit
 
+from .batched_latency import latency_row_batched
 from .latency import latency_row, rho_max_factors
 
 # Drop rates at which W is tabulated for jobs that may drop (penalty objectives).
@@ -39,10 +40,11 @@ def _utility(lat: float, slo: float, alpha: float) -> float:
 @njit(cache=True)
 def step_utility_table(rates: np.ndarray, p: float, q: float, slo: float, alpha: float,
                        rho_max: float, estimator: int, cmax: int,
-                       drop_grid: np.ndarray) -> np.ndarray:
+                       drop_grid: np.ndarray, share: float = 1.0, bmax: int = 1) -> np.ndarray:
     """``U[d, t, c]``: relaxed utility at step ``t`` averaged over the forecast samples.
 
-    ``rates`` has shape (samples, steps) in requests/s.
+    ``rates`` has shape (samples, steps) in requests/s. ``share``/``bmax``: replicas that
+    serve batches of at most ``bmax`` (batched_latency.py); 1: one request at a time.
     """
     n_s, n_t = rates.shape
     n_d = drop_grid.shape[0]
@@ -56,7 +58,7 @@ def step_utility_table(rates: np.ndarray, p: float, q: float, slo: float, alpha:
                 lam = rates[s, t] * keep
                 if lam < 0.0:
                     lam = 0.0
-                latency_row(lam, p, q, rho_max, estimator, factors, row)
+                latency_row_batched(lam, p, q, rho_max, estimator, factors, share, bmax, row)
                 for c in range(cmax + 1):
                     out[di, t, c] += _utility(row[c], slo, alpha)
             for c in range(cmax + 1):

@@ -55,10 +55,15 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             u: np.ndarray, start: np.ndarray, lat: np.ndarray, status: np.ndarray,
             nxt: int, nend: int, qbuf: np.ndarray, qh: int, nq: int,
             free_at: np.ndarray, busy_until: np.ndarray, drop_rate: float, limit: int,
-            hold: float = 0.0, patience: float = np.inf, cancel: bool = True):
+            hold: float = 0.0, patience: float = np.inf, cancel: bool = True,
+            batch: int = 1, share: float = 1.0):
     """Simulate ``[t0, t1)``: serve the queue, take the arrivals ``arr[nxt:nend]`` before t1.
 
     ``qbuf`` is a ring of buffer indices (the FIFO queue) with head ``qh`` and length ``nq``.
+    ``batch`` > 1: a replica that frees takes up to ``batch`` queued requests at once and
+    serves them together for the first one's processing time x ``share b + 1 - share``
+    (engine/batched_latency.py's model of a batching replica; issue 20). The area then
+    counts a batch's requests from their start, but a batch that began before ``t0`` as one.
     Returns ``(nxt, qh, nq, arrivals, dropped, area)`` where ``area`` is the integral over
     the interval of the number of requests in the system (queued + in service), from which
     the driver reports mean ongoing requests.
@@ -72,6 +77,7 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
     n_arr = 0
     n_drop = 0
     i = nxt
+    sel = np.empty(max(batch, 1), dtype=np.int64)
     while True:
         ta = t1
         if i < nend and arr[i] < t1:
@@ -82,6 +88,11 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             f = free_at[k]
             if f > ta or f >= t1:
                 break
+            if batch > 1:
+                qh, nq, area = _serve_batch(k, f, t0, t1, arr, proc, ovh, start, lat, status, qbuf,
+                                            qh, nq, free_at, busy_until, hold, patience, cancel,
+                                            batch, share, sel, area)
+                continue
             j = qbuf[qh]
             qh = (qh + 1) % cap
             nq -= 1
@@ -142,6 +153,46 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
         gone = arr[j] + patience if cancel else np.inf
         area += max(0.0, min(t1, gone) - max(arr[j], t0))
     return i, qh, nq, n_arr, n_drop, area
+
+
+@njit(cache=True)
+def _serve_batch(k, f, t0, t1, arr, proc, ovh, start, lat, status, qbuf, qh, nq, free_at,
+                 busy_until, hold, patience, cancel, batch, share, sel, area):
+    """Replica ``k``, free at ``f``, takes up to ``batch`` requests from the queue's head
+    (those whose clients gave up are dropped on the way, as one at a time). Returns
+    ``(qh, nq, area)``."""
+    cap = qbuf.shape[0]
+    b = 0
+    s = f
+    while b < batch and nq > 0:
+        j = qbuf[qh]
+        qh = (qh + 1) % cap
+        nq -= 1
+        if cancel and max(f, arr[j]) - arr[j] > patience:
+            status[j] = TIMED_OUT
+            lat[j] = np.inf
+            area += max(0.0, min(arr[j] + patience, t1) - max(arr[j], t0))
+            continue
+        sel[b] = j
+        b += 1
+        if arr[j] > s:
+            s = arr[j]
+    if b == 0:
+        return qh, nq, area
+    service = proc[sel[0]] * (share * b + 1.0 - share)
+    end = s + service
+    for m in range(b):
+        j = sel[m]
+        start[j] = s
+        lat[j] = s - arr[j] + service + ovh[j]
+        status[j] = DONE
+        if lat[j] > patience:  # answered too late: a failure (the batch runs on for the rest)
+            status[j] = TIMED_OUT
+            lat[j] = np.inf
+        area += (s - max(arr[j], t0)) + (min(end, t1) - s)
+    busy_until[k] = end
+    free_at[k] = end + hold
+    return qh, nq, area
 
 
 @njit(cache=True)

@@ -156,7 +156,9 @@ class _Run:
         tick = float(policy.tick_s)
         look_ticks = int(math.ceil(cfg.look_back_s / tick)) + 1
         self.states = {m.name: ModelState(m.name, i, cfg.queue_limit, look_ticks, cfg.replica_hold_s,
-                                          cfg.client_timeout_s, cfg.cancel_timed_out) for i, m in enumerate(self.models)}
+                                          cfg.client_timeout_s, cfg.cancel_timed_out,
+                                          1.0 if m.batching is None else m.batching.share(m.cpus))
+                       for i, m in enumerate(self.models)}
         for s, r in zip(self.states.values(), init):
             s.scale_to(r, 0.0, 0.0)
         self.slo_s = np.array([m.slo_ms / 1e3 for m in self.models])
@@ -220,6 +222,8 @@ class _Run:
                 self.states[n].scale_to(r, t, self.cfg.cold_start_s)
             for n, d in done.drop_rates.items():
                 self.states[n].drop_rate = d
+            for n, b in done.batch_sizes.items():
+                self.states[n].batch = b
             self.kinds[dec.kind] = self.kinds.get(dec.kind, 0) + 1
         self.targets_log[self.k_tick] = [s.target for s in self.states.values()]
         self.last_tick_t = t

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoscaler import make_policy
-from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.traces import Trace, TraceError, duplicate_jobs, load_trace, previous_day_tail
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
@@ -43,6 +43,7 @@ class Scenario:
     cold_start_s: float = 60.0
     queue_limit: int = 50
     replica_hold_ms: float = 0.0  # idle gap between queued requests (0: the paper's model)
+    batching: Batching | None = None  # every job's replicas batch (profile, largest batch)
 
     def validate(self) -> "Scenario":
         if self.minutes is not None and self.minutes < 1:
@@ -98,7 +99,7 @@ class Scenario:
 
     def models(self, names: list[str]) -> list[ModelSLO]:
         return [ModelSLO(name=n, slo_ms=self.slo_ms, percentile=self.percentile,
-                         processing_ms=self.processing_ms) for n in names]
+                         processing_ms=self.processing_ms, batching=self.batching) for n in names]
 
     def cluster(self, capacity: float) -> ClusterSpec:
         """The policies' view: the capacity, every other setting the paper's default."""

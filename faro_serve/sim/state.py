@@ -22,8 +22,13 @@ from .kernels import DONE, PENDING, advance, lookback
 
 class ModelState:
     def __init__(self, name: str, index: int, queue_limit: int, look_back_ticks: int,
-                 hold_s: float = 0.0, patience_s: float = float("inf"), cancel: bool = True):
+                 hold_s: float = 0.0, patience_s: float = float("inf"), cancel: bool = True,
+                 batch_share: float = 1.0):
         self.name = name
+        # replicas that batch (kernels.advance): the largest batch in force (a decision sets
+        # it) and the share of a request's time each request of a batch adds
+        self.batch = 1
+        self.batch_share = float(batch_share)
         self.hold = float(hold_s)  # replica busy after each request (kernels.advance)
         self.patience = float(patience_s)  # the client's timeout (kernels.advance)
         self.cancel = bool(cancel)  # the server drops what its client gave up on
@@ -103,7 +108,7 @@ class ModelState:
         out = advance(t0, t1, self.arr, self.proc, self.ovh, self.u, self.start, self.lat,
                       self.status, self.nxt, self.arr.size, self.qbuf, self.qh, self.nq,
                       self.free_at, self.busy_until, self.drop_rate, self.limit, self.hold,
-                      self.patience, self.cancel)
+                      self.patience, self.cancel, self.batch, self.batch_share)
         self.nxt, self.qh, self.nq, n_arr, n_drop, area = out
         self.tick_arrivals += n_arr
         self.tick_dropped += n_drop
