@@ -18,6 +18,7 @@ Nothing here imports Ray.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -46,6 +47,11 @@ class FrontSnapshot:
     drop_rate: float | None = None
     replicas: int | None = None
     percentile: float | None = None
+    # a batching model (issue 20): how long each queued request has waited (s), and the
+    # batch size and threads its replicas run (None: not reported)
+    queued_ages_s: np.ndarray | None = None
+    batch_size: int | None = None
+    threads: int | None = None
 
     @classmethod
     def from_front(cls, front: Mapping, min_elapsed_s: float = 10.0,
@@ -65,29 +71,41 @@ class FrontSnapshot:
                    queue_length=float(front.get("queue_length", 0.0)),
                    mean_in_flight=float(front.get("mean_in_flight", 0.0)),
                    drop_rate=front.get("drop_rate"), replicas=front.get("replicas"),
-                   percentile=front.get("percentile"))
+                   percentile=front.get("percentile"),
+                   queued_ages_s=(None if front.get("queued_ages_s") is None
+                                  else np.asarray(front["queued_ages_s"], float)),
+                   batch_size=front.get("batch_size"), threads=front.get("threads"))
 
-    def enforces(self, drop_rate: float, replicas: int, percentile: float) -> bool:
-        """Whether the front already enforces these settings (else the driver resends them)."""
-        return (self.drop_rate, self.replicas, self.percentile) == (drop_rate, replicas, percentile)
+    def enforces(self, drop_rate: float, replicas: int, percentile: float,
+                 batch_size: int | None = None, threads: int | None = None) -> bool:
+        """Whether the front already enforces these settings (else the driver resends them);
+        a batch size or thread count of None is not checked."""
+        return ((self.drop_rate, self.replicas, self.percentile) == (drop_rate, replicas, percentile)
+                and batch_size in (None, self.batch_size) and threads in (None, self.threads))
 
 
 def observe(now: float, capacity_cpus: float, capacity_memory_gb: float | None,
             snapshots: Mapping[str, FrontSnapshot], running: Mapping[str, int],
             targets: Mapping[str, int], drop_rates: Mapping[str, float],
-            future: dict[str, np.ndarray] | None = None) -> Observation:
+            future: dict[str, np.ndarray] | None = None,
+            slo_s: Mapping[str, float] | None = None) -> Observation:
     """The policy's observation of the models in ``snapshots`` (in their order).
 
     ``running``: replicas serving now; ``targets``: the last targets set (replicas starting
-    included); ``future``: true upcoming arrivals, which only the simulator has."""
+    included); ``future``: true upcoming arrivals, which only the simulator has; ``slo_s``:
+    each model's SLO, which turns the queued requests' waits into remaining budgets."""
     models = {}
     for n, s in snapshots.items():
+        budgets = None
+        if s.queued_ages_s is not None and slo_s is not None and n in slo_s:
+            budgets = np.sort(float(slo_s[n]) - s.queued_ages_s)
         models[n] = ModelObservation(
             name=n, replicas=int(running[n]), target_replicas=int(targets[n]),
             arrivals_per_min=s.arrivals_per_min, arrival_rate=s.arrival_rate,
             latency_ms=s.latency_ms, processing_ms=s.processing_ms, queue_length=s.queue_length,
             ongoing_per_replica=s.mean_in_flight / max(int(running[n]), 1),
-            drop_rate=float(drop_rates.get(n, 0.0)))
+            drop_rate=float(drop_rates.get(n, 0.0)), queued_budgets_s=budgets,
+            threads=int(s.threads or 1), batch_size=int(s.batch_size or 1))
     return Observation(now=float(now), capacity_cpus=capacity_cpus,
                        capacity_memory_gb=capacity_memory_gb, models=models,
                        future_arrivals_per_min=future)
@@ -101,6 +119,7 @@ class Applied:
     changes: list[tuple[str, int]]  # (model, new target), decreases first
     drop_rates: dict[str, float]  # the drop rates the decision sets, in [0, 1]
     batch_sizes: dict[str, int] = field(default_factory=dict)  # within each model's batching
+    threads: dict[str, int] = field(default_factory=dict)  # within each replica's CPUs
 
 
 def apply_decision(decision: Decision, targets: Mapping[str, int], models: Sequence[ModelSLO],
@@ -139,4 +158,11 @@ def apply_decision(decision: Decision, targets: Mapping[str, int], models: Seque
             raise ValueError(f"policy {policy!r} set a batch size for {n!r}, which does not batch "
                              f"(no batching in its config) at t={now:g}s")
         batches[n] = int(min(max(int(b), 1), spec[n].batching.max_batch_size))
-    return Applied(after, changes, drops, batches)
+    # threads inside a replica's CPUs: Ray cannot resize a running replica, so Sponge's
+    # vertical scaling is torch's thread count within the CPUs the replica reserved
+    threads = {}
+    for n, t in decision.threads.items():
+        if n not in spec:
+            raise ValueError(f"policy {policy!r} set threads for unknown model {n!r} at t={now:g}s")
+        threads[n] = int(min(max(int(t), 1), max(1, math.floor(spec[n].cpus))))
+    return Applied(after, changes, drops, batches, threads)

@@ -48,7 +48,10 @@ class ClusterAdapter(Protocol):
 
     def scale(self, name: str, replicas: int) -> None: ...
 
-    def control(self, name: str, drop_rate: float, replicas: int, percentile: float) -> None: ...
+    def control(self, name: str, drop_rate: float, replicas: int, percentile: float,
+                **batching) -> None:
+        """Tell a front what to enforce; ``batching`` (``batch_size``, ``threads``) only for
+        a model a policy batches."""
 
 
 class StateStore(Protocol):
@@ -76,6 +79,9 @@ class AutoscalerLoop:
         self.start = previous.start if previous else clock()
         self.targets: dict[str, int] = dict(previous.targets) if previous else {}
         self.drop_rates: dict[str, float] = dict(previous.drop_rates) if previous else {}
+        # batching models (issue 20): the batch size and threads a policy set, per model
+        self.batch_sizes: dict[str, int] = dict(previous.batch_sizes) if previous else {}
+        self.threads: dict[str, int] = dict(previous.threads) if previous else {}
         self.history: deque = previous.history if previous else deque(maxlen=500)
         self.last: dict = {}
         self.last_plan: dict = previous.last_plan if previous else {}
@@ -101,6 +107,7 @@ class AutoscalerLoop:
         """Everything a restarted loop needs to carry on, JSON-able."""
         return {"version": 1, "saved_at": self.clock(), "start": self.start,
                 "drop_rates": dict(self.drop_rates), "last_plan": self.last_plan,
+                "batch_sizes": dict(self.batch_sizes), "threads": dict(self.threads),
                 "policy": self.policy.get_state()}
 
     def _resume(self, saved: dict, source: str, restart: bool = False) -> None:
@@ -117,6 +124,9 @@ class AutoscalerLoop:
             self.start = float(saved["start"])  # the policy's timers run on this clock
             self.drop_rates = {n: float(d) for n, d in saved.get("drop_rates", {}).items()
                                if n in self.slo}
+            self.batch_sizes = {n: int(b) for n, b in saved.get("batch_sizes", {}).items()
+                                if n in self.slo and self.slo[n].batching is not None}
+            self.threads = {n: int(t) for n, t in saved.get("threads", {}).items() if n in self.slo}
             self.last_plan = saved.get("last_plan") or {}
         self.restored = {"from": source, "saved_at": saved.get("saved_at"), "age_s": round(age, 3)}
         log.info("resumed %s from %s (%.1f s old)", self.policy.name, source, age)
@@ -138,7 +148,8 @@ class AutoscalerLoop:
             if n not in self.targets:  # (re)start: resume from what is running
                 self.targets[n] = self.slo[n].clamp(running[n])
         snaps = {n: fronts.get(n) or FrontSnapshot(np.zeros(0)) for n in names}
-        obs = observe(now - self.start, cap_cpu, cap_mem, snaps, running, self.targets, self.drop_rates)
+        obs = observe(now - self.start, cap_cpu, cap_mem, snaps, running, self.targets, self.drop_rates,
+                      slo_s={n: self.slo[n].slo_ms / 1e3 for n in names})
         return obs, fronts
 
     def step(self) -> dict:
@@ -175,10 +186,12 @@ class AutoscalerLoop:
         for n in obs.models:
             f = fronts.get(n)
             want = (self.drop_rates.get(n, 0.0), self.targets[n], self.slo[n].percentile)
-            if f is not None and f.enforces(*want):
+            batching = {k: v[n] for k, v in (("batch_size", self.batch_sizes),
+                                             ("threads", self.threads)) if n in v}
+            if f is not None and f.enforces(*want, **batching):
                 continue
             try:
-                self.cluster.control(n, *want)
+                self.cluster.control(n, *want, **batching)
             except Exception as err:  # a front may be restarting
                 log.warning("cannot reach the front of %s: %s", n, err)
 
@@ -189,6 +202,8 @@ class AutoscalerLoop:
             self.cluster.scale(n, r)
             self.targets[n] = r
         self.drop_rates.update(done.drop_rates)
+        self.batch_sizes.update(done.batch_sizes)
+        self.threads.update(done.threads)
         if decision.plan:  # what the status shows as predicted, until the next plan
             self.last_plan = {n: {"utility": round(p.utility, 4), "predictor": p.predictor,
                                   "latency_ms": p.latency_ms} for n, p in decision.plan.items()}

@@ -21,13 +21,23 @@ FARO_OBJECTIVES = {faro_policy_name(o): o for o in ("sum", "fair", "fair_sum", "
 Factory = Callable[..., Policy]
 _REGISTRY: dict[str, Factory] = {}
 _SUMMARY: dict[str, str] = {}
+_NEEDS_BATCHING: set[str] = set()
 
 
-def register(name: str, factory: Factory, summary: str = "") -> None:
+def register(name: str, factory: Factory, summary: str = "", needs_batching: bool = False) -> None:
     """Make ``factory(models, cluster, forecaster=None)`` available as ``name``; ``summary``
-    is the one line ``faro-serve policies`` shows."""
+    is the one line ``faro-serve policies`` shows; ``needs_batching``: the policy only runs
+    models whose config declares ``batching`` (a profile)."""
     _REGISTRY[name] = factory
     _SUMMARY[name] = summary
+    if needs_batching:
+        _NEEDS_BATCHING.add(name)
+
+
+def needs_batching(name: str) -> bool:
+    """Whether policy ``name`` runs only models that declare ``batching`` (Sponge)."""
+    _load_plugins()
+    return name in _NEEDS_BATCHING
 
 
 def _faro(objective: str, policy_name: str) -> Factory:
@@ -73,7 +83,7 @@ def make_policy(name: str, models: Sequence[ModelSLO], cluster: ClusterSpec,
 
 
 # Modules that register further policies when imported (baselines, seed systems).
-PLUGINS: list[str] = ["autoscaler.baselines", "autoscaler.seeds"]
+PLUGINS: list[str] = ["autoscaler.baselines", "autoscaler.seeds", "autoscaler.sponge"]
 
 
 def _load_plugins() -> None:

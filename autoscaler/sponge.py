@@ -25,6 +25,7 @@ from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine.batching import B_MAX, C_MAX, BatchProfile, sponge_choice
 
 from .policy import Decision, Observation, Policy
+from .registry import register
 
 
 class SpongePolicy(Policy):
@@ -61,6 +62,25 @@ class SpongePolicy(Policy):
             return None
         return Decision(replicas={}, threads=threads, batch_sizes=batches, kind="vertical",
                         info=info)
+
+
+def from_config(models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster=None) -> SpongePolicy:
+    """Sponge for models whose config declares ``batching`` (their saved profile and largest
+    batch); the cores go up to each replica's whole CPUs (threads within them, live)."""
+    missing = [m.name for m in models if m.batching is None]
+    if missing:
+        raise ValueError(f"sponge: {', '.join(missing)} declare no batching (a profile from "
+                         "faro-serve profile and max_batch_size in the model's SLO config)")
+    profiles = {m.name: BatchProfile(m.batching.gamma, m.batching.eps, m.batching.delta,
+                                     m.batching.eta) for m in models}
+    c_max = max(1, min(int(m.cpus) for m in models))
+    b_max = min(m.batching.max_batch_size for m in models)
+    return SpongePolicy(models, cluster, profiles, c_max=c_max, b_max=b_max)
+
+
+register("sponge", from_config, "Sponge: every 1 s the fewest cores (threads in a replica), then "
+         "the smallest batch, meeting every queued request's budget (EDF) and the rate; needs "
+         "batching in each model's config", needs_batching=True)
 
 
 def static(cores: int, models: Sequence[ModelSLO], cluster: ClusterSpec,

@@ -19,7 +19,7 @@ def _router():
                               handle_source=SimpleNamespace(value="test"))
     router.initialize_state()
     router._start_reporting = lambda: None  # no meter here: report() is read directly
-    return router, [SimpleNamespace(replica_id=k) for k in "ab"]
+    return router, [SimpleNamespace(replica_id=k, max_ongoing_requests=2) for k in "ab"]
 
 
 def _request(k, created_at=100.0):
@@ -125,9 +125,9 @@ def test_meter_merges_router_and_replica_reports():
     m.ingest("router-1", {"events": [("f", now - 0.1, 0.3), ("a", now - 0.4), ("a", now - 0.2)],
                           "waiting": 1, "dispatched": 1, "replicas": 2})
     ans = m.ingest("replica-x", {"events": [("p", now - 0.1, 0.15), ("d", now, "drop_rate")]})
-    assert ans == {"drop_rate": 0.0}
+    assert ans == {"drop_rate": 0.0, "batch_size": None, "threads": None, "batch_in_force": 1}
     m.control(drop_rate=0.25)
-    assert m.ingest("replica-x", {"events": []}) == {"drop_rate": 0.25}
+    assert m.ingest("replica-x", {"events": []})["drop_rate"] == 0.25
     snap = m.metrics(reset_mean=False)
     assert snap["arrivals_total"] == 2 and snap["completed_total"] == 1
     assert snap["dropped"] == {"drop_rate": 1} and snap["latency_ms"] == pytest.approx(300)
@@ -136,3 +136,62 @@ def test_meter_merges_router_and_replica_reports():
     assert snap["in_flight"] == 1  # two arrived, one answered
     m.ingest("router-1", {"events": [("x", time.time())]})  # the other one's client left
     assert m.metrics(reset_mean=False)["in_flight"] == 0
+
+
+def test_a_batching_replica_takes_two_batches_of_the_size_in_force():
+    """The proxy's router follows the batch size the meter answers: a replica holds up to
+    two batches (the one served and the next), never more than its max_ongoing_requests."""
+    async def run():
+        router, _ = _router()
+        reps = [SimpleNamespace(replica_id="a", max_ongoing_requests=16)]
+        for k in range(2):  # batch 1 in force: two requests, as an unbatched replica
+            assert (await router.choose_replicas(reps, _request(f"r{k}")))[0][0].replica_id == "a"
+        assert router.pick(reps) is None
+        router._batch = 4
+        for k in range(2, 8):
+            assert (await router.choose_replicas(reps, _request(f"r{k}")))[0][0].replica_id == "a"
+        assert router.pick(reps) is None and router.in_flight() == {"a": 8}
+        router._batch = 64  # capped by the replica's own limit
+        for k in range(8, 16):
+            await router.choose_replicas(reps, _request(f"r{k}"))
+        assert router.pick(reps) is None and router.in_flight() == {"a": 16}
+        waiting = asyncio.create_task(router.choose_replicas(reps, _request("late", created_at=time.time() - 2)))
+        await asyncio.sleep(0.02)
+        router._batch_model = True
+        since = router.report()["waiting_since"]  # Sponge's budgets: when each waiting one came
+        assert len(since) == 1 and time.time() - since[0] == pytest.approx(2, abs=0.5)
+        waiting.cancel()
+
+    asyncio.run(run())
+
+
+def test_the_meter_passes_batching_both_ways():
+    """Replicas report the batch and threads in force; the router its waiting requests'
+    arrivals; the autoscaler's setting goes back to both in the answers."""
+    m = Meter.func_or_class("m")
+    now = time.time()
+    m.ingest("router-1", {"events": [("a", now - 0.5), ("a", now - 0.3)], "waiting": 2,
+                          "dispatched": 0, "replicas": 1, "waiting_since": [now - 0.5, now - 0.3]})
+    ans = m.ingest("replica-x", {"events": [], "batch_size": 4, "threads": 1})
+    assert ans["batch_size"] is None and ans["batch_in_force"] == 4  # the user_config's batch
+    snap = m.metrics(reset_mean=False)
+    assert (snap["batch_size"], snap["threads"]) == (4, 1)
+    assert snap["queued_ages_s"] == pytest.approx([0.3, 0.5], abs=0.2)
+    m.control(batch_size=8, threads=2)
+    ans = m.ingest("router-1", {"events": [], "waiting": 0, "dispatched": 0, "replicas": 1})
+    assert (ans["batch_size"], ans["threads"], ans["batch_in_force"]) == (8, 2, 8)
+
+
+def test_the_synthetic_model_serves_a_batch_in_one_pass():
+    """A batch of b sleeps one drawn time x (share b + 1 - share), as the simulator serves it;
+    a batch share outside (0, 1] is refused."""
+    from deployments.synthetic import SyntheticModel
+
+    m = SyntheticModel(processing="const:0.05", batch_share=0.5)
+    t0 = time.perf_counter()
+    answers = asyncio.run(m.predict_batch([b"x"] * 6))
+    took = time.perf_counter() - t0
+    assert [a["batch"] for a in answers] == [6] * 6
+    assert 0.175 <= took < 0.175 + 0.5 and answers[0]["processing_ms"] >= 175
+    with pytest.raises(ValueError, match="batch_share"):
+        SyntheticModel(batch_share=0)

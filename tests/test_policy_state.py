@@ -13,11 +13,14 @@ import numpy as np
 import pytest
 
 from autoscaler import make_policy, policy_names
+from autoscaler.registry import needs_batching
 from autoscaler.common import Timers
 from autoscaler.state import decode, encode
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.sim import SimConfig, simulate
 from faro_serve.traces import load_trace
+
+from conftest import with_batching
 
 TRACE = Path(__file__).parent / "data" / "guard_day9.csv"  # real minutes, bundled (data/README.md)
 
@@ -31,19 +34,21 @@ def observations():
     cluster = ClusterSpec(cpus=12, cold_start_s=10)
     out = {}
     for name in policy_names():
-        pol = make_policy(name, models, cluster)
+        mods = with_batching(models) if needs_batching(name) else models  # Sponge: profiles
+        pol = make_policy(name, mods, cluster)
         seen = []
         decide = pol.decide
         pol.decide = lambda obs, decide=decide: (seen.append(copy.deepcopy(obs)), decide(obs))[1]
-        simulate(tr.counts * 0.5, models, pol, SimConfig(capacity_cpus=12, cold_start_s=10, seed=2))
-        out[name] = (models, cluster, seen)
+        simulate(tr.counts * 0.5, mods, pol, SimConfig(capacity_cpus=12, cold_start_s=10, seed=2))
+        out[name] = (mods, cluster, seen)
     return out
 
 
 def _same(a, b) -> bool:
     if a is None or b is None:
         return a is b
-    return (a.replicas, a.drop_rates, a.kind) == (b.replicas, b.drop_rates, b.kind)
+    return ((a.replicas, a.drop_rates, a.kind, a.threads, a.batch_sizes)
+            == (b.replicas, b.drop_rates, b.kind, b.threads, b.batch_sizes))
 
 
 @pytest.mark.parametrize("name", policy_names())

@@ -44,13 +44,16 @@ def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from autoscaler import policy_names
+    from autoscaler.registry import needs_batching
 
     from ..cli import UsageError
     from ..sim.suite import markdown_table, aggregate, run_suite, uses_forecaster, write_outputs
     from .simulate import scenario_from_args
 
     known = policy_names()
-    policies = known if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
+    # 'all': Sponge only with --batch-profile (it needs every model's batch profile)
+    policies = ([p for p in known if args.batch_profile or not needs_batching(p)] if args.policies == "all"
+                else [p.strip() for p in args.policies.split(",") if p.strip()])
     bad = [p for p in policies if p not in known]
     if bad or not policies:
         raise UsageError(f"unknown policy {', '.join(bad) or '(none)'}; choose from {', '.join(known)}")
@@ -64,6 +67,9 @@ def run(args) -> int:
     if args.workers < 1:
         raise UsageError("--workers must be >= 1")
     sc = scenario_from_args(args)
+    lacking = [p for p in policies if needs_batching(p) and sc.batching is None]
+    if lacking:
+        raise UsageError(f"{', '.join(lacking)} needs --batch-profile (a profile for every model)")
     names = sc.load()[0]
     if len(names) > min(capacities):
         raise UsageError(f"{len(names)} jobs need at least {len(names)} replicas; smallest capacity is {min(capacities):g}")

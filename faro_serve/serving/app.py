@@ -52,7 +52,8 @@ def _model_class(spec: ModelAppArgs) -> tuple[type, dict]:
     if spec.model.kind == "synthetic":
         from deployments.synthetic import SyntheticModel
 
-        return SyntheticModel, {"processing": spec.model.processing, "seed": spec.model.seed}
+        return SyntheticModel, {"processing": spec.model.processing, "seed": spec.model.seed,
+                                "batch_share": spec.model.batch_share}
     from deployments.vision import ImageClassifier
 
     return ImageClassifier, {"arch": spec.model.arch, "checkpoint": spec.model.checkpoint,
@@ -72,14 +73,16 @@ def model_deployment(args: dict | ModelAppArgs):
 
 
 def direct_model_app(spec: ModelAppArgs):
-    """The direct path: the model replicas serve HTTP, the proxy's router keeps the queue."""
+    """The direct path: the model replicas serve HTTP, the proxy's router keeps the queue.
+    A batching model's replica takes PIPELINE batches: the one it serves and the next."""
     cls, kwargs = _model_class(spec)
     meter = Meter.options(name=FRONT).bind(spec.name)
     dep = serve.deployment(DirectModel, name=MODEL, num_replicas=spec.initial_replicas,
-                           max_ongoing_requests=PIPELINE, max_queued_requests=spec.queue_limit,
+                           max_ongoing_requests=PIPELINE * spec.max_batch_size,
+                           max_queued_requests=spec.queue_limit,
                            request_router_config=DIRECT_ROUTER,
                            ray_actor_options={"num_cpus": spec.cpus})
-    return dep.bind(meter, spec.name, cls, kwargs, spec.max_body_kb * 1024)
+    return dep.bind(meter, spec.name, cls, kwargs, spec.max_body_kb * 1024, spec.max_batch_size)
 
 
 def model_app(args: dict):

@@ -88,9 +88,10 @@ class RayServeCluster:
             raise RuntimeError(f"scaling {name} to {replicas} failed: HTTP {r.status_code} {r.text[:200]}")
         log.info("scaled %s to %d replicas", name, replicas)
 
-    def control(self, name: str, drop_rate: float, replicas: int, percentile: float) -> None:
+    def control(self, name: str, drop_rate: float, replicas: int, percentile: float,
+                **batching) -> None:
         self._front(name).control.remote(drop_rate=drop_rate, replicas=replicas,
-                                         percentile=percentile).result(timeout_s=self.timeout_s)
+                                         percentile=percentile, **batching).result(timeout_s=self.timeout_s)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)

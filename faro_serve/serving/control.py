@@ -22,6 +22,10 @@ class FrontControl:
         self.stats = RouterStats(start=time.time())
         self.drop_rate = 0.0
         self.replicas = 1
+        # batching (issue 20): what the autoscaler set (None: nothing; the replicas keep
+        # their user_config)
+        self.batch_size: int | None = None
+        self.threads: int | None = None
         tags = ("model",)
         self._requests = ray_metrics.Counter("faro_requests", "requests by outcome",
                                              tag_keys=("model", "outcome"))
@@ -58,7 +62,8 @@ class FrontControl:
             self._latency.set(snap["latency_ms"], tags=tags)
 
     def control(self, drop_rate: float | None = None, replicas: int | None = None,
-                percentile: float | None = None, reset_stats: bool = False) -> dict:
+                percentile: float | None = None, reset_stats: bool = False,
+                batch_size: int | None = None, threads: int | None = None) -> dict:
         """Set what the autoscaler decided; ``reset_stats`` starts the measurements afresh
         (minute bins from now), as matched validation does to align them with a replay."""
         if reset_stats:
@@ -71,4 +76,8 @@ class FrontControl:
             self.replicas = max(0, int(replicas))
         if percentile is not None:
             self.percentile = float(percentile)
+        if batch_size is not None:
+            self.batch_size = max(1, int(batch_size))
+        if threads is not None:
+            self.threads = max(1, int(threads))
         return {"drop_rate": self.drop_rate, "replicas": self.replicas}

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from .control import FrontControl
-from .payload import drop_rate_refusal, read_payload, refusal_reason, run_model
+from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, run_model
 from .proxy_queue import MAX_EVENTS, REPORT_S
 
 log = logging.getLogger("faro_serve.serving")
@@ -38,15 +38,55 @@ api = FastAPI(title="faro-serve model endpoint (direct path)",
 
 @serve.ingress(api)
 class DirectModel:
+    """A model replica as the HTTP ingress. With ``max_batch_size`` > 1 it serves dynamic
+    batches through ``serve.batch`` (no wait for a batch to fill): the batch size in force,
+    up to that maximum, and the model's threads are set by :meth:`reconfigure`, from the
+    deployment's ``user_config`` or live from the autoscaler through the meter (issue 20)."""
+
     def __init__(self, meter, name: str, model_cls: type, model_kwargs: dict,
-                 max_body_bytes: int = 8 << 20):
+                 max_body_bytes: int = 8 << 20, max_batch_size: int = 1):
         self.meter = meter
         self.name = name
         self.model = model_cls(**model_kwargs)
         self.max_body_bytes = max_body_bytes
         self.drop_rate = 0.0
+        self.max_batch = int(max_batch_size)
+        if self.max_batch > 1 and not hasattr(self.model, "predict_batch"):
+            raise ValueError(f"{name}: max_batch_size {self.max_batch} needs a model that serves "
+                             f"batches (predict_batch); {model_cls.__name__} does not")
+        self.batch_size = 1
+        self.threads: int | None = None
+        self._batched.set_max_batch_size(1)
         self.events: list[tuple] = []  # ("p", t, processing s) and ("d", t, reason)
         self._reporter: asyncio.Task | None = None
+
+    def reconfigure(self, config: dict) -> None:
+        """``{"batch_size": b, "threads": t}`` (either may be left out): the batch size in
+        force (clipped to 1..max_batch_size) and the model's threads. Ray cannot resize a
+        running replica's CPUs, so threads within the CPUs it reserved are the vertical
+        scaling a replica has (Sponge's cores, autoscaler/sponge.py)."""
+        config = config or {}
+        unknown = sorted(set(config) - {"batch_size", "threads"})
+        if unknown:
+            raise ValueError(f"{self.name}: unknown user_config keys {unknown}; "
+                             "expected batch_size and threads")
+        b, t = config.get("batch_size"), config.get("threads")
+        if b is not None:
+            if not (isinstance(b, int) and b >= 1):
+                raise ValueError(f"{self.name}: batch_size must be an integer >= 1 (got {b!r})")
+            self.batch_size = min(b, self.max_batch)
+            self._batched.set_max_batch_size(self.batch_size)
+        if t is not None and t != self.threads:
+            if not hasattr(self.model, "set_threads"):
+                raise ValueError(f"{self.name}: this model has no thread count to set")
+            self.model.set_threads(t)
+            self.threads = t
+
+    @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
+    async def _batched(self, payloads: list[bytes]) -> list:
+        if asyncio.iscoroutinefunction(self.model.predict_batch):
+            return await self.model.predict_batch(payloads)
+        return await asyncio.to_thread(self.model.predict_batch, payloads)
 
     @api.post("/predict", summary="Run the model on one request",
               description="Body: JPEG/PNG bytes, or JSON {\"image\": base64}. 503 when the "
@@ -61,7 +101,10 @@ class DirectModel:
         if isinstance(payload, JSONResponse):
             self._event(("d", time.time(), refusal_reason(payload)))
             return payload
-        result = await run_model(self.model, self.name, payload)
+        if self.max_batch > 1:
+            result = answer(await self._batched(payload), self.name)
+        else:
+            result = await run_model(self.model, self.name, payload)
         if isinstance(result, JSONResponse):
             self._event(("d", time.time(), "bad_request"))
             return result
@@ -86,7 +129,10 @@ class DirectModel:
         warned = False
 
         async def ingest(events):  # here, not at module level: Ray may ship this class by value
-            return await self.meter.ingest.remote(source, {"events": events})
+            report = {"events": events}
+            if self.max_batch > 1:
+                report.update(batch_size=self.batch_size, threads=self.threads)
+            return await self.meter.ingest.remote(source, report)
 
         while True:
             await asyncio.sleep(REPORT_S)
@@ -100,6 +146,15 @@ class DirectModel:
                 if not warned:
                     log.warning("cannot report to the meter of %s: %s", self.name, err)
                     warned = True
+                continue
+            if self.max_batch > 1:  # what the autoscaler set, where it set anything
+                want = {k: ans[k] for k in ("batch_size", "threads") if ans.get(k) is not None}
+                if not hasattr(self.model, "set_threads"):
+                    want.pop("threads", None)  # a model without threads keeps its one
+                try:
+                    self.reconfigure(want)
+                except ValueError as err:
+                    log.warning("%s: cannot apply %s: %s", self.name, want, err)
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
@@ -111,6 +166,7 @@ class Meter(FrontControl):
     def __init__(self, name: str, percentile: float = 99.0):
         self._init_control(name, percentile)
         self._queues: dict[str, tuple[float, dict]] = {}  # router -> (time, its queue)
+        self._batching: dict[str, tuple[float, int, int | None]] = {}  # replica -> (time, batch, threads)
 
     def ingest(self, source: str, batch: dict) -> dict:
         now = time.time()
@@ -130,13 +186,33 @@ class Meter(FrontControl):
             elif kind == "d":
                 st.drop(now, str(ev[2]))
         if "waiting" in batch:
-            self._queues[source] = (now, {k: int(batch.get(k, 0))
-                                          for k in ("waiting", "dispatched", "replicas")})
-        return {"drop_rate": self.drop_rate}
+            q = {k: int(batch.get(k, 0)) for k in ("waiting", "dispatched", "replicas")}
+            q["waiting_since"] = [float(t) for t in batch.get("waiting_since", [])]
+            self._queues[source] = (now, q)
+        if "batch_size" in batch:
+            self._batching[source] = (now, int(batch["batch_size"]), batch.get("threads"))
+        return {"drop_rate": self.drop_rate, "batch_size": self.batch_size, "threads": self.threads,
+                "batch_in_force": self._batch_in_force()}
+
+    def _batch_in_force(self) -> int:
+        """The autoscaler's batch size, else the largest the replicas report (their
+        user_config), else 1: the proxy's router lets a replica hold two such batches."""
+        if self.batch_size is not None:
+            return self.batch_size
+        now = time.time()
+        fresh = [b for t, b, _ in self._batching.values() if now - t < 10 * REPORT_S]
+        return max(fresh, default=1)
 
     def _queue_state(self) -> dict:
         now = time.time()
         fresh = [q for t, q in self._queues.values() if now - t < 10 * REPORT_S]
-        return {"waiting": sum(q["waiting"] for q in fresh),
-                "dispatched": sum(q["dispatched"] for q in fresh),
-                "dispatch_capacity": max((q["replicas"] for q in fresh), default=0)}
+        out = {"waiting": sum(q["waiting"] for q in fresh),
+               "dispatched": sum(q["dispatched"] for q in fresh),
+               "dispatch_capacity": max((q["replicas"] for q in fresh), default=0)}
+        if self._batching:  # a batching model: what Sponge needs (queued waits, batch, threads)
+            wall = time.time()
+            out["queued_ages_s"] = sorted(max(0.0, wall - t) for q in fresh for t in q["waiting_since"])
+            reps = [(b, th) for t, b, th in self._batching.values() if now - t < 10 * REPORT_S]
+            out["batch_size"] = max((b for b, _ in reps), default=None)
+            out["threads"] = max((th for _, th in reps if th is not None), default=None)
+        return out

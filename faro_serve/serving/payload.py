@@ -53,6 +53,11 @@ async def run_model(model, name: str, payload: bytes) -> dict | JSONResponse:
         result = await model.predict(payload)
     else:
         result = await asyncio.to_thread(model.predict, payload)
+    return answer(result, name)
+
+
+def answer(result, name: str) -> dict | JSONResponse:
+    """A model's answer, or the refusal it asked for (``{"error": ..., "status": ...}``)."""
     if isinstance(result, dict) and "error" in result:
         return reject(int(result.get("status", 400)), name, "bad_request", result["error"])
     return result

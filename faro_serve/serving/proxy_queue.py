@@ -40,6 +40,8 @@ REPORT_S = 1.0
 MAX_EVENTS = 100_000  # kept while the meter cannot be reached; past that the oldest go
 STALE_S = 5.0  # a queued request not asked about for this long was given up (cancelled, failed)
 PIPELINE = 2  # requests on a replica at most: the one it serves and the next one
+# (a batching model's replica: two batches of the size in force, up to its max_ongoing_requests)
+MAX_WAITING_REPORTED = 1000  # arrival times of waiting requests sent per report (batching models)
 
 
 class ProxyQueueRouter(InFlightRouter):
@@ -54,6 +56,8 @@ class ProxyQueueRouter(InFlightRouter):
         self._reporter: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sent_at: dict[str, float] = {}  # request id -> when it was given its replica
+        self._batch = 1  # the batch size in force (the meter's answer): PIPELINE batches a replica
+        self._batch_model = False  # its replicas take more than PIPELINE: report queued arrivals
 
     # -- routing -------------------------------------------------------------------------
     def update_replicas(self, replicas: list[RunningReplica]):
@@ -91,7 +95,8 @@ class ProxyQueueRouter(InFlightRouter):
         idle = [r for r in candidates if not self._load.get(r.replica_id)]
         if idle:
             return random.choice(idle)
-        room = [r for r in candidates if self._load.get(r.replica_id, 0) < PIPELINE]
+        room = [r for r in candidates
+                if self._load.get(r.replica_id, 0) < min(PIPELINE * self._batch, r.max_ongoing_requests)]
         if not room:
             return None
         oldest: dict = {}
@@ -148,8 +153,12 @@ class ProxyQueueRouter(InFlightRouter):
         """What the router sends the meter: the events since the last report and its queue."""
         events = [self.events.popleft() for _ in range(len(self.events))]
         serving = sum(1 for n in self._load.values() if n > 0)  # replicas at work
-        return {"events": events, "waiting": max(0, len(self._arrived) - serving),
-                "dispatched": serving, "replicas": len(self._replicas)}
+        out = {"events": events, "waiting": max(0, len(self._arrived) - serving),
+               "dispatched": serving, "replicas": len(self.curr_replicas)}
+        if self._batch_model:  # Sponge's budgets: when each waiting request arrived
+            out["waiting_since"] = sorted(t for r, (t, _) in list(self._arrived.items())
+                                          if r not in self._given)[:MAX_WAITING_REPORTED]
+        return out
 
     def _start_reporting(self) -> None:
         if self._reporter is None:
@@ -167,7 +176,10 @@ class ProxyQueueRouter(InFlightRouter):
             try:
                 if meter is None:
                     meter = serve.get_deployment_handle(METER, app_name=self.app_name)
-                meter.ingest.remote(source, batch).result(timeout_s=10)
+                ans = meter.ingest.remote(source, batch).result(timeout_s=10)
+                self._batch = max(1, int(ans.get("batch_in_force", 1) or 1))
+                self._batch_model = any(r.max_ongoing_requests > PIPELINE
+                                        for r in list(self.curr_replicas.values()))
                 warned = False
             except Exception as err:  # the meter restarts: keep the events for the next try
                 self.events.extendleft(reversed(batch["events"]))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autoscaler.config import AutoscalerConfig, parse_autoscaler_config  # noqa: F401 (re-exported)
 
@@ -27,6 +27,8 @@ class SyntheticModelSpec(BaseModel):
     processing: str = Field(str(PAPER_PROCESSING), description="seconds: lognorm:SHAPE,LOC,SCALE | "
                             "const:S | expon:LOC,SCALE (default: the paper's ResNet34)")
     seed: int | None = None
+    batch_share: float = Field(1.0, gt=0, le=1, description="served in batches: a batch of b "
+                               "takes one drawn time x (share b + 1 - share); 1: no gain")
 
     @field_validator("processing")
     @classmethod
@@ -62,6 +64,16 @@ class ModelAppArgs(BaseModel):
         "direct", description="direct: the model replicas are the HTTP ingress and the queue is "
         "kept in Ray Serve's proxy (one hop, the default); front: requests pass a router front "
         "that also retries a request whose replica died (docs/serving.md, which to pick)")
+    max_batch_size: int = Field(1, ge=1, le=64, description="largest batch a replica serves "
+                                "(serve.batch; the autoscaler or user_config sets the batch in "
+                                "force up to it); 1: one request at a time. Direct path only")
+
+    @model_validator(mode="after")
+    def _batching_on_the_direct_path(self) -> "ModelAppArgs":
+        if self.max_batch_size > 1 and self.data_path != "direct":
+            raise ValueError("max_batch_size > 1 needs data_path: direct (the front serves one "
+                             "request per replica)")
+        return self
 
 
 def parse_args(cls: type[BaseModel], data, source: str):
