@@ -52,6 +52,7 @@ class FrontSnapshot:
     queued_ages_s: np.ndarray | None = None
     batch_size: int | None = None
     threads: int | None = None
+    mean_batch: float = 1.0  # request-weighted mean batch behind processing_ms
 
     @classmethod
     def from_front(cls, front: Mapping, min_elapsed_s: float = 10.0,
@@ -74,7 +75,8 @@ class FrontSnapshot:
                    percentile=front.get("percentile"),
                    queued_ages_s=(None if front.get("queued_ages_s") is None
                                   else np.asarray(front["queued_ages_s"], float)),
-                   batch_size=front.get("batch_size"), threads=front.get("threads"))
+                   batch_size=front.get("batch_size"), threads=front.get("threads"),
+                   mean_batch=float(front.get("mean_batch") or 1.0))
 
     def enforces(self, drop_rate: float, replicas: int, percentile: float,
                  batch_size: int | None = None, threads: int | None = None) -> bool:
@@ -105,7 +107,7 @@ def observe(now: float, capacity_cpus: float, capacity_memory_gb: float | None,
             latency_ms=s.latency_ms, processing_ms=s.processing_ms, queue_length=s.queue_length,
             ongoing_per_replica=s.mean_in_flight / max(int(running[n]), 1),
             drop_rate=float(drop_rates.get(n, 0.0)), queued_budgets_s=budgets,
-            threads=int(s.threads or 1), batch_size=int(s.batch_size or 1))
+            threads=int(s.threads or 1), batch_size=int(s.batch_size or 1), mean_batch=s.mean_batch)
     return Observation(now=float(now), capacity_cpus=capacity_cpus,
                        capacity_memory_gb=capacity_memory_gb, models=models,
                        future_arrivals_per_min=future)

@@ -138,6 +138,10 @@ class FaroPolicy(Policy):
         for m in self.models:
             o = obs.models[m.name]
             procs[m.name] = o.processing_ms or m.processing_ms or DEFAULT_PROCESSING_MS
+            if o.processing_ms and m.batching is not None and o.mean_batch > 1:
+                # a batching replica measures its batches: one request's time is p / (s b + 1 - s)
+                s = m.batching.share(m.cpus)
+                procs[m.name] = o.processing_ms / (s * o.mean_batch + 1.0 - s)
         current = {n: o.target_replicas for n, o in obs.models.items()}
         alloc = plan(self.models, fc.by_model(), current, self.cluster, processing_ms=procs,
                      capacity_cpus=obs.capacity_cpus, capacity_memory_gb=obs.capacity_memory_gb)

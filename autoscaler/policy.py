@@ -39,6 +39,9 @@ class ModelObservation:
     queued_budgets_s: np.ndarray | None = None
     threads: int = 1
     batch_size: int = 1
+    # the request-weighted mean batch behind processing_ms: a batching replica measures its
+    # batch's time, p (s b + 1 - s), so one request's time is processing_ms / (s b + 1 - s)
+    mean_batch: float = 1.0
 
 
 @dataclass

@@ -94,6 +94,22 @@ def test_the_planner_chooses_batches_and_replicas_together():
     assert u_batch > u_plain + 0.1
 
 
+def test_faro_divides_the_measured_batch_time_into_one_requests_time():
+    """Live, a batching replica times whole batches; Faro plans with one request's time,
+    p = measured / (s b + 1 - s) at the request-weighted mean batch b."""
+    from autoscaler import make_policy
+    from autoscaler.policy import ModelObservation, Observation
+
+    models = _models(BATCHING)
+    pol = make_policy("faro-fairsum", models, ClusterSpec(cpus=12))
+    obs = Observation(now=0.0, capacity_cpus=12, capacity_memory_gb=None, models={
+        m.name: ModelObservation(name=m.name, replicas=1, target_replicas=1,
+                                 arrivals_per_min=np.full(30, 600.0), arrival_rate=10.0,
+                                 processing_ms=130.0, mean_batch=4.0) for m in models})
+    d = pol.decide(obs)
+    assert d.info["models"]["a"]["processing_ms"] == pytest.approx(130 / (SHARE * 4 + 1 - SHARE), rel=1e-3)
+
+
 def test_batching_config_from_a_saved_profile(tmp_path):
     path = tmp_path / "resnet.json"
     path.write_text(json.dumps({"arch": "resnet34", "profile": {"gamma": 0.03, "eps": 0.01,

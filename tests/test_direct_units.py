@@ -172,10 +172,12 @@ def test_the_meter_passes_batching_both_ways():
     now = time.time()
     m.ingest("router-1", {"events": [("a", now - 0.5), ("a", now - 0.3)], "waiting": 2,
                           "dispatched": 0, "replicas": 1, "waiting_since": [now - 0.5, now - 0.3]})
-    ans = m.ingest("replica-x", {"events": [], "batch_size": 4, "threads": 1})
+    ans = m.ingest("replica-x", {"events": [("p", now, 0.3, 4), ("p", now, 0.3, 4), ("p", now, 0.1, 1)],
+                                 "batch_size": 4, "threads": 1})
     assert ans["batch_size"] is None and ans["batch_in_force"] == 4  # the user_config's batch
     snap = m.metrics(reset_mean=False)
     assert (snap["batch_size"], snap["threads"]) == (4, 1)
+    assert snap["mean_batch"] == pytest.approx(3.0)  # request-weighted: (4 + 4 + 1) / 3
     assert snap["queued_ages_s"] == pytest.approx([0.3, 0.5], abs=0.2)
     m.control(batch_size=8, threads=2)
     ans = m.ingest("router-1", {"events": [], "waiting": 0, "dispatched": 0, "replicas": 1})

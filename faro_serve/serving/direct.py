@@ -20,6 +20,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import deque
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -28,6 +29,8 @@ from ray import serve
 from .control import FrontControl
 from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, run_model
 from .proxy_queue import MAX_EVENTS, REPORT_S
+
+LOOK_BACK_S = 30.0  # the mean batch behind the processing time: the stats' look-back
 
 log = logging.getLogger("faro_serve.serving")
 
@@ -109,8 +112,9 @@ class DirectModel:
             self._event(("d", time.time(), "bad_request"))
             return result
         proc = result.get("processing_ms") if isinstance(result, dict) else None
-        if proc is not None:
-            self._event(("p", time.time(), proc / 1e3))
+        if proc is not None:  # a batch's time comes with its size (the planner divides it out)
+            self._event(("p", time.time(), proc / 1e3) if self.max_batch <= 1
+                        else ("p", time.time(), proc / 1e3, int(result.get("batch", 1))))
         return result
 
     @api.get("/metrics", summary="What the meter gathered for this model (JSON)")
@@ -167,6 +171,7 @@ class Meter(FrontControl):
         self._init_control(name, percentile)
         self._queues: dict[str, tuple[float, dict]] = {}  # router -> (time, its queue)
         self._batching: dict[str, tuple[float, int, int | None]] = {}  # replica -> (time, batch, threads)
+        self._batches: deque[tuple[float, int]] = deque(maxlen=MAX_EVENTS)  # (time, batch) per request
 
     def ingest(self, source: str, batch: dict) -> dict:
         now = time.time()
@@ -183,6 +188,8 @@ class Meter(FrontControl):
                 st.finished(t)
             elif kind == "p":
                 st.processed(now, float(ev[2]))
+                if len(ev) > 3:  # a batching replica: the size of the batch it timed
+                    self._batches.append((now, int(ev[3])))
             elif kind == "d":
                 st.drop(now, str(ev[2]))
         if "waiting" in batch:
@@ -215,4 +222,8 @@ class Meter(FrontControl):
             reps = [(b, th) for t, b, th in self._batching.values() if now - t < 10 * REPORT_S]
             out["batch_size"] = max((b for b, _ in reps), default=None)
             out["threads"] = max((th for _, th in reps if th is not None), default=None)
+            while self._batches and self._batches[0][0] < now - LOOK_BACK_S:
+                self._batches.popleft()
+            sizes = [b for _, b in self._batches]
+            out["mean_batch"] = sum(sizes) / len(sizes) if sizes else 1.0
         return out
