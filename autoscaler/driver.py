@@ -122,6 +122,7 @@ class Applied:
     drop_rates: dict[str, float]  # the drop rates the decision sets, in [0, 1]
     batch_sizes: dict[str, int] = field(default_factory=dict)  # within each model's batching
     threads: dict[str, int] = field(default_factory=dict)  # within each replica's CPUs
+    variants: dict[str, str] = field(default_factory=dict)  # each a variant of its model
 
 
 def apply_decision(decision: Decision, targets: Mapping[str, int], models: Sequence[ModelSLO],
@@ -154,12 +155,18 @@ def apply_decision(decision: Decision, targets: Mapping[str, int], models: Seque
     changes = [(n, after[n]) for n in after if after[n] != targets[n]]
     changes.sort(key=lambda c: c[1] > targets[c[0]])  # decreases first, stable otherwise
     drops = {n: float(np.clip(d, 0.0, 1.0)) for n, d in decision.drop_rates.items()}
+    variants = {}
+    for n, v in decision.variants.items():
+        if n not in spec:
+            raise ValueError(f"policy {policy!r} set a variant for unknown model {n!r} at t={now:g}s")
+        variants[n] = spec[n].variant(v).name  # ValueError names a variant the model lacks
     batches = {}
     for n, b in decision.batch_sizes.items():
-        if n not in spec or spec[n].batching is None:
+        most = _largest_batch(spec[n]) if n in spec else 1
+        if most <= 1:
             raise ValueError(f"policy {policy!r} set a batch size for {n!r}, which does not batch "
                              f"(no batching in its config) at t={now:g}s")
-        batches[n] = int(min(max(int(b), 1), spec[n].batching.max_batch_size))
+        batches[n] = int(min(max(int(b), 1), most))
     # threads inside a replica's CPUs: Ray cannot resize a running replica, so Sponge's
     # vertical scaling is torch's thread count within the CPUs the replica reserved
     threads = {}
@@ -167,4 +174,11 @@ def apply_decision(decision: Decision, targets: Mapping[str, int], models: Seque
         if n not in spec:
             raise ValueError(f"policy {policy!r} set threads for unknown model {n!r} at t={now:g}s")
         threads[n] = int(min(max(int(t), 1), max(1, math.floor(spec[n].cpus))))
-    return Applied(after, changes, drops, batches, threads)
+    return Applied(after, changes, drops, batches, threads, variants)
+
+
+def _largest_batch(model: ModelSLO) -> int:
+    """The largest batch a model's config allows: its own, or its variants' largest."""
+    sizes = [model.batching.max_batch_size] if model.batching else []
+    sizes += [v.batching.max_batch_size for v in model.variants or () if v.batching]
+    return max(sizes, default=1)

@@ -80,6 +80,8 @@ class Decision:
     # and the batch size; models left out keep theirs
     threads: dict[str, int] = field(default_factory=dict)
     batch_sizes: dict[str, int] = field(default_factory=dict)
+    # models with variants (INFaaS): the variant to serve; models left out keep theirs
+    variants: dict[str, str] = field(default_factory=dict)
 
 
 class Policy(ABC):

@@ -19,6 +19,10 @@ import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine.latency import min_replicas_for_slo
+from faro_serve.engine.variants import options as variant_options
+from faro_serve.engine.variants import scale_down as variant_scale_down
+from faro_serve.engine.variants import scale_up as variant_scale_up
+from faro_serve.engine.variants import select as variant_select
 
 from .common import fcfs_decision, max_rate_one_replica, processing_s
 from .policy import Decision, Observation, Policy
@@ -261,24 +265,32 @@ class InferLineTunerPolicy(Policy):
 
 
 class INFaaSPolicy(Policy):
-    """INFaaS's model-autoscaler (ATC '21) for one model variant per job.
+    """INFaaS's model-autoscaler (ATC '21).
 
     Headroom = saturation throughput of the running instances / load; below the slack
     threshold (1.05) replicate up to ``ceil(1.05 load / Q)`` instances. Scale down by one
     instance when the load fits one fewer (headroom with n - 1 still >= slack) for ``T_v``
     consecutive seconds, ``T_v`` = the variant's load latency.
 
-    [gap] variants: a job here has one variant (ResNet34, batch 1, one CPU type), so
+    A model that declares ``variants`` gets INFaaS's variant choices as well
+    (``faro_serve.engine.variants``): the variant with the lowest loading plus inference
+    latency among those meeting its accuracy target and SLO, then on a shortfall *replicate*
+    or *upgrade* (a higher-throughput batch of the same architecture) by cost, and on a
+    surplus one instance fewer or a *downgrade* to a lower batch. The decision names the
+    variant (``Decision.variants``) and, for one that batches, its batch.
+
+    [gap] without variants a job has one variant (ResNet34, batch 1, one CPU type), so
     "upgrade" never applies and every scale-up replicates. [gap] saturation throughput Q =
     1 / mean processing time (profiled peak at batch 1; INFaaS counts on variant choice,
     not headroom, for latency). [gap] load = the router's arrival rate over the last tick:
     the rate a replica serves is capped by its saturation and would hide an overload.
     [gap] T_v = the cluster's cold start (65 s), checked at every tick (10 s) instead of 1 s
     slots. Instances still loading count as running (INFaaS counts them once loading).
+    [gap] one variant serves a model at a time (INFaaS may run several side by side).
     """
 
     name = "infaas"
-    state_fields = ("fits_since", "short_since")
+    state_fields = ("fits_since", "short_since", "option")
 
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *, slack: float = 1.05,
                  t_v_s: float | None = None):
@@ -287,33 +299,84 @@ class INFaaSPolicy(Policy):
         self.t_v = cluster.cold_start_s if t_v_s is None else t_v_s
         self.fits_since: dict[str, float] = {}
         self.short_since: dict[str, float] = {}
+        self.options = {m.name: variant_options(m, cluster.cold_start_s) for m in models if m.variants}
+        self.option: dict[str, list] = {}  # model -> [variant, batch] in force (variants only)
 
     def decide(self, obs: Observation) -> Decision | None:
         now = obs.now
-        wanted = {}
+        wanted, chosen = {}, {}
         for m in self.models:
             o = obs.models[m.name]
-            q_sat = 1.0 / processing_s(m, o.processing_ms)
-            load = o.arrival_rate
-            n = o.target_replicas
-            if load > 0 and n * q_sat / load < self.slack:
-                wanted[m.name] = m.clamp(math.ceil(self.slack * load / q_sat - 1e-9))
-                self.short_since.setdefault(m.name, now)
-                self.fits_since.pop(m.name, None)
-                continue
-            self.short_since.pop(m.name, None)
-            fits = n > m.min_replicas and (load == 0 or (n - 1) * q_sat / load >= self.slack)
-            if not fits:
-                self.fits_since.pop(m.name, None)
-                continue
-            t0 = self.fits_since.setdefault(m.name, now)
-            if now - t0 >= self.t_v - 1e-9:
-                wanted[m.name] = n - 1
-                self.fits_since[m.name] = now
-        if not wanted:
-            return None
+            if m.name in self.options:
+                self._variant_step(m, o, now, wanted, chosen)
+            else:
+                self._step(m, o, now, wanted)
         order = sorted(self.short_since, key=self.short_since.get)
-        return fcfs_decision(self, obs, wanted, order, "reactive")
+        dec = fcfs_decision(self, obs, wanted, order, "reactive") if wanted else None
+        if chosen:
+            dec = dec or Decision({}, {}, "reactive")
+            for n, opt in chosen.items():
+                dec.variants[n] = opt.variant
+                if opt.batch > 1 or self._batches(self.slo[n]):
+                    dec.batch_sizes[n] = opt.batch
+            dec.info["variants"] = {n: f"{opt.variant} batch {opt.batch}" for n, opt in chosen.items()}
+        return dec
+
+    @staticmethod
+    def _batches(m: ModelSLO) -> bool:
+        return any(v.batching for v in m.variants or ())
+
+    def _step(self, m: ModelSLO, o, now: float, wanted: dict) -> None:
+        q_sat = 1.0 / processing_s(m, o.processing_ms)
+        self._scale(m, o.arrival_rate, o.target_replicas, q_sat, now, wanted, self.t_v)
+
+    def _scale(self, m, load, n, q_sat, now, wanted, t_v) -> None:
+        """Replicate on a shortfall; one instance fewer after ``t_v`` of surplus."""
+        if load > 0 and n * q_sat / load < self.slack:
+            wanted[m.name] = m.clamp(math.ceil(self.slack * load / q_sat - 1e-9))
+            self.short_since.setdefault(m.name, now)
+            self.fits_since.pop(m.name, None)
+            return
+        self.short_since.pop(m.name, None)
+        fits = n > m.min_replicas and (load == 0 or (n - 1) * q_sat / load >= self.slack)
+        if not fits:
+            self.fits_since.pop(m.name, None)
+            return
+        t0 = self.fits_since.setdefault(m.name, now)
+        if now - t0 >= t_v - 1e-9:
+            wanted[m.name] = n - 1
+            self.fits_since[m.name] = now
+
+    def _variant_step(self, m: ModelSLO, o, now: float, wanted: dict, chosen: dict) -> None:
+        opts = self.options[m.name]
+        if m.name not in self.option:  # nothing chosen yet: INFaaS's selection
+            first = variant_select(opts)
+            self.option[m.name] = [first.variant, first.batch]
+            chosen[m.name] = first
+        cur = next(x for x in opts if [x.variant, x.batch] == self.option[m.name])
+        load, n = o.arrival_rate, o.target_replicas
+        if load > 0 and n * cur.throughput / load < self.slack:
+            opt, k, _ = variant_scale_up(opts, cur, n, load, self.slack)
+            wanted[m.name] = m.clamp(k)
+            self.short_since.setdefault(m.name, now)
+            self.fits_since.pop(m.name, None)
+        else:
+            self.short_since.pop(m.name, None)
+            down = variant_scale_down(opts, cur, n, load, self.slack) if n > 0 else None
+            if down is not None and down[1] < m.min_replicas:
+                down = None
+            if down is None:
+                self.fits_since.pop(m.name, None)
+                return
+            t0 = self.fits_since.setdefault(m.name, now)
+            if now - t0 < cur.load_s - 1e-9:  # T_v: the variant's loading latency
+                return
+            self.fits_since[m.name] = now
+            opt, k, _ = down
+            wanted[m.name] = k
+        if opt != cur:
+            self.option[m.name] = [opt.variant, opt.batch]
+            chosen[m.name] = opt
 
 
 register("swayam", lambda models, cluster, forecaster=None: SwayamPolicy(models, cluster),

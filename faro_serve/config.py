@@ -64,6 +64,21 @@ class Batching(BaseModel):
         return per_request / (per_request + self.eps / cores + self.eta)
 
 
+class Variant(BaseModel):
+    """One variant of a model's task (INFaaS, ATC '21): an architecture with its accuracy, its
+    time alone on the model's replica and, if it batches, its batch profile (each batch size
+    up to the profile's largest is then a variant of its own, as in INFaaS)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    accuracy: float = Field(gt=0, le=100, description="top-1 accuracy, %")
+    processing_ms: float = Field(gt=0, description="one request alone on the replica's cpus")
+    batching: Batching | None = None
+    load_s: float | None = Field(None, ge=0, description="time to load it on a replica "
+                                 "(default: the cluster's cold start)")
+
+
 class ModelSLO(BaseModel):
     """One served model and its latency SLO."""
 
@@ -83,12 +98,25 @@ class ModelSLO(BaseModel):
     allow_drop: bool = Field(True, description="penalty objectives may drop this model's requests")
     batching: Batching | None = Field(None, description="the replicas serve dynamic batches "
                                       "(profile and largest batch); None: one request at a time")
+    variants: list[Variant] | None = Field(None, description="variants of this model's task "
+                                           "(INFaaS); the first is the one deployed")
+    min_accuracy: float | None = Field(None, gt=0, le=100, description="the task's accuracy "
+                                       "target for variant selection (default: the first variant's)")
 
     @model_validator(mode="after")
     def _bounds(self) -> "ModelSLO":
         if self.max_replicas < self.min_replicas:
             raise ValueError(f"max_replicas ({self.max_replicas}) is below min_replicas "
                              f"({self.min_replicas})")
+        if self.variants is not None:
+            names = [v.name for v in self.variants]
+            if not names or len(set(names)) != len(names):
+                raise ValueError(f"variants need distinct names, at least one (got {names})")
+            acc = self.min_accuracy if self.min_accuracy is not None else self.variants[0].accuracy
+            if not any(v.accuracy >= acc and v.processing_ms < self.slo_ms for v in self.variants):
+                raise ValueError(f"no variant reaches accuracy {acc:g} within slo_ms {self.slo_ms:g}")
+        elif self.min_accuracy is not None:
+            raise ValueError("min_accuracy needs variants")
         if self.processing_ms is not None and self.processing_ms >= self.slo_ms:
             raise ValueError(f"processing_ms ({self.processing_ms:g}) must be below slo_ms "
                              f"({self.slo_ms:g}): no replica count could meet the SLO")
@@ -97,6 +125,13 @@ class ModelSLO(BaseModel):
     def clamp(self, replicas: float) -> int:
         """``replicas`` as a whole count within this model's bounds."""
         return int(min(max(int(replicas), self.min_replicas), self.max_replicas))
+
+    def variant(self, name: str) -> Variant:
+        """The variant called ``name``; ValueError when the model has no such variant."""
+        for v in self.variants or ():
+            if v.name == name:
+                return v
+        raise ValueError(f"model {self.name!r} has no variant {name!r}")
 
 
 class ClusterSpec(BaseModel):

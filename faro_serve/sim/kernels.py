@@ -56,7 +56,7 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             nxt: int, nend: int, qbuf: np.ndarray, qh: int, nq: int,
             free_at: np.ndarray, busy_until: np.ndarray, drop_rate: float, limit: int,
             hold: float = 0.0, patience: float = np.inf, cancel: bool = True,
-            batch: int = 1, share: float = 1.0):
+            batch: int = 1, share: float = 1.0, scale: float = 1.0):
     """Simulate ``[t0, t1)``: serve the queue, take the arrivals ``arr[nxt:nend]`` before t1.
 
     ``qbuf`` is a ring of buffer indices (the FIFO queue) with head ``qh`` and length ``nq``.
@@ -64,6 +64,7 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
     serves them together for the first one's processing time x ``share b + 1 - share``
     (engine/batched_latency.py's model of a batching replica; issue 20). The area then
     counts a batch's requests from their start, but a batch that began before ``t0`` as one.
+    ``scale`` multiplies every processing time (a model variant of another speed, INFaaS).
     Returns ``(nxt, qh, nq, arrivals, dropped, area)`` where ``area`` is the integral over
     the interval of the number of requests in the system (queued + in service), from which
     the driver reports mean ongoing requests.
@@ -91,7 +92,7 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             if batch > 1:
                 qh, nq, area = _serve_batch(k, f, t0, t1, arr, proc, ovh, start, lat, status, qbuf,
                                             qh, nq, free_at, busy_until, hold, patience, cancel,
-                                            batch, share, sel, area)
+                                            batch, share * scale, (1.0 - share) * scale, sel, area)
                 continue
             j = qbuf[qh]
             qh = (qh + 1) % cap
@@ -103,8 +104,8 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
                 area += max(0.0, min(arr[j] + patience, t1) - max(arr[j], t0))
                 continue
             start[j] = s
-            lat[j] = s - arr[j] + proc[j] + ovh[j]
-            end = s + proc[j]
+            lat[j] = s - arr[j] + proc[j] * scale + ovh[j]
+            end = s + proc[j] * scale
             status[j] = DONE
             if lat[j] > patience:  # answered too late: a failure, cancelled if the server notices
                 status[j] = TIMED_OUT
@@ -129,8 +130,8 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
                     k = -1
             if k >= 0:
                 start[i] = ta
-                lat[i] = proc[i] + ovh[i]
-                end = ta + proc[i]
+                lat[i] = proc[i] * scale + ovh[i]
+                end = ta + proc[i] * scale
                 status[i] = DONE
                 if lat[i] > patience:
                     status[i] = TIMED_OUT
@@ -157,9 +158,10 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
 
 @njit(cache=True)
 def _serve_batch(k, f, t0, t1, arr, proc, ovh, start, lat, status, qbuf, qh, nq, free_at,
-                 busy_until, hold, patience, cancel, batch, share, sel, area):
+                 busy_until, hold, patience, cancel, batch, per_request, per_batch, sel, area):
     """Replica ``k``, free at ``f``, takes up to ``batch`` requests from the queue's head
-    (those whose clients gave up are dropped on the way, as one at a time). Returns
+    (those whose clients gave up are dropped on the way, as one at a time) and serves them
+    in the first one's processing time x ``per_request b + per_batch``. Returns
     ``(qh, nq, area)``."""
     cap = qbuf.shape[0]
     b = 0
@@ -179,7 +181,7 @@ def _serve_batch(k, f, t0, t1, arr, proc, ovh, start, lat, status, qbuf, qh, nq,
             s = arr[j]
     if b == 0:
         return qh, nq, area
-    service = proc[sel[0]] * (share * b + 1.0 - share)
+    service = proc[sel[0]] * (per_request * b + per_batch)
     end = s + service
     for m in range(b):
         j = sel[m]

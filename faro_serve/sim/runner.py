@@ -161,6 +161,14 @@ class _Run:
                        for i, m in enumerate(self.models)}
         for s, r in zip(self.states.values(), init):
             s.scale_to(r, 0.0, 0.0)
+        # models with variants start with the first (the one deployed)
+        self.variant = {m.name: m.variants[0].name if m.variants else "" for m in self.models}
+        for m in self.models:
+            if m.variants:
+                v = m.variants[0]
+                self.states[m.name].switch_variant(
+                    0.0, v.processing_ms / (m.processing_ms or v.processing_ms),
+                    1.0 if v.batching is None else v.batching.share(m.cpus), 0.0)
         self.slo_s = np.array([m.slo_ms / 1e3 for m in self.models])
         self.pct = np.array([m.percentile for m in self.models])
         if warmup_history is None:
@@ -200,6 +208,7 @@ class _Run:
         minute_now = int(t // 60.0)
         snaps, running = {}, {}
         for i, (n, s) in enumerate(self.states.items()):
+            s.loaded(t)
             n_arr, _, area = s.end_tick()
             running[n] = self.serving_log[self.k_tick, i] = s.serving(t)
             lat, proc, _ = s.observe(t, self.cfg.look_back_s, self.spec[n].percentile)
@@ -224,10 +233,25 @@ class _Run:
                 self.states[n].drop_rate = d
             for n, b in done.batch_sizes.items():
                 self.states[n].batch = b
+            for n, v in done.variants.items():
+                self._switch(n, v, t)
             self.kinds[dec.kind] = self.kinds.get(dec.kind, 0) + 1
         self.targets_log[self.k_tick] = [s.target for s in self.states.values()]
         self.last_tick_t = t
         self.k_tick += 1
+
+    def _switch(self, name: str, variant: str, t: float) -> None:
+        """A model serves ``variant`` from now plus its loading latency (at once when it is
+        the variant in force, whose batch alone may have changed)."""
+        m, st = self.spec[name], self.states[name]
+        if self.variant[name] == variant:
+            return
+        v = m.variant(variant)
+        base = m.processing_ms or m.variants[0].processing_ms
+        share = 1.0 if v.batching is None else v.batching.share(m.cpus)
+        st.switch_variant(t, v.processing_ms / base, share,
+                          self.cfg.cold_start_s if v.load_s is None else v.load_s)
+        self.variant[name] = variant
 
     def flush(self, final: bool) -> None:
         states = list(self.states.values())

@@ -29,6 +29,10 @@ class ModelState:
         # it) and the share of a request's time each request of a batch adds
         self.batch = 1
         self.batch_share = float(batch_share)
+        # a model with variants (INFaaS): the variant in force scales every processing time;
+        # a switch to another variant waits for its loading latency (``pending``)
+        self.scale = 1.0
+        self.pending: tuple[float, float, float] | None = None  # (from when, scale, share)
         self.hold = float(hold_s)  # replica busy after each request (kernels.advance)
         self.patience = float(patience_s)  # the client's timeout (kernels.advance)
         self.cancel = bool(cancel)  # the server drops what its client gave up on
@@ -86,6 +90,20 @@ class ModelState:
             self.busy_until = self.busy_until[keep]
             self.free_at = self.free_at[keep]
 
+    def switch_variant(self, now: float, scale: float, share: float, load_s: float) -> None:
+        """Serve another variant (its processing time ``scale`` x the drawn one, its batch
+        ``share``) from ``now + load_s``; the one in force serves until then."""
+        if load_s <= 0:
+            self.scale, self.batch_share, self.pending = scale, share, None
+        else:
+            self.pending = (now + load_s, scale, share)
+
+    def loaded(self, now: float) -> None:
+        """A pending variant whose loading is over takes over."""
+        if self.pending is not None and now >= self.pending[0]:
+            _, self.scale, self.batch_share = self.pending
+            self.pending = None
+
     # -- requests ----------------------------------------------------------------------
     def append(self, arrival, proc, overhead, u) -> None:
         """Add the requests of the next minute (already sorted by arrival)."""
@@ -108,7 +126,7 @@ class ModelState:
         out = advance(t0, t1, self.arr, self.proc, self.ovh, self.u, self.start, self.lat,
                       self.status, self.nxt, self.arr.size, self.qbuf, self.qh, self.nq,
                       self.free_at, self.busy_until, self.drop_rate, self.limit, self.hold,
-                      self.patience, self.cancel, self.batch, self.batch_share)
+                      self.patience, self.cancel, self.batch, self.batch_share, self.scale)
         self.nxt, self.qh, self.nq, n_arr, n_drop, area = out
         self.tick_arrivals += n_arr
         self.tick_dropped += n_drop
@@ -118,8 +136,9 @@ class ModelState:
         """(latency s, mean processing s, completed) over ``(now - look_back_s, now]``."""
         lo = max(self.heads[0] - self.base, 0)
         hi = self.nxt
-        return lookback(self.arr, self.lat, self.proc, self.status, lo, hi,
-                        now - look_back_s, now, percentile)
+        lat, proc, n = lookback(self.arr, self.lat, self.proc, self.status, lo, hi,
+                                now - look_back_s, now, percentile)
+        return lat, proc * self.scale, n  # the variant in force
 
     def end_tick(self) -> tuple[int, int, float]:
         self.heads.append(self.head())
