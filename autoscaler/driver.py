@@ -53,6 +53,7 @@ class FrontSnapshot:
     batch_size: int | None = None
     threads: int | None = None
     mean_batch: float = 1.0  # request-weighted mean batch behind processing_ms
+    variant: str | None = None  # a task with variants: the one its replicas serve
 
     @classmethod
     def from_front(cls, front: Mapping, min_elapsed_s: float = 10.0,
@@ -76,14 +77,16 @@ class FrontSnapshot:
                    queued_ages_s=(None if front.get("queued_ages_s") is None
                                   else np.asarray(front["queued_ages_s"], float)),
                    batch_size=front.get("batch_size"), threads=front.get("threads"),
-                   mean_batch=float(front.get("mean_batch") or 1.0))
+                   mean_batch=float(front.get("mean_batch") or 1.0), variant=front.get("variant"))
 
     def enforces(self, drop_rate: float, replicas: int, percentile: float,
-                 batch_size: int | None = None, threads: int | None = None) -> bool:
+                 batch_size: int | None = None, threads: int | None = None,
+                 variant: str | None = None) -> bool:
         """Whether the front already enforces these settings (else the driver resends them);
-        a batch size or thread count of None is not checked."""
+        a batch size, thread count or variant of None is not checked."""
         return ((self.drop_rate, self.replicas, self.percentile) == (drop_rate, replicas, percentile)
-                and batch_size in (None, self.batch_size) and threads in (None, self.threads))
+                and batch_size in (None, self.batch_size) and threads in (None, self.threads)
+                and variant in (None, self.variant))
 
 
 def observe(now: float, capacity_cpus: float, capacity_memory_gb: float | None,

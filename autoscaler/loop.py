@@ -50,8 +50,8 @@ class ClusterAdapter(Protocol):
 
     def control(self, name: str, drop_rate: float, replicas: int, percentile: float,
                 **batching) -> None:
-        """Tell a front what to enforce; ``batching`` (``batch_size``, ``threads``) only for
-        a model a policy batches."""
+        """Tell a front what to enforce; ``batching`` (``batch_size``, ``threads``,
+        ``variant``) only for a model a policy batches or switches."""
 
 
 class StateStore(Protocol):
@@ -82,6 +82,7 @@ class AutoscalerLoop:
         # batching models (issue 20): the batch size and threads a policy set, per model
         self.batch_sizes: dict[str, int] = dict(previous.batch_sizes) if previous else {}
         self.threads: dict[str, int] = dict(previous.threads) if previous else {}
+        self.variants: dict[str, str] = dict(previous.variants) if previous else {}
         self.history: deque = previous.history if previous else deque(maxlen=500)
         self.last: dict = {}
         self.last_plan: dict = previous.last_plan if previous else {}
@@ -108,6 +109,7 @@ class AutoscalerLoop:
         return {"version": 1, "saved_at": self.clock(), "start": self.start,
                 "drop_rates": dict(self.drop_rates), "last_plan": self.last_plan,
                 "batch_sizes": dict(self.batch_sizes), "threads": dict(self.threads),
+                "variants": dict(self.variants),
                 "policy": self.policy.get_state()}
 
     def _resume(self, saved: dict, source: str, restart: bool = False) -> None:
@@ -127,6 +129,8 @@ class AutoscalerLoop:
             self.batch_sizes = {n: int(b) for n, b in saved.get("batch_sizes", {}).items()
                                 if n in self.slo and self.slo[n].batching is not None}
             self.threads = {n: int(t) for n, t in saved.get("threads", {}).items() if n in self.slo}
+            self.variants = {n: str(v) for n, v in saved.get("variants", {}).items()
+                             if n in self.slo and self.slo[n].variants}
             self.last_plan = saved.get("last_plan") or {}
         self.restored = {"from": source, "saved_at": saved.get("saved_at"), "age_s": round(age, 3)}
         log.info("resumed %s from %s (%.1f s old)", self.policy.name, source, age)
@@ -186,8 +190,8 @@ class AutoscalerLoop:
         for n in obs.models:
             f = fronts.get(n)
             want = (self.drop_rates.get(n, 0.0), self.targets[n], self.slo[n].percentile)
-            batching = {k: v[n] for k, v in (("batch_size", self.batch_sizes),
-                                             ("threads", self.threads)) if n in v}
+            batching = {k: v[n] for k, v in (("batch_size", self.batch_sizes), ("threads", self.threads),
+                                             ("variant", self.variants)) if n in v}
             if f is not None and f.enforces(*want, **batching):
                 continue
             try:
@@ -204,6 +208,7 @@ class AutoscalerLoop:
         self.drop_rates.update(done.drop_rates)
         self.batch_sizes.update(done.batch_sizes)
         self.threads.update(done.threads)
+        self.variants.update(done.variants)
         if decision.plan:  # what the status shows as predicted, until the next plan
             self.last_plan = {n: {"utility": round(p.utility, 4), "predictor": p.predictor,
                                   "latency_ms": p.latency_ms} for n, p in decision.plan.items()}
@@ -225,11 +230,18 @@ class AutoscalerLoop:
                 "predicted_utility": planned.get("utility"), "predictor": planned.get("predictor"),
                 "predicted_latency_ms": planned.get("latency_ms"),
             }
+            for key, held in (("batch_size", self.batch_sizes), ("threads", self.threads),
+                              ("variant", self.variants)):
+                if n in held:  # set by a policy that batches or switches variants
+                    models[n][key] = held[n]
         rec = {"time": round(now, 3), "t": round(obs.now, 3), "policy": self.policy.name,
                "capacity_cpus": obs.capacity_cpus, "models": models,
                "decision": None if decision is None else {
                    "kind": decision.kind, "replicas": decision.replicas,
-                   "drop_rates": decision.drop_rates, "info": decision.info}}
+                   "drop_rates": decision.drop_rates, "info": decision.info,
+                   **{k: v for k, v in (("batch_sizes", decision.batch_sizes),
+                                        ("threads", decision.threads),
+                                        ("variants", decision.variants)) if v}}}
         return rec
 
     def _log(self, record: dict) -> None:

@@ -125,7 +125,8 @@ def test_meter_merges_router_and_replica_reports():
     m.ingest("router-1", {"events": [("f", now - 0.1, 0.3), ("a", now - 0.4), ("a", now - 0.2)],
                           "waiting": 1, "dispatched": 1, "replicas": 2})
     ans = m.ingest("replica-x", {"events": [("p", now - 0.1, 0.15), ("d", now, "drop_rate")]})
-    assert ans == {"drop_rate": 0.0, "batch_size": None, "threads": None, "batch_in_force": 1}
+    assert ans == {"drop_rate": 0.0, "batch_size": None, "threads": None, "variant": None,
+                   "batch_in_force": 1}
     m.control(drop_rate=0.25)
     assert m.ingest("replica-x", {"events": []})["drop_rate"] == 0.25
     snap = m.metrics(reset_mean=False)
@@ -197,3 +198,36 @@ def test_the_synthetic_model_serves_a_batch_in_one_pass():
     assert 0.175 <= took < 0.175 + 0.5 and answers[0]["processing_ms"] >= 175
     with pytest.raises(ValueError, match="batch_share"):
         SyntheticModel(batch_share=0)
+
+
+def test_a_variant_switch_loads_beside_the_variant_in_force():
+    """INFaaS's switch in a replica: the variant in force answers while the next one loads
+    (here 0.3 s), then requests go to the new one; switching back is immediate."""
+    from faro_serve.serving.variants import VariantModel
+
+    class Slow:  # a variant that takes 0.3 s to load
+        def __init__(self, tag):
+            time.sleep(0.3)
+            self.tag = tag
+
+        def predict(self, payload):
+            return {"tag": self.tag}
+
+    class Fast(Slow):
+        def __init__(self, tag):
+            self.tag = tag
+
+    vm = VariantModel({"a": (Fast, {"tag": "A"}), "b": (Slow, {"tag": "B"})}, "a")
+    assert asyncio.run(vm.predict(b"")) == {"tag": "A", "variant": "a"}
+    vm.switch("b")
+    assert asyncio.run(vm.predict(b""))["variant"] == "a"  # b still loading: a answers
+    deadline = time.time() + 5
+    while vm.current != "b" and time.time() < deadline:
+        time.sleep(0.05)
+    assert asyncio.run(vm.predict(b"")) == {"tag": "B", "variant": "b"}
+    vm.switch("a")
+    assert vm.current == "a"  # loaded before: at once
+    with pytest.raises(ValueError, match="unknown variant 'c'"):
+        vm.switch("c")
+    with pytest.raises(ValueError, match="does not serve batches"):
+        asyncio.run(vm.predict_batch([b""]))

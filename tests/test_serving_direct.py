@@ -18,14 +18,14 @@ import ray
 from ray import serve
 from ray.util.state import list_actors
 
-from faro_serve.config import Batching, ClusterSpec, ModelSLO
+from faro_serve.config import Batching, ClusterSpec, ModelSLO, Variant
 from faro_serve.serving.app import deploy
 
 from live_helpers import check_drop_share, check_flood, fire, local_serve, wait_for
 
 pytestmark = pytest.mark.slow
 
-CAPACITY = 1.75  # CPUs; 0.25 per replica -> 7 replicas
+CAPACITY = 2.0  # CPUs; 0.25 per replica -> 8 replicas
 SLOS = [
     (ModelSLO(name="dir-a", slo_ms=720, processing_ms=154, cpus=0.25, max_replicas=4),
      {"model": {"kind": "synthetic"}, "initial_replicas": 3, "data_path": "direct"}),
@@ -40,6 +40,12 @@ SLOS = [
               batching=Batching(gamma=0.05, eps=0.15, max_batch_size=8)),
      {"model": {"kind": "synthetic", "processing": "const:0.2", "batch_share": 0.25},
       "max_batch_size": 8, "data_path": "direct"}),
+    # a task with two variants (INFaaS, issue 20): the route serves the one in force
+    (ModelSLO(name="dir-task", slo_ms=400, processing_ms=20, cpus=0.25, max_replicas=1,
+              variants=[Variant(name="fast", accuracy=70, processing_ms=20),
+                        Variant(name="slow", accuracy=75, processing_ms=80)], min_accuracy=70),
+     {"model": {"kind": "synthetic", "processing": "const:0.02"}, "initial_variant": "fast",
+      "variants": {"slow": {"kind": "synthetic", "processing": "const:0.08"}}, "data_path": "direct"}),
 ]
 
 
@@ -173,6 +179,36 @@ def test_a_batching_replica_follows_a_live_batch_size_change(live):
     front.control.remote(batch_size=1).result(timeout_s=30)
     assert wait_for(lambda: meter("dir-batch").get("batch_size") == 1, 15)
     assert set(asyncio.run(burst(8))) == {1}
+
+
+def test_a_task_switches_variant_live_and_answers_throughout(live):
+    """INFaaS's variant switch live (issue 20): requests every 50 ms while the meter is told
+    to serve the other variant; every request is answered, first by the variant deployed,
+    then by the new one once its replica has loaded it."""
+    front = serve.get_deployment_handle("Front", app_name="dir-task")
+
+    async def stream():
+        out = []
+        async with httpx.AsyncClient(base_url=live["base"], timeout=60) as c:
+            async def one():
+                r = await c.post("/dir-task/predict", content=b"x")
+                out.append((time.time(), r.status_code, r.json().get("variant")))
+            tasks = []
+            for k in range(120):
+                if k == 20:
+                    front.control.remote(variant="slow").result(timeout_s=30)
+                tasks.append(asyncio.create_task(one()))
+                await asyncio.sleep(0.05)
+            await asyncio.gather(*tasks)
+        return sorted(out)
+
+    res = asyncio.run(stream())
+    assert [r[1] for r in res] == [200] * 120
+    served = [r[2] for r in res]
+    assert served[0] == "fast" and served[-1] == "slow", served
+    switched = served.index("slow")
+    assert set(served[switched:]) == {"slow"}  # no flapping back
+    assert wait_for(lambda: meter("dir-task").get("variant") == "slow", 10)
 
 
 def test_the_front_retries_a_request_whose_replica_died(live):

@@ -49,16 +49,27 @@ FRONT_ACTOR = {"num_cpus": 0, "runtime_env": {"env_vars": {
 
 
 def _model_class(spec: ModelAppArgs) -> tuple[type, dict]:
-    if spec.model.kind == "synthetic":
+    """The model class and its arguments; a task with variants: the variant holder."""
+    if spec.variants is not None:
+        from .variants import VariantModel
+
+        variants = {spec.initial_variant: _spec_class(spec.model),
+                    **{n: _spec_class(m) for n, m in spec.variants.items()}}
+        return VariantModel, {"variants": variants, "initial": spec.initial_variant}
+    return _spec_class(spec.model)
+
+
+def _spec_class(model) -> tuple[type, dict]:
+    if model.kind == "synthetic":
         from deployments.synthetic import SyntheticModel
 
-        return SyntheticModel, {"processing": spec.model.processing, "seed": spec.model.seed,
-                                "batch_share": spec.model.batch_share}
+        return SyntheticModel, {"processing": model.processing, "seed": model.seed,
+                                "batch_share": model.batch_share}
     from deployments.vision import ImageClassifier
 
-    return ImageClassifier, {"arch": spec.model.arch, "checkpoint": spec.model.checkpoint,
-                             "top_k": spec.model.top_k, "image_size": spec.model.image_size,
-                             "threads": spec.model.threads}
+    return ImageClassifier, {"arch": model.arch, "checkpoint": model.checkpoint,
+                             "top_k": model.top_k, "image_size": model.image_size,
+                             "threads": model.threads}
 
 
 def model_deployment(args: dict | ModelAppArgs):

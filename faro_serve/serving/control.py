@@ -26,6 +26,7 @@ class FrontControl:
         # their user_config)
         self.batch_size: int | None = None
         self.threads: int | None = None
+        self.variant: str | None = None  # a task with variants: the one to serve
         tags = ("model",)
         self._requests = ray_metrics.Counter("faro_requests", "requests by outcome",
                                              tag_keys=("model", "outcome"))
@@ -63,7 +64,8 @@ class FrontControl:
 
     def control(self, drop_rate: float | None = None, replicas: int | None = None,
                 percentile: float | None = None, reset_stats: bool = False,
-                batch_size: int | None = None, threads: int | None = None) -> dict:
+                batch_size: int | None = None, threads: int | None = None,
+                variant: str | None = None) -> dict:
         """Set what the autoscaler decided; ``reset_stats`` starts the measurements afresh
         (minute bins from now), as matched validation does to align them with a replay."""
         if reset_stats:
@@ -80,4 +82,6 @@ class FrontControl:
             self.batch_size = max(1, int(batch_size))
         if threads is not None:
             self.threads = max(1, int(threads))
+        if variant is not None:
+            self.variant = str(variant)
         return {"drop_rate": self.drop_rate, "replicas": self.replicas}

@@ -64,16 +64,18 @@ class DirectModel:
         self._reporter: asyncio.Task | None = None
 
     def reconfigure(self, config: dict) -> None:
-        """``{"batch_size": b, "threads": t}`` (either may be left out): the batch size in
-        force (clipped to 1..max_batch_size) and the model's threads. Ray cannot resize a
-        running replica's CPUs, so threads within the CPUs it reserved are the vertical
-        scaling a replica has (Sponge's cores, autoscaler/sponge.py)."""
+        """``{"batch_size": b, "threads": t, "variant": name}`` (any may be left out): the
+        batch size in force (clipped to 1..max_batch_size), the model's threads, and for a
+        task with variants the variant to serve (loaded beside the one in force, which
+        answers until it is ready: serving/variants.py). Ray cannot resize a running
+        replica's CPUs, so threads within the CPUs it reserved are the vertical scaling a
+        replica has (Sponge's cores, autoscaler/sponge.py)."""
         config = config or {}
-        unknown = sorted(set(config) - {"batch_size", "threads"})
+        unknown = sorted(set(config) - {"batch_size", "threads", "variant"})
         if unknown:
             raise ValueError(f"{self.name}: unknown user_config keys {unknown}; "
-                             "expected batch_size and threads")
-        b, t = config.get("batch_size"), config.get("threads")
+                             "expected batch_size, threads and variant")
+        b, t, v = config.get("batch_size"), config.get("threads"), config.get("variant")
         if b is not None:
             if not (isinstance(b, int) and b >= 1):
                 raise ValueError(f"{self.name}: batch_size must be an integer >= 1 (got {b!r})")
@@ -84,6 +86,10 @@ class DirectModel:
                 raise ValueError(f"{self.name}: this model has no thread count to set")
             self.model.set_threads(t)
             self.threads = t
+        if v is not None:
+            if not hasattr(self.model, "switch"):
+                raise ValueError(f"{self.name}: this model has no variants")
+            self.model.switch(str(v))
 
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
     async def _batched(self, payloads: list[bytes]) -> list:
@@ -136,6 +142,8 @@ class DirectModel:
             report = {"events": events}
             if self.max_batch > 1:
                 report.update(batch_size=self.batch_size, threads=self.threads)
+            if hasattr(self.model, "switch"):
+                report["variant"] = self.model.current
             return await self.meter.ingest.remote(source, report)
 
         while True:
@@ -151,10 +159,12 @@ class DirectModel:
                     log.warning("cannot report to the meter of %s: %s", self.name, err)
                     warned = True
                 continue
-            if self.max_batch > 1:  # what the autoscaler set, where it set anything
-                want = {k: ans[k] for k in ("batch_size", "threads") if ans.get(k) is not None}
-                if not hasattr(self.model, "set_threads"):
-                    want.pop("threads", None)  # a model without threads keeps its one
+            # what the autoscaler set, where it set anything and this replica has it
+            keys = (("batch_size",) if self.max_batch > 1 else ()) + (
+                ("threads",) if self.max_batch > 1 and hasattr(self.model, "set_threads") else ()) + (
+                ("variant",) if hasattr(self.model, "switch") else ())
+            want = {k: ans[k] for k in keys if ans.get(k) is not None}
+            if want:
                 try:
                     self.reconfigure(want)
                 except ValueError as err:
@@ -172,6 +182,7 @@ class Meter(FrontControl):
         self._queues: dict[str, tuple[float, dict]] = {}  # router -> (time, its queue)
         self._batching: dict[str, tuple[float, int, int | None]] = {}  # replica -> (time, batch, threads)
         self._batches: deque[tuple[float, int]] = deque(maxlen=MAX_EVENTS)  # (time, batch) per request
+        self._variants: dict[str, tuple[float, str]] = {}  # replica -> (time, variant in force)
 
     def ingest(self, source: str, batch: dict) -> dict:
         now = time.time()
@@ -198,8 +209,10 @@ class Meter(FrontControl):
             self._queues[source] = (now, q)
         if "batch_size" in batch:
             self._batching[source] = (now, int(batch["batch_size"]), batch.get("threads"))
+        if "variant" in batch:
+            self._variants[source] = (now, str(batch["variant"]))
         return {"drop_rate": self.drop_rate, "batch_size": self.batch_size, "threads": self.threads,
-                "batch_in_force": self._batch_in_force()}
+                "variant": self.variant, "batch_in_force": self._batch_in_force()}
 
     def _batch_in_force(self) -> int:
         """The autoscaler's batch size, else the largest the replicas report (their
@@ -226,4 +239,7 @@ class Meter(FrontControl):
                 self._batches.popleft()
             sizes = [b for _, b in self._batches]
             out["mean_batch"] = sum(sizes) / len(sizes) if sizes else 1.0
+        serving = sorted(v for t, v in self._variants.values() if now - t < 10 * REPORT_S)
+        if serving:  # a task with variants: the one its replicas serve (all of them, once switched)
+            out["variant"] = serving[0] if len(set(serving)) == 1 else ",".join(sorted(set(serving)))
         return out

@@ -64,6 +64,11 @@ class ModelAppArgs(BaseModel):
         "direct", description="direct: the model replicas are the HTTP ingress and the queue is "
         "kept in Ray Serve's proxy (one hop, the default); front: requests pass a router front "
         "that also retries a request whose replica died (docs/serving.md, which to pick)")
+    variants: dict[str, Annotated[SyntheticModelSpec | VisionModelSpec, Field(discriminator="kind")]] | None = Field(
+        None, description="the task's other variants by name (INFaaS), each a model spec; `model` "
+        "is the variant deployed first, named by `initial_variant`. The autoscaler switches "
+        "the variant in force live; direct path only")
+    initial_variant: str | None = Field(None, description="the name of `model` among the variants")
     max_batch_size: int = Field(1, ge=1, le=64, description="largest batch a replica serves "
                                 "(serve.batch; the autoscaler or user_config sets the batch in "
                                 "force up to it); 1: one request at a time. Direct path only")
@@ -73,6 +78,16 @@ class ModelAppArgs(BaseModel):
         if self.max_batch_size > 1 and self.data_path != "direct":
             raise ValueError("max_batch_size > 1 needs data_path: direct (the front serves one "
                              "request per replica)")
+        if self.variants is not None:
+            if self.data_path != "direct":
+                raise ValueError("variants need data_path: direct")
+            if self.initial_variant is None:
+                raise ValueError("variants need initial_variant: the name of `model`")
+            if self.initial_variant in self.variants:
+                raise ValueError(f"initial_variant {self.initial_variant!r} is `model`; list only "
+                                 "the other variants under variants")
+        elif self.initial_variant is not None:
+            raise ValueError("initial_variant needs variants")
         return self
 
 
