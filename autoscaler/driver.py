@@ -165,7 +165,7 @@ def apply_decision(decision: Decision, targets: Mapping[str, int], models: Seque
         variants[n] = spec[n].variant(v).name  # ValueError names a variant the model lacks
     batches = {}
     for n, b in decision.batch_sizes.items():
-        most = _largest_batch(spec[n]) if n in spec else 1
+        most = largest_batch(spec[n]) if n in spec else 1
         if most <= 1:
             raise ValueError(f"policy {policy!r} set a batch size for {n!r}, which does not batch "
                              f"(no batching in its config) at t={now:g}s")
@@ -180,7 +180,7 @@ def apply_decision(decision: Decision, targets: Mapping[str, int], models: Seque
     return Applied(after, changes, drops, batches, threads, variants)
 
 
-def _largest_batch(model: ModelSLO) -> int:
+def largest_batch(model: ModelSLO) -> int:
     """The largest batch a model's config allows: its own, or its variants' largest."""
     sizes = [model.batching.max_batch_size] if model.batching else []
     sizes += [v.batching.max_batch_size for v in model.variants or () if v.batching]

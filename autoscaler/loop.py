@@ -29,7 +29,7 @@ import numpy as np
 from faro_serve.metrics import utility_from_latency
 
 from .config import AutoscalerConfig
-from .driver import FrontSnapshot, apply_decision, observe
+from .driver import FrontSnapshot, apply_decision, largest_batch, observe
 from .policy import Decision, Observation
 from .registry import make_policy
 
@@ -127,7 +127,7 @@ class AutoscalerLoop:
             self.drop_rates = {n: float(d) for n, d in saved.get("drop_rates", {}).items()
                                if n in self.slo}
             self.batch_sizes = {n: int(b) for n, b in saved.get("batch_sizes", {}).items()
-                                if n in self.slo and self.slo[n].batching is not None}
+                                if n in self.slo and largest_batch(self.slo[n]) > 1}
             self.threads = {n: int(t) for n, t in saved.get("threads", {}).items() if n in self.slo}
             self.variants = {n: str(v) for n, v in saved.get("variants", {}).items()
                              if n in self.slo and self.slo[n].variants}
