@@ -231,3 +231,23 @@ def test_a_variant_switch_loads_beside_the_variant_in_force():
         vm.switch("c")
     with pytest.raises(ValueError, match="does not serve batches"):
         asyncio.run(vm.predict_batch([b""]))
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"variants": {"b": {"kind": "synthetic"}}}, "variants need initial_variant"),
+    ({"initial_variant": "a"}, "initial_variant needs variants"),
+    ({"initial_variant": "b", "variants": {"b": {"kind": "synthetic"}}}, "list only the other variants"),
+    ({"initial_variant": "a", "variants": {"b": {"kind": "synthetic"}}, "data_path": "front"},
+     "variants need data_path: direct"),
+    ({"max_batch_size": 4, "data_path": "front"}, "max_batch_size > 1 needs data_path: direct"),
+    ({"max_batch_size": 65}, "max_batch_size"),
+])
+def test_batching_and_variant_app_args_are_checked(args, message):
+    from faro_serve.config import ConfigError
+    from faro_serve.serving.schema import parse_model_args
+
+    with pytest.raises(ConfigError, match=message):
+        parse_model_args({"name": "t", "model": {"kind": "synthetic"}, **args})
+    ok = parse_model_args({"name": "t", "model": {"kind": "synthetic"}, "initial_variant": "a",
+                           "variants": {"b": {"kind": "vision", "arch": "resnet50"}}, "max_batch_size": 8})
+    assert ok.variants["b"].arch == "resnet50" and ok.max_batch_size == 8
