@@ -80,7 +80,8 @@ def test_policies_lists_every_policy_with_a_summary(cli):
     import json
 
     from autoscaler import make_policy, policy_names
-    from faro_serve.config import ClusterSpec, ModelSLO
+    from autoscaler.registry import needs_batching
+    from faro_serve.config import Batching, ClusterSpec, ModelSLO
 
     code, out, _ = cli("policies")
     assert code == 0
@@ -89,5 +90,9 @@ def test_policies_lists_every_policy_with_a_summary(cli):
     code, out, _ = cli("policies", "--json")
     rows = json.loads(out)
     assert sorted(rows) == policy_names() and all(len(s) > 20 for s in rows.values())
-    for name in rows:  # every listed name builds
-        make_policy(name, [ModelSLO(name="m", slo_ms=720)], ClusterSpec(cpus=4))
+    batching = Batching(gamma=0.1, eps=0.05)
+    for name in rows:  # every listed name builds (Sponge on a model with a batch profile)
+        m = ModelSLO(name="m", slo_ms=720, batching=batching if needs_batching(name) else None)
+        make_policy(name, [m], ClusterSpec(cpus=4))
+    with pytest.raises(ValueError, match="declare no batching"):
+        make_policy("sponge", [ModelSLO(name="m", slo_ms=720)], ClusterSpec(cpus=4))

@@ -136,6 +136,8 @@ def test_suite_rejects_bad_seeds_and_policies(cli, trace_csv):
     assert cli(*base, "--policies", "aiad,zzz")[0] == 2
     assert cli(*base, "--seeds", "x")[0] == 2
     assert cli(*base, "--capacities", "0")[0] == 2
+    code, _, err = cli(*base, "--policies", "sponge", "--capacities", "8")
+    assert code == 2 and "sponge needs --batch-profile" in err
 
 
 def test_duplicate_jobs_and_previous_day(trace_csv):
