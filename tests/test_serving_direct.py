@@ -196,7 +196,7 @@ def test_a_task_switches_variant_live_and_answers_throughout(live):
             tasks = []
             for k in range(80):
                 if k == 20:
-                    front.control.remote(variant="slow").result(timeout_s=30)
+                    await front.control.remote(variant="slow")
                 tasks.append(asyncio.create_task(one()))
                 await asyncio.sleep(0.1)  # 10 per second: 0.8 of the slow variant's one replica
             await asyncio.gather(*tasks)
