@@ -18,14 +18,14 @@ import ray
 from ray import serve
 from ray.util.state import list_actors
 
-from faro_serve.config import Batching, ClusterSpec, ModelSLO, Variant
+from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.serving.app import deploy
 
 from live_helpers import check_drop_share, check_flood, fire, local_serve, wait_for
 
 pytestmark = pytest.mark.slow
 
-CAPACITY = 2.0  # CPUs; 0.25 per replica -> 8 replicas
+CAPACITY = 1.5  # CPUs; 0.25 per replica -> 6 replicas
 SLOS = [
     (ModelSLO(name="dir-a", slo_ms=720, processing_ms=154, cpus=0.25, max_replicas=4),
      {"model": {"kind": "synthetic"}, "initial_replicas": 3, "data_path": "direct"}),
@@ -35,17 +35,6 @@ SLOS = [
     (ModelSLO(name="frt", slo_ms=200, processing_ms=20, cpus=0.25, max_replicas=2),
      {"model": {"kind": "synthetic", "processing": "const:0.02"}, "queue_limit": 20,
       "initial_replicas": 2, "data_path": "front"}),
-    # a batching replica (issue 20): a batch of b takes 0.2 s x (0.25 b + 0.75)
-    (ModelSLO(name="dir-batch", slo_ms=2000, processing_ms=200, cpus=0.25, max_replicas=1,
-              batching=Batching(gamma=0.05, eps=0.15, max_batch_size=8)),
-     {"model": {"kind": "synthetic", "processing": "const:0.2", "batch_share": 0.25},
-      "max_batch_size": 8, "data_path": "direct"}),
-    # a task with two variants (INFaaS, issue 20): the route serves the one in force
-    (ModelSLO(name="dir-task", slo_ms=400, processing_ms=20, cpus=0.25, max_replicas=1,
-              variants=[Variant(name="fast", accuracy=70, processing_ms=20),
-                        Variant(name="slow", accuracy=75, processing_ms=80)], min_accuracy=70),
-     {"model": {"kind": "synthetic", "processing": "const:0.02"}, "initial_variant": "fast",
-      "variants": {"slow": {"kind": "synthetic", "processing": "const:0.08"}}, "data_path": "direct"}),
 ]
 
 
@@ -154,61 +143,6 @@ def test_the_proxy_queue_sends_each_request_to_a_free_replica(live):
 
     waits = [w for _ in range(5) for w in asyncio.run(round_())]
     assert len(waits) == 5 * n and max(waits) < 20, waits
-
-
-def test_a_batching_replica_follows_a_live_batch_size_change(live):
-    """serve.batch with the batch size set live (issue 20): the autoscaler's setting goes
-    through the meter to the replica (reconfigure) and to the proxy's router (two batches
-    per replica); 16 requests at once are served one by one at batch 1, in batches of up
-    to 8 after the change, and one by one again after the change back. Every one answers."""
-    front = serve.get_deployment_handle("Front", app_name="dir-batch")
-
-    async def burst(n):
-        async with httpx.AsyncClient(base_url=live["base"], timeout=60) as c:
-            rs = await asyncio.gather(*(c.post("/dir-batch/predict", content=b"x") for _ in range(n)))
-        assert [r.status_code for r in rs] == [200] * n
-        return [r.json()["batch"] for r in rs]
-
-    assert set(asyncio.run(burst(16))) == {1}  # batch 1 in force (no user_config, no setting)
-    front.control.remote(batch_size=8).result(timeout_s=30)
-    m = wait_for(lambda: (lambda m: m if m.get("batch_size") == 8 else None)(meter("dir-batch")), 15)
-    assert m and "queued_ages_s" in m, meter("dir-batch")  # the replica took it; Sponge's view
-    time.sleep(1.5)  # the proxy's router learns it with its next report
-    batches = asyncio.run(burst(16))
-    assert max(batches) > 2 and max(batches) <= 8, batches
-    front.control.remote(batch_size=1).result(timeout_s=30)
-    assert wait_for(lambda: meter("dir-batch").get("batch_size") == 1, 15)
-    assert set(asyncio.run(burst(8))) == {1}
-
-
-def test_a_task_switches_variant_live_and_answers_throughout(live):
-    """INFaaS's variant switch live (issue 20): requests every 100 ms while the meter is told
-    to serve the other variant; every request is answered, first by the variant deployed,
-    then by the new one once its replica has loaded it."""
-    front = serve.get_deployment_handle("Front", app_name="dir-task")
-
-    async def stream():
-        out = []
-        async with httpx.AsyncClient(base_url=live["base"], timeout=60) as c:
-            async def one():
-                r = await c.post("/dir-task/predict", content=b"x")
-                out.append((time.time(), r.status_code, r.json().get("variant")))
-            tasks = []
-            for k in range(80):
-                if k == 20:
-                    await front.control.remote(variant="slow")
-                tasks.append(asyncio.create_task(one()))
-                await asyncio.sleep(0.1)  # 10 per second: 0.8 of the slow variant's one replica
-            await asyncio.gather(*tasks)
-        return sorted(out)
-
-    res = asyncio.run(stream())
-    assert [r[1] for r in res] == [200] * 80
-    served = [r[2] for r in res]
-    assert served[0] == "fast" and served[-1] == "slow", served
-    switched = served.index("slow")
-    assert set(served[switched:]) == {"slow"}  # no flapping back
-    assert wait_for(lambda: meter("dir-task").get("variant") == "slow", 10)
 
 
 def test_the_front_retries_a_request_whose_replica_died(live):
