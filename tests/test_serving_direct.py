@@ -123,9 +123,15 @@ def test_a_flood_gets_503s_and_every_request_an_answer(live, report):
            f"{f['503']} x 503 (median {f['median_503_s']:.2f} s, p90 {f['p90_503_s']:.2f} s)")
 
 
-def test_the_front_tail_drops_with_its_own_json(live):
-    # 2 replicas of 20 ms, queue limit 20: an admitted request waits about 0.2 s
-    check_flood(fire(live["base"], "/frt/predict", 300, 300), 300, "queue_full", bound_s=3.0)
+def test_the_front_tail_drops_with_its_own_json(live, report):
+    # 2 replicas of 20 ms, queue limit 20: an admitted request waits about 0.2 s. The opt-in
+    # front answers its refusals after a second hop: 300 at once get them at a median of
+    # 0.85 s on this 2-core machine, 1.25 s on a busier fresh clone (the default path's:
+    # 0.2-0.33 s, test above, held to 1 s), so its bound is 2 s
+    f = check_flood(fire(live["base"], "/frt/predict", 300, 300), 300, "queue_full", bound_s=3.0,
+                    refuse_s=2.0)
+    report(f"front flood 300 x 300 at 2 replicas: {f['200']} x 200 (max {f['max_200_s']:.1f} s), "
+           f"{f['503']} x 503 (median {f['median_503_s']:.2f} s, p90 {f['p90_503_s']:.2f} s)")
 
 
 def test_the_proxy_queue_sends_each_request_to_a_free_replica(live):
