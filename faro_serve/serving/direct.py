@@ -62,6 +62,10 @@ class DirectModel:
         self._batched.set_max_batch_size(1)
         self.events: list[tuple] = []  # ("p", t, processing s) and ("d", t, reason)
         self._reporter: asyncio.Task | None = None
+        try:  # report (and learn the drop rate) from the start, not from the first request
+            self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
+        except RuntimeError:  # no loop here: the first request starts it
+            pass
 
     def reconfigure(self, config: dict) -> None:
         """``{"batch_size": b, "threads": t, "variant": name}`` (any may be left out): the
