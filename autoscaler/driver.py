@@ -47,8 +47,9 @@ class FrontSnapshot:
     drop_rate: float | None = None
     replicas: int | None = None
     percentile: float | None = None
-    # a batching model (issue 20): how long each queued request has waited (s), and the
-    # batch size and threads its replicas run (None: not reported)
+    # a batching model (issue 20): how long ago each queued request left its client (s: its
+    # wait plus the network time clients declare), and the batch size and threads its
+    # replicas run (None: not reported)
     queued_ages_s: np.ndarray | None = None
     batch_size: int | None = None
     threads: int | None = None

@@ -57,7 +57,8 @@ class SpongePolicy(Policy):
                                b_max=self.b_max, c_min=self.c_min)
             threads[n], batches[n] = ch.cores, ch.batch
             info[n] = {"cores": ch.cores, "batch": ch.batch, "feasible": ch.feasible,
-                       "queued": len(budgets), "rate": round(m.arrival_rate, 3)}
+                       "queued": len(budgets), "rate": round(m.arrival_rate, 3),
+                       "min_budget_s": round(float(min(budgets)), 3) if len(budgets) else None}
         if not threads:
             return None
         return Decision(replicas={}, threads=threads, batch_sizes=batches, kind="vertical",

@@ -159,8 +159,12 @@ def test_a_batching_replica_takes_two_batches_of_the_size_in_force():
         waiting = asyncio.create_task(router.choose_replicas(reps, _request("late", created_at=time.time() - 2)))
         await asyncio.sleep(0.02)
         router._batch_model = True
-        since = router.report()["waiting_since"]  # Sponge's budgets: when each waiting one came
+        since = router.report()["waiting_since"]  # Sponge's budgets: when each queued one came
+        # the one waiting here, and the 16 - 64 (the batch in force: all it holds) on the replica
         assert len(since) == 1 and time.time() - since[0] == pytest.approx(2, abs=0.5)
+        router._batch = 4  # then the replica serves 4 and holds 12 behind them
+        since = router.report()["waiting_since"]
+        assert len(since) == 13 and time.time() - since[-1] == pytest.approx(2, abs=0.5)
         waiting.cancel()
 
     asyncio.run(run())
@@ -179,7 +183,13 @@ def test_the_meter_passes_batching_both_ways():
     snap = m.metrics(reset_mean=False)
     assert (snap["batch_size"], snap["threads"]) == (4, 1)
     assert snap["mean_batch"] == pytest.approx(3.0)  # request-weighted: (4 + 4 + 1) / 3
-    assert snap["queued_ages_s"] == pytest.approx([0.3, 0.5], abs=0.2)
+    assert snap["queued_ages_s"] == pytest.approx([0.3, 0.5], abs=0.2) and snap["network_ms"] == 0
+    # clients that declare their network time (x-faro-network-ms): a queued request is taken
+    # to have spent the median of the last 3 s's before it came (its budget starts lower)
+    m.ingest("replica-x", {"events": [("n", now, 0.2), ("n", now, 0.4), ("n", now, 0.9)]})
+    snap = m.metrics(reset_mean=False)
+    assert snap["network_ms"] == pytest.approx(400) and snap["queued_ages_s"] == pytest.approx(
+        [0.7, 0.9], abs=0.2)
     m.control(batch_size=8, threads=2)
     ans = m.ingest("router-1", {"events": [], "waiting": 0, "dispatched": 0, "replicas": 1})
     assert (ans["batch_size"], ans["threads"], ans["batch_in_force"]) == (8, 2, 8)

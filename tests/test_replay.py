@@ -121,7 +121,7 @@ def test_only_loopback_unless_allowed():
 
 # ---------------------------------------------------------------- the sender, on a tiny local server
 
-async def _serve_tiny(handler_delay: dict[str, float]):
+async def _serve_tiny(handler_delay: dict[str, float], seen: list | None = None):
     """A minimal HTTP/1.1 server on loopback: /slow/predict answers 200 after a delay,
     /trickle/predict sends its body one byte every 0.3 s (12 s in all), /drop/predict
     answers 503 at once (reason drop_rate), anything else 404."""
@@ -135,6 +135,8 @@ async def _serve_tiny(handler_delay: dict[str, float]):
             for line in head.split(b"\r\n"):
                 if line.lower().startswith(b"content-length:"):
                     length = int(line.split(b":")[1])
+                if line.lower().startswith(b"x-faro-network-ms:") and seen is not None:
+                    seen.append(float(line.split(b":")[1]))
             if length:
                 await reader.readexactly(length)
             model = path.strip("/").split("/")[0]
@@ -168,7 +170,7 @@ def _send(schedule, **kw):
     from faro_serve.replay.client import send_schedule
 
     async def go():
-        server = await _serve_tiny({"slow": kw.pop("delay", 1.0)})
+        server = await _serve_tiny({"slow": kw.pop("delay", 1.0)}, kw.pop("seen", None))
         port = server.sockets[0].getsockname()[1]
         try:
             return await send_schedule(schedule, f"http://127.0.0.1:{port}", status_every_s=None, **kw)
@@ -192,6 +194,34 @@ def test_open_loop_sends_on_time_whatever_the_answers_and_counts_the_cap():
     rec = _send(s, delay=3.0, max_in_flight=5, timeout_s=10)  # none answers within the 2 s
     c = rec.counts()
     assert c["sent"] == 5 and c["not_sent"] == s.size - 5 and c["scheduled"] == s.size
+
+
+def test_a_network_delay_travels_in_a_header_and_counts_in_the_latency():
+    """--network-delay (Sponge's budgets, issue 20): each request declares its drawn network
+    time in x-faro-network-ms; the report's latency is that plus the answer time; the
+    schedule's counts and instants are the ones without a network."""
+    from faro_serve.replay.network import draw_network, parse_network
+    from faro_serve.replay.report import replay_result
+
+    plain = build_schedule(_trace([[40]]), names=["slow"], time_scale=1 / 30, seed=2)
+    s = build_schedule(_trace([[40]]), names=["slow"], time_scale=1 / 30, seed=2,
+                       network=parse_network("const:0.3"))
+    assert np.array_equal(s.trace_s, plain.trace_s) and s.network == "const:0.3"
+    seen: list = []
+    rec = _send(s, delay=0.2, timeout_s=10, seen=seen)
+    assert seen == [300.0] * s.size
+    _send(plain, delay=0.0, timeout_s=10, seen=seen)
+    assert len(seen) == s.size  # the schedule without a network sent no header
+    res = replay_result(s, rec, {"slow": 450.0}, {"slow": 99.0})
+    # answered in about 0.2 s: within 450 ms alone, not with the 300 ms of network
+    assert np.nanmin(rec.latency_s) < 0.45 and res.summary.cluster_slo_violation_rate == 1.0
+    # Sponge's bandwidth walk: 0.2 MB at 0.5-7 MB/s plus 20 ms, one bandwidth per second
+    net = draw_network(parse_network("bandwidth"), np.arange(0, 600, 0.05), seed=3)
+    assert 0.2 / 7 + 0.02 - 1e-9 <= net.min() < 0.1 and 0.2 < net.max() <= 0.2 / 0.5 + 0.02 + 1e-9
+    per_second = net.reshape(600, 20)
+    assert np.allclose(per_second, per_second[:, :1])
+    with pytest.raises(ValueError, match="more than 60 s"):
+        draw_network(parse_network("const:61"), np.zeros(3))
 
 
 def test_a_503_is_a_failed_request_not_resent_and_errors_are_counted():
@@ -244,6 +274,8 @@ def test_the_timeout_bounds_the_whole_request_not_each_read():
     (["--map", "junk"], "JOB=MODEL"),
     (["--max-requests", "10", "--rate-scale", "100"], "above --max-requests"),
     (["--max-in-flight", "0"], "--max-in-flight must be >= 1"),
+    (["--network-delay", "fast"], "--network-delay 'fast': cannot read distribution"),
+    (["--network-delay", "bandwidth:0"], "PAYLOAD_MB > 0"),
 ])
 def test_bad_flags_exit_2_with_one_line(cli, tmp_path, extra, message):
     trace = _csv(tmp_path, {"job0": [10, 20, 30], "job1": [5, 5, 5]})

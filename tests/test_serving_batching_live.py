@@ -40,7 +40,7 @@ def live():
                           cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
     # the autoscaler watches and reports only; the tests set batch sizes and variants themselves
     deploy(SLOS, cluster, dashboard_url=dashboard, enabled=False)
-    yield {"base": base, "dashboard": dashboard}
+    yield {"base": base, "dashboard": dashboard, "cluster": cluster}
     serve.shutdown()
     ray.shutdown()
 
@@ -103,3 +103,54 @@ def test_a_task_switches_variant_live_and_answers_throughout(live):
     switched = served.index("slow")
     assert set(served[switched:]) == {"slow"}  # no flapping back
     assert wait_for(lambda: meter("dir-task").get("variant") == "slow", 10)
+
+
+def test_sponge_runs_live_on_budgets_net_of_the_clients_network_time(live):
+    """Sponge end to end (issue 20), last in this module: the autoscaler redeployed to run
+    Sponge on the batching model; requests at 10/s (twice what batch 1 serves) that declare
+    0.8 s of network time in x-faro-network-ms, as the replay's --network-delay sends it.
+    The meter learns the network time, Sponge sees queued budgets below SLO - 0.8 s and
+    raises the batch; the replica serves batches of 3 and more although the requests come
+    one by one (serve.batch alone formed batches of 1 here: serving/edf_gate.py); every
+    request answers. A malformed header is a 400 naming it."""
+    from faro_serve.serving.app import autoscaler_app
+    from faro_serve.serving.names import AUTOSCALER_APP, NETWORK_HEADER
+
+    slo = SLOS[0][0]
+    config = {"cluster": live["cluster"].model_dump(), "models": [slo.model_dump()],
+              "policy": "sponge", "dashboard_url": live["dashboard"], "enabled": True}
+    serve.run(autoscaler_app(config), name=AUTOSCALER_APP, route_prefix=f"/{AUTOSCALER_APP}",
+              blocking=False)
+
+    def decisions():
+        r = httpx.get(f"{live['base']}/faro/decisions", params={"limit": 50}, timeout=10)
+        return r.json() if r.status_code == 200 else []
+    assert wait_for(lambda: any(d.get("policy") == "sponge" for d in decisions()), 30), decisions()
+
+    async def stream():
+        out, net = [], {NETWORK_HEADER: "800"}
+        async with httpx.AsyncClient(base_url=live["base"], timeout=60) as c:
+            bad = await c.post("/dir-batch/predict", content=b"x", headers={NETWORK_HEADER: "soon"})
+            async def one():
+                r = await c.post("/dir-batch/predict", content=b"x", headers=net)
+                out.append((r.status_code, r.json().get("batch")))
+            tasks = []
+            for _ in range(120):
+                tasks.append(asyncio.create_task(one()))
+                await asyncio.sleep(0.1)
+            m = await serve.get_deployment_handle("Front", app_name="dir-batch").metrics.remote(
+                reset_mean=False)  # while the clients' network time is fresh (3 s)
+            await asyncio.gather(*tasks)
+        return bad, out, m
+
+    bad, out, m = asyncio.run(stream())
+    assert bad.status_code == 400 and NETWORK_HEADER in bad.json()["error"], bad.text
+    assert [s for s, _ in out] == [200] * 120
+    assert m.get("network_ms") == pytest.approx(800, abs=1), m
+    ours = [d for d in decisions() if d.get("policy") == "sponge"]
+    info = [d["decision"]["info"]["dir-batch"] for d in ours
+            if "dir-batch" in ((d.get("decision") or {}).get("info") or {})]
+    queued = [i for i in info if i.get("min_budget_s") is not None]
+    assert queued and all(i["min_budget_s"] < 2.0 - 0.8 for i in queued), info
+    assert max(i["batch"] for i in info) >= 2, info
+    assert max(b for _, b in out) >= 3, sorted(b for _, b in out)

@@ -38,6 +38,12 @@ def register(sub) -> None:
     p.add_argument("--slo-ms", type=float, help="SLO of every model (default: from /faro/status)")
     p.add_argument("--percentile", type=float, default=99.0, help="SLO percentile with --slo-ms (99)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the schedule (0)")
+    p.add_argument("--network-delay", default="none", metavar="SPEC",
+                   help="network time each request is taken to have spent before it arrived, "
+                        "sent in the x-faro-network-ms header and added to its latency "
+                        "(Sponge's remaining budgets): none (default), a distribution of "
+                        "seconds (const:0.1, lognorm:SHAPE,LOC,SCALE, expon:LOC,SCALE) or "
+                        "bandwidth[:PAYLOAD_MB[,RTT_S]] (Sponge's 0.5-7 MB/s walk; 0.2 MB, 0.02 s)")
     p.add_argument("--out", default="runs/replay", help="directory for records.csv and result.json (runs/replay)")
     p.add_argument("--json", metavar="OUT", help="also write the result JSON to OUT ('-' = stdout)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -82,6 +88,7 @@ def run(args) -> int:
     from ..cli import UsageError
     from ..replay.client import send_schedule
     from ..replay.loadgen import build_schedule, check_url, parse_map, select_trace
+    from ..replay.network import parse_network
     from ..replay.report import (replay_document, replay_result, replay_step, write_json,
                                  write_records)
     from ..traces import load_trace
@@ -96,7 +103,12 @@ def run(args) -> int:
     jobs = [j.strip() for j in args.jobs.split(",") if j.strip()] if args.jobs else None
     trace = load_trace(args.trace, days=args.day, sample=args.sample)
     trace, names = select_trace(trace, jobs, mapping, args.start, args.minutes)
-    sched = build_schedule(trace, names, args.time_scale, args.rate_scale, args.seed, args.max_requests)
+    try:
+        network = parse_network(args.network_delay)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    sched = build_schedule(trace, names, args.time_scale, args.rate_scale, args.seed,
+                           args.max_requests, network=network)
     if args.step_at is not None and not 0 <= args.step_at < 60 * sched.minutes:
         raise UsageError(f"--step-at {args.step_at:g} s is outside the replayed {60 * sched.minutes} s")
     slo_ms, pct, st = _slos(args, url, names)

@@ -23,7 +23,8 @@ def trim(schedule: Schedule, rec: ReplayRecords, minutes: int) -> tuple[Schedule
     the minutes it reached)."""
     keep = schedule.trace_s < 60.0 * minutes
     sched = dataclasses.replace(schedule, model=schedule.model[keep], trace_s=schedule.trace_s[keep],
-                                send_s=schedule.send_s[keep], counts=schedule.counts[:, :minutes])
+                                send_s=schedule.send_s[keep], counts=schedule.counts[:, :minutes],
+                                network_s=schedule.network_s[keep])
     idx = np.flatnonzero(keep)
     r = dataclasses.replace(rec, model=rec.model[keep], trace_s=rec.trace_s[keep], send_s=rec.send_s[keep],
                             status=[rec.status[i] for i in idx], latency_s=rec.latency_s[keep],

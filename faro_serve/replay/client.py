@@ -11,6 +11,10 @@ as failed and never resent. What the sender accounts for, request by request:
 * ``not_sent``: requests whose instant came while ``max_in_flight`` requests were still
   open; they are skipped (not queued, which would turn the loop closed) and counted.
 
+A schedule with a network (``--network-delay``, replay/network.py) sends each request's
+network time in the ``x-faro-network-ms`` header; ``latency_s`` stays the measured answer
+time, and the report adds the network time to it.
+
 The HTTP client is aiohttp, not httpx: with hundreds of requests open (an overloaded model
 in a replay, a flood) httpx's connection pool cost the sender 16-24 ms of CPU per request at
 300 open (encode/httpx#3215), so on a small machine the load generator starved the server it
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..serving.names import NETWORK_HEADER
 from .loadgen import Schedule
 
 NOT_SENT = "not_sent"
@@ -93,8 +98,8 @@ async def _poll_status(client, url: str, every_s: float, t0: float, stop: asynci
             pass
 
 
-async def _post(client, url: str, body: bytes) -> tuple[int, bytes]:
-    async with client.post(url, data=body) as r:
+async def _post(client, url: str, body: bytes, headers: dict | None = None) -> tuple[int, bytes]:
+    async with client.post(url, data=body, headers=headers) as r:
         return r.status, await r.read()
 
 
@@ -138,8 +143,10 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
             try:
                 # wait_for bounds the whole request (connect, send, every read), so a slow
                 # trickle cannot outlive --timeout
-                code, answer = await asyncio.wait_for(_post(client, paths[schedule.model[i]], body),
-                                                      timeout_s)
+                net = float(schedule.network_s[i])
+                headers = {NETWORK_HEADER: f"{net * 1e3:.3f}"} if net > 0 else None
+                code, answer = await asyncio.wait_for(
+                    _post(client, paths[schedule.model[i]], body, headers), timeout_s)
                 latency[i] = time.perf_counter() - start
                 status[i] = str(code)
                 if code != 200:

@@ -23,13 +23,14 @@ measured latency. This module is pure (numpy only): it never touches the network
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import numpy as np
 
 from ..sim.workload import draw_counts
 from ..traces import Trace, TraceError
+from .network import NetworkSpec, draw_network
 
 
 @dataclass
@@ -45,6 +46,12 @@ class Schedule:
     time_scale: float
     rate_scale: float
     seed: int
+    network: str = "none"  # the --network-delay spec (replay/network.py)
+    network_s: np.ndarray = field(default=None)  # network time per request, s (zeros: none)
+
+    def __post_init__(self) -> None:
+        if self.network_s is None:
+            self.network_s = np.zeros(self.model.size)
 
     @property
     def size(self) -> int:
@@ -133,8 +140,10 @@ def select_trace(trace: Trace, jobs: list[str] | None, mapping: dict[str, str],
 
 
 def build_schedule(trace: Trace, names: list[str] | None = None, time_scale: float = 1.0,
-                   rate_scale: float = 1.0, seed: int = 0, max_requests: int | None = None) -> Schedule:
-    """Draw the open-loop schedule of ``trace`` (see the module docstring).
+                   rate_scale: float = 1.0, seed: int = 0, max_requests: int | None = None,
+                   network: NetworkSpec | None = None) -> Schedule:
+    """Draw the open-loop schedule of ``trace`` (see the module docstring); with ``network``,
+    each request's network time (replay/network.py: its own stream, the rest unchanged).
 
     Raises ``ValueError`` for a non-positive time scale, a negative rate scale, or a schedule
     larger than ``max_requests`` (the replay refuses rather than silently truncating load).
@@ -161,6 +170,9 @@ def build_schedule(trace: Trace, names: list[str] | None = None, time_scale: flo
     trace_s = 60.0 * minute + offset
     order = np.argsort(trace_s, kind="stable")
     trace_s = trace_s[order]
+    send_s = trace_s * time_scale
+    network = network or NetworkSpec()
     return Schedule(names=names, jobs=list(trace.names), model=job[order].astype(np.int64),
-                    trace_s=trace_s, send_s=trace_s * time_scale, counts=counts,
-                    time_scale=float(time_scale), rate_scale=float(rate_scale), seed=int(seed))
+                    trace_s=trace_s, send_s=send_s, counts=counts,
+                    time_scale=float(time_scale), rate_scale=float(rate_scale), seed=int(seed),
+                    network=str(network), network_s=draw_network(network, send_s, seed))

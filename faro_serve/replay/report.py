@@ -9,7 +9,8 @@ computes a metric: :func:`replay_result` turns the records into the arrays
 Outcomes: a 200 is served; anything else (503 drop or queue-full, 4xx, a connection error
 or timeout) is a failed request, counted as dropped (infinite latency), as the paper counts
 a dropped request. Requests the sender could not send (in-flight cap) are left out of the
-metrics and reported in ``accounting.not_sent``.
+metrics and reported in ``accounting.not_sent``. A request's latency is what its client
+sees: the answer time plus the network time the schedule attached (``--network-delay``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def replay_result(schedule: Schedule, rec: ReplayRecords, slo_ms: dict[str, floa
     names = schedule.names
     sent = np.array([s != NOT_SENT for s in rec.status], dtype=bool)
     served = np.array([s == "200" for s in rec.status], dtype=bool)
-    lat = np.where(served, rec.latency_s, np.inf)
+    lat = np.where(served, rec.latency_s + schedule.network_s, np.inf)  # the client's end to end
     slo_s = np.array([slo_ms[n] / 1e3 for n in names])
     pct = np.array([percentile[n] for n in names])
     table = minute_table(names, rec.model[sent], rec.trace_s[sent], lat[sent], ~served[sent], slo_s,
@@ -65,7 +66,7 @@ def replay_step(schedule: Schedule, rec: ReplayRecords, slo_ms: dict[str, float]
     names = schedule.names
     sent = np.array([s != NOT_SENT for s in rec.status], dtype=bool)
     served = np.array([s == "200" for s in rec.status], dtype=bool)
-    lat = np.where(served, rec.latency_s, np.inf)
+    lat = np.where(served, rec.latency_s + schedule.network_s, np.inf)
     return surge_report(names, rec.model[sent], rec.trace_s[sent], lat[sent], ~served[sent],
                         [slo_ms[n] / 1e3 for n in names], [percentile[n] for n in names], step_s)
 
@@ -90,7 +91,10 @@ def replay_document(res: SimResult, schedule: Schedule, rec: ReplayRecords, url:
                                 for i, n in enumerate(res.names)}
     out["replay"] = {"url": url, "jobs": schedule.jobs, "models": schedule.names,
                      "time_scale": schedule.time_scale, "rate_scale": schedule.rate_scale,
-                     "trace_minutes": schedule.minutes, "duration_s": schedule.duration_s}
+                     "trace_minutes": schedule.minutes, "duration_s": schedule.duration_s,
+                     "network": schedule.network,
+                     "network_ms_mean": round(float(schedule.network_s.mean()) * 1e3, 3)
+                     if schedule.size else 0.0}
     return out
 
 
@@ -98,14 +102,16 @@ def write_records(path: Path, schedule: Schedule, rec: ReplayRecords) -> None:
     """One CSV row per scheduled request: model, trace and send instants, outcome, latency."""
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["model", "job", "trace_s", "send_s", "status", "latency_ms", "reason"])
+        w.writerow(["model", "job", "trace_s", "send_s", "status", "latency_ms", "reason",
+                    "network_ms"])
         for i in range(len(rec.status)):
             m = int(rec.model[i])
             send = rec.send_s[i]
             lat = rec.latency_s[i]
             w.writerow([schedule.names[m], schedule.jobs[m], f"{rec.trace_s[i]:.6f}",
                         "" if math.isnan(send) else f"{send:.6f}", rec.status[i],
-                        "" if math.isnan(lat) else f"{lat * 1e3:.3f}", rec.reason[i]])
+                        "" if math.isnan(lat) else f"{lat * 1e3:.3f}", rec.reason[i],
+                        f"{schedule.network_s[i] * 1e3:.3f}"])
 
 
 def write_json(path: str | Path, doc: dict) -> None:

@@ -27,10 +27,13 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from .control import FrontControl
+from .edf_gate import EDFGate
+from .names import NETWORK_HEADER
 from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, run_model
 from .proxy_queue import MAX_EVENTS, REPORT_S
 
 LOOK_BACK_S = 30.0  # the mean batch behind the processing time: the stats' look-back
+NETWORK_S = 3.0  # the clients' network time behind a queued request's budget: the last 3 s
 
 log = logging.getLogger("faro_serve.serving")
 
@@ -60,7 +63,8 @@ class DirectModel:
         self.batch_size = 1
         self.threads: int | None = None
         self._batched.set_max_batch_size(1)
-        self.events: list[tuple] = []  # ("p", t, processing s) and ("d", t, reason)
+        self._gate = EDFGate(1)  # serve.batch alone batches only what arrives together (edf_gate.py)
+        self.events: list[tuple] = []  # ("p", t, processing s), ("d", t, reason), ("n", t, network s)
         self._reporter: asyncio.Task | None = None
         try:  # report (and learn the drop rate) from the start, not from the first request
             self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
@@ -85,6 +89,7 @@ class DirectModel:
                 raise ValueError(f"{self.name}: batch_size must be an integer >= 1 (got {b!r})")
             self.batch_size = min(b, self.max_batch)
             self._batched.set_max_batch_size(self.batch_size)
+            self._gate.batch_size = self.batch_size
         if t is not None and t != self.threads:
             if not hasattr(self.model, "set_threads"):
                 raise ValueError(f"{self.name}: this model has no thread count to set")
@@ -107,6 +112,20 @@ class DirectModel:
     async def predict(self, request: Request):
         if self._reporter is None:
             self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
+        arrived, net_s = time.time(), 0.0
+        net = request.headers.get(NETWORK_HEADER)
+        if net is not None:  # the client's network time: Sponge's budgets start below the SLO
+            try:
+                net_s = float(net) / 1e3
+                if not 0 <= net_s <= 3600:
+                    raise ValueError
+            except ValueError:
+                self._event(("d", time.time(), "bad_request"))
+                return JSONResponse({"error": f"{NETWORK_HEADER} must be milliseconds between 0 "
+                                              f"and 3600000 (got {net[:40]!r})",
+                                     "reason": "bad_request", "model": self.name}, status_code=400)
+            if self.max_batch > 1:
+                self._event(("n", time.time(), net_s))
         if self.drop_rate > 0 and random.random() < self.drop_rate:
             self._event(("d", time.time(), "drop_rate"))
             return drop_rate_refusal(self.name, self.drop_rate)
@@ -114,8 +133,9 @@ class DirectModel:
         if isinstance(payload, JSONResponse):
             self._event(("d", time.time(), refusal_reason(payload)))
             return payload
-        if self.max_batch > 1:
-            result = answer(await self._batched(payload), self.name)
+        if self.max_batch > 1:  # EDF: the deadline is when it left its client
+            async with self._gate.slot(arrived - net_s):
+                result = answer(await self._batched(payload), self.name)
         else:
             result = await run_model(self.model, self.name, payload)
         if isinstance(result, JSONResponse):
@@ -187,6 +207,7 @@ class Meter(FrontControl):
         self._batching: dict[str, tuple[float, int, int | None]] = {}  # replica -> (time, batch, threads)
         self._batches: deque[tuple[float, int]] = deque(maxlen=MAX_EVENTS)  # (time, batch) per request
         self._variants: dict[str, tuple[float, str]] = {}  # replica -> (time, variant in force)
+        self._network: deque[tuple[float, float]] = deque(maxlen=MAX_EVENTS)  # (time, network s)
 
     def ingest(self, source: str, batch: dict) -> dict:
         now = time.time()
@@ -207,6 +228,8 @@ class Meter(FrontControl):
                     self._batches.append((now, int(ev[3])))
             elif kind == "d":
                 st.drop(now, str(ev[2]))
+            elif kind == "n":  # a client's network time, as its request declared it
+                self._network.append((now, float(ev[2])))
         if "waiting" in batch:
             q = {k: int(batch.get(k, 0)) for k in ("waiting", "dispatched", "replicas")}
             q["waiting_since"] = [float(t) for t in batch.get("waiting_since", [])]
@@ -227,6 +250,20 @@ class Meter(FrontControl):
         fresh = [b for t, b, _ in self._batching.values() if now - t < 10 * REPORT_S]
         return max(fresh, default=1)
 
+    def _recent_network(self, now: float) -> float:
+        """The network time of the requests that arrived in the last :data:`NETWORK_S`
+        (their median), 0 with none: what a queued request most likely spent before it
+        came. Ray's router API shows the proxy's queue neither a request's headers nor
+        lets it choose which waiting request a freed replica takes, so a queued request's
+        own network time is not known there; its neighbours' is (Sponge's bandwidth changes
+        over seconds)."""
+        while self._network and self._network[0][0] < now - NETWORK_S:
+            self._network.popleft()
+        if not self._network:
+            return 0.0
+        vals = sorted(v for _, v in self._network)
+        return vals[len(vals) // 2]
+
     def _queue_state(self) -> dict:
         now = time.time()
         fresh = [q for t, q in self._queues.values() if now - t < 10 * REPORT_S]
@@ -235,7 +272,10 @@ class Meter(FrontControl):
                "dispatch_capacity": max((q["replicas"] for q in fresh), default=0)}
         if self._batching:  # a batching model: what Sponge needs (queued waits, batch, threads)
             wall = time.time()
-            out["queued_ages_s"] = sorted(max(0.0, wall - t) for q in fresh for t in q["waiting_since"])
+            net = self._recent_network(now)
+            out["network_ms"] = round(net * 1e3, 3)
+            out["queued_ages_s"] = sorted(max(0.0, wall - t) + net
+                                          for q in fresh for t in q["waiting_since"])
             reps = [(b, th) for t, b, th in self._batching.values() if now - t < 10 * REPORT_S]
             out["batch_size"] = max((b for b, _ in reps), default=None)
             out["threads"] = max((th for _, th in reps if th is not None), default=None)

@@ -5,3 +5,7 @@ FRONT = "Front"  # a model application's router front (direct path: its meter)
 MODEL = "Model"  # a model application's replicas, the deployment the autoscaler scales
 AUTOSCALER = "FaroAutoscaler"  # the autoscaler's deployment
 AUTOSCALER_APP = "faro"  # its application, routed at /faro
+# The network time a request spent before it reached the cluster, in milliseconds, as its
+# client declares it (the replay's --network-delay): Sponge's remaining budget starts at the
+# SLO minus it. A request without it spent none that the server can know of.
+NETWORK_HEADER = "x-faro-network-ms"

@@ -155,10 +155,23 @@ class ProxyQueueRouter(InFlightRouter):
         serving = sum(1 for n in self._load.values() if n > 0)  # replicas at work
         out = {"events": events, "waiting": max(0, len(self._arrived) - serving),
                "dispatched": serving, "replicas": len(self.curr_replicas)}
-        if self._batch_model:  # Sponge's budgets: when each waiting request arrived
-            out["waiting_since"] = sorted(t for r, (t, _) in list(self._arrived.items())
-                                          if r not in self._given)[:MAX_WAITING_REPORTED]
+        if self._batch_model:  # Sponge's budgets: when each queued request arrived
+            out["waiting_since"] = self._queued_arrivals()[:MAX_WAITING_REPORTED]
         return out
+
+    def _queued_arrivals(self) -> list[float]:
+        """Arrival times of the requests not yet in service, oldest first: those waiting
+        here, and those a replica holds behind the batch it serves (per replica, all but
+        the ``batch`` sent to it first, which it is taken to be serving)."""
+        arrived = dict(self._arrived)
+        out = [t for r, (t, _) in arrived.items() if r not in self._given]
+        held: dict = {}
+        for req, (rid, _) in list(self._given.items()):
+            held.setdefault(rid, []).append(req)
+        for reqs in held.values():
+            reqs.sort(key=lambda r: self._sent_at.get(r, 0.0))
+            out += [arrived[r][0] for r in reqs[self._batch:] if r in arrived]
+        return sorted(out)
 
     def _start_reporting(self) -> None:
         if self._reporter is None:
