@@ -51,7 +51,7 @@ def main() -> None:
     from faro_serve.demo.live import demo_image
     from faro_serve.replay.client import send_schedule
     from faro_serve.replay.loadgen import build_schedule
-    from faro_serve.replay.report import replay_result
+    from faro_serve.replay.report import client_latency, replay_result
     from faro_serve.serving.app import deploy
     from faro_serve.serving.names import FRONT
     from faro_serve.validation.live import LiveCluster
@@ -89,13 +89,11 @@ def main() -> None:
             threads = [d["decision"].get("threads", {}).get(NAME) for d in ticks]
             batches = [d["decision"].get("batch_sizes", {}).get(NAME) for d in ticks]
             m = front.metrics.remote(reset_mean=False).result(timeout_s=30)
-            served = np.asarray(rec.status) == "200"
-            lat = rec.latency_s + sched.network_s
+            served, lat = client_latency(sched, rec)
             results[policy] = {
                 "requests": int(sched.size), "answered_200": int(served.sum()),
                 "slo_violation_rate": round(float(res.summary.cluster_slo_violation_rate), 5),
-                "p99_ms": round(float(np.percentile(np.where(served, lat, np.inf), 99,
-                                                    method="higher")) * 1e3, 1),
+                "p99_ms": round(float(np.percentile(lat, 99, method="higher")) * 1e3, 1),
                 "violations_per_minute": [round(float(v), 4) for v in
                                           (res.table.over_slo[0] + res.table.dropped[0])
                                           / np.maximum(res.table.requests[0], 1)],

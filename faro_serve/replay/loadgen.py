@@ -47,7 +47,7 @@ class Schedule:
     rate_scale: float
     seed: int
     network: str = "none"  # the --network-delay spec (replay/network.py)
-    network_s: np.ndarray = field(default=None)  # network time per request, s (zeros: none)
+    network_s: np.ndarray | None = field(default=None)  # network time per request, s (None: zeros)
 
     def __post_init__(self) -> None:
         if self.network_s is None:

@@ -28,13 +28,19 @@ from .client import NOT_SENT, ReplayRecords
 from .loadgen import Schedule
 
 
+def client_latency(schedule: Schedule, rec: ReplayRecords) -> tuple[np.ndarray, np.ndarray]:
+    """(served, latency s) per request: what its client sees, the answer time plus the
+    network time the schedule attached; infinite for a request not answered 200."""
+    served = np.array([s == "200" for s in rec.status], dtype=bool)
+    return served, np.where(served, rec.latency_s + schedule.network_s, np.inf)
+
+
 def replay_result(schedule: Schedule, rec: ReplayRecords, slo_ms: dict[str, float],
                   percentile: dict[str, float], policy: str = "live",
                   capacity: float | None = None) -> SimResult:
     names = schedule.names
     sent = np.array([s != NOT_SENT for s in rec.status], dtype=bool)
-    served = np.array([s == "200" for s in rec.status], dtype=bool)
-    lat = np.where(served, rec.latency_s + schedule.network_s, np.inf)  # the client's end to end
+    served, lat = client_latency(schedule, rec)
     slo_s = np.array([slo_ms[n] / 1e3 for n in names])
     pct = np.array([percentile[n] for n in names])
     table = minute_table(names, rec.model[sent], rec.trace_s[sent], lat[sent], ~served[sent], slo_s,
@@ -65,8 +71,7 @@ def replay_step(schedule: Schedule, rec: ReplayRecords, slo_ms: dict[str, float]
 
     names = schedule.names
     sent = np.array([s != NOT_SENT for s in rec.status], dtype=bool)
-    served = np.array([s == "200" for s in rec.status], dtype=bool)
-    lat = np.where(served, rec.latency_s + schedule.network_s, np.inf)
+    served, lat = client_latency(schedule, rec)
     return surge_report(names, rec.model[sent], rec.trace_s[sent], lat[sent], ~served[sent],
                         [slo_ms[n] / 1e3 for n in names], [percentile[n] for n in names], step_s)
 

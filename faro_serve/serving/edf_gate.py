@@ -31,7 +31,7 @@ class EDFGate:
         self._heap: list[tuple[float, int, asyncio.Future]] = []
         self._seq = itertools.count()
         self._running = 0  # requests of the batch let through and not yet done
-        self.batches: list[int] = []  # sizes let through (the last 1000), for tests and metrics
+        self.batches: list[int] = []  # sizes let through (the last 1000): what the tests check
 
     @property
     def waiting(self) -> int:
