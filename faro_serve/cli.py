@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from .commands.errors import UsageError  # re-exported: faro_serve.cli.UsageError
+
 # Sub-command modules, each exposing ``register(subparsers)`` that sets ``func`` on its parser.
 COMMANDS = [
     "faro_serve.commands.estimate",
@@ -26,10 +28,6 @@ COMMANDS = [
     "faro_serve.commands.policies",
     "faro_serve.commands.profile",
 ]
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

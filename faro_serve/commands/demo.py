@@ -18,6 +18,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .errors import UsageError
+
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="start the deployment, replay a real trace slice with a live "
@@ -59,7 +61,6 @@ def _interrupt(signum, frame):
 
 def _load(args):
     """The schedule and what describes it, from the flags (all input errors before any start)."""
-    from ..cli import UsageError
     from ..demo import DEMO_MAP, DEMO_RATE_SCALE, DEMO_TRACE
     from ..replay.loadgen import build_schedule, parse_map, select_trace
     from ..traces import load_trace
@@ -91,7 +92,6 @@ def _load(args):
 
 
 def run(args) -> int:
-    from ..cli import UsageError
     from ..demo.deployment import DeploymentError, LocalDeployment, read_config, wait_ready
     from ..demo.live import demo_image
     from ..replay.loadgen import check_url
@@ -257,7 +257,6 @@ def _diagnosis(url, sched, rec, view, names, res, slo_ms) -> list[str]:
     """The report's decisions and machine sections (faro_serve.demo.diagnosis)."""
     import numpy as np
 
-    from ..cli import UsageError
     from ..demo.diagnosis import decisions_section, machine_minutes, machine_section
     from .status import fetch_status
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from .errors import UsageError
+
 
 def register(sub) -> None:
     p = sub.add_parser("estimate", help="fewest replicas that meet a latency SLO",
@@ -20,7 +22,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..cli import UsageError
     from ..engine.latency import min_replicas_for_slo
 
     if args.rate < 0:

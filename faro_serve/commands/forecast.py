@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .errors import UsageError
+
 EVAL_BASELINES = ("last", "mean", "max", "nhits-point")
 
 
@@ -68,7 +70,6 @@ def _trace_args(p) -> None:
 def run_train(args) -> int:
     from forecasting.train import TrainConfig, train_forecaster
 
-    from ..cli import UsageError
     from ..traces import load_trace
 
     cfg = TrainConfig(input_size=args.input_size, horizon=args.horizon, seed=args.seed,
@@ -115,7 +116,6 @@ def run_eval(args) -> int:
     from forecasting.evaluate import rolling_evaluation
     from forecasting.io import load_forecaster
 
-    from ..cli import UsageError
     from ..traces import load_trace
 
     if args.step < 1 or args.samples < 1:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .errors import UsageError
+
 
 def register(sub) -> None:
     p = sub.add_parser("kuberay", help="write a KubeRay RayService manifest for a Serve config",
@@ -31,7 +33,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..cli import UsageError
     from ..serving.kuberay import DEFAULT_IMAGE, dump_manifest, rayservice_manifest
 
     path = Path(args.config)

@@ -9,10 +9,10 @@ import platform
 import time
 from pathlib import Path
 
+from .errors import UsageError
+
 
 def _ints(text: str, flag: str) -> list[int]:
-    from ..cli import UsageError
-
     try:
         vals = sorted({int(v) for v in text.split(",") if v.strip()})
     except ValueError:
@@ -53,7 +53,6 @@ def summarize(rows: list[dict]):
 
 
 def run(args) -> int:
-    from ..cli import UsageError
     from deployments.vision import ARCHS
 
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]

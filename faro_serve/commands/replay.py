@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .errors import UsageError
+
 
 def register(sub) -> None:
     p = sub.add_parser("replay", help="send a trace's load to a running deployment and measure it",
@@ -56,8 +58,6 @@ def register(sub) -> None:
 
 def _slos(args, url: str, names: list[str]) -> tuple[dict, dict, dict | None]:
     """(slo_ms, percentile, status or None) per model: --slo-ms, else GET /faro/status."""
-    from ..cli import UsageError
-
     if args.slo_ms is not None:
         if not args.slo_ms > 0:
             raise UsageError(f"--slo-ms must be > 0 (got {args.slo_ms:g})")
@@ -85,7 +85,6 @@ def _slos(args, url: str, names: list[str]) -> tuple[dict, dict, dict | None]:
 def run(args) -> int:
     import asyncio
 
-    from ..cli import UsageError
     from ..replay.client import send_schedule
     from ..replay.loadgen import build_schedule, check_url, parse_map, select_trace
     from ..replay.network import parse_network

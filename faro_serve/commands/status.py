@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from .errors import UsageError
+
 
 def register(sub) -> None:
     p = sub.add_parser("status", help="per-model SLO, load, latency and replicas of a running deployment",
@@ -21,8 +23,6 @@ def register(sub) -> None:
 
 def fetch_status(url: str, app: str = "faro", timeout: float = 10.0, path: str = "status"):
     import httpx
-
-    from ..cli import UsageError
 
     target = f"{url.rstrip('/')}/{app.strip('/')}/{path}"
     host = httpx.URL(target).host
@@ -43,8 +43,6 @@ def _fmt(v, spec=".0f", none="-"):
 
 def run(args) -> int:
     if args.explain is not None and args.explain < 1:
-        from ..cli import UsageError
-
         raise UsageError(f"--explain N needs N >= 1 (got {args.explain})")
     st = fetch_status(args.url, args.app)
     decisions = (fetch_status(args.url, args.app, path=f"decisions?limit={args.explain}")
