@@ -5,7 +5,7 @@ and ``maxtime`` and holding the GIL (NLopt issues #118 and #370). It did so here
 12-job penalty problem of the Azure Functions suite, which froze that simulation; in the
 live autoscaler it would freeze the autoscaler's replica. No thread or signal can stop a C
 loop that holds the GIL, so the solve runs in a long-lived child process
-(``python -m faro_serve.engine.sandbox``, no ``multiprocessing``, so nothing depends on
+(``python -m faro_serve.engine.sandbox_child``, no ``multiprocessing``, so nothing depends on
 the parent's ``__main__``) and the parent waits at most :func:`deadline_s`. On a stall the child
 is killed and restarted at the next solve, and the caller falls back to SciPy's COBYLA
 (PRIMA), which solved the same problem in 0.5 s. A solve costs a pickle of the problem
@@ -77,7 +77,7 @@ def _kill() -> None:
 def _start() -> subprocess.Popen:
     import time
 
-    child = subprocess.Popen([sys.executable, "-m", "faro_serve.engine.sandbox"],
+    child = subprocess.Popen([sys.executable, "-m", "faro_serve.engine.sandbox_child"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         if _read(child.stdout.fileno(), time.monotonic() + START_TIMEOUT_S) != "ready":
@@ -116,29 +116,3 @@ def relaxed(prob, rhobeg: float, maxeval: int | None, timeout_s: float | None = 
 
 
 atexit.register(_kill)
-
-
-def _serve() -> None:
-    """The child: answer (problem, rhobeg, maxeval) with NLopt's relaxed solution."""
-    from .solver import solve_relaxed
-
-    # the channel is a private copy of fd 1; fd 1 itself (Python's and any C library's
-    # stdout) goes to stderr, so nothing else can write into the channel
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    _write(out, "ready")
-    fd = sys.stdin.buffer.fileno()
-    while True:
-        try:
-            prob, rhobeg, maxeval = _read(fd, None)
-        except EOFError:  # the parent went away
-            return
-        try:
-            _write(out, ("ok", solve_relaxed(prob, rhobeg=rhobeg, backend="nlopt-inline", maxeval=maxeval)))
-        except Exception as err:  # noqa: BLE001 - reported to the parent, which falls back
-            _write(out, ("error", repr(err)))
-
-
-if __name__ == "__main__":
-    _serve()
