@@ -32,7 +32,6 @@ from forecasting.base import Forecaster
 from .common import (Timers, fallback_for, fcfs_decision, forecast_or_fallback,  # noqa: F401
                      max_rate_one_replica, processing_s)
 from .policy import Decision, Observation, Policy, grant_in_order
-from .registry import register
 
 SCALE_UP_AFTER_S = 30.0
 SCALE_DOWN_AFTER_S = 300.0
@@ -318,18 +317,23 @@ class RayServePolicy(Policy):
         return Decision(changed, {}, "reactive", {"ray_target": dict(self.ray_target)})
 
 
-register("fairshare", lambda models, cluster, forecaster=None: FairSharePolicy(models, cluster),
-         "Baseline: no autoscaling, floor(capacity / models) replicas each")
-register("oneshot", lambda models, cluster, forecaster=None: OneshotPolicy(models, cluster),
-         "Baseline: ceil(serving x latency / SLO) replicas after 30 s over or 5 min under the SLO")
-register("aiad", lambda models, cluster, forecaster=None: AIADPolicy(models, cluster),
-         "Baseline: +1 replica after 30 s over the SLO, -1 after 5 min under it")
-register("mark", lambda models, cluster, forecaster=None: MArkPolicy(models, cluster, forecaster),
-         "MArk/Cocktail/Barista: per model, replicas for the forecast peak at the rate one "
-         "replica serves within the SLO, every 5 min")
-register("ray-serve", lambda models, cluster, forecaster=None: RayServePolicy(models, cluster),
-         "Ray Serve's default rule, simulated: 2 ongoing requests per replica, 30 s up and "
-         "600 s down delays (live, use ray-native in validate/compare)")
-register("mark-saturation", lambda models, cluster, forecaster=None:
-         MArkPolicy(models, cluster, forecaster, replica_rate="saturation"),
-         "MArk with one replica's rate at saturation (1 / processing time), no SLO margin")
+# This module's built-in policies as data, (name, factory, summary, needs_batching), which
+# autoscaler/builtin.py lists: the policy modules never import the registry.
+POLICIES = (
+    ("fairshare", lambda models, cluster, forecaster=None: FairSharePolicy(models, cluster),
+     "Baseline: no autoscaling, floor(capacity / models) replicas each", False),
+    ("oneshot", lambda models, cluster, forecaster=None: OneshotPolicy(models, cluster),
+     "Baseline: ceil(serving x latency / SLO) replicas after 30 s over or 5 min under the SLO",
+     False),
+    ("aiad", lambda models, cluster, forecaster=None: AIADPolicy(models, cluster),
+     "Baseline: +1 replica after 30 s over the SLO, -1 after 5 min under it", False),
+    ("mark", lambda models, cluster, forecaster=None: MArkPolicy(models, cluster, forecaster),
+     "MArk/Cocktail/Barista: per model, replicas for the forecast peak at the rate one "
+     "replica serves within the SLO, every 5 min", False),
+    ("ray-serve", lambda models, cluster, forecaster=None: RayServePolicy(models, cluster),
+     "Ray Serve's default rule, simulated: 2 ongoing requests per replica, 30 s up and "
+     "600 s down delays (live, use ray-native in validate/compare)", False),
+    ("mark-saturation", lambda models, cluster, forecaster=None:
+     MArkPolicy(models, cluster, forecaster, replica_rate="saturation"),
+     "MArk with one replica's rate at saturation (1 / processing time), no SLO margin", False),
+)

@@ -7,23 +7,36 @@ It lives with the policies it names, so the policy layer never imports the servi
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from faro_serve.config import ConfigError, FaroConfig, format_validation_error
 
 from .common import faro_policy_name
+from .plugins import PluginError, check_forecaster_spec
+from .registry import UnknownPolicy, policy_factory, policy_names
 
 
 class AutoscalerConfig(FaroConfig):
     """``args`` of the ``faro`` application: cluster, SLOs, and how to autoscale."""
 
-    policy: str | None = Field(None, description="policy name; default faro-<objective>")
+    policy: str | None = Field(None, description="policy name, plug-in name or import path "
+                               "(my_pkg.policies:MyPolicy); default faro-<objective>")
     forecaster_dir: str | None = Field(None, description="trained forecaster directory; "
                                        "default: the fallback predictor")
+    forecaster: str | None = Field(None, description="forecaster plug-in name or import path of a "
+                                   "forecaster class or factory (my_pkg.fc:MyForecaster); not "
+                                   "with forecaster_dir")
     dashboard_url: str = Field("http://127.0.0.1:8265", description="Ray dashboard (external "
                                "scaling API)")
     decision_log: str | None = Field(None, description="JSON-lines file of every decision")
     enabled: bool = Field(True, description="false: measure and report, change nothing")
+
+    @model_validator(mode="after")
+    def _one_forecaster(self):
+        if self.forecaster and self.forecaster_dir:
+            raise ValueError("give forecaster (an import path) or forecaster_dir (a trained "
+                             "directory), not both")
+        return self
 
     def policy_name(self) -> str:
         return self.policy or faro_policy_name(self.cluster.objective)
@@ -37,9 +50,18 @@ def parse_autoscaler_config(data, source: str = "faro application args") -> Auto
         cfg = AutoscalerConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, source)) from None
-    from autoscaler.registry import policy_names
-
-    if cfg.policy and cfg.policy not in policy_names():
-        raise ConfigError(f"invalid configuration in {source}: policy {cfg.policy!r} is unknown; "
-                          f"choose one of {', '.join(policy_names())}")
+    if cfg.policy:
+        try:
+            policy_factory(cfg.policy)
+        except UnknownPolicy:
+            raise ConfigError(f"invalid configuration in {source}: policy {cfg.policy!r} is unknown; "
+                              f"choose one of {', '.join(policy_names())}, or give an import path "
+                              f"(my_pkg.policies:MyPolicy)") from None
+        except PluginError as err:
+            raise ConfigError(f"invalid configuration in {source}: {err}") from None
+    if cfg.forecaster:
+        try:
+            check_forecaster_spec(cfg.forecaster)
+        except PluginError as err:
+            raise ConfigError(f"invalid configuration in {source}: {err}") from None
     return cfg

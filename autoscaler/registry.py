@@ -1,93 +1,122 @@
-"""Policies by name, for the live autoscaler, the simulator and the command line.
+"""Policies by name or import path, for the live autoscaler, the simulator and the command line.
 
 Every policy is built from the same (models, cluster) pair; forecasting policies also
-take a forecaster (default: the fallback predictor). Other modules add their policies
-with :func:`register`.
+take a forecaster (default: the fallback predictor). Three sources, in this order:
+
+- the built-in policies (``autoscaler.builtin``) and those added with :func:`register`;
+- installed plug-ins, entry point group ``faro_serve.policies`` (a plug-in that takes a
+  built-in's name is ignored with a warning: the built-in wins);
+- any import path, ``my_pkg.policies:MyPolicy``: a Policy subclass or a factory
+  (``autoscaler.plugins``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from faro_serve.config import ClusterSpec, ModelSLO
 
-from .common import faro_policy_name
-from .faro import FaroPolicy, OraclePolicy
+from . import plugins
+from .builtin import BUILTIN, FARO_OBJECTIVES  # noqa: F401  (FARO_OBJECTIVES: re-exported)
 from .policy import Policy
 
-FARO_OBJECTIVES = {faro_policy_name(o): o for o in ("sum", "fair", "fair_sum", "penalty_sum",
-                                                    "penalty_fair_sum")}
+log = logging.getLogger(__name__)
 
 Factory = Callable[..., Policy]
-_REGISTRY: dict[str, Factory] = {}
-_SUMMARY: dict[str, str] = {}
-_NEEDS_BATCHING: set[str] = set()
+
+
+class UnknownPolicy(ValueError):
+    """A policy name that is neither known nor an import path."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    factory: Factory
+    summary: str
+    needs_batching: bool
+    kind: str  # "built-in" or "registered"
+
+
+_REGISTRY: dict[str, Entry] = {name: Entry(factory, summary, nb, "built-in")
+                               for name, factory, summary, nb in BUILTIN}
+_WARNED: set[str] = set()
 
 
 def register(name: str, factory: Factory, summary: str = "", needs_batching: bool = False) -> None:
     """Make ``factory(models, cluster, forecaster=None)`` available as ``name``; ``summary``
     is the one line ``faro-serve policies`` shows; ``needs_batching``: the policy only runs
     models whose config declares ``batching`` (a profile)."""
-    _REGISTRY[name] = factory
-    _SUMMARY[name] = summary
-    if needs_batching:
-        _NEEDS_BATCHING.add(name)
+    _REGISTRY[name] = Entry(factory, summary, needs_batching, "registered")
+
+
+def _plugins() -> dict:
+    """Installed policy plug-ins by name, without those that clash with a known policy."""
+    eps = plugins.entry_points(plugins.POLICY_GROUP)
+    for name in sorted(set(eps) & set(_REGISTRY)):
+        if name not in _WARNED:
+            _WARNED.add(name)
+            log.warning("policy plug-in %r = %s has the name of a built-in policy; the "
+                        "built-in wins", name, plugins.entry_source(eps[name]))
+    return {n: ep for n, ep in eps.items() if n not in _REGISTRY}
 
 
 def needs_batching(name: str) -> bool:
-    """Whether policy ``name`` runs only models that declare ``batching`` (Sponge)."""
-    _load_plugins()
-    return name in _NEEDS_BATCHING
-
-
-def _faro(objective: str, policy_name: str) -> Factory:
-    def build(models, cluster: ClusterSpec, forecaster=None):
-        return FaroPolicy(models, cluster.model_copy(update={"objective": objective}),
-                          forecaster, name=policy_name)
-    return build
-
-
-_FARO = ("Faro: a forecast-driven plan every 5 min, +1 replica after 30 s over the SLO, the "
-         "surge response; maximises ")
-_OBJECTIVE_SUMMARY = {
-    "sum": "the total utility",
-    "fair": "the worst model's utility (max-min fairness)",
-    "fair_sum": "the total utility with a fairness term (the default)",
-    "penalty_sum": "the total utility minus drop penalties (drops requests when overloaded)",
-    "penalty_fair_sum": "the fair total utility minus drop penalties",
-}
-for _name, _obj in FARO_OBJECTIVES.items():
-    register(_name, _faro(_obj, _name), _FARO + _OBJECTIVE_SUMMARY[_obj])
-register("oracle", lambda models, cluster, forecaster=None: OraclePolicy(models, cluster),
-         "Faro-FairSum planning with the true future arrivals (simulator only): the bound")
+    """Whether policy ``name`` runs only models that declare ``batching`` (Sponge); False
+    for plug-ins and import paths (not imported to ask: a model they cannot run is theirs
+    to report)."""
+    return name in _REGISTRY and _REGISTRY[name].needs_batching
 
 
 def policy_names() -> list[str]:
-    _load_plugins()
-    return sorted(_REGISTRY)
+    """Every policy known by name: built-in, registered and installed plug-ins."""
+    return sorted(set(_REGISTRY) | set(_plugins()))
 
 
 def policy_summaries() -> dict[str, str]:
-    """Every policy's one-line description, by name."""
-    _load_plugins()
-    return {n: _SUMMARY[n] for n in sorted(_REGISTRY)}
+    """Every policy's one-line description, by name (a plug-in's says where it comes from;
+    it is not imported to describe it)."""
+    eps = _plugins()
+    return {n: _REGISTRY[n].summary if n in _REGISTRY
+            else f"plug-in {plugins.entry_source(eps[n])}" for n in policy_names()}
+
+
+def policy_catalog() -> list[dict]:
+    """Every policy by name with its kind (built-in, registered, plug-in) and source."""
+    eps = _plugins()
+    rows = []
+    for n in policy_names():
+        if n in _REGISTRY:
+            e = _REGISTRY[n]
+            src = getattr(e.factory, "__module__", None) or ""
+            rows.append({"name": n, "kind": e.kind, "source": src, "summary": e.summary,
+                         "needs_batching": e.needs_batching})
+        else:
+            rows.append({"name": n, "kind": "plug-in", "source": plugins.entry_source(eps[n]),
+                         "summary": f"plug-in {plugins.entry_source(eps[n])}",
+                         "needs_batching": False})
+    return rows
+
+
+def policy_factory(name: str) -> Factory:
+    """The factory of a policy name, plug-in or import path; raises ``UnknownPolicy`` or
+    ``plugins.PluginError`` (both ``ValueError``s) saying what is wrong. Config validation
+    calls it, so a bad import path fails when the config is read, not at the first tick."""
+    if name in _REGISTRY:
+        return _REGISTRY[name].factory
+    eps = _plugins()
+    if name in eps:
+        what = f"policy plug-in {name!r} = {plugins.entry_source(eps[name])}"
+        return plugins.policy_factory(plugins.load_object(eps[name].value, what), what, name)
+    if plugins.is_import_path(name):
+        what = f"policy {name!r}"
+        return plugins.policy_factory(plugins.load_object(name, what), what, name)
+    raise UnknownPolicy(f"unknown policy {name!r}; choose one of {', '.join(policy_names())}, "
+                        f"or give an import path (my_pkg.policies:MyPolicy)")
 
 
 def make_policy(name: str, models: Sequence[ModelSLO], cluster: ClusterSpec,
                 forecaster=None) -> Policy:
-    """Build the policy called ``name``; ValueError lists the known names otherwise."""
-    _load_plugins()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](list(models), cluster, forecaster=forecaster)
-
-
-# Modules that register further policies when imported (baselines, seed systems).
-PLUGINS: list[str] = ["autoscaler.baselines", "autoscaler.seeds", "autoscaler.sponge"]
-
-
-def _load_plugins() -> None:
-    import importlib
-
-    for mod in PLUGINS:
-        importlib.import_module(mod)
+    """Build the policy called ``name`` (a name or an import path); ValueError otherwise."""
+    return policy_factory(name)(list(models), cluster, forecaster=forecaster)

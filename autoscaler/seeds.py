@@ -26,7 +26,6 @@ from faro_serve.engine.variants import select as variant_select
 
 from .common import fcfs_decision, max_rate_one_replica, processing_s
 from .policy import Decision, Observation, Policy
-from .registry import register
 
 
 def _replicas_for(lam: float, p: float, slo: float, q: float, m: ModelSLO) -> int:
@@ -379,12 +378,16 @@ class INFaaSPolicy(Policy):
             chosen[m.name] = opt
 
 
-register("swayam", lambda models, cluster, forecaster=None: SwayamPolicy(models, cluster),
-         "Swayam: per model, replicas for a regression-predicted, burst-padded rate; up at "
-         "once, down only to the most needed in the last 15 min")
-register("inferline", lambda models, cluster, forecaster=None: InferLineTunerPolicy(models, cluster),
-         "InferLine's tuner: up at once when the traffic envelope exceeds the plan's, down "
-         "after 15 s of calm")
-register("infaas", lambda models, cluster, forecaster=None: INFaaSPolicy(models, cluster),
-         "INFaaS: replicate when headroom falls below 1.05 x the load, one fewer once the "
-         "load fits for a load time (one variant)")
+# This module's built-in policies as data, (name, factory, summary, needs_batching), which
+# autoscaler/builtin.py lists: the policy modules never import the registry.
+POLICIES = (
+    ("swayam", lambda models, cluster, forecaster=None: SwayamPolicy(models, cluster),
+     "Swayam: per model, replicas for a regression-predicted, burst-padded rate; up at "
+     "once, down only to the most needed in the last 15 min", False),
+    ("inferline", lambda models, cluster, forecaster=None: InferLineTunerPolicy(models, cluster),
+     "InferLine's tuner: up at once when the traffic envelope exceeds the plan's, down "
+     "after 15 s of calm", False),
+    ("infaas", lambda models, cluster, forecaster=None: INFaaSPolicy(models, cluster),
+     "INFaaS: replicate when headroom falls below 1.05 x the load, one fewer once the "
+     "load fits for a load time (one variant)", False),
+)

@@ -25,7 +25,6 @@ from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine.batching import B_MAX, C_MAX, BatchProfile, sponge_choice
 
 from .policy import Decision, Observation, Policy
-from .registry import register
 
 
 class SpongePolicy(Policy):
@@ -79,9 +78,13 @@ def from_config(models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster=Non
     return SpongePolicy(models, cluster, profiles, c_max=c_max, b_max=b_max)
 
 
-register("sponge", from_config, "Sponge: every 1 s the fewest cores (threads in a replica), then "
-         "the smallest batch, meeting every queued request's budget (EDF) and the rate; needs "
-         "batching in each model's config", needs_batching=True)
+# This module's built-in policies as data, (name, factory, summary, needs_batching), which
+# autoscaler/builtin.py lists: the policy modules never import the registry.
+POLICIES = (
+    ("sponge", from_config, "Sponge: every 1 s the fewest cores (threads in a replica), then "
+     "the smallest batch, meeting every queued request's budget (EDF) and the rate; needs "
+     "batching in each model's config", True),
+)
 
 
 def static(cores: int, models: Sequence[ModelSLO], cluster: ClusterSpec,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import sys
 
+from .errors import UsageError
+
 
 def add_scenario_args(p) -> None:
     """Trace and setup flags shared with ``faro-serve suite``."""
@@ -89,6 +91,13 @@ def _batching(args):
 def forecaster_from_args(args, log=None):
     """(forecaster or None, how it was made); None = the policies' fallback predictor."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
+    spec = getattr(args, "forecaster", None)
+    if spec:
+        from autoscaler.plugins import make_forecaster
+
+        if args.history:
+            raise UsageError("give --forecaster (an import path) or --history (train N-HiTS), not both")
+        return make_forecaster(spec), spec
     if not args.history:
         return None, "fallback"
     from ..sim.forecaster import history_forecaster
@@ -104,7 +113,12 @@ def register(sub) -> None:
                        description=__doc__.split("\n\n", 1)[1])
     add_scenario_args(p)
     p.add_argument("--capacity", type=float, required=True, help="replicas (1 CPU, 1 GiB each)")
-    p.add_argument("--policy", default="faro-fairsum", help="policy name, e.g. faro-fairsum, oracle, mark, aiad (a wrong name lists all)")
+    p.add_argument("--policy", default="faro-fairsum",
+                   help="policy name, e.g. faro-fairsum, oracle, mark, aiad (a wrong name lists "
+                        "all), a plug-in's name, or an import path my_pkg.policies:MyPolicy")
+    p.add_argument("--forecaster", metavar="IMPORT_PATH",
+                   help="the policy's forecaster: a plug-in name or the import path of a "
+                        "forecaster class or factory (my_pkg.fc:MyForecaster); not with --history")
     p.add_argument("--seed", type=int, default=0, help="random seed of arrivals and times (0)")
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-' = stdout)")
     p.add_argument("--step-at", type=float, metavar="SECONDS",
@@ -115,13 +129,14 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from autoscaler import policy_names
+    from autoscaler.registry import policy_factory
 
-    from ..cli import UsageError
     from ..sim.scenario import run_scenario
 
-    if args.policy not in policy_names():
-        raise UsageError(f"unknown policy {args.policy!r}; choose one of {', '.join(policy_names())}")
+    try:
+        policy_factory(args.policy)  # a bad name or import path fails before the trace loads
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     if args.capacity <= 0:
         raise UsageError(f"--capacity must be > 0 (got {args.capacity:g})")
     sc = scenario_from_args(args)
@@ -130,7 +145,8 @@ def run(args) -> int:
     if len(names) > args.capacity:
         raise UsageError(f"{len(names)} jobs need at least {len(names)} replicas; --capacity is {args.capacity:g}")
     fc, kind = forecaster_from_args(args)
-    if kind == "fallback" and (args.policy.startswith("faro-") or args.policy == "mark"):
+    forecasting = args.policy.startswith("faro-") or args.policy == "mark" or fc is not None
+    if kind == "fallback" and forecasting:
         print(f"note: no --history given: {args.policy} forecasts with the fallback predictor "
               f"(uniform between the recent mean and max)", file=sys.stderr)
     if args.step_at is not None and not 0 <= args.step_at < 60 * loaded[1].shape[1]:
@@ -138,8 +154,7 @@ def run(args) -> int:
                          f"{60 * loaded[1].shape[1]} s")
     res = run_scenario(sc, args.policy, args.capacity, args.seed, forecaster=fc, loaded=loaded,
                        keep_records=args.step_at is not None)
-    out = res.to_dict() | {"forecaster": kind if (args.policy.startswith("faro-") or args.policy == "mark")
-                           else "none"}
+    out = res.to_dict() | {"forecaster": kind if forecasting else "none"}
     if args.step_at is not None:
         out["surge"] = step_report(res.names, res.records, sc.models(res.names), args.step_at)
     if args.json:

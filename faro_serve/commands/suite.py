@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 import time
 
+from .errors import UsageError
+
 
 def register(sub) -> None:
     from .simulate import add_scenario_args
@@ -19,7 +21,8 @@ def register(sub) -> None:
                        description=__doc__.split("\n\n", 1)[1])
     add_scenario_args(p)
     p.add_argument("--capacities", default="36,32,16", help="comma-separated replica counts (36,32,16)")
-    p.add_argument("--policies", default="all", help="comma-separated policy names, or 'all'")
+    p.add_argument("--policies", default="all", help="comma-separated policy names or import "
+                   "paths (my_pkg.policies:MyPolicy), or 'all' (the built-in and installed ones)")
     p.add_argument("--seeds", default="3", help="a count N (seeds 0..N-1) or a list like 0,1,2 (3)")
     p.add_argument("--workers", type=int, default=2, help="parallel processes (2)")
     p.add_argument("--out", default="runs/suite", help="output directory (runs/suite)")
@@ -44,9 +47,8 @@ def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from autoscaler import policy_names
-    from autoscaler.registry import needs_batching
+    from autoscaler.registry import needs_batching, policy_factory
 
-    from ..cli import UsageError
     from ..sim.suite import markdown_table, aggregate, run_suite, uses_forecaster, write_outputs
     from .simulate import scenario_from_args
 
@@ -54,9 +56,13 @@ def run(args) -> int:
     # 'all': Sponge only with --batch-profile (it needs every model's batch profile)
     policies = ([p for p in known if args.batch_profile or not needs_batching(p)] if args.policies == "all"
                 else [p.strip() for p in args.policies.split(",") if p.strip()])
-    bad = [p for p in policies if p not in known]
-    if bad or not policies:
-        raise UsageError(f"unknown policy {', '.join(bad) or '(none)'}; choose from {', '.join(known)}")
+    if not policies:
+        raise UsageError(f"no policy given; choose from {', '.join(known)}")
+    for p in policies:  # a bad name or import path fails before any run starts
+        try:
+            policy_factory(p)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
     capacities = _numbers(args.capacities, "--capacities")
     if any(c <= 0 for c in capacities):
         raise UsageError("--capacities must be > 0")

@@ -16,6 +16,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .errors import UsageError
+
 
 def register(sub) -> None:
     p = sub.add_parser("validate", help="live vs simulated runs of the same workload, per policy",
@@ -78,7 +80,6 @@ def run(args) -> int:
 def run_validation(args) -> tuple[Path, dict, dict]:
     """Live runs (or the saved ones), the matched simulations and validation.*: returns
     (out, the validation document, the saved live state)."""
-    from ..cli import UsageError
     from ..validation.compare import Workload
     from ..validation.run import load_state, resimulate
 
@@ -100,16 +101,24 @@ def run_validation(args) -> tuple[Path, dict, dict]:
     if args.resimulate:
         state = load_state(out)
     else:
-        from autoscaler.registry import policy_names
+        from autoscaler.registry import UnknownPolicy, policy_factory, policy_names
 
         from ..validation.compare import NATIVE
 
         known = policy_names() + sorted(NATIVE)
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-        unknown = [p for p in policies if p not in known]
+        unknown = []
+        for p in policies:  # names, plug-ins and import paths: all checked before any run
+            try:
+                if p not in NATIVE:
+                    policy_factory(p)
+            except UnknownPolicy:
+                unknown.append(p)
+            except ValueError as err:  # an import path that does not give a policy
+                raise UsageError(f"--policies: {err}") from None
         if not policies or unknown:
             raise UsageError(f"--policies: unknown {', '.join(unknown) or '(none given)'}; "
-                             f"choose from {', '.join(known)}")
+                             f"choose from {', '.join(known)} or an import path")
         if not args.capacity >= 1:
             raise UsageError(f"--capacity must be >= 1 (got {args.capacity:g})")
         wl = Workload(trace=args.trace, day=args.day, sample=args.sample,

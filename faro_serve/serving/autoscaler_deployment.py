@@ -164,7 +164,12 @@ class AutoscalerGauges:
 
 
 def load_forecaster(cfg: AutoscalerConfig):
-    """The trained forecaster of ``forecaster_dir``, or None for the fallback predictor."""
+    """The forecaster of ``forecaster`` (a plug-in name or import path), the trained one of
+    ``forecaster_dir``, or None for the fallback predictor."""
+    if cfg.forecaster:
+        from autoscaler.plugins import make_forecaster
+
+        return make_forecaster(cfg.forecaster)
     if not cfg.forecaster_dir:
         log.info("no forecaster_dir: the fallback predictor serves every model")
         return None
