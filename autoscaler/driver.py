@@ -26,6 +26,7 @@ import numpy as np
 
 from faro_serve.config import ModelSLO
 
+from .front_report import FrontReport, decode_front_report, read_reports
 from .policy import Decision, ModelObservation, Observation
 
 
@@ -58,27 +59,40 @@ class FrontSnapshot:
 
     @classmethod
     def from_front(cls, front: Mapping, min_elapsed_s: float = 10.0,
-                   startup_minutes: int = 2) -> "FrontSnapshot":
-        """The live front's JSON (``FrontControl.metrics``). Its arrival history is the
-        completed minutes, as the simulator gives its policies; right after a start (fewer
-        than ``startup_minutes`` of them) the open minute is appended, extrapolated to a full
-        minute once it is ``min_elapsed_s`` old, so that the first decisions see the load."""
-        hist = list(front.get("arrivals_per_min", []))
-        elapsed = float(front.get("current_minute_elapsed_s", 0.0))
+                   startup_minutes: int = 2, model: str | None = None) -> "FrontSnapshot":
+        """The live front's JSON (``FrontControl.metrics``), read strictly: a missing or
+        ill-typed field raises :class:`~autoscaler.front_report.FrontReportError` naming
+        it (and ``model``) rather than becoming a default."""
+        return cls.from_report(decode_front_report(front, model), min_elapsed_s, startup_minutes)
+
+    @classmethod
+    def from_report(cls, r: FrontReport, min_elapsed_s: float = 10.0,
+                    startup_minutes: int = 2) -> "FrontSnapshot":
+        """Its arrival history is the completed minutes, as the simulator gives its policies;
+        right after a start (fewer than ``startup_minutes`` of them) the open minute is
+        appended, extrapolated to a full minute once it is ``min_elapsed_s`` old, so that the
+        first decisions see the load."""
+        hist = list(r.arrivals_per_min)
+        elapsed = r.current_minute_elapsed_s
         if len(hist) < startup_minutes and elapsed >= min_elapsed_s:
-            hist.append(front.get("current_minute_count", 0) * 60.0 / elapsed)
-        return cls(arrivals_per_min=np.asarray(hist, float),
-                   arrival_rate=float(front.get("arrival_rate", 0.0)),
-                   latency_ms=front.get("latency_ms"),
-                   processing_ms=(front.get("processing") or {}).get("mean_ms"),
-                   queue_length=float(front.get("queue_length", 0.0)),
-                   mean_in_flight=float(front.get("mean_in_flight", 0.0)),
-                   drop_rate=front.get("drop_rate"), replicas=front.get("replicas"),
-                   percentile=front.get("percentile"),
-                   queued_ages_s=(None if front.get("queued_ages_s") is None
-                                  else np.asarray(front["queued_ages_s"], float)),
-                   batch_size=front.get("batch_size"), threads=front.get("threads"),
-                   mean_batch=float(front.get("mean_batch") or 1.0), variant=front.get("variant"))
+            hist.append(r.current_minute_count * 60.0 / elapsed)
+        return cls(arrivals_per_min=np.asarray(hist, float), arrival_rate=r.arrival_rate,
+                   latency_ms=r.latency_ms, processing_ms=r.processing.mean_ms,
+                   queue_length=r.queue_length, mean_in_flight=r.mean_in_flight,
+                   drop_rate=r.drop_rate, replicas=r.replicas, percentile=r.percentile,
+                   queued_ages_s=(None if r.queued_ages_s is None
+                                  else np.asarray(r.queued_ages_s, float)),
+                   batch_size=r.batch_size, threads=r.threads,
+                   mean_batch=r.mean_batch or 1.0, variant=r.variant)
+
+    @classmethod
+    def read_fronts(cls, raw: Mapping[str, Mapping], slos: Mapping[str, ModelSLO]
+                    ) -> tuple[dict[str, "FrontSnapshot"], dict[str, str]]:
+        """Every model's front JSON as a snapshot, and the error of each model left out: a
+        malformed report, or replicas reserving other resources than the SLO's
+        (:func:`~autoscaler.front_report.read_reports`, which logs them)."""
+        reports, errors = read_reports(raw, slos)
+        return {n: cls.from_report(r) for n, r in reports.items()}, errors
 
     def enforces(self, drop_rate: float, replicas: int, percentile: float,
                  batch_size: int | None = None, threads: int | None = None,

@@ -142,7 +142,9 @@ class AutoscalerLoop:
     def _observe(self, now: float) -> tuple[Observation, dict[str, FrontSnapshot]]:
         running = self.cluster.running_replicas()
         names = [m.name for m in self.cfg.models if m.name in running]
-        fronts = {n: FrontSnapshot.from_front(f) for n, f in self.cluster.front_metrics(names).items()}
+        # a malformed report (or replicas reserving other CPUs than the SLO's) is logged and
+        # left out: that model is planned as one whose front did not answer (front_report.py)
+        fronts, self.front_errors = FrontSnapshot.read_fronts(self.cluster.front_metrics(names), self.slo)
         cpus, mem = self.cluster.capacity()
         cap_cpu = min(self.cfg.cluster.cpus, cpus)
         cap_mem = self.cfg.cluster.memory_gb

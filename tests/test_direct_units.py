@@ -10,6 +10,8 @@ import pytest
 from ray.serve.request_router import PendingRequest
 
 from faro_serve.serving.direct import Meter
+from faro_serve.serving.messages import (Answered, Arrival, GaveUp, MeterAnswer, NetworkTime,
+                                         Processed, Dropped, ReplicaReport, RouterReport, decode)
 from faro_serve.serving.proxy_queue import ProxyQueueRouter
 from faro_serve.serving.stats import RouterStats
 
@@ -46,9 +48,9 @@ def test_proxy_queue_sends_the_next_request_to_the_replica_that_frees_first():
         assert again[0][0].replica_id == first[1]
         rep = router.report()
         # five arrivals (r4 counted once though chosen twice), one answer
-        assert [e[0] for e in rep["events"]] == ["a"] * 5 + ["f"]
-        assert rep["dispatched"] == 2 and rep["waiting"] == 2  # two at work, two behind them
-        assert router.report()["events"] == []
+        assert [type(e) for e in rep.events] == [Arrival] * 5 + [Answered]
+        assert rep.dispatched == 2 and rep.waiting == 2  # two at work, two behind them
+        assert router.report().events == ()
 
     asyncio.run(run())
 
@@ -61,7 +63,7 @@ def test_proxy_queue_times_out_to_see_new_replicas_and_counts_waiting():
         t0 = asyncio.get_running_loop().time()
         assert await router.choose_replicas(reps[:1], _request("r2")) == []
         assert asyncio.get_running_loop().time() - t0 >= 0.09  # waited, then asked afresh
-        assert router.report()["waiting"] == 2  # r1 behind r0 on a, r2 in the proxy
+        assert router.report().waiting == 2  # r1 behind r0 on a, r2 in the proxy
         # replica b arrives: r2 goes there
         assert (await router.choose_replicas(reps, _request("r2")))[0][0].replica_id == "b"
 
@@ -74,16 +76,16 @@ def test_proxy_queue_forgets_requests_ray_gave_up_on():
         for k in ("r0", "r1"):
             await router.choose_replicas(reps[:1], _request(k))  # both on a
         assert await router.choose_replicas(reps[:1], _request("r2")) == []  # queued
-        assert router.report()["waiting"] == 2
+        assert router.report().waiting == 2
         router.prune(stale_s=60)
-        assert router.report()["waiting"] == 2  # asked about recently: still queued
+        assert router.report().waiting == 2  # asked about recently: still queued
         await asyncio.sleep(0.05)
         router.prune(stale_s=0.01)  # r2's client went away: Ray stops asking about it
         rep = router.report()
-        assert rep["waiting"] == 1 and rep["dispatched"] == 1  # r0, r1 on a, kept
-        assert [e[0] for e in rep["events"]] == ["x"]  # the meter uncounts r2
+        assert rep.waiting == 1 and rep.dispatched == 1  # r0, r1 on a, kept
+        assert [type(e) for e in rep.events] == [GaveUp]  # the meter uncounts r2
         router.update_replicas([reps[1]])  # a died with r0 and r1 on it
-        assert router.report()["dispatched"] == 0 and router._sent_at == {}
+        assert router.report().dispatched == 0 and router._sent_at == {}
         # a request cancelled between the choice and the send gets no completion report
         r3 = _request("r3")
         assert (await router.choose_replicas(reps[1:], r3))[0][0].replica_id == "b"
@@ -101,8 +103,9 @@ def test_proxy_queue_latency_is_from_rays_arrival_time():
         created = time.time() - 0.5
         chosen = (await router.choose_replicas(reps, _request("r0", created)))[0][0]
         router.on_request_completed(chosen.replica_id, "r0")
-        ev = router.report()["events"]
-        assert ev[0] == ("a", created) and ev[1][0] == "f" and ev[1][2] == pytest.approx(0.5, abs=0.1)
+        ev = router.report().events
+        assert ev[0] == Arrival(created) and isinstance(ev[1], Answered)
+        assert ev[1].latency_s == pytest.approx(0.5, abs=0.1)
 
     asyncio.run(run())
 
@@ -122,20 +125,19 @@ def test_router_stats_put_a_late_arrival_in_its_own_minute_and_second():
 def test_meter_merges_router_and_replica_reports():
     m = Meter.func_or_class("m")
     now = time.time()
-    m.ingest("router-1", {"events": [("f", now - 0.1, 0.3), ("a", now - 0.4), ("a", now - 0.2)],
-                          "waiting": 1, "dispatched": 1, "replicas": 2})
-    ans = m.ingest("replica-x", {"events": [("p", now - 0.1, 0.15), ("d", now, "drop_rate")]})
-    assert ans == {"drop_rate": 0.0, "batch_size": None, "threads": None, "variant": None,
-                   "batch_in_force": 1}
+    m.ingest("router-1", RouterReport((Answered(now - 0.1, 0.3), Arrival(now - 0.4), Arrival(now - 0.2)),
+                                      waiting=1, dispatched=1, replicas=2).wire())
+    ans = m.ingest("replica-x", ReplicaReport((Processed(now - 0.1, 0.15), Dropped(now, "drop_rate"))).wire())
+    assert decode(ans, MeterAnswer) == MeterAnswer(drop_rate=0.0, batch_in_force=1)
     m.control(drop_rate=0.25)
-    assert m.ingest("replica-x", {"events": []})["drop_rate"] == 0.25
+    assert decode(m.ingest("replica-x", ReplicaReport(()).wire())).drop_rate == 0.25
     snap = m.metrics(reset_mean=False)
     assert snap["arrivals_total"] == 2 and snap["completed_total"] == 1
     assert snap["dropped"] == {"drop_rate": 1} and snap["latency_ms"] == pytest.approx(300)
     assert snap["processing"]["mean_ms"] == pytest.approx(150)
     assert (snap["waiting"], snap["dispatched"], snap["dispatch_capacity"]) == (1, 1, 2)
     assert snap["in_flight"] == 1  # two arrived, one answered
-    m.ingest("router-1", {"events": [("x", time.time())]})  # the other one's client left
+    m.ingest("router-1", RouterReport((GaveUp(time.time()),), 0, 0, 2).wire())  # the other one's client left
     assert m.metrics(reset_mean=False)["in_flight"] == 0
 
 
@@ -159,11 +161,11 @@ def test_a_batching_replica_takes_two_batches_of_the_size_in_force():
         waiting = asyncio.create_task(router.choose_replicas(reps, _request("late", created_at=time.time() - 2)))
         await asyncio.sleep(0.02)
         router._batch_model = True
-        since = router.report()["waiting_since"]  # Sponge's budgets: when each queued one came
+        since = router.report().waiting_since  # Sponge's budgets: when each queued one came
         # the one waiting here, and the 16 - 64 (the batch in force: all it holds) on the replica
         assert len(since) == 1 and time.time() - since[0] == pytest.approx(2, abs=0.5)
         router._batch = 4  # then the replica serves 4 and holds 12 behind them
-        since = router.report()["waiting_since"]
+        since = router.report().waiting_since
         assert len(since) == 13 and time.time() - since[-1] == pytest.approx(2, abs=0.5)
         waiting.cancel()
 
@@ -175,24 +177,24 @@ def test_the_meter_passes_batching_both_ways():
     arrivals; the autoscaler's setting goes back to both in the answers."""
     m = Meter.func_or_class("m")
     now = time.time()
-    m.ingest("router-1", {"events": [("a", now - 0.5), ("a", now - 0.3)], "waiting": 2,
-                          "dispatched": 0, "replicas": 1, "waiting_since": [now - 0.5, now - 0.3]})
-    ans = m.ingest("replica-x", {"events": [("p", now, 0.3, 4), ("p", now, 0.3, 4), ("p", now, 0.1, 1)],
-                                 "batch_size": 4, "threads": 1})
-    assert ans["batch_size"] is None and ans["batch_in_force"] == 4  # the user_config's batch
+    m.ingest("router-1", RouterReport((Arrival(now - 0.5), Arrival(now - 0.3)), waiting=2, dispatched=0,
+                                      replicas=1, waiting_since=(now - 0.5, now - 0.3)).wire())
+    ans = decode(m.ingest("replica-x", ReplicaReport(
+        (Processed(now, 0.3, 4), Processed(now, 0.3, 4), Processed(now, 0.1, 1)), batch_size=4, threads=1).wire()))
+    assert ans.batch_size is None and ans.batch_in_force == 4  # the user_config's batch
     snap = m.metrics(reset_mean=False)
     assert (snap["batch_size"], snap["threads"]) == (4, 1)
     assert snap["mean_batch"] == pytest.approx(3.0)  # request-weighted: (4 + 4 + 1) / 3
     assert snap["queued_ages_s"] == pytest.approx([0.3, 0.5], abs=0.2) and snap["network_ms"] == 0
     # clients that declare their network time (x-faro-network-ms): a queued request is taken
     # to have spent the median of the last 3 s's before it came (its budget starts lower)
-    m.ingest("replica-x", {"events": [("n", now, 0.2), ("n", now, 0.4), ("n", now, 0.9)]})
+    m.ingest("replica-x", ReplicaReport((NetworkTime(now, 0.2), NetworkTime(now, 0.4), NetworkTime(now, 0.9))).wire())
     snap = m.metrics(reset_mean=False)
     assert snap["network_ms"] == pytest.approx(400) and snap["queued_ages_s"] == pytest.approx(
         [0.7, 0.9], abs=0.2)
     m.control(batch_size=8, threads=2)
-    ans = m.ingest("router-1", {"events": [], "waiting": 0, "dispatched": 0, "replicas": 1})
-    assert (ans["batch_size"], ans["threads"], ans["batch_in_force"]) == (8, 2, 8)
+    ans = decode(m.ingest("router-1", RouterReport((), waiting=0, dispatched=0, replicas=1).wire()))
+    assert (ans.batch_size, ans.threads, ans.batch_in_force) == (8, 2, 8)
 
 
 def test_the_synthetic_model_serves_a_batch_in_one_pass():

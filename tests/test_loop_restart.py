@@ -10,6 +10,7 @@ import pytest
 
 from autoscaler.loop import AutoscalerLoop
 from faro_serve.serving.schema import parse_autoscaler_config
+from front_reports import front_report
 
 
 def config(policy=None):
@@ -47,11 +48,12 @@ class Cluster:
             lam = rate(n, self.t)
             busy = lam * 0.154 / self.running[n]
             latency = 400.0 if busy < 0.6 else 3000.0
-            out[n] = {"arrivals_per_min": [60 * rate(n, 60 * m) for m in range(minutes)],
-                      "current_minute_count": lam * (self.t - 60 * minutes),
-                      "current_minute_elapsed_s": self.t - 60 * minutes, "arrival_rate": lam,
-                      "latency_ms": latency, "processing": {"mean_ms": 154.0}, "queue_length": 0.0,
-                      "mean_in_flight": lam * latency / 1e3}  # Little's law
+            out[n] = front_report(
+                n, arrivals_per_min=[60 * rate(n, 60 * m) for m in range(minutes)],
+                current_minute_count=lam * (self.t - 60 * minutes),
+                current_minute_elapsed_s=self.t - 60 * minutes, arrival_rate=lam,
+                latency_ms=latency, processing={"mean_ms": 154.0}, queue_length=0.0,
+                mean_in_flight=lam * latency / 1e3)  # Little's law
         return out
 
     def scale(self, name, replicas):

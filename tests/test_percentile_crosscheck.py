@@ -10,6 +10,7 @@ import pytest
 
 from faro_serve.serving import direct
 from faro_serve.serving.direct import Meter
+from faro_serve.serving.messages import VERSION
 from faro_serve.serving.stats import RouterStats
 from faro_serve.sim.kernels import DONE, lookback
 
@@ -86,7 +87,8 @@ def test_the_meter_on_the_default_path_matches_the_kernel(monkeypatch):
                 batch.append(events[k])
                 k += 1
             clock[0] = t0 + sec + 1.0 if sec + 1.0 <= t else t0 + t  # reported at the second's end
-            m.ingest("router-1", {"events": batch, "waiting": 0, "dispatched": 0, "replicas": 1})
+            m.ingest("router-1", {"v": VERSION, "type": "router", "events": batch, "waiting": 0,
+                                  "dispatched": 0, "replicas": 1, "waiting_since": None})
         clock[0] = t0 + t
         got = m.stats.latency_percentile(t0 + t, 99.0)
         want, n = _kernel(arr, lat, proc, t, 99.0)

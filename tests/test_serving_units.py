@@ -16,6 +16,7 @@ from faro_serve.config import ConfigError
 from faro_serve.serving.routing import DispatchGate, IdleFirstRouter
 from faro_serve.serving.schema import parse_autoscaler_config, parse_model_args
 from faro_serve.serving.stats import RouterStats
+from front_reports import front_report
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -173,7 +174,7 @@ def test_router_stats_mean_in_flight_is_time_weighted_per_period():
 class FakeCluster:
     def __init__(self, running):
         self.running = dict(running)
-        self.fronts = {n: {"arrivals_per_min": [], "drop_rate": 0.0, "replicas": r, "percentile": 99.0}
+        self.fronts = {n: front_report(n, replicas=r)
                        for n, r in running.items()}
         self.scaled, self.controls = [], []
 
@@ -221,7 +222,7 @@ def test_history_extrapolates_the_open_minute_only_at_start():
     from autoscaler.driver import FrontSnapshot
 
     def hist(front):
-        return FrontSnapshot.from_front(front).arrivals_per_min.tolist()
+        return FrontSnapshot.from_front(front_report(**front)).arrivals_per_min.tolist()
 
     assert hist({"arrivals_per_min": [], "current_minute_count": 50,
                  "current_minute_elapsed_s": 20.0}) == [150.0]

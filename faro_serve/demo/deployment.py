@@ -84,7 +84,8 @@ def read_config(path: str | Path) -> ServeTarget:
     """The HTTP address, dashboard port and models of a Serve config (``ValueError`` if unusable)."""
     import yaml
 
-    from ..serving.schema import parse_autoscaler_config
+    from ..config import ConfigError
+    from ..serving.schema import check_resources, parse_autoscaler_config, parse_model_args
 
     p = Path(path)
     if not p.is_file():
@@ -111,6 +112,12 @@ def read_config(path: str | Path) -> ServeTarget:
         raise ValueError(f"--config {p}: needs exactly one application with import_path "
                          f"{AUTOSCALER_IMPORT} (found {len(faro)})")
     cfg = parse_autoscaler_config(faro[0].get("args") or {}, f"{p}: faro application args")
+    try:  # each model application's cpus must be its SLO's (the planner counts the SLO's)
+        check_resources(cfg, [parse_model_args(a.get("args"), f"{p}: application {a.get('name')!r} args")
+                              for a in apps if str(a.get("import_path", "")).endswith(":model_app")],
+                        f"--config {p}")
+    except ConfigError as err:
+        raise ValueError(" ".join(str(err).split())) from None
     dash = urlsplit(cfg.dashboard_url)
     if not dash.hostname or not _loopback(dash.hostname) or not dash.port:
         raise ValueError(f"--config {p}: the demo starts Ray locally, so dashboard_url must be a "

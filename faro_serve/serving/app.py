@@ -87,7 +87,7 @@ def direct_model_app(spec: ModelAppArgs):
     """The direct path: the model replicas serve HTTP, the proxy's router keeps the queue.
     A batching model's replica takes PIPELINE batches: the one it serves and the next."""
     cls, kwargs = _model_class(spec)
-    meter = Meter.options(name=FRONT).bind(spec.name)
+    meter = Meter.options(name=FRONT).bind(spec.name, replica_cpus=spec.cpus)
     dep = serve.deployment(DirectModel, name=MODEL, num_replicas=spec.initial_replicas,
                            max_ongoing_requests=PIPELINE * spec.max_batch_size,
                            max_queued_requests=spec.queue_limit,
@@ -103,7 +103,7 @@ def model_app(args: dict):
         return direct_model_app(spec)
     front = Front.options(name=FRONT, ray_actor_options=FRONT_ACTOR)
     return front.bind(model_deployment(spec), spec.name, spec.max_body_kb * 1024,
-                      queue_limit=spec.queue_limit)
+                      queue_limit=spec.queue_limit, replica_cpus=spec.cpus)
 
 
 def autoscaler_app(args: dict):

@@ -242,7 +242,10 @@ class FaroAutoscaler:
     @api.get("/status", summary="Per model: SLO, rate, observed latency, replicas, utility")
     def status(self) -> dict:
         with self.lock:
-            return self.loop.status() if self.loop else {"models": {}}
+            if not self.loop:
+                return {"models": {}}
+            # models whose meter report was left out at the last tick, and why (front_report.py)
+            return {**self.loop.status(), "front_errors": dict(getattr(self.loop, "front_errors", {}))}
 
     @api.get("/", response_class=HTMLResponse, summary="The status page (refreshes itself)")
     def page(self) -> HTMLResponse:

@@ -12,13 +12,17 @@ import time
 
 from ray.util import metrics as ray_metrics
 
+from autoscaler.front_report import FrontReport, Processing
+
+from ..measures import LOOK_BACK_S
 from .stats import RouterStats
 
 
 class FrontControl:
-    def _init_control(self, name: str, percentile: float) -> None:
+    def _init_control(self, name: str, percentile: float, replica_cpus: float | None = None) -> None:
         self.name = name
         self.percentile = percentile
+        self.replica_cpus = replica_cpus  # what each model replica reserves (its app's cpus)
         self.stats = RouterStats(start=time.time())
         self.drop_rate = 0.0
         self.replicas = 1
@@ -31,7 +35,7 @@ class FrontControl:
         self._requests = ray_metrics.Counter("faro_requests", "requests by outcome",
                                              tag_keys=("model", "outcome"))
         self._latency = ray_metrics.Gauge("faro_latency_ms", "SLO-percentile end-to-end latency "
-                                          "over the last 30 s (ms)", tag_keys=tags)
+                                          f"over the last {LOOK_BACK_S:g} s (ms)", tag_keys=tags)
         self._queue = ray_metrics.Gauge("faro_queue_length", "requests waiting", tag_keys=tags)
         self._drop = ray_metrics.Gauge("faro_drop_rate", "drop rate in force", tag_keys=tags)
         self._published: dict[str, int] = {}
@@ -41,12 +45,17 @@ class FrontControl:
         raise NotImplementedError
 
     def metrics(self, reset_mean: bool = True) -> dict:
-        """The autoscaler's read, once per tick: the in-flight average restarts with it."""
+        """The autoscaler's read, once per tick: the in-flight average restarts with it.
+        A :class:`~autoscaler.front_report.FrontReport` in its JSON form (the schema the
+        autoscaler decodes strictly)."""
         snap = self.stats.snapshot(time.time(), self.percentile, self.replicas, reset_mean)
-        snap.update(model=self.name, drop_rate=self.drop_rate, replicas=self.replicas,
-                    percentile=self.percentile, **self._queue_state())
-        self._publish(snap)
-        return snap
+        snap["processing"] = Processing(**snap["processing"])
+        report = FrontReport(model=self.name, drop_rate=self.drop_rate, replicas=self.replicas,
+                             percentile=self.percentile, replica_cpus=self.replica_cpus,
+                             replica_memory_gb=None,  # Ray reserves no memory for a replica
+                             **self._queue_state(), **snap).wire()
+        self._publish(report)
+        return report
 
     def _publish(self, snap: dict) -> None:
         """Prometheus: request counters as deltas since the last read, plus gauges."""

@@ -26,14 +26,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
+from ..measures import LOOK_BACK_S, NETWORK_S, REPORT_S, REPORT_STALE_S
 from .control import FrontControl
 from .edf_gate import EDFGate
+from .messages import (Answered, Arrival, Dropped, Event, GaveUp, MessageError, MeterAnswer,
+                       NetworkTime, Processed, ReplicaReport, RouterReport, decode)
 from .names import NETWORK_HEADER
 from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, run_model
-from .proxy_queue import MAX_EVENTS, REPORT_S
-
-LOOK_BACK_S = 30.0  # the mean batch behind the processing time: the stats' look-back
-NETWORK_S = 3.0  # the clients' network time behind a queued request's budget: the last 3 s
+from .proxy_queue import MAX_EVENTS
 
 log = logging.getLogger("faro_serve.serving")
 
@@ -64,7 +64,7 @@ class DirectModel:
         self.threads: int | None = None
         self._batched.set_max_batch_size(1)
         self._gate = EDFGate(1)  # serve.batch alone batches only what arrives together (edf_gate.py)
-        self.events: list[tuple] = []  # ("p", t, processing s), ("d", t, reason), ("n", t, network s)
+        self.events: list[Event] = []  # Processed, Dropped, NetworkTime (messages.py)
         self._reporter: asyncio.Task | None = None
         try:  # report (and learn the drop rate) from the start, not from the first request
             self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
@@ -120,18 +120,18 @@ class DirectModel:
                 if not 0 <= net_s <= 3600:
                     raise ValueError
             except ValueError:
-                self._event(("d", time.time(), "bad_request"))
+                self._event(Dropped(time.time(), "bad_request"))
                 return JSONResponse({"error": f"{NETWORK_HEADER} must be milliseconds between 0 "
                                               f"and 3600000 (got {net[:40]!r})",
                                      "reason": "bad_request", "model": self.name}, status_code=400)
             if self.max_batch > 1:
-                self._event(("n", time.time(), net_s))
+                self._event(NetworkTime(time.time(), net_s))
         if self.drop_rate > 0 and random.random() < self.drop_rate:
-            self._event(("d", time.time(), "drop_rate"))
+            self._event(Dropped(time.time(), "drop_rate"))
             return drop_rate_refusal(self.name, self.drop_rate)
         payload = await read_payload(request, self.name, self.max_body_bytes)
         if isinstance(payload, JSONResponse):
-            self._event(("d", time.time(), refusal_reason(payload)))
+            self._event(Dropped(time.time(), refusal_reason(payload)))
             return payload
         if self.max_batch > 1:  # EDF: the deadline is when it left its client
             async with self._gate.slot(arrived - net_s):
@@ -139,12 +139,12 @@ class DirectModel:
         else:
             result = await run_model(self.model, self.name, payload)
         if isinstance(result, JSONResponse):
-            self._event(("d", time.time(), "bad_request"))
+            self._event(Dropped(time.time(), "bad_request"))
             return result
         proc = result.get("processing_ms") if isinstance(result, dict) else None
         if proc is not None:  # a batch's time comes with its size (the planner divides it out)
-            self._event(("p", time.time(), proc / 1e3) if self.max_batch <= 1
-                        else ("p", time.time(), proc / 1e3, int(result.get("batch", 1))))
+            self._event(Processed(time.time(), proc / 1e3) if self.max_batch <= 1
+                        else Processed(time.time(), proc / 1e3, int(result.get("batch", 1))))
         return result
 
     @api.get("/metrics", summary="What the meter gathered for this model (JSON)")
@@ -152,7 +152,7 @@ class DirectModel:
         # a person looking must not reset the autoscaler's in-flight average
         return await self.meter.metrics.remote(reset_mean=False)
 
-    def _event(self, ev: tuple) -> None:
+    def _event(self, ev: Event) -> None:
         self.events.append(ev)
         if len(self.events) > MAX_EVENTS:
             del self.events[:len(self.events) - MAX_EVENTS]
@@ -160,23 +160,24 @@ class DirectModel:
     async def _report_loop(self) -> None:
         """Report once a second; the answer carries the drop rate in force."""
         source = f"replica-{serve.get_replica_context().replica_id.unique_id}"
-        warned = False
+        warned, refused = False, None
 
         async def ingest(events):  # here, not at module level: Ray may ship this class by value
-            report = {"events": events}
-            if self.max_batch > 1:
-                report.update(batch_size=self.batch_size, threads=self.threads)
-            if hasattr(self.model, "switch"):
-                report["variant"] = self.model.current
-            return await self.meter.ingest.remote(source, report)
+            batching = self.max_batch > 1
+            report = ReplicaReport(tuple(events), batch_size=self.batch_size if batching else None,
+                                   threads=self.threads if batching else None,
+                                   variant=self.model.current if hasattr(self.model, "switch") else None)
+            return decode(await self.meter.ingest.remote(source, report.wire()), MeterAnswer)
 
         while True:
             await asyncio.sleep(REPORT_S)
             events, self.events = self.events, []
             try:
                 ans = await asyncio.wait_for(ingest(events), 10)
-                self.drop_rate = float(ans.get("drop_rate", 0.0))
-                warned = False
+                self.drop_rate = ans.drop_rate
+                if ans.refused != refused and ans.refused:  # a bug or another version: say it once
+                    log.error("the meter of %s refused a replica's report: %s", self.name, ans.refused)
+                refused, warned = ans.refused, False
             except Exception as err:  # the meter restarts: keep the events for the next try
                 self.events[:0] = events
                 if not warned:
@@ -187,7 +188,7 @@ class DirectModel:
             keys = (("batch_size",) if self.max_batch > 1 else ()) + (
                 ("threads",) if self.max_batch > 1 and hasattr(self.model, "set_threads") else ()) + (
                 ("variant",) if hasattr(self.model, "switch") else ())
-            want = {k: ans[k] for k in keys if ans.get(k) is not None}
+            want = {k: getattr(ans, k) for k in keys if getattr(ans, k) is not None}
             if want:
                 try:
                     self.reconfigure(want)
@@ -201,45 +202,59 @@ class Meter(FrontControl):
     (arrivals, latencies, queue) and of the replicas (processing times, drops) merged into
     one :class:`~faro_serve.serving.stats.RouterStats`."""
 
-    def __init__(self, name: str, percentile: float = 99.0):
-        self._init_control(name, percentile)
-        self._queues: dict[str, tuple[float, dict]] = {}  # router -> (time, its queue)
+    def __init__(self, name: str, percentile: float = 99.0, replica_cpus: float | None = None):
+        self._init_control(name, percentile, replica_cpus)
+        self._queues: dict[str, tuple[float, RouterReport]] = {}  # router -> (time, its last report)
         self._batching: dict[str, tuple[float, int, int | None]] = {}  # replica -> (time, batch, threads)
         self._batches: deque[tuple[float, int]] = deque(maxlen=MAX_EVENTS)  # (time, batch) per request
         self._variants: dict[str, tuple[float, str]] = {}  # replica -> (time, variant in force)
         self._network: deque[tuple[float, float]] = deque(maxlen=MAX_EVENTS)  # (time, network s)
+        self.refused = 0  # reports refused (malformed): logged, then the next one is read
 
-    def ingest(self, source: str, batch: dict) -> dict:
+    def ingest(self, source: str, raw: dict) -> dict:
+        """Merge one report (messages.py: a router's or a replica's); the answer is a
+        :class:`~faro_serve.serving.messages.MeterAnswer`. A report that breaks its schema is
+        refused whole, logged and named in the answer; the meter carries on with the next."""
+        try:
+            report = decode(raw, RouterReport, ReplicaReport)
+        except MessageError as err:
+            self.refused += 1
+            log.error("meter of %s: refused a report from %s: %s", self.name, source, err)
+            return self._answer(str(err))
         now = time.time()
         st = self.stats
-        for ev in sorted(batch.get("events", []), key=lambda e: e[1]):
-            kind, t = ev[0], min(float(ev[1]), now)
-            if kind == "a":
-                st.arrival(now, t)
-                st.started(t)
-            elif kind == "f":  # at its own time: the look-back window is the simulator's
-                st.finished(t)
-                st.completed(t, float(ev[2]), None)
-            elif kind == "x":  # queued, then given up (client gone): no answer to count
-                st.finished(t)
-            elif kind == "p":
-                st.processed(now, float(ev[2]))
-                if len(ev) > 3:  # a batching replica: the size of the batch it timed
-                    self._batches.append((now, int(ev[3])))
-            elif kind == "d":
-                st.drop(now, str(ev[2]))
-            elif kind == "n":  # a client's network time, as its request declared it
-                self._network.append((now, float(ev[2])))
-        if "waiting" in batch:
-            q = {k: int(batch.get(k, 0)) for k in ("waiting", "dispatched", "replicas")}
-            q["waiting_since"] = [float(t) for t in batch.get("waiting_since", [])]
-            self._queues[source] = (now, q)
-        if "batch_size" in batch:
-            self._batching[source] = (now, int(batch["batch_size"]), batch.get("threads"))
-        if "variant" in batch:
-            self._variants[source] = (now, str(batch["variant"]))
-        return {"drop_rate": self.drop_rate, "batch_size": self.batch_size, "threads": self.threads,
-                "variant": self.variant, "batch_in_force": self._batch_in_force()}
+        for ev in sorted(report.events, key=lambda e: e.t):
+            t = min(ev.t, now)
+            match ev:
+                case Arrival():
+                    st.arrival(now, t)
+                    st.started(t)
+                case Answered():  # at its own time: the look-back window is the simulator's
+                    st.finished(t)
+                    st.completed(t, ev.latency_s, None)
+                case GaveUp():  # queued, then given up (client gone): no answer to count
+                    st.finished(t)
+                case Processed():
+                    st.processed(now, ev.processing_s)
+                    if ev.batch is not None:  # a batching replica: the size of the batch it timed
+                        self._batches.append((now, ev.batch))
+                case Dropped():
+                    st.drop(now, ev.reason)
+                case NetworkTime():  # a client's network time, as its request declared it
+                    self._network.append((now, ev.network_s))
+        if isinstance(report, RouterReport):
+            self._queues[source] = (now, report)
+        else:
+            if report.batch_size is not None:
+                self._batching[source] = (now, report.batch_size, report.threads)
+            if report.variant is not None:
+                self._variants[source] = (now, report.variant)
+        return self._answer()
+
+    def _answer(self, refused: str | None = None) -> dict:
+        return MeterAnswer(drop_rate=self.drop_rate, batch_in_force=self._batch_in_force(),
+                           batch_size=self.batch_size, threads=self.threads, variant=self.variant,
+                           refused=refused).wire()
 
     def _batch_in_force(self) -> int:
         """The autoscaler's batch size, else the largest the replicas report (their
@@ -247,7 +262,7 @@ class Meter(FrontControl):
         if self.batch_size is not None:
             return self.batch_size
         now = time.time()
-        fresh = [b for t, b, _ in self._batching.values() if now - t < 10 * REPORT_S]
+        fresh = [b for t, b, _ in self._batching.values() if now - t < REPORT_STALE_S]
         return max(fresh, default=1)
 
     def _recent_network(self, now: float) -> float:
@@ -266,24 +281,24 @@ class Meter(FrontControl):
 
     def _queue_state(self) -> dict:
         now = time.time()
-        fresh = [q for t, q in self._queues.values() if now - t < 10 * REPORT_S]
-        out = {"waiting": sum(q["waiting"] for q in fresh),
-               "dispatched": sum(q["dispatched"] for q in fresh),
-               "dispatch_capacity": max((q["replicas"] for q in fresh), default=0)}
+        fresh = [q for t, q in self._queues.values() if now - t < REPORT_STALE_S]
+        out = {"waiting": sum(q.waiting for q in fresh),
+               "dispatched": sum(q.dispatched for q in fresh),
+               "dispatch_capacity": max((q.replicas for q in fresh), default=0)}
         if self._batching:  # a batching model: what Sponge needs (queued waits, batch, threads)
             wall = time.time()
             net = self._recent_network(now)
             out["network_ms"] = round(net * 1e3, 3)
             out["queued_ages_s"] = sorted(max(0.0, wall - t) + net
-                                          for q in fresh for t in q["waiting_since"])
-            reps = [(b, th) for t, b, th in self._batching.values() if now - t < 10 * REPORT_S]
+                                          for q in fresh for t in q.waiting_since or ())
+            reps = [(b, th) for t, b, th in self._batching.values() if now - t < REPORT_STALE_S]
             out["batch_size"] = max((b for b, _ in reps), default=None)
             out["threads"] = max((th for _, th in reps if th is not None), default=None)
             while self._batches and self._batches[0][0] < now - LOOK_BACK_S:
                 self._batches.popleft()
             sizes = [b for _, b in self._batches]
             out["mean_batch"] = sum(sizes) / len(sizes) if sizes else 1.0
-        serving = sorted(v for t, v in self._variants.values() if now - t < 10 * REPORT_S)
+        serving = sorted(v for t, v in self._variants.values() if now - t < REPORT_STALE_S)
         if serving:  # a task with variants: the one its replicas serve (all of them, once switched)
             out["variant"] = serving[0] if len(set(serving)) == 1 else ",".join(sorted(set(serving)))
         return out

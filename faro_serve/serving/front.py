@@ -31,6 +31,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
+from ..measures import REPLICA_POLL_S
 from .control import FrontControl
 from .payload import drop_rate_refusal, read_payload, refusal_reason, reject
 from .routing import DispatchGate, running_replicas
@@ -44,14 +45,14 @@ api = FastAPI(title="faro-serve model endpoint",
 @serve.ingress(api)
 class Front(FrontControl):
     def __init__(self, model_handle, name: str, max_body_bytes: int = 8 << 20,
-                 percentile: float = 99.0, queue_limit: int = 50):
+                 percentile: float = 99.0, queue_limit: int = 50, replica_cpus: float | None = None):
         # gRPC data plane (what RAY_SERVE_THROUGHPUT_OPTIMIZED turns on cluster-wide), for
         # this handle only: the hop to the model costs ~1.7-2.3 ms instead of 3.1-3.2 ms
         # over an actor call, and triples the rate one front sustains (docs/serving.md)
         self.model = model_handle.options(_by_reference=False)
         self.max_body_bytes = max_body_bytes
         self.queue_limit = queue_limit
-        self._init_control(name, percentile)
+        self._init_control(name, percentile, replica_cpus)
         app = serve.get_replica_context().app_name
         # before the router's first replica update, one request at a time
         self.gate = DispatchGate(lambda: running_replicas(app) or 1)
@@ -103,9 +104,10 @@ class Front(FrontControl):
             self.gate.release()
 
     async def _wake_on_scale_up(self):
-        """A new replica shows up in the router, not in a release: look 10 times a second."""
+        """A new replica shows up in the router, not in a release: look every
+        :data:`~faro_serve.measures.REPLICA_POLL_S`."""
         while True:
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(REPLICA_POLL_S)
             self.gate.wake()
 
     async def _send(self, payload: bytes):

@@ -38,7 +38,7 @@ def load_serve_config(text: str, source: str = "serve config") -> dict:
     """Parse and validate a faro-serve Serve config: Ray's schema, then faro-serve's own."""
     from ray.serve.schema import ServeDeploySchema
 
-    from .schema import parse_autoscaler_config, parse_model_args
+    from .schema import check_resources, parse_autoscaler_config, parse_model_args
 
     try:
         data = yaml.safe_load(text)
@@ -56,10 +56,10 @@ def load_serve_config(text: str, source: str = "serve config") -> dict:
         raise ConfigError(f"{source}: expected exactly one application with "
                           f"import_path faro_serve.serving.app:autoscaler_app (found {len(faro)})")
     try:
-        parse_autoscaler_config(faro[0].get("args"), f"{source}: application {faro[0].get('name')!r} args")
-        for app in data["applications"]:
-            if str(app.get("import_path", "")).endswith(":model_app"):
-                parse_model_args(app.get("args"), f"{source}: application {app.get('name')!r} args")
+        cfg = parse_autoscaler_config(faro[0].get("args"), f"{source}: application {faro[0].get('name')!r} args")
+        apps = [parse_model_args(app.get("args"), f"{source}: application {app.get('name')!r} args")
+                for app in data["applications"] if str(app.get("import_path", "")).endswith(":model_app")]
+        check_resources(cfg, apps, source)
     except ConfigError as err:  # one line on the command line
         raise ConfigError(" ".join(line.strip() for line in str(err).splitlines() if line.strip())) from None
     return data

@@ -32,13 +32,13 @@ from collections import deque
 from ray import serve
 from ray.serve.request_router import PendingRequest, RunningReplica
 
+from ..measures import QUEUED_STALE_S, REPLICA_POLL_S, REPORT_S
+from .messages import Answered, Arrival, Event, GaveUp, MeterAnswer, RouterReport, decode
 from .names import FRONT as METER  # the deployment, in the model's application, that the router reports to
 from .routing import InFlightRouter
 
 log = logging.getLogger("faro_serve.serving")
-REPORT_S = 1.0
 MAX_EVENTS = 100_000  # kept while the meter cannot be reached; past that the oldest go
-STALE_S = 5.0  # a queued request not asked about for this long was given up (cancelled, failed)
 PIPELINE = 2  # requests on a replica at most: the one it serves and the next one
 # (a batching model's replica: two batches of the size in force, up to its max_ongoing_requests)
 MAX_WAITING_REPORTED = 1000  # arrival times of waiting requests sent per report (batching models)
@@ -52,7 +52,7 @@ class ProxyQueueRouter(InFlightRouter):
         super().initialize_state(**kwargs)
         self._arrived: dict[str, list] = {}  # request id -> [arrival time, last asked], until answered
         self._waiters: list[asyncio.Future] = []  # routing calls waiting for a free replica
-        self.events: deque[tuple] = deque(maxlen=MAX_EVENTS)  # ("a", arrived), ("f", t, latency s), ("x", t): given up
+        self.events: deque[Event] = deque(maxlen=MAX_EVENTS)  # Arrival, Answered, GaveUp (messages.py)
         self._reporter: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sent_at: dict[str, float] = {}  # request id -> when it was given its replica
@@ -80,7 +80,7 @@ class ProxyQueueRouter(InFlightRouter):
             self._arrived[req][1] = time.monotonic()
         else:
             self._arrived[req] = [pending_request.created_at, time.monotonic()]
-            self._event(("a", pending_request.created_at))
+            self._event(Arrival(pending_request.created_at))
         best = self.pick(candidate_replicas)
         if best is None:
             await self._wait_for_a_free_replica()
@@ -109,7 +109,7 @@ class ProxyQueueRouter(InFlightRouter):
         super()._forget(req)
         self._sent_at.pop(req, None)
 
-    async def _wait_for_a_free_replica(self, timeout_s: float = 0.1) -> None:
+    async def _wait_for_a_free_replica(self, timeout_s: float = REPLICA_POLL_S) -> None:
         fut = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
@@ -132,10 +132,10 @@ class ProxyQueueRouter(InFlightRouter):
         arrived = self._arrived.pop(internal_request_id, None)
         if arrived is not None:
             now = time.time()
-            self._event(("f", now, now - arrived[0]))
+            self._event(Answered(now, now - arrived[0]))
         self._wake()
 
-    def prune(self, stale_s: float = STALE_S) -> None:
+    def prune(self, stale_s: float = QUEUED_STALE_S) -> None:
         """Forget queued requests Ray stopped asking about: a waiting request is asked
         about at least every 0.1 s, so one silent for ``stale_s`` was cancelled by its
         client or failed with its replica, and must not count as waiting."""
@@ -143,21 +143,21 @@ class ProxyQueueRouter(InFlightRouter):
         for req in [r for r, (_, asked) in self._arrived.items()
                     if asked < cutoff and r not in self._given]:
             del self._arrived[req]
-            self._event(("x", time.time()))  # the meter stops counting it in flight
+            self._event(GaveUp(time.time()))  # the meter stops counting it in flight
 
     # -- reporting -----------------------------------------------------------------------
-    def _event(self, ev: tuple) -> None:
+    def _event(self, ev: Event) -> None:
         self.events.append(ev)  # a deque: safe against the reporting thread's popleft
 
-    def report(self) -> dict:
+    def report(self) -> RouterReport:
         """What the router sends the meter: the events since the last report and its queue."""
-        events = [self.events.popleft() for _ in range(len(self.events))]
+        events = tuple(self.events.popleft() for _ in range(len(self.events)))
         serving = sum(1 for n in self._load.values() if n > 0)  # replicas at work
-        out = {"events": events, "waiting": max(0, len(self._arrived) - serving),
-               "dispatched": serving, "replicas": len(self.curr_replicas)}
-        if self._batch_model:  # Sponge's budgets: when each queued request arrived
-            out["waiting_since"] = self._queued_arrivals()[:MAX_WAITING_REPORTED]
-        return out
+        return RouterReport(events=events, waiting=max(0, len(self._arrived) - serving),
+                            dispatched=serving, replicas=len(self.curr_replicas),
+                            # a batching model, Sponge's budgets: when each queued request arrived
+                            waiting_since=(tuple(self._queued_arrivals()[:MAX_WAITING_REPORTED])
+                                           if self._batch_model else None))
 
     def _queued_arrivals(self) -> list[float]:
         """Arrival times of the requests not yet in service, oldest first: those waiting
@@ -181,7 +181,7 @@ class ProxyQueueRouter(InFlightRouter):
             self._reporter.start()
 
     def _report_loop(self) -> None:
-        meter, source, warned = None, f"router-{id(self):x}", False
+        meter, source, warned, refused = None, f"router-{id(self):x}", False, None
         while True:
             time.sleep(REPORT_S)
             self._loop.call_soon_threadsafe(self.prune)  # on the router's loop, not here
@@ -189,13 +189,16 @@ class ProxyQueueRouter(InFlightRouter):
             try:
                 if meter is None:
                     meter = serve.get_deployment_handle(METER, app_name=self.app_name)
-                ans = meter.ingest.remote(source, batch).result(timeout_s=10)
-                self._batch = max(1, int(ans.get("batch_in_force", 1) or 1))
+                ans = decode(meter.ingest.remote(source, batch.wire()).result(timeout_s=10), MeterAnswer)
+                if ans.refused != refused and ans.refused:  # a bug or another version: say it once
+                    log.error("the meter of %s refused this router's report: %s", self.app_name, ans.refused)
+                refused = ans.refused
+                self._batch = max(1, ans.batch_in_force)
                 self._batch_model = any(r.max_ongoing_requests > PIPELINE
                                         for r in list(self.curr_replicas.values()))
                 warned = False
             except Exception as err:  # the meter restarts: keep the events for the next try
-                self.events.extendleft(reversed(batch["events"]))
+                self.events.extendleft(reversed(batch.events))
                 meter = None
                 if not warned:
                     log.warning("cannot report to the meter of %s: %s", self.app_name, err)

@@ -56,7 +56,8 @@ class ModelAppArgs(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64,
                       description="the model's name: the same as its SLO entry and application")
     model: Annotated[SyntheticModelSpec | VisionModelSpec, Field(discriminator="kind")]
-    cpus: float = Field(1.0, gt=0, description="Ray CPUs per replica (match the SLO's cpus)")
+    cpus: float = Field(1.0, gt=0, description="Ray CPUs per replica: must equal the SLO's cpus "
+                        "(checked when a whole serve config is loaded, and by the autoscaler)")
     initial_replicas: int = Field(1, ge=1)
     queue_limit: int = Field(50, ge=1, description="requests queued at the router before 503")
     max_body_kb: int = Field(8192, ge=1, description="larger request bodies get 413")
@@ -101,3 +102,17 @@ def parse_args(cls: type[BaseModel], data, source: str):
 
 def parse_model_args(data, source: str = "model application args") -> ModelAppArgs:
     return parse_args(ModelAppArgs, data, source)
+
+
+def check_resources(cfg: AutoscalerConfig, apps: list[ModelAppArgs], source: str) -> None:
+    """A ConfigError when a model application's ``cpus`` differs from its SLO's: the planner
+    counts the SLO's figure against the capacity while Ray reserves the application's, so a
+    mismatch strands or overbooks CPUs. Called wherever a whole serve config is loaded (the
+    demo, ``faro-serve kuberay``); the autoscaler checks what the meters report too
+    (``autoscaler/front_report.py``)."""
+    slo = {m.name: m for m in cfg.models}
+    for app in apps:
+        if app.name in slo and abs(app.cpus - slo[app.name].cpus) > 1e-9:
+            raise ConfigError(f"{source}: model {app.name!r} has cpus {app.cpus:g} in its "
+                              f"application's args but {slo[app.name].cpus:g} in the faro "
+                              f"application's models; make them agree")

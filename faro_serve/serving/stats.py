@@ -6,7 +6,7 @@ time and end-to-end latency continually. :class:`RouterStats` keeps exactly that
 * arrivals: per-second counts over a short ring and per-minute counts over a long history
   (the forecaster's input), counted at arrival, dropped requests included;
 * end-to-end latency and replica processing time of completed requests over a sliding
-  window (default 30 s, the reactive look-back), with percentiles on demand;
+  window (``measures.LOOK_BACK_S``, the reactive look-back), with percentiles on demand;
 * drops by reason, in-flight requests.
 
 Times come from the caller (``now`` in seconds), so tests drive it with a fake clock. An
@@ -22,9 +22,12 @@ from collections import deque
 
 import numpy as np
 
+from ..measures import ARRIVAL_RATE_S, HISTORY_MINUTES, LOOK_BACK_S
+
 
 class RouterStats:
-    def __init__(self, window_s: float = 30.0, history_minutes: int = 240, start: float = 0.0):
+    def __init__(self, window_s: float = LOOK_BACK_S, history_minutes: int = HISTORY_MINUTES,
+                 start: float = 0.0):
         self.window_s = window_s
         self.history_minutes = history_minutes
         self.start = start
@@ -113,7 +116,7 @@ class RouterStats:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
     # -- reading -------------------------------------------------------------------------
-    def arrival_rate(self, now: float, over_s: float = 10.0) -> float:
+    def arrival_rate(self, now: float, over_s: float = ARRIVAL_RATE_S) -> float:
         """Requests/s over the last ``over_s`` whole seconds."""
         self._roll(now)
         sec = int(now - self.start)

@@ -60,7 +60,7 @@ class SimConfig:
     # True: the server drops a request its client gave up on (faro-serve's front does);
     # False: it serves it anyway, for nobody (what plain Ray Serve did live, docs/compare.md)
     cancel_timed_out: bool = True
-    look_back_s: float = 30.0
+    look_back_s: float = __import__("faro_serve.measures", fromlist=["_"]).LOOK_BACK_S  # the live meters' too
     initial_replicas: int | None = None  # None: each model's min_replicas
     seed: int = 0
     draw: int = 0  # > 0: same counts, another draw of the per-request randomness (workload.Workload)

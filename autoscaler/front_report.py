@@ -1,0 +1,217 @@
+"""The meter's report to the autoscaler: a typed, versioned schema (paper section 5).
+
+Every model's meter (``faro_serve.serving.control.FrontControl.metrics``, on both data
+paths) builds a :class:`FrontReport` once per autoscaler tick and sends its JSON form; the
+autoscaler reads it with :func:`decode_front_report`, which requires every field and names
+the first one missing or ill-typed, so that a key renamed on one side raises instead of
+silently becoming a default. It lives here, in the policy layer, because imports run
+serving -> autoscaler: the serving layer builds it, the autoscaler decodes it, and neither
+imports the other's internals. Other readers of the JSON (``faro-serve status``, the demo,
+validation) read it as a dict; it keeps every key it had.
+
+The report also says what CPUs each of the model's replicas reserves (the model
+application's ``cpus``), so the autoscaler can check it against the SLO's (which it plans
+with): :func:`resources_mismatch`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+
+from faro_serve.config import ModelSLO
+
+VERSION = 1
+
+log = logging.getLogger("faro_serve.autoscaler")
+
+
+class FrontReportError(ValueError):
+    """A meter's report that breaks the schema; the text names the model and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Processing:
+    """The replicas' processing time over the look-back (ms; None: nothing measured)."""
+
+    mean_ms: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class FrontReport:
+    """What a model's meter measured and enforces, as of one autoscaler read."""
+
+    model: str
+    now: float
+    # arrivals: per completed minute since the meter started (the forecaster's input), the
+    # open minute so far, and the rate over the last tick (measures.ARRIVAL_RATE_S)
+    arrival_rate: float
+    arrivals_per_min: tuple[float, ...]
+    current_minute_count: float
+    current_minute_elapsed_s: float
+    # end-to-end latency over the look-back (measures.LOOK_BACK_S): the SLO percentile
+    latency_ms: float | None
+    latency_p50_ms: float | None
+    latency_mean_ms: float | None
+    processing: Processing
+    in_flight: int
+    mean_in_flight: float  # averaged since the last autoscaler read
+    queue_length: float
+    arrivals_total: int
+    completed_total: int
+    dropped: dict[str, int]  # by reason
+    # what the meter enforces now
+    drop_rate: float
+    replicas: int
+    percentile: float
+    # the data path's queue
+    waiting: int
+    dispatched: int
+    dispatch_capacity: int
+    # the resources each replica reserves (None: not known to the meter)
+    replica_cpus: float | None
+    replica_memory_gb: float | None
+    # a batching model (issue 20; None otherwise): the clients' recent network time, how
+    # long ago each queued request left its client, the batch size and threads in force,
+    # the request-weighted mean batch
+    network_ms: float | None = None
+    queued_ages_s: tuple[float, ...] | None = None
+    batch_size: int | None = None
+    threads: int | None = None
+    mean_batch: float | None = None
+    variant: str | None = None  # a task with variants: the one(s) its replicas serve
+
+    def wire(self) -> dict:
+        """The JSON form: every field, ``v`` first, sequences as lists."""
+        return {"v": VERSION, **{k: list(v) if isinstance(v, tuple) else v
+                                 for k, v in asdict(self).items()}}
+
+
+def _number(v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise TypeError("a finite number")
+    return float(v)
+
+
+def _integer(v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 0:
+        raise TypeError("an integer >= 0")
+    return int(v)
+
+
+def _text(v) -> str:
+    if not isinstance(v, str):
+        raise TypeError("a string")
+    return v
+
+
+def _numbers(v) -> tuple:
+    if not isinstance(v, (list, tuple)):
+        raise TypeError("a list of numbers")
+    return tuple(_number(x) for x in v)
+
+
+def _counts(v) -> dict:
+    if not isinstance(v, Mapping):
+        raise TypeError("a mapping of reason to count")
+    return {_text(k): _integer(c) for k, c in v.items()}
+
+
+def _processing(v) -> Processing:
+    if not isinstance(v, Mapping):
+        raise TypeError("a mapping with mean_ms, p50_ms, p99_ms and n")
+    missing = [f.name for f in fields(Processing) if f.name not in v]
+    if missing:
+        raise TypeError(f"a mapping with {missing[0]!r}, which is missing")
+    opt = _optional(_number)
+    return Processing(opt(v["mean_ms"]), opt(v["p50_ms"]), opt(v["p99_ms"]), _integer(v["n"]))
+
+
+def _optional(check):
+    def opt(v):
+        return None if v is None else check(v)
+    opt.optional = True
+    return opt
+
+
+_CHECKS = {
+    "model": _text, "now": _number, "arrival_rate": _number, "arrivals_per_min": _numbers,
+    "current_minute_count": _number, "current_minute_elapsed_s": _number,
+    "latency_ms": _optional(_number), "latency_p50_ms": _optional(_number),
+    "latency_mean_ms": _optional(_number), "processing": _processing, "in_flight": _integer,
+    "mean_in_flight": _number, "queue_length": _number, "arrivals_total": _integer,
+    "completed_total": _integer, "dropped": _counts, "drop_rate": _number, "replicas": _integer,
+    "percentile": _number, "waiting": _integer, "dispatched": _integer,
+    "dispatch_capacity": _integer, "replica_cpus": _optional(_number),
+    "replica_memory_gb": _optional(_number), "network_ms": _optional(_number),
+    "queued_ages_s": _optional(_numbers), "batch_size": _optional(_integer),
+    "threads": _optional(_integer), "mean_batch": _optional(_number), "variant": _optional(_text),
+}
+assert set(_CHECKS) == {f.name for f in fields(FrontReport)}, "a field of FrontReport lacks its check"
+
+
+def decode_front_report(raw, model: str | None = None) -> FrontReport:
+    """``raw`` (a meter's JSON) as a :class:`FrontReport`. Every field must be present (an
+    optional one as null); :class:`FrontReportError` names the model and the first field
+    missing, ill-typed or unknown, or a version this side does not speak."""
+    label = f"front report of {model!r}" if model else "front report"
+    if not isinstance(raw, Mapping):
+        raise FrontReportError(f"{label}: expected a mapping, got {type(raw).__name__}")
+    if type(raw.get("v")) is not int or raw.get("v") != VERSION:
+        raise FrontReportError(f"{label}: version {raw.get('v')!r:.20} is not supported (this "
+                               f"autoscaler reads v{VERSION}; redeploy the model applications)")
+    where = f"{label} v{VERSION}"
+    unknown = sorted(set(raw) - set(_CHECKS) - {"v"})
+    if unknown:
+        raise FrontReportError(f"{where}: unknown field {unknown[0]!r}")
+    vals = {}
+    for name, check in _CHECKS.items():
+        if name not in raw:
+            raise FrontReportError(f"{where}: missing field {name!r}")
+        try:
+            vals[name] = check(raw[name])
+        except TypeError as err:
+            what = f"{err} or null" if getattr(check, "optional", False) else str(err)
+            raise FrontReportError(f"{where}: field {name!r} must be {what} "
+                                   f"(got {raw[name]!r:.40})") from None
+    return FrontReport(**vals)
+
+
+def resources_mismatch(report: FrontReport, slo: ModelSLO) -> str | None:
+    """Why the replicas' reserved resources disagree with the SLO's (which the planner
+    counts against the capacity), or None when they agree or the meter does not know."""
+    for what, deployed, planned in (("CPUs", report.replica_cpus, slo.cpus),
+                                    ("GiB of memory", report.replica_memory_gb, slo.memory_gb)):
+        if deployed is not None and not math.isclose(deployed, planned, rel_tol=1e-9, abs_tol=1e-9):
+            return (f"model {slo.name!r}: each replica reserves {deployed:g} {what} (the model "
+                    f"application's args) but its SLO entry says {planned:g} (the faro "
+                    f"application's models); make them agree")
+    return None
+
+
+def read_reports(raw: Mapping[str, object], slos: Mapping[str, ModelSLO]
+                 ) -> tuple[dict[str, FrontReport], dict[str, str]]:
+    """Every model's report decoded and checked against its SLO's resources: (the good
+    reports, the error of each model left out). A model left out is planned as one whose
+    meter did not answer; the error is logged, naming the model and the field or both
+    figures, and the service carries on with the other models."""
+    reports, errors = {}, {}
+    for name, front in raw.items():
+        try:
+            report = decode_front_report(front, name)
+        except FrontReportError as err:
+            errors[name] = str(err)
+        else:
+            bad = resources_mismatch(report, slos[name]) if name in slos else None
+            if bad is None:
+                reports[name] = report
+            else:
+                errors[name] = bad
+    for name, err in errors.items():
+        log.error("left out this tick: %s", err)
+    return reports, errors
