@@ -18,9 +18,8 @@ Nothing here imports Ray.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,6 +27,7 @@ from faro_serve.config import ModelSLO
 
 from .front_report import FrontReport, decode_front_report, read_reports
 from .policy import Decision, ModelObservation, Observation
+from .setting import Setting, field_map, largest_batch  # noqa: F401 (largest_batch re-exported)
 
 
 class CapacityExceeded(RuntimeError):
@@ -106,25 +106,27 @@ class FrontSnapshot:
 
 def observe(now: float, capacity_cpus: float, capacity_memory_gb: float | None,
             snapshots: Mapping[str, FrontSnapshot], running: Mapping[str, int],
-            targets: Mapping[str, int], drop_rates: Mapping[str, float],
-            future: dict[str, np.ndarray] | None = None,
+            settings: Mapping[str, Setting], future: dict[str, np.ndarray] | None = None,
             slo_s: Mapping[str, float] | None = None) -> Observation:
     """The policy's observation of the models in ``snapshots`` (in their order).
 
-    ``running``: replicas serving now; ``targets``: the last targets set (replicas starting
-    included); ``future``: true upcoming arrivals, which only the simulator has; ``slo_s``:
-    each model's SLO, which turns the queued requests' waits into remaining budgets."""
+    ``running``: replicas serving now; ``settings``: the settings in force (their replicas
+    are the last targets set, replicas starting included); ``future``: true upcoming
+    arrivals, which only the simulator has; ``slo_s``: each model's SLO, which turns the
+    queued requests' waits into remaining budgets. A batch size or thread count the front
+    reports wins over the one set (it is what the replicas run)."""
     models = {}
     for n, s in snapshots.items():
         budgets = None
         if s.queued_ages_s is not None and slo_s is not None and n in slo_s:
             budgets = np.sort(float(slo_s[n]) - s.queued_ages_s)
+        held = settings[n]
         models[n] = ModelObservation(
-            name=n, replicas=int(running[n]), target_replicas=int(targets[n]),
+            name=n, replicas=int(running[n]), target_replicas=int(held.replicas),
             arrivals_per_min=s.arrivals_per_min, arrival_rate=s.arrival_rate,
             latency_ms=s.latency_ms, processing_ms=s.processing_ms, queue_length=s.queue_length,
             ongoing_per_replica=s.mean_in_flight / max(int(running[n]), 1),
-            drop_rate=float(drop_rates.get(n, 0.0)), queued_budgets_s=budgets,
+            drop_rate=float(held.drop_rate or 0.0), queued_budgets_s=budgets,
             threads=int(s.threads or 1), batch_size=int(s.batch_size or 1), mean_batch=s.mean_batch)
     return Observation(now=float(now), capacity_cpus=capacity_cpus,
                        capacity_memory_gb=capacity_memory_gb, models=models,
@@ -135,68 +137,60 @@ def observe(now: float, capacity_cpus: float, capacity_memory_gb: float | None,
 class Applied:
     """A decision made safe to carry out."""
 
-    targets: dict[str, int]  # every model's target after the decision
-    changes: list[tuple[str, int]]  # (model, new target), decreases first
-    drop_rates: dict[str, float]  # the drop rates the decision sets, in [0, 1]
-    batch_sizes: dict[str, int] = field(default_factory=dict)  # within each model's batching
-    threads: dict[str, int] = field(default_factory=dict)  # within each replica's CPUs
-    variants: dict[str, str] = field(default_factory=dict)  # each a variant of its model
+    settings: dict[str, Setting]  # every model's setting after the decision, clamped
+    changes: list[tuple[str, int]]  # (model, new target replicas), decreases first
+    changed: dict[str, Setting]  # per model, the fields the decision set, clamped
+
+    @property
+    def targets(self) -> dict[str, int]:
+        return field_map(self.settings, "replicas")
+
+    def field(self, field: str) -> dict:
+        """``{model: value}`` of one field the decision set."""
+        return field_map(self.changed, field)
+
+    drop_rates = property(lambda self: self.field("drop_rate"))
+    batch_sizes = property(lambda self: self.field("batch_size"))
+    threads = property(lambda self: self.field("threads"))
+    variants = property(lambda self: self.field("variant"))
 
 
-def apply_decision(decision: Decision, targets: Mapping[str, int], models: Sequence[ModelSLO],
-                   capacity_cpus: float, capacity_memory_gb: float | None, *,
-                   policy: str = "policy", now: float = 0.0) -> Applied:
-    """Check and order ``decision`` against the current ``targets`` (see the module docstring).
+def apply_decision(decision: Decision, current: Mapping[str, Setting | int],
+                   models: Sequence[ModelSLO], capacity_cpus: float,
+                   capacity_memory_gb: float | None, *, policy: str = "policy",
+                   now: float = 0.0) -> Applied:
+    """Check and order ``decision`` against the settings in force, ``current`` (a bare
+    replica count stands for a setting of only that; see the module docstring).
 
-    Raises ``ValueError`` for a model the cluster does not run and :class:`CapacityExceeded`
-    when a decision that grows a model leaves targets needing more CPUs or memory than the
-    cluster has."""
+    Raises ``ValueError`` for a model the cluster does not run or a field a model cannot
+    take, and :class:`CapacityExceeded` when a decision that grows a model leaves targets
+    needing more CPUs or memory than the cluster has."""
     spec = {m.name: m for m in models}
-    unknown = sorted((set(decision.replicas) | set(decision.drop_rates)) - set(targets))
+    held = {n: s if isinstance(s, Setting) else Setting(replicas=int(s)) for n, s in current.items()}
+    unknown = sorted(set(decision.settings) - set(held))
     if unknown:
         raise ValueError(f"policy {policy!r} named unknown models {unknown} at t={now:g}s")
-    after = dict(targets)
-    for n, r in decision.replicas.items():
-        after[n] = spec[n].clamp(r)
+    changed = {}
+    for n, s in decision.settings.items():
+        try:
+            changed[n] = s.clamp(spec[n])
+        except ValueError as err:
+            raise ValueError(f"policy {policy!r} at t={now:g}s: {err}") from None
+    after = {n: held[n].merged(changed[n]) if n in changed else held[n] for n in held}
+    targets = {n: after[n].replicas for n in after}
+    before = {n: held[n].replicas for n in held}
     # A decision that only shrinks is always carried out: after a restart into a smaller
     # cluster, the targets resumed from the running replicas may exceed it.
-    grows = any(after[n] > targets[n] for n in after)
-    cpus = sum(after[n] * spec[n].cpus for n in after)
+    grows = any(targets[n] > before[n] for n in targets)
+    cpus = sum(targets[n] * spec[n].cpus for n in targets)
     if grows and cpus > capacity_cpus + 1e-9:
         raise CapacityExceeded(f"policy {policy!r} asked for {cpus:g} CPUs at t={now:g}s; the "
-                               f"cluster has {capacity_cpus:g} (targets {after})")
+                               f"cluster has {capacity_cpus:g} (targets {targets})")
     if grows and capacity_memory_gb is not None:
-        mem = sum(after[n] * spec[n].memory_gb for n in after)
+        mem = sum(targets[n] * spec[n].memory_gb for n in targets)
         if mem > capacity_memory_gb + 1e-9:
             raise CapacityExceeded(f"policy {policy!r} asked for {mem:g} GiB at t={now:g}s; the "
                                    f"cluster has {capacity_memory_gb:g}")
-    changes = [(n, after[n]) for n in after if after[n] != targets[n]]
-    changes.sort(key=lambda c: c[1] > targets[c[0]])  # decreases first, stable otherwise
-    drops = {n: float(np.clip(d, 0.0, 1.0)) for n, d in decision.drop_rates.items()}
-    variants = {}
-    for n, v in decision.variants.items():
-        if n not in spec:
-            raise ValueError(f"policy {policy!r} set a variant for unknown model {n!r} at t={now:g}s")
-        variants[n] = spec[n].variant(v).name  # ValueError names a variant the model lacks
-    batches = {}
-    for n, b in decision.batch_sizes.items():
-        most = largest_batch(spec[n]) if n in spec else 1
-        if most <= 1:
-            raise ValueError(f"policy {policy!r} set a batch size for {n!r}, which does not batch "
-                             f"(no batching in its config) at t={now:g}s")
-        batches[n] = int(min(max(int(b), 1), most))
-    # threads inside a replica's CPUs: Ray cannot resize a running replica, so Sponge's
-    # vertical scaling is torch's thread count within the CPUs the replica reserved
-    threads = {}
-    for n, t in decision.threads.items():
-        if n not in spec:
-            raise ValueError(f"policy {policy!r} set threads for unknown model {n!r} at t={now:g}s")
-        threads[n] = int(min(max(int(t), 1), max(1, math.floor(spec[n].cpus))))
-    return Applied(after, changes, drops, batches, threads, variants)
-
-
-def largest_batch(model: ModelSLO) -> int:
-    """The largest batch a model's config allows: its own, or its variants' largest."""
-    sizes = [model.batching.max_batch_size] if model.batching else []
-    sizes += [v.batching.max_batch_size for v in model.variants or () if v.batching]
-    return max(sizes, default=1)
+    changes = [(n, targets[n]) for n in targets if targets[n] != before[n]]
+    changes.sort(key=lambda c: c[1] > before[c[0]])  # decreases first, stable otherwise
+    return Applied(after, changes, changed)

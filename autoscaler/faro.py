@@ -123,7 +123,8 @@ class FaroPolicy(Policy):
                     "from": after[n], "to": added[n]} for n in added}
         if decision is None:
             return Decision(added, {}, "surge", {"surge": info})
-        decision.replicas.update(added)
+        for n, r in added.items():
+            decision.set(n, replicas=r)
         decision.info["surge"] = info
         if decision.kind == "reactive":
             decision.kind = "surge"

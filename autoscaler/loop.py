@@ -29,11 +29,13 @@ import numpy as np
 from faro_serve.metrics import utility_from_latency
 
 from .config import AutoscalerConfig
-from .driver import FrontSnapshot, apply_decision, largest_batch, observe
+from .driver import FrontSnapshot, apply_decision, observe
 from .policy import Decision, Observation
+from .setting import FIELDS, Setting, field_map
 from .registry import make_policy
 
 log = logging.getLogger("faro_serve.autoscaler")
+STATE_VERSION = 2  # 2: settings per model (issue 33); 1 kept parallel maps
 
 
 class ClusterAdapter(Protocol):
@@ -48,10 +50,9 @@ class ClusterAdapter(Protocol):
 
     def scale(self, name: str, replicas: int) -> None: ...
 
-    def control(self, name: str, drop_rate: float, replicas: int, percentile: float,
-                **batching) -> None:
-        """Tell a front what to enforce; ``batching`` (``batch_size``, ``threads``,
-        ``variant``) only for a model a policy batches or switches."""
+    def control(self, name: str, setting: Setting, percentile: float) -> None:
+        """Tell a model's front the setting to enforce (the fields that are set: a batch
+        size, threads or variant only where a policy set them) and the SLO percentile."""
 
 
 class StateStore(Protocol):
@@ -77,16 +78,15 @@ class AutoscalerLoop:
         self.policy = make_policy(cfg.policy_name(), cfg.models, cfg.cluster, forecaster)
         self.slo = {m.name: m for m in cfg.models}
         self.start = previous.start if previous else clock()
-        self.targets: dict[str, int] = dict(previous.targets) if previous else {}
-        self.drop_rates: dict[str, float] = dict(previous.drop_rates) if previous else {}
-        # batching models (issue 20): the batch size and threads a policy set, per model
-        self.batch_sizes: dict[str, int] = dict(previous.batch_sizes) if previous else {}
-        self.threads: dict[str, int] = dict(previous.threads) if previous else {}
-        self.variants: dict[str, str] = dict(previous.variants) if previous else {}
+        # every model's setting in force: its target replicas (starting ones included), drop
+        # rate, and what a policy set of batch size, threads and variant (autoscaler.setting)
+        self.settings: dict[str, Setting] = {n: s for n, s in previous.settings.items()
+                                             if n in self.slo} if previous else {}
         self.history: deque = previous.history if previous else deque(maxlen=500)
         self.last: dict = {}
         self.last_plan: dict = previous.last_plan if previous else {}
         self.ticks = 0
+        self.restored_settings: dict[str, Setting] = {}  # saved before a restart, by model
         self.restored: dict | None = None  # where the state came from, for the status
         if previous is not None:
             self._resume(previous.state(), "the previous configuration")
@@ -106,11 +106,11 @@ class AutoscalerLoop:
 
     def state(self) -> dict:
         """Everything a restarted loop needs to carry on, JSON-able."""
-        return {"version": 1, "saved_at": self.clock(), "start": self.start,
-                "drop_rates": dict(self.drop_rates), "last_plan": self.last_plan,
-                "batch_sizes": dict(self.batch_sizes), "threads": dict(self.threads),
-                "variants": dict(self.variants),
-                "policy": self.policy.get_state()}
+        return {"version": STATE_VERSION, "saved_at": self.clock(), "start": self.start,
+                # the targets are not saved: a restart resumes them from the running replicas
+                "settings": {n: {k: v for k, v in s.to_json().items() if k != "replicas"}
+                             for n, s in self.settings.items()},
+                "last_plan": self.last_plan, "policy": self.policy.get_state()}
 
     def _resume(self, saved: dict, source: str, restart: bool = False) -> None:
         age = self.clock() - float(saved.get("saved_at", -math.inf))
@@ -124,16 +124,43 @@ class AutoscalerLoop:
             return
         if restart:
             self.start = float(saved["start"])  # the policy's timers run on this clock
-            self.drop_rates = {n: float(d) for n, d in saved.get("drop_rates", {}).items()
-                               if n in self.slo}
-            self.batch_sizes = {n: int(b) for n, b in saved.get("batch_sizes", {}).items()
-                                if n in self.slo and largest_batch(self.slo[n]) > 1}
-            self.threads = {n: int(t) for n, t in saved.get("threads", {}).items() if n in self.slo}
-            self.variants = {n: str(v) for n, v in saved.get("variants", {}).items()
-                             if n in self.slo and self.slo[n].variants}
+            try:
+                self.restored_settings = self._saved_settings(saved)
+            except ValueError as err:  # a state this version cannot read: the fronts' defaults
+                log.warning("not restoring the saved settings: %s", err)
             self.last_plan = saved.get("last_plan") or {}
         self.restored = {"from": source, "saved_at": saved.get("saved_at"), "age_s": round(age, 3)}
         log.info("resumed %s from %s (%.1f s old)", self.policy.name, source, age)
+
+    def _saved_settings(self, saved: dict) -> dict[str, Setting]:
+        """The saved settings (replicas aside) of the models this config still runs, each
+        clamped to the model's config as it is now; a field the model no longer takes (a
+        batch size after its batching was removed) is left out."""
+        docs = saved.get("settings")
+        if docs is None:  # a state of version 1 kept one map per field
+            docs = {}
+            for key, f in (("drop_rates", "drop_rate"), ("batch_sizes", "batch_size"),
+                           ("threads", "threads"), ("variants", "variant")):
+                for n, v in (saved.get(key) or {}).items():
+                    docs.setdefault(n, {})[f] = v
+        out = {}
+        for n, doc in docs.items():
+            if n not in self.slo:
+                continue
+            s = Setting.from_json(doc, f"saved setting of {n}")
+            kept = {}
+            for f, v in s.set_fields().items():
+                try:
+                    kept.update(Setting(**{f: v}).clamp(self.slo[n]).set_fields())
+                except ValueError as err:
+                    log.info("not restoring %s: %s", f, err)
+            out[n] = Setting(**kept)
+        return out
+
+    @property
+    def targets(self) -> dict[str, int]:
+        """Every model's target replicas."""
+        return field_map(self.settings, "replicas")
 
     @property
     def tick_s(self) -> float:
@@ -151,10 +178,12 @@ class AutoscalerLoop:
         if cap_mem is not None and mem is not None:
             cap_mem = min(cap_mem, mem)
         for n in names:
-            if n not in self.targets:  # (re)start: resume from what is running
-                self.targets[n] = self.slo[n].clamp(running[n])
+            if n not in self.settings:  # (re)start: resume from what is running
+                restored = self.restored_settings.get(n, Setting())
+                self.settings[n] = Setting(replicas=self.slo[n].clamp(running[n]), drop_rate=0.0
+                                           ).merged(restored)
         snaps = {n: fronts.get(n) or FrontSnapshot(np.zeros(0)) for n in names}
-        obs = observe(now - self.start, cap_cpu, cap_mem, snaps, running, self.targets, self.drop_rates,
+        obs = observe(now - self.start, cap_cpu, cap_mem, snaps, running, self.settings,
                       slo_s={n: self.slo[n].slo_ms / 1e3 for n in names})
         return obs, fronts
 
@@ -190,27 +219,23 @@ class AutoscalerLoop:
         """Tell a front the drop rate, target and SLO percentile where it differs from ours
         (after a decision, or when a restarted front came back with defaults)."""
         for n in obs.models:
-            f = fronts.get(n)
-            want = (self.drop_rates.get(n, 0.0), self.targets[n], self.slo[n].percentile)
-            batching = {k: v[n] for k, v in (("batch_size", self.batch_sizes), ("threads", self.threads),
-                                             ("variant", self.variants)) if n in v}
-            if f is not None and f.enforces(*want, **batching):
+            f, want, pct = fronts.get(n), self.settings[n], self.slo[n].percentile
+            if f is not None and f.enforces(percentile=pct, **want.to_json()):
                 continue
             try:
-                self.cluster.control(n, *want, **batching)
+                self.cluster.control(n, want, pct)
             except Exception as err:  # a front may be restarting
                 log.warning("cannot reach the front of %s: %s", n, err)
 
     def _apply(self, decision: Decision, obs: Observation) -> None:
-        done = apply_decision(decision, self.targets, self.cfg.models, obs.capacity_cpus,
+        done = apply_decision(decision, self.settings, self.cfg.models, obs.capacity_cpus,
                               obs.capacity_memory_gb, policy=self.policy.name, now=obs.now)
         for n, r in done.changes:  # decreases first: they free what the increases take
             self.cluster.scale(n, r)
-            self.targets[n] = r
-        self.drop_rates.update(done.drop_rates)
-        self.batch_sizes.update(done.batch_sizes)
-        self.threads.update(done.threads)
-        self.variants.update(done.variants)
+            self.settings[n] = self.settings[n].merged(Setting(replicas=r))
+        # the other fields reach the fronts through _sync_fronts (the front tells the replicas)
+        self.settings = {n: self.settings[n].merged(done.changed.get(n, Setting()))
+                         for n in self.settings}
         if decision.plan:  # what the status shows as predicted, until the next plan
             self.last_plan = {n: {"utility": round(p.utility, 4), "predictor": p.predictor,
                                   "latency_ms": p.latency_ms} for n, p in decision.plan.items()}
@@ -218,32 +243,27 @@ class AutoscalerLoop:
     def _record(self, now: float, obs: Observation, decision: Decision | None) -> dict:
         models = {}
         for n, o in obs.models.items():
-            planned = self.last_plan.get(n, {})
+            planned, held = self.last_plan.get(n, {}), self.settings[n]
             models[n] = {
                 "slo_ms": self.slo[n].slo_ms, "percentile": self.slo[n].percentile,
                 "arrival_rate": round(o.arrival_rate, 4),
                 "latency_ms": None if o.latency_ms is None else round(o.latency_ms, 2),
                 "processing_ms": None if o.processing_ms is None else round(o.processing_ms, 2),
                 "queue_length": o.queue_length, "replicas": o.replicas,
-                "target": self.targets.get(n), "drop_rate": self.drop_rates.get(n, 0.0),
+                "target": held.replicas, "drop_rate": held.drop_rate or 0.0,
                 # measured: min(SLO / p99 over the look-back, 1), the paper's utility (alpha 1);
                 # predicted: what the last plan expected over its window
                 "observed_utility": observed_utility(o.latency_ms, self.slo[n].slo_ms),
                 "predicted_utility": planned.get("utility"), "predictor": planned.get("predictor"),
                 "predicted_latency_ms": planned.get("latency_ms"),
             }
-            for key, held in (("batch_size", self.batch_sizes), ("threads", self.threads),
-                              ("variant", self.variants)):
-                if n in held:  # set by a policy that batches or switches variants
-                    models[n][key] = held[n]
+            # the fields a policy set beyond replicas and drops (batch size, threads, variant)
+            models[n].update({k: v for k, v in held.to_json().items() if k not in models[n]
+                              and k not in ("replicas", "drop_rate")})
+            models[n]["setting"] = held.to_json()  # the whole record in force
         rec = {"time": round(now, 3), "t": round(obs.now, 3), "policy": self.policy.name,
                "capacity_cpus": obs.capacity_cpus, "models": models,
-               "decision": None if decision is None else {
-                   "kind": decision.kind, "replicas": decision.replicas,
-                   "drop_rates": decision.drop_rates, "info": decision.info,
-                   **{k: v for k, v in (("batch_sizes", decision.batch_sizes),
-                                        ("threads", decision.threads),
-                                        ("variants", decision.variants)) if v}}}
+               "decision": None if decision is None else decision_record(decision)}
         return rec
 
     def _log(self, record: dict) -> None:
@@ -261,6 +281,21 @@ class AutoscalerLoop:
                 "capacity_cpus": self.last.get("capacity_cpus"),
                 "models": self.last.get("models", {}), "last_decision": self.history[-1]["decision"]
                 if self.history else None, "restored": self.restored}
+
+
+def decision_record(decision: Decision) -> dict:
+    """A decision as the log and the status show it: its kind, replicas and drop rates per
+    model (always), each other field a policy set (``batch_sizes``, ``threads``,
+    ``variants``, and any later one by its field name), and its details."""
+    out = {"kind": decision.kind, "replicas": dict(decision.replicas),
+           "drop_rates": dict(decision.drop_rates), "info": decision.info}
+    for f in FIELDS:
+        if f not in ("replicas", "drop_rate") and (values := dict(decision.field(f))):
+            out[_PLURAL.get(f, f)] = values
+    return out
+
+
+_PLURAL = {"batch_size": "batch_sizes", "variant": "variants"}  # the log's names since issue 20
 
 
 def observed_utility(latency_ms: float | None, slo_ms: float) -> float | None:

@@ -10,13 +10,15 @@ each policy.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
 
+from .setting import Setting, field_map
 from .state import decode, encode
 
 
@@ -67,21 +69,53 @@ class ModelPlan:
     predictor: str  # the forecaster that served this model ("nhits", "fallback", ...)
 
 
-@dataclass
 class Decision:
-    """Target replicas (and drop rates) per model; models left out keep their target."""
+    """A partial :class:`~autoscaler.setting.Setting` per model (models left out, and fields
+    left ``None``, keep theirs), why it was made, and what a planning policy expects.
 
-    replicas: dict[str, int]
-    drop_rates: dict[str, float] = field(default_factory=dict)
-    kind: str = "long_term"  # "long_term", "reactive" or "surge" (for logs)
-    info: dict = field(default_factory=dict)  # JSON-able details for the decision log
-    plan: dict[str, ModelPlan] = field(default_factory=dict)  # planning policies: per model
-    # batching models (issue 20): threads inside each replica (vertical scaling in place)
-    # and the batch size; models left out keep theirs
-    threads: dict[str, int] = field(default_factory=dict)
-    batch_sizes: dict[str, int] = field(default_factory=dict)
-    # models with variants (INFaaS): the variant to serve; models left out keep theirs
-    variants: dict[str, str] = field(default_factory=dict)
+    Built from per-field maps, as policies think of them (``Decision({"a": 3}, {"a": 0.1},
+    threads={"b": 2})``), or from settings (``settings={"a": Setting(replicas=3)}``);
+    :meth:`set` adds to it. The per-field views (``replicas``, ``drop_rates``, ...) are
+    read-only: the settings are the one record."""
+
+    def __init__(self, replicas: Mapping[str, int] | None = None,
+                 drop_rates: Mapping[str, float] | None = None, kind: str = "long_term",
+                 info: dict | None = None, plan: dict[str, ModelPlan] | None = None,
+                 threads: Mapping[str, int] | None = None,
+                 batch_sizes: Mapping[str, int] | None = None,
+                 variants: Mapping[str, str] | None = None, *,
+                 settings: Mapping[str, Setting] | None = None):
+        self.kind = kind  # "long_term", "reactive", "surge", ... (for logs)
+        self.info = info if info is not None else {}  # JSON-able details for the decision log
+        self.plan = plan if plan is not None else {}  # planning policies: per model
+        self.settings: dict[str, Setting] = dict(settings or {})
+        for field, values in (("replicas", replicas), ("drop_rate", drop_rates),
+                              ("batch_size", batch_sizes), ("threads", threads),
+                              ("variant", variants)):
+            for n, v in (values or {}).items():
+                self.set(n, **{field: v})
+
+    def set(self, name: str, **fields) -> "Decision":
+        """Set fields of ``name``'s setting (``dec.set("a", variant="resnet50")``)."""
+        self.settings[name] = self.settings.get(name, Setting()).merged(Setting(**fields))
+        return self
+
+    def field(self, field: str) -> Mapping:
+        """``{model: value}`` of one setting field, where this decision sets it (read-only)."""
+        return MappingProxyType(field_map(self.settings, field))
+
+    replicas = property(lambda self: self.field("replicas"), doc="target replicas per model")
+    drop_rates = property(lambda self: self.field("drop_rate"), doc="drop rate per model")
+    batch_sizes = property(lambda self: self.field("batch_size"), doc="batch size per model")
+    threads = property(lambda self: self.field("threads"), doc="threads per replica per model")
+    variants = property(lambda self: self.field("variant"), doc="variant served per model")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Decision) and (self.settings, self.kind, self.info, self.plan) == (
+            other.settings, other.kind, other.info, other.plan)
+
+    def __repr__(self) -> str:
+        return f"Decision({self.kind!r}, {self.settings!r})"
 
 
 class Policy(ABC):

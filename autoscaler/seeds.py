@@ -315,9 +315,9 @@ class INFaaSPolicy(Policy):
         if chosen:
             dec = dec or Decision({}, {}, "reactive")
             for n, opt in chosen.items():
-                dec.variants[n] = opt.variant
+                dec.set(n, variant=opt.variant)
                 if opt.batch > 1 or self._batches(self.slo[n]):
-                    dec.batch_sizes[n] = opt.batch
+                    dec.set(n, batch_size=opt.batch)
             dec.info["variants"] = {n: f"{opt.variant} batch {opt.batch}" for n, opt in chosen.items()}
         return dec
 

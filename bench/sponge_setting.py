@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from autoscaler.sponge import SpongePolicy, static
-from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.engine.batching import BatchProfile, fit_profile
 from faro_serve.sim.batched_runner import BatchedSetting, simulate_batched
 
@@ -48,7 +48,9 @@ def main(argv=None) -> int:
           f"delta {prof.delta * 1e3:.2f} ms, eta {prof.eta * 1e3:.2f} ms (R^2 {prof.r2:.3f})")
     models = [ModelSLO(name="m", slo_ms=args.slo_ms, processing_ms=min(float(prof.latency(1, 1)) * 1e3,
                                                                          args.slo_ms / 2),
-                       cpus=16, max_replicas=1)]
+                       cpus=16, max_replicas=1,
+                       batching=Batching(gamma=prof.gamma, eps=prof.eps, delta=prof.delta,
+                                         eta=prof.eta, max_batch_size=16))]
     cluster, profiles = ClusterSpec(cpus=16), {"m": prof}
     rows: dict[str, list] = {}
     for seed in range(args.seeds):

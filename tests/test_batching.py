@@ -134,11 +134,13 @@ def test_sponge_in_its_own_setting_saves_cores_and_meets_the_budgets():
     images over a 0.5-7 MB/s network. A model costing about 0.4 s per image on one core:
     8 static cores cannot keep up, 16 can; Sponge meets the SLO with far fewer."""
     from autoscaler.sponge import SpongePolicy, static
-    from faro_serve.config import ClusterSpec, ModelSLO
+    from faro_serve.config import Batching, ClusterSpec, ModelSLO
     from faro_serve.sim.batched_runner import BatchedSetting, simulate_batched
 
     prof = BatchProfile(gamma=0.4, eps=0.02, delta=0.004, eta=0.02)
-    models = [ModelSLO(name="m", slo_ms=1000, processing_ms=400, cpus=16, max_replicas=1)]
+    batching = Batching(gamma=0.4, eps=0.02, delta=0.004, eta=0.02, max_batch_size=16)
+    models = [ModelSLO(name="m", slo_ms=1000, processing_ms=400, cpus=16, max_replicas=1,
+                       batching=batching)]
     cluster, profiles = ClusterSpec(cpus=16), {"m": prof}
     setting = BatchedSetting(profile=prof, duration_s=180, seed=1)
     sponge = simulate_batched(setting, SpongePolicy(models, cluster, profiles))

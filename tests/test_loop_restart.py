@@ -142,3 +142,38 @@ def test_stale_or_foreign_state_is_not_restored():
 
     loop = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=Broken())
     assert loop.restored is None and loop.step()["decision"]["kind"] == "long_term"  # still works
+
+
+def test_a_restarted_loop_restores_each_models_setting_and_reads_the_old_state_too():
+    """The setting record (issue 33) is what the loop saves: a drop rate set before the
+    restart is in force after it and sent to the fronts; a state saved by the previous
+    version (one map per field) is read too; a saved field the config no longer allows is
+    left out; an unreadable setting starts from the fronts' defaults, never crashes."""
+    from autoscaler.setting import Setting
+
+    cluster, store = Cluster(), Store()
+    sent = []
+    cluster.control = lambda name, setting, pct: sent.append((name, setting))
+    loop = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=store)
+    cluster.t = 0.0
+    loop.step()
+    loop.settings["a"] = loop.settings["a"].merged(Setting(drop_rate=0.3))
+    cluster.t = 10.0
+    loop.step()
+    saved = json.loads(store.doc)
+    assert saved["version"] == 2 and saved["settings"]["a"] == {"drop_rate": 0.3}  # no replicas
+    cluster.t = 20.0
+    again = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=store)
+    again.step()
+    assert again.settings["a"].drop_rate == 0.3 and again.settings["a"].replicas == cluster.running["a"]
+    assert ("a", again.settings["a"]) in sent
+    # the previous version's state: one map per field; b's batch size is not allowed any more
+    old = {k: v for k, v in saved.items() if k != "settings"}
+    store.doc = json.dumps({**old, "version": 1, "drop_rates": {"a": 0.5}, "batch_sizes": {"b": 4}})
+    v1 = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=store)
+    v1.step()
+    assert v1.settings["a"].drop_rate == 0.5 and v1.settings["b"].batch_size is None
+    store.doc = json.dumps({**saved, "settings": {"a": {"cores": 4}}})
+    bad = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=store)
+    bad.step()
+    assert bad.settings["a"].drop_rate == 0.0

@@ -12,6 +12,7 @@ import yaml
 from ray.serve.request_router import PendingRequest
 
 from autoscaler.loop import AutoscalerLoop
+from autoscaler.setting import Setting
 from faro_serve.config import ConfigError
 from faro_serve.serving.routing import DispatchGate, IdleFirstRouter
 from faro_serve.serving.schema import parse_autoscaler_config, parse_model_args
@@ -191,9 +192,10 @@ class FakeCluster:
         self.scaled.append((name, replicas))
         self.running[name] = replicas
 
-    def control(self, name, drop_rate, replicas, percentile):
-        self.controls.append((name, drop_rate, replicas))
-        self.fronts[name].update(drop_rate=drop_rate, replicas=replicas, percentile=percentile)
+    def control(self, name, setting, percentile):
+        self.controls.append((name, setting.drop_rate, setting.replicas))
+        self.fronts[name].update(drop_rate=setting.drop_rate, replicas=setting.replicas,
+                                 percentile=percentile)
 
 
 def config(**cluster):
@@ -252,7 +254,7 @@ def test_loop_restores_a_restarted_fronts_drop_rate():
     t = [0.0]
     loop = AutoscalerLoop(config(), cluster, clock=lambda: t[0])
     loop.step()  # long-term decision
-    loop.drop_rates["a"] = 0.2  # as a penalty objective might set
+    loop.settings["a"] = loop.settings["a"].merged(Setting(drop_rate=0.2))  # as a penalty objective might
     t[0] = 10.0
     loop.step()
     assert cluster.fronts["a"]["drop_rate"] == 0.2

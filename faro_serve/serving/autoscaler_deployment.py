@@ -23,6 +23,7 @@ from ray import serve
 
 from autoscaler.config import AutoscalerConfig, parse_autoscaler_config
 from autoscaler.loop import AutoscalerLoop
+from autoscaler.setting import Setting
 
 from .names import FRONT, MODEL
 
@@ -88,10 +89,10 @@ class RayServeCluster:
             raise RuntimeError(f"scaling {name} to {replicas} failed: HTTP {r.status_code} {r.text[:200]}")
         log.info("scaled %s to %d replicas", name, replicas)
 
-    def control(self, name: str, drop_rate: float, replicas: int, percentile: float,
-                **batching) -> None:
-        self._front(name).control.remote(drop_rate=drop_rate, replicas=replicas,
-                                         percentile=percentile, **batching).result(timeout_s=self.timeout_s)
+    def control(self, name: str, setting: Setting, percentile: float) -> None:
+        # the front's control takes the setting's fields by name (FrontControl.control)
+        self._front(name).control.remote(percentile=percentile, **setting.to_json()
+                                         ).result(timeout_s=self.timeout_s)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)

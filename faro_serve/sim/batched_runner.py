@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoscaler.policy import ModelObservation, Observation, Policy
+from autoscaler.driver import FrontSnapshot, apply_decision, observe
+from autoscaler.policy import Policy
+from autoscaler.setting import Setting, largest_batch
 from faro_serve.engine.batching import BatchProfile
 
 from .batched import advance_batched
@@ -124,18 +126,31 @@ def simulate_batched(setting: BatchedSetting, policy: Policy, name: str | None =
     cores_log, batch_log = np.zeros(ticks), np.zeros(ticks, dtype=int)
     nxt, nq, dropped = 0, 0, 0
 
+    model = next((m for m in policy.models if m.name == name), None)
+    if model is None or largest_batch(model) <= 1:
+        raise ValueError(f"the batched simulator runs a model that declares batching; "
+                         f"{policy.name!r} has {'no model ' + repr(name) if model is None else repr(name) + ' without it'}")
+    in_force = {name: Setting(replicas=setting.replicas, drop_rate=0.0, batch_size=batch,
+                              threads=int(cores))}
+
     def decide(now: float, rate: float) -> None:
-        nonlocal cores, batch
-        budgets = np.sort(hkey[:nq] - now)
-        obs = Observation(now=now, capacity_cpus=policy.cluster.cpus, capacity_memory_gb=None, models={
-            name: ModelObservation(name=name, replicas=setting.replicas, target_replicas=setting.replicas,
-                                   arrivals_per_min=np.zeros(0), arrival_rate=rate,
-                                   queue_length=float(nq), queued_budgets_s=budgets,
-                                   threads=int(cores), batch_size=batch)})
+        """What the live loop does each tick (``autoscaler.driver``): the front's snapshot
+        (the queued requests' ages since they left their clients), observe, decide, apply."""
+        nonlocal cores, batch, in_force
+        snap = FrontSnapshot(arrivals_per_min=np.zeros(0), arrival_rate=rate,
+                             queue_length=float(nq), queued_ages_s=setting.slo_s - (hkey[:nq] - now),
+                             batch_size=batch, threads=int(cores))
+        obs = observe(now, policy.cluster.cpus, None, {name: snap}, {name: setting.replicas},
+                      in_force, slo_s={name: setting.slo_s})
         dec = policy.decide(obs)
         if dec is not None:
-            cores = float(dec.threads.get(name, cores))
-            batch = int(dec.batch_sizes.get(name, batch))
+            done = apply_decision(dec, in_force, policy.models, policy.cluster.cpus, None,
+                                  policy=policy.name, now=now)
+            if done.changes:
+                raise ValueError(f"{policy.name!r} changed the replicas of {name!r}: the batched "
+                                 "simulator runs a fixed number (its cores and batches change)")
+            in_force = done.settings
+            cores, batch = float(in_force[name].threads), int(in_force[name].batch_size)
 
     decide(0.0, setting.rate)  # the monitor knows the rate from before: no cold first second
     for k in range(ticks):

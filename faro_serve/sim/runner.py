@@ -33,6 +33,7 @@ import numpy as np
 
 from autoscaler.driver import CapacityExceeded, FrontSnapshot, apply_decision, observe  # noqa: F401 (re-exported)
 from autoscaler.policy import Policy
+from autoscaler.setting import Setting
 from faro_serve.config import ModelSLO
 from faro_serve.metrics import MinuteTable, Summary, minute_table, summarize
 
@@ -161,8 +162,11 @@ class _Run:
                        for i, m in enumerate(self.models)}
         for s, r in zip(self.states.values(), init):
             s.scale_to(r, 0.0, 0.0)
-        # models with variants start with the first (the one deployed)
-        self.variant = {m.name: m.variants[0].name if m.variants else "" for m in self.models}
+        # every model's setting in force (autoscaler.setting); models with variants start
+        # with the first (the one deployed)
+        self.settings = {m.name: Setting(replicas=r, drop_rate=0.0,
+                                         variant=m.variants[0].name if m.variants else None)
+                         for m, r in zip(self.models, init)}
         for m in self.models:
             if m.variants:
                 v = m.variants[0]
@@ -220,38 +224,43 @@ class _Run:
                 queue_length=float(s.nq), mean_in_flight=area / dt if dt > 0 else 0.0)
         future = {n: self.work.counts[i, minute_now:minute_now + self.future_minutes].astype(float)
                   for i, n in enumerate(self.names)}
-        targets = {n: s.target for n, s in self.states.items()}
-        obs = observe(t, self.cfg.capacity_cpus, self.cfg.capacity_memory_gb, snaps, running, targets,
-                      {n: s.drop_rate for n, s in self.states.items()}, future)
+        obs = observe(t, self.cfg.capacity_cpus, self.cfg.capacity_memory_gb, snaps, running,
+                      self.settings, future)
         dec = self.policy.decide(obs)
         if dec is not None:
-            done = apply_decision(dec, targets, self.models, self.cfg.capacity_cpus,
+            done = apply_decision(dec, self.settings, self.models, self.cfg.capacity_cpus,
                                   self.cfg.capacity_memory_gb, policy=self.policy.name, now=t)
-            for n, r in done.changes:
+            for n, r in done.changes:  # decreases first
                 self.states[n].scale_to(r, t, self.cfg.cold_start_s)
-            for n, d in done.drop_rates.items():
-                self.states[n].drop_rate = d
-            for n, b in done.batch_sizes.items():
-                self.states[n].batch = b
-            for n, v in done.variants.items():
-                self._switch(n, v, t)
+            for n, new in done.changed.items():
+                self._carry_out(n, new, t)
+            self.settings = done.settings
             self.kinds[dec.kind] = self.kinds.get(dec.kind, 0) + 1
         self.targets_log[self.k_tick] = [s.target for s in self.states.values()]
         self.last_tick_t = t
         self.k_tick += 1
 
+    def _carry_out(self, name: str, new: Setting, t: float) -> None:
+        """The fields of ``new`` beside replicas, on the simulated model: its router's drop
+        rate, its replicas' batch, the variant it serves. Threads are Sponge's in-place cores,
+        which its own simulator models (``batched_runner``); here a replica is one request's
+        worth of CPU."""
+        st = self.states[name]
+        if new.drop_rate is not None:
+            st.drop_rate = new.drop_rate
+        if new.batch_size is not None:
+            st.batch = new.batch_size
+        if new.variant is not None and new.variant != self.settings[name].variant:
+            self._switch(name, new.variant, t)
+
     def _switch(self, name: str, variant: str, t: float) -> None:
-        """A model serves ``variant`` from now plus its loading latency (at once when it is
-        the variant in force, whose batch alone may have changed)."""
+        """A model serves ``variant`` from now plus its loading latency."""
         m, st = self.spec[name], self.states[name]
-        if self.variant[name] == variant:
-            return
         v = m.variant(variant)
         base = m.processing_ms or m.variants[0].processing_ms
         share = 1.0 if v.batching is None else v.batching.share(m.cpus)
         st.switch_variant(t, v.processing_ms / base, share,
                           self.cfg.cold_start_s if v.load_s is None else v.load_s)
-        self.variant[name] = variant
 
     def flush(self, final: bool) -> None:
         states = list(self.states.values())
