@@ -6,6 +6,7 @@ their problem."""
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import sys
@@ -176,6 +177,24 @@ def test_simulate_takes_a_forecaster_by_import_path(cli, trace):
     assert json.loads(out)["forecaster"] == f"{USER}:MyForecaster" and "fallback" not in err
     code, _, err = cli("simulate", "--trace", str(trace), "--capacity", "8",
                        "--forecaster", f"{USER}:NoHorizon")
+    assert code == 2 and err.startswith("faro-serve: error: forecaster") and err.count("\n") == 1
+
+
+def test_suite_gives_its_forecaster_to_faro_and_to_a_user_policy(cli, trace, tmp_path):
+    """``suite --forecaster``: the forecasting policies plan with it, and so is a policy
+    named by import path given it (its rows say which forecaster); a bad one is refused."""
+    out = tmp_path / "suite"
+    code, _, err = cli("suite", "--trace", str(trace), "--day", "1", "--sample", "0",
+                       "--warmup-minutes", "0", "--capacities", "8", "--seeds", "1", "--workers", "1",
+                       "--policies", f"faro-fairsum,aiad,{USER}:MyPolicy",
+                       "--forecaster", f"{USER}:MyForecaster", "--out", str(out))
+    assert code == 0, err
+    rows = {r["policy"]: r for r in csv.DictReader((out / "results.csv").open())}
+    assert rows["faro-fairsum"]["forecaster"] == f"{USER}:MyForecaster"
+    assert rows[f"{USER}:MyPolicy"]["forecaster"] == f"{USER}:MyForecaster"
+    assert rows["aiad"]["forecaster"] == ""  # a built-in that does not forecast
+    code, _, err = cli("suite", "--trace", str(trace), "--capacities", "8",
+                       "--forecaster", f"{USER}:Gone")
     assert code == 2 and err.startswith("faro-serve: error: forecaster") and err.count("\n") == 1
 
 

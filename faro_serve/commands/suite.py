@@ -20,6 +20,9 @@ def register(sub) -> None:
     p = sub.add_parser("suite", help="compare policies x capacities x seeds in the simulator",
                        description=__doc__.split("\n\n", 1)[1])
     add_scenario_args(p)
+    p.add_argument("--forecaster", metavar="IMPORT_PATH",
+                   help="the forecasting policies' forecaster: a plug-in name or the import path "
+                        "of a forecaster class or factory (my_pkg.fc:MyForecaster); not with --history")
     p.add_argument("--capacities", default="36,32,16", help="comma-separated replica counts (36,32,16)")
     p.add_argument("--policies", default="all", help="comma-separated policy names or import "
                    "paths (my_pkg.policies:MyPolicy), or 'all' (the built-in and installed ones)")
@@ -80,7 +83,16 @@ def run(args) -> int:
     if len(names) > min(capacities):
         raise UsageError(f"{len(names)} jobs need at least {len(names)} replicas; smallest capacity is {min(capacities):g}")
     fc_dir = None
-    if args.history and any(uses_forecaster(p) for p in policies):
+    if args.forecaster:
+        from autoscaler.plugins import check_forecaster_spec
+
+        if args.history:
+            raise UsageError("give --forecaster (an import path) or --history (train N-HiTS), not both")
+        try:
+            check_forecaster_spec(args.forecaster)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+    elif args.history and any(uses_forecaster(p) for p in policies):
         from ..sim.forecaster import ensure_forecaster
 
         fc_dir = str(ensure_forecaster(args.history, days=args.history_days, sample=args.history_sample,
@@ -100,11 +112,12 @@ def run(args) -> int:
             prog.update(bar, advance=1, last=f"{task.policy} @ {task.capacity:g} seed {task.seed}: "
                         f"lost {row['lost_cluster_utility']:.2f}")
 
-        rows, timelines = run_suite(sc, policies, capacities, seeds, args.workers, fc_dir, progress)
+        rows, timelines = run_suite(sc, policies, capacities, seeds, args.workers, fc_dir, progress,
+                                    forecaster=args.forecaster)
     title = args.title or (f"{Path(args.trace).name}" + (f" day {args.day}" if args.day is not None else "")
                            + (f" sample {args.sample}" if args.sample is not None else "")
                            + f", {len(names)} jobs, {len(seeds)} seed(s), forecaster "
-                           + ("N-HiTS" if fc_dir else "fallback"))
+                           + (args.forecaster or ("N-HiTS" if fc_dir else "fallback")))
     paths = write_outputs(Path(args.out), rows, timelines, title, args.timeline_capacity)
     print(markdown_table(aggregate(rows)))
     print(f"{n} runs in {time.perf_counter() - t0:.0f} s; wrote " + ", ".join(str(p) for p in paths.values()))

@@ -33,15 +33,27 @@ class Task:
 
 
 def uses_forecaster(policy: str) -> bool:
-    return policy.startswith(FORECASTING[0]) or policy == FORECASTING[1]
+    """Faro's and MArk's policies plan with the forecaster; a plug-in or import-path policy
+    is given it too (one that does not forecast ignores it)."""
+    if policy.startswith(FORECASTING[0]) or policy == FORECASTING[1]:
+        return True
+    from autoscaler.builtin import BUILTIN
+
+    return policy not in {row[0] for row in BUILTIN}
 
 
-def _init_worker(scenario: Scenario, forecaster_dir: str | None) -> None:
+def _init_worker(scenario: Scenario, forecaster_dir: str | None, forecaster: str | None = None) -> None:
+    """``forecaster_dir``: a trained N-HiTS; ``forecaster``: a plug-in name or import path."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     _WORKER["scenario"] = scenario
     _WORKER["loaded"] = scenario.load()
     _WORKER["forecaster"] = None
-    if forecaster_dir:
+    if forecaster:
+        from autoscaler.plugins import make_forecaster
+
+        _WORKER["forecaster"] = make_forecaster(forecaster)
+        _WORKER["forecaster_name"] = forecaster
+    elif forecaster_dir:
         import torch
 
         from forecasting.io import load_forecaster
@@ -62,17 +74,21 @@ def _run(task: Task) -> dict:
            "requests": int(s.job_requests.sum()), "dropped": int(s.job_dropped.sum()),
            **{f"job_lost_{k}": v for k, v in s.fairness.items()},
            "mean_replicas": float(res.targets.sum(axis=1).mean()), "wall_s": res.wall_s,
-           "forecaster": ("nhits" if fc is not None else "fallback") if uses_forecaster(task.policy) else ""}
+           "forecaster": (_WORKER.get("forecaster_name", "nhits") if fc is not None else "fallback")
+           if uses_forecaster(task.policy) else ""}
     return {"row": row, "timeline": s.cluster_utility.tolist()}
 
 
 def run_suite(scenario: Scenario, policies: list[str], capacities: list[float], seeds: list[int],
-              workers: int = 2, forecaster_dir: str | None = None, progress=None) -> tuple[list, dict]:
-    """Run every (policy, capacity, seed); returns (rows, {(policy, capacity, seed): timeline})."""
+              workers: int = 2, forecaster_dir: str | None = None, progress=None,
+              forecaster: str | None = None) -> tuple[list, dict]:
+    """Run every (policy, capacity, seed); returns (rows, {(policy, capacity, seed): timeline}).
+    The forecasting policies plan with ``forecaster`` (a plug-in name or import path) or the
+    N-HiTS in ``forecaster_dir``, else the fallback predictor."""
     tasks = [Task(p, c, s) for c, p, s in itertools.product(capacities, policies, seeds)]
     rows, timelines = [], {}
     if workers <= 1:
-        _init_worker(scenario, forecaster_dir)
+        _init_worker(scenario, forecaster_dir, forecaster)
         for t in tasks:
             out = _run(t)
             rows.append(out["row"])
@@ -81,7 +97,7 @@ def run_suite(scenario: Scenario, policies: list[str], capacities: list[float], 
                 progress(t, out["row"])
         return rows, timelines
     with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
-                             initargs=(scenario, forecaster_dir)) as pool:
+                             initargs=(scenario, forecaster_dir, forecaster)) as pool:
         futures = {pool.submit(_run, t): t for t in tasks}
         for fut in as_completed(futures):
             t = futures[fut]
