@@ -25,7 +25,7 @@ import numpy as np
 
 from faro_serve.config import ModelSLO
 
-from .front_report import FrontReport, decode_front_report, read_reports
+from faro_serve.front_report import FrontReport, decode_front_report, read_reports
 from .policy import Decision, ModelObservation, Observation
 from .setting import Setting, field_map, largest_batch  # noqa: F401 (largest_batch re-exported)
 
@@ -61,7 +61,7 @@ class FrontSnapshot:
     def from_front(cls, front: Mapping, min_elapsed_s: float = 10.0,
                    startup_minutes: int = 2, model: str | None = None) -> "FrontSnapshot":
         """The live front's JSON (``FrontControl.metrics``), read strictly: a missing or
-        ill-typed field raises :class:`~autoscaler.front_report.FrontReportError` naming
+        ill-typed field raises :class:`~faro_serve.front_report.FrontReportError` naming
         it (and ``model``) rather than becoming a default."""
         return cls.from_report(decode_front_report(front, model), min_elapsed_s, startup_minutes)
 
@@ -90,7 +90,7 @@ class FrontSnapshot:
                     ) -> tuple[dict[str, "FrontSnapshot"], dict[str, str]]:
         """Every model's front JSON as a snapshot, and the error of each model left out: a
         malformed report, or replicas reserving other resources than the SLO's
-        (:func:`~autoscaler.front_report.read_reports`, which logs them)."""
+        (:func:`~faro_serve.front_report.read_reports`, which logs them)."""
         reports, errors = read_reports(raw, slos)
         return {n: cls.from_report(r) for n, r in reports.items()}, errors
 

@@ -1,7 +1,7 @@
-"""A complete meter report (``autoscaler.front_report``) for the tests' fake clusters: the
+"""A complete meter report (``faro_serve.front_report``) for the tests' fake clusters: the
 autoscaler reads reports strictly, so a fake sends every field, idle defaults unless set."""
 
-from autoscaler.front_report import FrontReport, Processing
+from faro_serve.front_report import FrontReport, Processing
 
 
 def front_report(model: str = "m", **fields) -> dict:

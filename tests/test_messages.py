@@ -1,6 +1,6 @@
 """Typed messages at the router's edge (issue 33): the router's and replicas' reports to the
 meter and its answer (faro_serve/serving/messages.py), the meter's report to the autoscaler
-(autoscaler/front_report.py), and the check that a model's replicas reserve the CPUs its SLO
+(faro_serve/front_report.py), and the check that a model's replicas reserve the CPUs its SLO
 plans with. No Ray cluster: the meter is constructed as tests/test_direct_units.py does."""
 
 import logging
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from autoscaler.driver import FrontSnapshot
-from autoscaler.front_report import FrontReportError, decode_front_report
 from autoscaler.loop import AutoscalerLoop
 from faro_serve.config import ConfigError
+from faro_serve.front_report import FrontReportError, decode_front_report
 from faro_serve.serving.direct import Meter
 from faro_serve.serving.kuberay import load_serve_config
 from faro_serve.serving.messages import (VERSION, Answered, Arrival, Dropped, GaveUp, MessageError,

@@ -12,8 +12,7 @@ import time
 
 from ray.util import metrics as ray_metrics
 
-from autoscaler.front_report import FrontReport, Processing
-
+from ..front_report import FrontReport, Processing
 from ..measures import LOOK_BACK_S
 from .stats import RouterStats
 
@@ -46,7 +45,7 @@ class FrontControl:
 
     def metrics(self, reset_mean: bool = True) -> dict:
         """The autoscaler's read, once per tick: the in-flight average restarts with it.
-        A :class:`~autoscaler.front_report.FrontReport` in its JSON form (the schema the
+        A :class:`~faro_serve.front_report.FrontReport` in its JSON form (the schema the
         autoscaler decodes strictly)."""
         snap = self.stats.snapshot(time.time(), self.percentile, self.replicas, reset_mean)
         snap["processing"] = Processing(**snap["processing"])

@@ -109,7 +109,7 @@ def check_resources(cfg: AutoscalerConfig, apps: list[ModelAppArgs], source: str
     counts the SLO's figure against the capacity while Ray reserves the application's, so a
     mismatch strands or overbooks CPUs. Called wherever a whole serve config is loaded (the
     demo, ``faro-serve kuberay``); the autoscaler checks what the meters report too
-    (``autoscaler/front_report.py``)."""
+    (``faro_serve/front_report.py``)."""
     slo = {m.name: m for m in cfg.models}
     for app in apps:
         if app.name in slo and abs(app.cpus - slo[app.name].cpus) > 1e-9:

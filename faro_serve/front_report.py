@@ -4,9 +4,10 @@ Every model's meter (``faro_serve.serving.control.FrontControl.metrics``, on bot
 paths) builds a :class:`FrontReport` once per autoscaler tick and sends its JSON form; the
 autoscaler reads it with :func:`decode_front_report`, which requires every field and names
 the first one missing or ill-typed, so that a key renamed on one side raises instead of
-silently becoming a default. It lives here, in the policy layer, because imports run
-serving -> autoscaler: the serving layer builds it, the autoscaler decodes it, and neither
-imports the other's internals. Other readers of the JSON (``faro-serve status``, the demo,
+silently becoming a default. Both sides import it, so it sits at the bottom with the
+config: imports run serving -> autoscaler -> config, and it imports nothing of the project
+at run time (the model replicas import the meter's module, and importing the ``autoscaler``
+package there would load numba and the policies into every replica). Other readers of the JSON (``faro-serve status``, the demo,
 validation) read it as a dict; it keeps every key it had.
 
 The report also says what CPUs each of the model's replicas reserves (the model
@@ -20,8 +21,10 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
 
-from faro_serve.config import ModelSLO
+if TYPE_CHECKING:
+    from faro_serve.config import ModelSLO
 
 VERSION = 1
 
