@@ -7,8 +7,9 @@ the first one missing or ill-typed, so that a key renamed on one side raises ins
 silently becoming a default. Both sides import it, so it sits at the bottom with the
 config: imports run serving -> autoscaler -> config, and it imports nothing of the project
 at run time (the model replicas import the meter's module, and importing the ``autoscaler``
-package there would load numba and the policies into every replica). Other readers of the JSON (``faro-serve status``, the demo,
-validation) read it as a dict; it keeps every key it had.
+package there would load numba and the policies into every replica). Other readers of the
+JSON (``faro-serve status``, the demo, validation) read it as a dict; it keeps every key it
+had.
 
 The report also says what CPUs each of the model's replicas reserves (the model
 application's ``cpus``), so the autoscaler can check it against the SLO's (which it plans
