@@ -84,7 +84,7 @@ def fcfs_decision(policy: Policy, obs: Observation, wanted: dict[str, int], orde
 def fallback_for(forecaster: Forecaster | None, horizon: int) -> tuple[Forecaster, FallbackForecaster]:
     """The forecaster to use (the fallback predictor when none is given) and the fallback
     predictor of the same input size and horizon that stands in when it fails."""
-    fc = forecaster or FallbackForecaster(horizon=horizon)
+    fc = forecaster or FallbackForecaster(horizon=horizon, reason="no trained forecaster")
     return fc, FallbackForecaster(input_size=fc.input_size, horizon=fc.horizon)
 
 
@@ -96,4 +96,6 @@ def forecast_or_fallback(forecaster: Forecaster, fallback: Forecaster, obs: Obse
         return forecaster.predict(history, n_samples=n_samples, seed=seed)
     except Exception as err:
         log.warning("forecaster failed (%s); using the fallback predictor", err)
-        return fallback.predict(history, n_samples=n_samples, seed=seed)
+        fc = fallback.predict(history, n_samples=n_samples, seed=seed)
+        fc.predictor = {n: f"fallback: forecaster failed ({type(err).__name__})" for n in fc.names}
+        return fc

@@ -54,14 +54,16 @@ class FallbackForecaster:
     """A simple forecaster with a spread, used when no trained model exists or a model has
     too little history: samples uniform between the recent mean and the recent maximum
     rate (the last ``input_size`` minutes), constant over the horizon. With no history at
-    all it forecasts 0 requests/s.
+    all it forecasts 0 requests/s. ``reason`` (why it serves) is added to the predictor's
+    name: ``fallback: no trained forecaster``.
     """
 
     name = "fallback"
 
-    def __init__(self, input_size: int = 15, horizon: int = 7):
+    def __init__(self, input_size: int = 15, horizon: int = 7, reason: str | None = None):
         self.input_size = input_size
         self.horizon = horizon
+        self.reason = reason
 
     def predict(self, history: Mapping[str, np.ndarray], n_samples: int = 100,
                 seed: int | None = None) -> Forecast:
@@ -74,4 +76,5 @@ class FallbackForecaster:
                 continue
             lo, hi = float(h.mean()), float(h.max())
             out[i] = rng.uniform(lo, hi, size=(n_samples, 1)) if hi > lo else lo
-        return Forecast(names, out, {n: self.name for n in names})
+        label = f"{self.name}: {self.reason}" if self.reason else self.name
+        return Forecast(names, out, {n: label for n in names})

@@ -25,13 +25,39 @@ from .quiet import torch_threads
 # loss name (as stored in meta.json) -> predictor name reported in Forecast.predictor
 PREDICTORS = {"normal": "nhits-normal", "mae": "nhits-point"}
 
+# How a history shorter than the network's input is completed (issue 32, "no blind start"):
+# left-padded with its mean, its first value, or its own pattern repeated; "mask" pads with
+# the mean but marks the padding unobserved (scaling over the real minutes only);
+# "fallback": no network, FallbackForecaster. Measured in docs/forecasting.md.
+SHORT_RULES = ("pad-mean", "pad-edge", "pad-tile", "mask", "fallback")
+DEFAULT_SHORT_RULE = "mask"
+
+
+def complete_window(h: np.ndarray, size: int, rule: str) -> tuple[np.ndarray, np.ndarray]:
+    """The last ``size`` minutes of ``h`` (non-empty), left-padded by ``rule`` when shorter,
+    and the mask of observed minutes (1) against padded ones (0)."""
+    h = np.asarray(h, dtype=float)[-size:]
+    k = size - h.size
+    mask = np.concatenate([np.zeros(k), np.ones(h.size)])
+    if k == 0:
+        return h, mask
+    if rule == "pad-edge":
+        pad = np.full(k, h[0])
+    elif rule == "pad-tile":  # the pattern repeated backwards, ending where h starts
+        pad = np.tile(h, -(-k // h.size))[-k:]
+    else:  # pad-mean, and mask (whose padding the scaler ignores)
+        pad = np.full(k, h.mean())
+    return np.concatenate([pad, h]), mask
+
 
 class NHitsForecaster:
     """A trained neuralforecast ``NHITS`` behind the :class:`forecasting.base.Forecaster` API.
 
     ``loss="normal"``: samples from the predicted Normal per step. ``loss="mae"`` (the point
-    baseline): the point forecast repeated, a degenerate interval. Models whose history is
-    shorter than ``input_size`` are served by :class:`FallbackForecaster`.
+    baseline): the point forecast repeated, a degenerate interval. A model with some history
+    but less than ``input_size`` minutes is forecast by the network on a window completed by
+    ``short_history`` (:data:`SHORT_RULES`, measured in docs/forecasting.md); ``"fallback"``
+    hands it to :class:`FallbackForecaster` instead, as does an empty history.
     """
 
     def __init__(self, model: Any, loss: str, meta: Mapping[str, Any] | None = None):
@@ -47,11 +73,14 @@ class NHitsForecaster:
         # not stall when the autoscaler shares the cores (None: torch's global setting).
         self.threads: int | None = 1
         self.fallback = FallbackForecaster(self.input_size, self.horizon)
+        self.short_history = DEFAULT_SHORT_RULE
 
     # -- the network, called directly -------------------------------------------------
-    def predict_params(self, windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def predict_params(self, windows: np.ndarray, masks: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
         """Mean and std ``(models, horizon)`` in requests per MINUTE for ``(models, input_size)``
-        windows of counts (std is 0 for the point model)."""
+        windows of counts (std is 0 for the point model); ``masks`` (same shape, 0 = not
+        observed) keeps padded minutes out of the scaling and the network's residuals."""
         import torch
 
         x = np.asarray(windows, dtype=np.float32)
@@ -60,7 +89,8 @@ class NHitsForecaster:
         m = self.model
         with torch_threads(self.threads), torch.inference_mode():
             y = torch.from_numpy(x).unsqueeze(-1)                 # [B, L, 1]
-            mask = torch.ones_like(y)
+            mask = (torch.ones_like(y) if masks is None
+                    else torch.from_numpy(np.asarray(masks, dtype=np.float32)).unsqueeze(-1))
             z = m.scaler.transform(x=y, mask=mask)                 # per-window scaling, as in training
             loc, scale = m.scaler.x_shift, m.scaler.x_scale        # [B, 1, 1]
             out = m({"insample_y": z, "insample_mask": mask, "futr_exog": None,
@@ -83,20 +113,30 @@ class NHitsForecaster:
         rng = np.random.default_rng(seed)
         out = np.zeros((len(names), n_samples, self.horizon))
         predictor: dict[str, str] = {}
-        full = [i for i, n in enumerate(names) if hist[n].size >= self.input_size]
-        if full:
-            windows = np.stack([hist[names[i]][-self.input_size:] for i in full])
-            mu, sigma = self.predict_params(windows)
-            noise = rng.standard_normal((len(full), n_samples, self.horizon))
-            out[full] = (mu[:, None, :] + sigma[:, None, :] * noise) / 60.0
-            predictor.update({names[i]: self.name for i in full})
-        short = [n for n in names if hist[n].size < self.input_size]
+        rule = self.short_history
+        if rule not in SHORT_RULES:
+            raise ValueError(f"unknown short_history rule {rule!r} (expected one of {', '.join(SHORT_RULES)})")
+        size = self.input_size
+        net = [i for i, n in enumerate(names)
+               if hist[n].size >= size or (rule != "fallback" and hist[n].size > 0)]
+        if net:
+            pairs = [complete_window(hist[names[i]], size, rule) for i in net]
+            windows, masks = np.stack([w for w, _ in pairs]), np.stack([k for _, k in pairs])
+            mu, sigma = self.predict_params(windows, masks if rule == "mask" else None)
+            noise = rng.standard_normal((len(net), n_samples, self.horizon))
+            out[net] = (mu[:, None, :] + sigma[:, None, :] * noise) / 60.0
+            for i in net:
+                k = hist[names[i]].size
+                predictor[names[i]] = (self.name if k >= size else
+                                       f"{self.name} (short history: {k} of {size} minutes)")
+        short = [n for i, n in enumerate(names) if i not in set(net)]
         if short:
             fb_seed = None if seed is None else int(rng.integers(2**32))
             fb = self.fallback.predict({n: hist[n] for n in short}, n_samples, fb_seed)
             for k, n in enumerate(short):
                 out[names.index(n)] = fb.samples[k]
-                predictor[n] = fb.predictor[n]
+                predictor[n] = (f"{fb.predictor[n]}: no history" if hist[n].size == 0 else
+                                f"{fb.predictor[n]}: short history ({hist[n].size} of {size} minutes)")
         return Forecast(names, out, {n: predictor[n] for n in names})
 
     def warm_up(self) -> None:

@@ -19,7 +19,7 @@ from forecasting.baselines import (LastValueForecaster, MovingMaxForecaster, Mov
                                    make_baseline)
 from forecasting.evaluate import forecast_origins, rolling_evaluation
 from forecasting.io import META_FILE, ForecasterLoadError, load_forecaster, read_meta
-from forecasting.nhits import neuralforecast_predict
+from forecasting.nhits import DEFAULT_SHORT_RULE, neuralforecast_predict
 from forecasting.train import TrainConfig, train_forecaster
 
 LEVELS = (30.0, 120.0, 400.0, 900.0)  # requests per minute: very different magnitudes
@@ -162,15 +162,24 @@ def test_interval_covers_stationary_series(trained):
 
 
 def test_short_history_falls_back_per_model(trained):
+    """With the ``fallback`` rule a model with less than the input window is served by the
+    fallback predictor; with the default (issue 32) by the network on a padded window."""
     fc, _ = trained
     hist = {"long": synthetic(100, seed=5)["job1"], "short": np.array([60.0, 120.0, 90.0]),
             "never-seen-in-training": synthetic(50, seed=6)["job2"], "empty": np.array([])}
-    f = fc.predict(hist, seed=2)
-    assert f.predictor == {"long": "nhits-normal", "short": "fallback",
-                           "never-seen-in-training": "nhits-normal", "empty": "fallback"}
+    fc.short_history = "fallback"
+    try:
+        f = fc.predict(hist, seed=2)
+    finally:
+        fc.short_history = DEFAULT_SHORT_RULE
+    assert f.predictor == {"long": "nhits-normal", "short": "fallback: short history (3 of 15 minutes)",
+                           "never-seen-in-training": "nhits-normal", "empty": "fallback: no history"}
     short = f.by_model()["short"]
     assert short.min() >= 1.5 - 1e-9 and short.max() <= 2.0 + 1e-9  # between mean and max rate
     assert (f.by_model()["empty"] == 0).all()
+    padded = fc.predict(hist, seed=2)
+    assert padded.predictor["short"] == "nhits-normal (short history: 3 of 15 minutes)"
+    assert padded.predictor["empty"] == "fallback: no history"
     with pytest.raises(ValueError, match="counts must be >= 0"):
         fc.predict({"bad": -np.ones(20)})
 

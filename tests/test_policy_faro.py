@@ -25,7 +25,7 @@ def test_long_term_decision_moves_replicas_to_the_loaded_model():
     assert d.kind == "long_term"
     assert d.replicas["hot"] > 1 and d.replicas["cold"] < 4
     assert sum(d.replicas.values()) <= 8
-    assert d.info["models"]["hot"]["predictor"] == "fallback"
+    assert d.info["models"]["hot"]["predictor"] == "fallback: no trained forecaster"
     assert d.info["models"]["hot"]["forecast_mean_rps"] == pytest.approx(10.0)
 
 
