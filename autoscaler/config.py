@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import Field, ValidationError, model_validator
 
 from faro_serve.config import ConfigError, FaroConfig, format_validation_error
+from forecasting.nhits import DEFAULT_SHORT_RULE, SHORT_RULES
 
 from .common import faro_policy_name
 from .plugins import PluginError, check_forecaster_spec
@@ -26,6 +27,12 @@ class AutoscalerConfig(FaroConfig):
     forecaster: str | None = Field(None, description="forecaster plug-in name or import path of a "
                                    "forecaster class or factory (my_pkg.fc:MyForecaster); not "
                                    "with forecaster_dir")
+    history_dir: str | None = Field(None, description="directory of the durable per-minute "
+                                    "arrival store, restored after a restart (docs/forecasting.md); "
+                                    "default: none (the meters' history only)")
+    history_days: float = Field(7.0, gt=0, description="days of arrivals the store keeps per model")
+    short_history: str = Field(DEFAULT_SHORT_RULE, description="how N-HiTS forecasts a model with "
+                               "less than its input window: " + ", ".join(SHORT_RULES))
     dashboard_url: str = Field("http://127.0.0.1:8265", description="Ray dashboard (external "
                                "scaling API)")
     decision_log: str | None = Field(None, description="JSON-lines file of every decision")
@@ -36,6 +43,13 @@ class AutoscalerConfig(FaroConfig):
         if self.forecaster and self.forecaster_dir:
             raise ValueError("give forecaster (an import path) or forecaster_dir (a trained "
                              "directory), not both")
+        return self
+
+    @model_validator(mode="after")
+    def _known_short_rule(self):
+        if self.short_history not in SHORT_RULES:
+            raise ValueError(f"short_history {self.short_history!r} is unknown; choose one of "
+                             f"{', '.join(SHORT_RULES)}")
         return self
 
     def policy_name(self) -> str:

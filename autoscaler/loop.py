@@ -30,6 +30,7 @@ from faro_serve.metrics import utility_from_latency
 
 from .config import AutoscalerConfig
 from .driver import FrontSnapshot, apply_decision, observe
+from .history import HistoryKeeper
 from .policy import Decision, Observation
 from .setting import FIELDS, Setting, field_map
 from .registry import make_policy
@@ -66,11 +67,14 @@ class StateStore(Protocol):
 class AutoscalerLoop:
     """``previous``: the loop this one replaces after a config change (same process);
     ``store``: the state saved by a loop that stopped (a restart), restored when it is
-    the same policy over the same models and at most ``max_state_age_s`` old."""
+    the same policy over the same models and at most ``max_state_age_s`` old;
+    ``history``: the durable per-minute arrival store (``forecasting.store.ArrivalStore``)
+    the meters' minutes are written to and a shorter meter history is completed from
+    (``autoscaler.history``; issue 32)."""
 
     def __init__(self, cfg: AutoscalerConfig, cluster: ClusterAdapter, forecaster=None,
                  clock: Callable[[], float] = time.time, previous: "AutoscalerLoop | None" = None,
-                 store: StateStore | None = None):
+                 store: StateStore | None = None, history=None):
         self.cfg = cfg
         self.cluster = cluster
         self.clock = clock
@@ -86,6 +90,7 @@ class AutoscalerLoop:
         self.last: dict = {}
         self.last_plan: dict = previous.last_plan if previous else {}
         self.ticks = 0
+        self.keeper = HistoryKeeper.carry_on(history, previous.keeper if previous else None)
         self.restored_settings: dict[str, Setting] = {}  # saved before a restart, by model
         self.restored: dict | None = None  # where the state came from, for the status
         if previous is not None:
@@ -171,7 +176,10 @@ class AutoscalerLoop:
         names = [m.name for m in self.cfg.models if m.name in running]
         # a malformed report (or replicas reserving other CPUs than the SLO's) is logged and
         # left out: that model is planned as one whose front did not answer (front_report.py)
-        fronts, self.front_errors = FrontSnapshot.read_fronts(self.cluster.front_metrics(names), self.slo)
+        raw = self.cluster.front_metrics(names)
+        fronts, self.front_errors = FrontSnapshot.read_fronts(raw, self.slo)
+        if self.keeper is not None:  # the store's minutes before a shorter meter history
+            fronts = self.keeper.observe_safely(now, raw, fronts)
         cpus, mem = self.cluster.capacity()
         cap_cpu = min(self.cfg.cluster.cpus, cpus)
         cap_mem = self.cfg.cluster.memory_gb
@@ -220,7 +228,7 @@ class AutoscalerLoop:
         (after a decision, or when a restarted front came back with defaults)."""
         for n in obs.models:
             f, want, pct = fronts.get(n), self.settings[n], self.slo[n].percentile
-            if f is not None and f.enforces(percentile=pct, **want.to_json()):
+            if f is not None and f.enforces(want, pct):
                 continue
             try:
                 self.cluster.control(n, want, pct)
@@ -280,7 +288,8 @@ class AutoscalerLoop:
                 "enabled": self.cfg.enabled, "ticks": self.ticks,
                 "capacity_cpus": self.last.get("capacity_cpus"),
                 "models": self.last.get("models", {}), "last_decision": self.history[-1]["decision"]
-                if self.history else None, "restored": self.restored}
+                if self.history else None, "restored": self.restored,
+                **({"history": self.keeper.status()} if self.keeper is not None else {})}
 
 
 def decision_record(decision: Decision) -> dict:

@@ -176,7 +176,30 @@ def load_forecaster(cfg: AutoscalerConfig):
         return None
     from forecasting.io import load_forecaster as load
 
-    return load(cfg.forecaster_dir)
+    fc = load(cfg.forecaster_dir)
+    fc.short_history = cfg.short_history  # a model with less than the input window (issue 32)
+    return fc
+
+
+def open_history(cfg: AutoscalerConfig, current=None):
+    """The arrival store of ``history_dir`` (None: none); ``current`` kept when it is the
+    same directory. A refused file is moved aside inside (``forecasting.store``); a
+    directory that cannot be created is logged and the loop runs without a store."""
+    if not cfg.history_dir:
+        return None
+    import sqlite3
+
+    from forecasting.store import ArrivalStore
+
+    path = Path(cfg.history_dir).expanduser()
+    if current is not None and current.path.parent == path and \
+            current.keep_minutes == round(cfg.history_days * 1440):
+        return current
+    try:
+        return ArrivalStore(path, keep_days=cfg.history_days)
+    except (OSError, ValueError, sqlite3.Error) as err:  # e.g. unwritable, or locked past 5 s
+        log.error("cannot open the arrival history store in %s: %s; running without it", path, err)
+        return None
 
 
 api = FastAPI(title="faro-serve autoscaler", description="Status and decisions of the Faro autoscaler.")
@@ -206,7 +229,9 @@ class FaroAutoscaler:
             cluster = self.loop.cluster if self.loop else RayServeCluster(cfg.dashboard_url)
             if self.loop and self.loop.cfg.dashboard_url != cfg.dashboard_url:
                 cluster = RayServeCluster(cfg.dashboard_url)
-            self.loop = AutoscalerLoop(cfg, cluster, forecaster, previous=self.loop, store=self.store)
+            history = open_history(cfg, self.loop.keeper.store if self.loop and self.loop.keeper else None)
+            self.loop = AutoscalerLoop(cfg, cluster, forecaster, previous=self.loop, store=self.store,
+                                       history=history)
         log.info("autoscaler configured: policy %s, %d models", self.loop.policy.name, len(cfg.models))
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="faro-autoscaler", daemon=True)

@@ -1,0 +1,141 @@
+"""The live loop's arrival history across restarts (issue 32): the meters' completed minutes
+written to a durable :class:`~forecasting.store.ArrivalStore` once per minute, and a meter
+history shorter than the store's completed with the store's earlier minutes.
+
+A meter counts minutes from its own start; the loop places them on the wall clock: the
+last completed minute ended ``current_minute_elapsed_s`` before the loop read the report.
+Each model's minute grid keeps the phase it was first seen with (re-anchored only when it
+moves by more than :data:`PHASE_TOLERANCE_S`, i.e. a new meter), so a few milliseconds of
+read jitter never shift a minute into its neighbour's slot. Joining aligns by wall-clock
+minute, so the minutes both hold are counted once (the meter's). A gap of at most
+``max_gap_minutes`` between the store's minutes and the meter's (a model application that
+restarted) is filled by linear interpolation; history before a longer gap is stale and left
+out. Ray-free; the loop calls :meth:`HistoryKeeper.observe` once per tick.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+
+import numpy as np
+
+from faro_serve.measures import HISTORY_MINUTES
+from forecasting.store import ArrivalStore, epoch_minute
+
+from .driver import FrontSnapshot
+
+log = logging.getLogger("faro_serve.autoscaler")
+PHASE_TOLERANCE_S = 5.0
+
+
+def fill_short_gaps(values: np.ndarray, max_gap: int, next_value: float | None = None) -> np.ndarray:
+    """The tail of ``values`` (NaN: not recorded) after its last run of more than ``max_gap``
+    NaNs (counting a run at the end, before ``next_value``), shorter runs interpolated."""
+    v = np.asarray(values, float)
+    ext = np.append(v, np.nan if next_value is None else next_value)
+    start, run = 0, 0
+    for i, x in enumerate(ext):
+        run = run + 1 if np.isnan(x) else 0
+        if run > max_gap:
+            start = i + 1
+    tail = ext[start:]
+    ok = ~np.isnan(tail)
+    if not ok.any():
+        return np.zeros(0)
+    first = int(np.argmax(ok))  # a leading NaN run (cut by the window): left out
+    tail, ok = tail[first:], ok[first:]
+    idx = np.arange(tail.size)
+    filled = np.interp(idx, idx[ok], tail[ok])
+    return filled[:-1] if next_value is not None or np.isnan(ext[-1]) else filled[:v.size - start - first]
+
+
+class HistoryKeeper:
+    """Writes every model's newly completed meter minutes to ``store`` (once per minute) and
+    joins the store's earlier minutes to a shorter meter history."""
+
+    def __init__(self, store: ArrivalStore, keep_minutes: int = HISTORY_MINUTES,
+                 max_gap_minutes: int = 5):
+        self.store = store
+        self.keep_minutes = keep_minutes
+        self.max_gap_minutes = max_gap_minutes
+        self.grid: dict[str, tuple[float, int]] = {}  # model -> (phase s, epoch-minute offset)
+        self.written: dict[str, int] = {}  # model -> newest epoch minute written
+        self.joined: dict[str, int] = {}  # model -> minutes taken from the store at the last tick
+        self._cache: dict[str, tuple[int, np.ndarray]] = {}  # model -> (meter's first minute, prefix)
+
+    @classmethod
+    def carry_on(cls, store: ArrivalStore | None, previous: "HistoryKeeper | None") -> "HistoryKeeper | None":
+        """The keeper of a new loop: the previous loop's over the same store (its grids and
+        what it wrote carry on), a new one over another store, None without one."""
+        if store is None:
+            return None
+        return previous if previous is not None and previous.store is store else cls(store)
+
+    def observe_safely(self, now: float, raw: Mapping[str, Mapping],
+                       fronts: Mapping[str, FrontSnapshot]) -> dict[str, FrontSnapshot]:
+        """:meth:`observe`; a failure is logged and the meters' history used as it is: the
+        store must never stop the autoscaler."""
+        try:
+            return self.observe(now, raw, fronts)
+        except Exception as err:
+            log.warning("arrival history store %s: %s; planning with the meters' history only",
+                        self.store.path, err)
+            return dict(fronts)
+
+    def _last_minute(self, name: str, t_end: float) -> int:
+        """The wall-clock minute of the meter's last completed minute, which ended at ``t_end``."""
+        phase = t_end % 60.0
+        grid = self.grid.get(name)
+        if grid is None or abs((phase - grid[0] + 30.0) % 60.0 - 30.0) > PHASE_TOLERANCE_S:
+            grid = self.grid[name] = (phase, epoch_minute(phase - 60.0))
+            self._cache.pop(name, None)
+        return int(round((t_end - grid[0]) / 60.0)) + grid[1]
+
+    def observe(self, now: float, raw: Mapping[str, Mapping],
+                fronts: Mapping[str, FrontSnapshot]) -> dict[str, FrontSnapshot]:
+        """``fronts`` (the decoded snapshots of the reports ``raw``, read at ``now``) with each
+        model's history joined to the store's; its new completed minutes written. The two
+        fields read here were checked when ``fronts`` was decoded (``FrontSnapshot.read_fronts``)."""
+        out = dict(fronts)
+        for name, snap in fronts.items():
+            report = raw[name]
+            done = np.asarray(report["arrivals_per_min"], float)
+            last = self._last_minute(name, now - float(report["current_minute_elapsed_s"]))
+            if done.size:
+                self._write(name, done, last)
+            out[name] = self._join(name, snap, done.size, last - done.size + 1)
+        return out
+
+    def _write(self, name: str, done: np.ndarray, last: int) -> None:
+        since = self.written.get(name)
+        if since is not None and last <= since:
+            return  # no new completed minute since the last write
+        first = last - done.size + 1
+        rows = [(60.0 * m, c) for m, c in zip(range(first, last + 1), done)
+                if since is None or m > since]
+        if self.store.append_many(name, rows):
+            self.written[name] = last
+
+    def _join(self, name: str, snap: FrontSnapshot, n_done: int, first: int) -> FrontSnapshot:
+        """The snapshot with the store's minutes before the meter's first (``first``)."""
+        need = self.keep_minutes - snap.arrivals_per_min.size
+        if need <= 0:
+            self.joined[name] = 0
+            return snap
+        cached = self._cache.get(name)
+        if cached is None or cached[0] != first:
+            stored = self.store.load(name, self.keep_minutes, end_minute=first)
+            nxt = float(snap.arrivals_per_min[0]) if snap.arrivals_per_min.size else None
+            cached = self._cache[name] = (first, fill_short_gaps(stored, self.max_gap_minutes, nxt))
+        prefix = cached[1][-need:] if need < cached[1].size else cached[1]
+        self.joined[name] = int(prefix.size)
+        if not prefix.size:
+            return snap
+        return dataclasses.replace(snap, arrivals_per_min=np.concatenate([prefix, snap.arrivals_per_min]))
+
+    def status(self) -> dict:
+        """For the loop's status: where the store is, what it refused, what was joined."""
+        return {"file": str(self.store.path), "refused": list(self.store.refused),
+                "joined_minutes": dict(self.joined)}
