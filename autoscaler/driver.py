@@ -18,16 +18,19 @@ Nothing here imports Ray.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from faro_serve.config import ModelSLO
-
 from faro_serve.front_report import FrontReport, decode_front_report, read_reports
+
 from .policy import Decision, ModelObservation, Observation
 from .setting import Setting, field_map, largest_batch  # noqa: F401 (largest_batch re-exported)
+
+log = logging.getLogger("faro_serve.autoscaler")
 
 
 class CapacityExceeded(RuntimeError):
@@ -56,6 +59,7 @@ class FrontSnapshot:
     threads: int | None = None
     mean_batch: float = 1.0  # request-weighted mean batch behind processing_ms
     variant: str | None = None  # a task with variants: the one its replicas serve
+    told: Setting | None = None  # the setting the front was told and enforces (live only)
 
     @classmethod
     def from_front(cls, front: Mapping, min_elapsed_s: float = 10.0,
@@ -83,7 +87,8 @@ class FrontSnapshot:
                    queued_ages_s=(None if r.queued_ages_s is None
                                   else np.asarray(r.queued_ages_s, float)),
                    batch_size=r.batch_size, threads=r.threads,
-                   mean_batch=r.mean_batch or 1.0, variant=r.variant)
+                   mean_batch=r.mean_batch or 1.0, variant=r.variant,
+                   told=Setting.from_json(r.setting, f"front report of {r.model!r}: setting"))
 
     @classmethod
     def read_fronts(cls, raw: Mapping[str, Mapping], slos: Mapping[str, ModelSLO]
@@ -92,16 +97,22 @@ class FrontSnapshot:
         malformed report, or replicas reserving other resources than the SLO's
         (:func:`~faro_serve.front_report.read_reports`, which logs them)."""
         reports, errors = read_reports(raw, slos)
-        return {n: cls.from_report(r) for n, r in reports.items()}, errors
+        snaps = {}
+        for n, r in reports.items():
+            try:
+                snaps[n] = cls.from_report(r)
+            except ValueError as err:  # a setting field this autoscaler does not know
+                errors[n] = str(err)
+                log.error("left out this tick: %s", err)
+        return snaps, errors
 
-    def enforces(self, drop_rate: float, replicas: int, percentile: float,
-                 batch_size: int | None = None, threads: int | None = None,
-                 variant: str | None = None) -> bool:
-        """Whether the front already enforces these settings (else the driver resends them);
-        a batch size, thread count or variant of None is not checked."""
-        return ((self.drop_rate, self.replicas, self.percentile) == (drop_rate, replicas, percentile)
-                and batch_size in (None, self.batch_size) and threads in (None, self.threads)
-                and variant in (None, self.variant))
+    def enforces(self, want: Setting, percentile: float) -> bool:
+        """Whether the front was told every field ``want`` sets, at these values, and the
+        SLO percentile (else the driver resends them: after a decision, or when a restarted
+        front came back with defaults)."""
+        told = self.told or Setting()
+        return self.percentile == percentile and all(
+            getattr(told, f) == v for f, v in want.set_fields().items())
 
 
 def observe(now: float, capacity_cpus: float, capacity_memory_gb: float | None,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from faro_serve.config import ModelSLO
 
-VERSION = 1
+VERSION = 2  # 2: the setting the meter was told, as one record (issue 33)
 
 log = logging.getLogger("faro_serve.autoscaler")
 
@@ -73,6 +73,9 @@ class FrontReport:
     drop_rate: float
     replicas: int
     percentile: float
+    # the setting the autoscaler told it (``autoscaler.setting.Setting``'s fields by name;
+    # empty until told): the loop compares it with its own and resends what differs
+    setting: dict[str, float | int | str]
     # the data path's queue
     waiting: int
     dispatched: int
@@ -126,6 +129,15 @@ def _counts(v) -> dict:
     return {_text(k): _integer(c) for k, c in v.items()}
 
 
+def _setting(v) -> dict:
+    if not isinstance(v, Mapping):
+        raise TypeError("a mapping of setting field to value")
+    out = {}
+    for k, x in v.items():
+        out[_text(k)] = x if isinstance(x, str) else _number(x)
+    return out
+
+
 def _processing(v) -> Processing:
     if not isinstance(v, Mapping):
         raise TypeError("a mapping with mean_ms, p50_ms, p99_ms and n")
@@ -150,7 +162,7 @@ _CHECKS = {
     "latency_mean_ms": _optional(_number), "processing": _processing, "in_flight": _integer,
     "mean_in_flight": _number, "queue_length": _number, "arrivals_total": _integer,
     "completed_total": _integer, "dropped": _counts, "drop_rate": _number, "replicas": _integer,
-    "percentile": _number, "waiting": _integer, "dispatched": _integer,
+    "percentile": _number, "setting": _setting, "waiting": _integer, "dispatched": _integer,
     "dispatch_capacity": _integer, "replica_cpus": _optional(_number),
     "replica_memory_gb": _optional(_number), "network_ms": _optional(_number),
     "queued_ages_s": _optional(_numbers), "batch_size": _optional(_integer),

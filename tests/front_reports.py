@@ -12,6 +12,6 @@ def front_report(model: str = "m", **fields) -> dict:
                 current_minute_elapsed_s=0.0, latency_ms=None, latency_p50_ms=None,
                 latency_mean_ms=None, in_flight=0, mean_in_flight=0.0, queue_length=0,
                 arrivals_total=0, completed_total=0, dropped={}, drop_rate=0.0, replicas=1,
-                percentile=99.0, waiting=0, dispatched=0, dispatch_capacity=0, replica_cpus=None,
+                percentile=99.0, setting={}, waiting=0, dispatched=0, dispatch_capacity=0, replica_cpus=None,
                 replica_memory_gb=None)
     return FrontReport(processing=Processing(**proc), **{**base, **fields}).wire()

@@ -97,7 +97,7 @@ def test_the_meters_report_round_trips_and_a_missing_key_is_named():
     assert snap.latency_ms == pytest.approx(300) and snap.replicas == 1
     for key in ("queue_length", "processing", "arrivals_per_min", "replica_cpus"):
         broken = {k: v for k, v in raw.items() if k != key}
-        with pytest.raises(FrontReportError, match=f"front report of 'synth-a' v1: missing field '{key}'"):
+        with pytest.raises(FrontReportError, match=f"front report of 'synth-a' v2: missing field '{key}'"):
             FrontSnapshot.from_front(broken, model="synth-a")
     with pytest.raises(FrontReportError, match="field 'queue_length' must be a finite number"):
         FrontSnapshot.from_front({**raw, "queue_length": "3"})
@@ -202,3 +202,24 @@ def test_decoding_a_busy_second_of_reports_is_cheap():
     assert len(decode(wire).events) == 5000
     assert time.perf_counter() - t0 < 0.25
     assert np.isfinite([e.t for e in decode(wire).events]).all()
+
+
+def test_the_meter_echoes_the_setting_it_was_told_and_refuses_one_it_cannot_enforce():
+    """The loop resends a setting until the meter's report echoes it (issue 33): the echo
+    is the record itself, so a new actuator needs no new report field; a field the meter
+    has no handler for is refused by name, not dropped."""
+    from autoscaler.setting import Setting
+
+    m = Meter.func_or_class("synth-a", replica_cpus=0.25)
+    snap = FrontSnapshot.from_front(m.metrics(reset_mean=False))
+    want = Setting(replicas=3, drop_rate=0.25, batch_size=4)
+    assert snap.told == Setting() and not snap.enforces(want, 99.0)
+    m.control(percentile=99.0, **want.to_json())
+    snap = FrontSnapshot.from_front(m.metrics(reset_mean=False))
+    assert snap.told == want and snap.enforces(want, 99.0) and snap.drop_rate == 0.25
+    assert not snap.enforces(want.merged(Setting(drop_rate=0.5)), 99.0)
+    assert not snap.enforces(want, 95.0)
+    with pytest.raises(ValueError, match=r"cannot enforce \['cores'\]"):
+        m.control(cores=4)
+    with pytest.raises(ValueError, match=r"setting: unknown field\(s\) \['cores'\]"):
+        FrontSnapshot.from_front({**m.metrics(reset_mean=False), "setting": {"cores": 4}})

@@ -195,7 +195,7 @@ class FakeCluster:
     def control(self, name, setting, percentile):
         self.controls.append((name, setting.drop_rate, setting.replicas))
         self.fronts[name].update(drop_rate=setting.drop_rate, replicas=setting.replicas,
-                                 percentile=percentile)
+                                 percentile=percentile, setting=setting.to_json())
 
 
 def config(**cluster):
@@ -258,7 +258,7 @@ def test_loop_restores_a_restarted_fronts_drop_rate():
     t[0] = 10.0
     loop.step()
     assert cluster.fronts["a"]["drop_rate"] == 0.2
-    cluster.fronts["a"].update(drop_rate=0.0, replicas=1)  # the front restarted with defaults
+    cluster.fronts["a"].update(drop_rate=0.0, replicas=1, setting={})  # restarted with defaults
     t[0] = 20.0
     loop.step()
     assert cluster.controls[-1][:2] == ("a", 0.2)

@@ -30,6 +30,7 @@ class FrontControl:
         self.batch_size: int | None = None
         self.threads: int | None = None
         self.variant: str | None = None  # a task with variants: the one to serve
+        self.told: dict = {}  # the setting the autoscaler told (its fields by name), echoed
         tags = ("model",)
         self._requests = ray_metrics.Counter("faro_requests", "requests by outcome",
                                              tag_keys=("model", "outcome"))
@@ -50,7 +51,7 @@ class FrontControl:
         snap = self.stats.snapshot(time.time(), self.percentile, self.replicas, reset_mean)
         snap["processing"] = Processing(**snap["processing"])
         report = FrontReport(model=self.name, drop_rate=self.drop_rate, replicas=self.replicas,
-                             percentile=self.percentile, replica_cpus=self.replica_cpus,
+                             percentile=self.percentile, setting=dict(self.told), replica_cpus=self.replica_cpus,
                              replica_memory_gb=None,  # Ray reserves no memory for a replica
                              **self._queue_state(), **snap).wire()
         self._publish(report)
@@ -70,26 +71,51 @@ class FrontControl:
         if snap["latency_ms"] is not None:
             self._latency.set(snap["latency_ms"], tags=tags)
 
-    def control(self, drop_rate: float | None = None, replicas: int | None = None,
-                percentile: float | None = None, reset_stats: bool = False,
-                batch_size: int | None = None, threads: int | None = None,
-                variant: str | None = None) -> dict:
-        """Set what the autoscaler decided; ``reset_stats`` starts the measurements afresh
-        (minute bins from now), as matched validation does to align them with a replay."""
+    def control(self, percentile: float | None = None, reset_stats: bool = False,
+                **setting) -> dict:
+        """Set what the autoscaler decided: the fields of its setting by name
+        (``autoscaler.setting.Setting``: drop_rate, replicas, batch_size, threads, variant),
+        each through its handler below, and echoed in the report; ``reset_stats`` starts the
+        measurements afresh (minute bins from now), as matched validation does to align them
+        with a replay. A field with no handler is refused by name: the front cannot enforce
+        what it does not know (a new actuator adds its handler here)."""
+        unknown = sorted(k for k in setting if k not in _APPLY)
+        if unknown:
+            raise ValueError(f"{self.name}: this front cannot enforce {unknown}; it knows "
+                             f"{', '.join(_APPLY)}")
         if reset_stats:
             self.stats = RouterStats(start=time.time())
             self._published = {}
-        if drop_rate is not None:
-            self.drop_rate = min(max(float(drop_rate), 0.0), 1.0)
-            self._drop.set(self.drop_rate, tags={"model": self.name})
-        if replicas is not None:
-            self.replicas = max(0, int(replicas))
         if percentile is not None:
             self.percentile = float(percentile)
-        if batch_size is not None:
-            self.batch_size = max(1, int(batch_size))
-        if threads is not None:
-            self.threads = max(1, int(threads))
-        if variant is not None:
-            self.variant = str(variant)
+        for field, value in setting.items():
+            if value is not None:
+                self.told[field] = _APPLY[field](self, value)
         return {"drop_rate": self.drop_rate, "replicas": self.replicas}
+
+    # -- the handlers: each applies one field of the setting and returns the value in force
+    def _set_drop_rate(self, v) -> float:
+        self.drop_rate = min(max(float(v), 0.0), 1.0)
+        self._drop.set(self.drop_rate, tags={"model": self.name})
+        return self.drop_rate
+
+    def _set_replicas(self, v) -> int:
+        self.replicas = max(0, int(v))
+        return self.replicas
+
+    def _set_batch_size(self, v) -> int:  # the replicas take it from the meter's answer
+        self.batch_size = max(1, int(v))
+        return self.batch_size
+
+    def _set_threads(self, v) -> int:  # likewise
+        self.threads = max(1, int(v))
+        return self.threads
+
+    def _set_variant(self, v) -> str:  # likewise
+        self.variant = str(v)
+        return self.variant
+
+
+_APPLY = {"drop_rate": FrontControl._set_drop_rate, "replicas": FrontControl._set_replicas,
+          "batch_size": FrontControl._set_batch_size, "threads": FrontControl._set_threads,
+          "variant": FrontControl._set_variant}
