@@ -11,6 +11,8 @@ as independent autoscalers sharing a cluster would get them. Reductions always h
 * ``mark`` (MArk/Cocktail/Barista): proactive, per job, replicas for the forecast peak at
   the largest rate one replica serves within the SLO.
 * ``ray-serve``: Ray Serve's default request-based policy, out of the box.
+* ``ray-serve-tuned``: the same rule with the settings Ray's advanced-autoscaling guide
+  gives latency-sensitive users (``RAY_TUNED``).
 
 Oneshot and AIAD use the paper's triggers: a job whose SLO-percentile latency over the
 30 s look-back stays above its SLO for 30 s is marked for scale-up; one at or below it for
@@ -211,7 +213,37 @@ class MArkPolicy(Policy):
         return fcfs_decision(self, obs, wanted, due, "reactive", {"up": due})
 
 
-# -- Ray Serve's default autoscaling policy ---------------------------------------------------
+# -- Ray Serve's request-based autoscaling policy ---------------------------------------------
+# Ray Serve's settings for a plain deployment, as Ray 2.60 names them: the fields of its
+# ``autoscaling_config`` and the deployment options beside it. One source for the live
+# baselines (faro_serve/serving/native.py deploys them), their simulated counterparts here and
+# the compare report. ``RAY_DEFAULTS``: what a user gets out of the box (``ray-native``).
+# ``RAY_TUNED``: what Ray's advanced-autoscaling guide advises latency-sensitive users
+# (``ray-tuned``, docs/compare.md). ``max_queued_requests`` -1: no limit.
+RAY_DEFAULTS = {"autoscaling_config": {"target_ongoing_requests": 2, "upscale_delay_s": 30,
+                                       "downscale_delay_s": 600, "metrics_interval_s": 10,
+                                       "look_back_period_s": 30},
+                "max_ongoing_requests": 5, "max_queued_requests": -1}
+RAY_TUNED = {"autoscaling_config": {"target_ongoing_requests": 1, "upscale_delay_s": 3,
+                                    "downscale_delay_s": 60, "metrics_interval_s": 2,
+                                    "look_back_period_s": 10},
+             "max_ongoing_requests": 2, "max_queued_requests": 50}
+
+
+def ray_serve_policy(settings: dict, name: str):
+    """A factory of :class:`RayServePolicy` with Ray's ``autoscaling_config`` ``settings``."""
+    a = settings["autoscaling_config"]
+
+    def build(models, cluster, forecaster=None):
+        return RayServePolicy(models, cluster, name=name,
+                              target_ongoing_requests=a["target_ongoing_requests"],
+                              upscale_delay_s=a["upscale_delay_s"],
+                              downscale_delay_s=a["downscale_delay_s"],
+                              look_back_period_s=a["look_back_period_s"],
+                              metrics_interval_s=a["metrics_interval_s"])
+    return build
+
+
 class RayServePolicy(Policy):
     """Ray Serve's request-based autoscaler with its defaults, as a user gets it out of the box.
 
@@ -224,6 +256,10 @@ class RayServePolicy(Policy):
     pending replicas, the excess is granted as capacity frees, one replica per waiting model
     in turn (oldest wish first), which is how Ray spread freed CPUs over several deployments'
     pending replicas live (docs/compare.md).
+
+    ``metrics_interval_s``: how often Ray's handles and replicas push the ongoing requests
+    to the controller, so how often a new sample reaches the rule; given, it is the policy's
+    tick (else the cluster's reactive interval, 10 s, Ray's default interval too).
     """
 
     name = "ray-serve"
@@ -232,8 +268,15 @@ class RayServePolicy(Policy):
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *,
                  target_ongoing_requests: float = 2.0, upscale_delay_s: float = 30.0,
                  downscale_delay_s: float = 600.0, look_back_period_s: float = 30.0,
-                 upscaling_factor: float = 1.0, downscaling_factor: float = 1.0):
+                 upscaling_factor: float = 1.0, downscaling_factor: float = 1.0,
+                 metrics_interval_s: float | None = None, name: str | None = None):
         super().__init__(models, cluster)
+        if name is not None:
+            self.name = name
+        if metrics_interval_s is not None:
+            if not metrics_interval_s > 0:
+                raise ValueError(f"metrics_interval_s must be > 0 (got {metrics_interval_s:g})")
+            self.tick_s = float(metrics_interval_s)
         self.target_ongoing = target_ongoing_requests
         self.up_delay = upscale_delay_s
         self.down_delay = downscale_delay_s
@@ -333,6 +376,9 @@ POLICIES = (
     ("ray-serve", lambda models, cluster, forecaster=None: RayServePolicy(models, cluster),
      "Ray Serve's default rule, simulated: 2 ongoing requests per replica, 30 s up and "
      "600 s down delays (live, use ray-native in validate/compare)", False),
+    ("ray-serve-tuned", ray_serve_policy(RAY_TUNED, "ray-serve-tuned"),
+     "Ray Serve's rule as its guide tunes it for latency, simulated: 1 ongoing request per "
+     "replica, 3 s up and 60 s down delays, 10 s look-back (live: ray-tuned in compare)", False),
     ("mark-saturation", lambda models, cluster, forecaster=None:
      MArkPolicy(models, cluster, forecaster, replica_rate="saturation"),
      "MArk with one replica's rate at saturation (1 / processing time), no SLO margin", False),

@@ -49,8 +49,9 @@ def add_live_args(p, *, day: int, jobs: str, start: int, minutes: int, capacity:
                         f"at 1/K of the requests per second, for small machines ({slowdown:g})")
     p.add_argument("--capacity", type=float, default=capacity, help=f"replicas of 1 CPU ({capacity:g})")
     p.add_argument("--policies", default=policies,
-                   help=f"comma-separated policies, or ray-native: plain Ray Serve under Ray's own "
-                        f"autoscaler, simulated as ray-serve ({policies})")
+                   help=f"comma-separated policies, or ray-native / ray-tuned: plain Ray Serve "
+                        f"under Ray's own autoscaler at its defaults / as its guide tunes it for "
+                        f"latency, simulated as ray-serve / ray-serve-tuned ({policies})")
     p.add_argument("--data-path", choices=("direct", "front"), default="direct",
                    help="the live models' data path: the direct path with the queue in Serve's "
                         "proxy, or the router front (docs/serving.md) (direct)")

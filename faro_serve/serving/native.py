@@ -9,7 +9,8 @@ stay pending in Ray, as in a real fixed cluster.
 The replica is the HTTP ingress at ``<route_prefix>/predict`` with the same body rules as
 faro-serve's paths (413 past the size limit, 400 for a bad JSON body) and the same model
 classes, so a replay sends both systems the very same requests. Nothing here drops or
-meters: overload queues in Ray, as Ray does it.
+meters: overload queues in Ray, as Ray does it, up to the deployment's
+``max_queued_requests`` if set (past it Ray's proxy answers 503 at once; ``ray-tuned``).
 """
 
 from fastapi import FastAPI, Request
@@ -32,6 +33,12 @@ class NativeAppArgs(ModelAppArgs):
 
     autoscaling_config: dict = Field(default_factory=dict, description="Ray Serve's "
                                      "autoscaling_config for this deployment")
+    max_ongoing_requests: int | None = Field(
+        default=None, ge=1, description="Ray Serve's max_ongoing_requests: requests sent to a "
+        "replica at once (None: Ray's default, 5)")
+    max_queued_requests: int | None = Field(
+        default=None, ge=-1, description="Ray Serve's max_queued_requests: requests queued at "
+        "each caller (the proxy) before Ray answers 503 (None: Ray's default, -1, no limit)")
 
 
 @serve.ingress(api)
@@ -60,6 +67,8 @@ def native_app(args: dict):
 
     spec = parse_args(NativeAppArgs, args, "ray-native model application args")
     cls, kwargs = _model_class(spec)
+    options = {k: v for k in ("max_ongoing_requests", "max_queued_requests")
+               if (v := getattr(spec, k)) is not None}
     dep = serve.deployment(NativeModel, name=MODEL, autoscaling_config=native_autoscaling(spec),
-                           ray_actor_options={"num_cpus": spec.cpus})
+                           ray_actor_options={"num_cpus": spec.cpus}, **options)
     return dep.bind(spec.name, cls, kwargs, spec.max_body_kb * 1024)

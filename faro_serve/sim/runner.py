@@ -50,6 +50,11 @@ class SimConfig:
     capacity_memory_gb: float | None = None  # memory is not binding in the paper's runs
     cold_start_s: float = 60.0
     queue_limit: int = 50
+    # requests each serving replica holds beyond the one it serves, counted against no queue
+    # limit: Ray Serve's max_ongoing_requests - 1 (a plain replica that serves one at a time
+    # takes max_ongoing_requests; the rest wait at it). So an arrival is refused only when
+    # queue_limit + this x serving replicas wait (ray-tuned: 50 + 1 x replicas)
+    queue_per_replica: int = 0
     processing: TimeDist | tuple[TimeDist, ...] = PAPER_PROCESSING
     router_overhead: TimeDist = PAPER_ROUTER_OVERHEAD
     # a replica's idle gap between two queued requests: the router's dispatch round trip
@@ -74,6 +79,8 @@ class SimConfig:
             raise ValueError(f"cold start must be a finite number >= 0 (got {self.cold_start_s:g})")
         if self.queue_limit < 0:
             raise ValueError(f"queue limit must be >= 0 (got {self.queue_limit})")
+        if self.queue_per_replica < 0:
+            raise ValueError(f"queue per replica must be >= 0 (got {self.queue_per_replica})")
         if not (0 <= self.replica_hold_s < 60):
             raise ValueError(f"replica hold must be in [0, 60) s (got {self.replica_hold_s:g})")
         if not self.client_timeout_s > 0:
@@ -158,7 +165,9 @@ class _Run:
         look_ticks = int(math.ceil(cfg.look_back_s / tick)) + 1
         self.states = {m.name: ModelState(m.name, i, cfg.queue_limit, look_ticks, cfg.replica_hold_s,
                                           cfg.client_timeout_s, cfg.cancel_timed_out,
-                                          1.0 if m.batching is None else m.batching.share(m.cpus))
+                                          1.0 if m.batching is None else m.batching.share(m.cpus),
+                                          cfg.queue_per_replica,
+                                          int(cfg.capacity_cpus // m.cpus) + 1)
                        for i, m in enumerate(self.models)}
         for s, r in zip(self.states.values(), init):
             s.scale_to(r, 0.0, 0.0)

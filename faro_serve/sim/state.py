@@ -23,7 +23,7 @@ from .kernels import DONE, PENDING, advance, lookback
 class ModelState:
     def __init__(self, name: str, index: int, queue_limit: int, look_back_ticks: int,
                  hold_s: float = 0.0, patience_s: float = float("inf"), cancel: bool = True,
-                 batch_share: float = 1.0):
+                 batch_share: float = 1.0, per_replica: int = 0, max_replicas: int = 1):
         self.name = name
         # replicas that batch (kernels.advance): the largest batch in force (a decision sets
         # it) and the share of a request's time each request of a batch adds
@@ -38,7 +38,10 @@ class ModelState:
         self.cancel = bool(cancel)  # the server drops what its client gave up on
         self.index = index
         self.limit = int(queue_limit)
-        self.qbuf = np.zeros(max(self.limit, 1), dtype=np.int64)
+        # each serving replica holds this many more waiting requests (Ray's
+        # max_ongoing_requests - 1): the ring fits them for every replica the cluster holds
+        self.per_replica = int(per_replica)
+        self.qbuf = np.zeros(max(self.limit + self.per_replica * max_replicas, 1), dtype=np.int64)
         self.qh = 0
         self.nq = 0
         self.base = 0  # global index of buffer position 0
@@ -123,9 +126,11 @@ class ModelState:
         return self.base + int(pos)
 
     def run(self, t0: float, t1: float) -> None:
+        # the waiting room at t0: the router's limit plus what the serving replicas hold
+        limit = self.limit + self.per_replica * self.serving(t0) if self.per_replica else self.limit
         out = advance(t0, t1, self.arr, self.proc, self.ovh, self.u, self.start, self.lat,
                       self.status, self.nxt, self.arr.size, self.qbuf, self.qh, self.nq,
-                      self.free_at, self.busy_until, self.drop_rate, self.limit, self.hold,
+                      self.free_at, self.busy_until, self.drop_rate, min(limit, self.qbuf.size), self.hold,
                       self.patience, self.cancel, self.batch, self.batch_share, self.scale)
         self.nxt, self.qh, self.nq, n_arr, n_drop, area = out
         self.tick_arrivals += n_arr

@@ -18,6 +18,8 @@ from itertools import combinations
 import numpy as np
 from scipy import stats
 
+from autoscaler.baselines import RAY_DEFAULTS, RAY_TUNED
+
 from ..config import ClusterSpec, ModelSLO
 from ..distributions import PAPER_PROCESSING, TimeDist
 from ..traces import Trace, TraceError, load_trace
@@ -71,9 +73,14 @@ class Workload:
 
 
 # Live baselines that are not faro-serve policies, and the simulator policy standing for each:
-# ``ray-native`` is plain Ray Serve under Ray's own autoscaler (faro_serve/serving/native.py),
-# ``ray-serve`` the simulator's model of Ray's default autoscaling rule.
-NATIVE = {"ray-native": "ray-serve"}
+# ``ray-native`` is plain Ray Serve under Ray's own autoscaler at its defaults
+# (faro_serve/serving/native.py), ``ray-serve`` the simulator's model of Ray's rule;
+# ``ray-tuned`` the same with the settings Ray's guide advises for latency, ``ray-serve-tuned``
+# its model.
+NATIVE = {"ray-native": "ray-serve", "ray-tuned": "ray-serve-tuned"}
+# The Ray Serve settings each live baseline deploys (autoscaler.baselines: one source for
+# both sides and the report).
+RAY_SETTINGS = {"ray-native": RAY_DEFAULTS, "ray-tuned": RAY_TUNED}
 
 # The live replay's per-request timeout: the simulator's clients give up after it too
 # (SimConfig.client_timeout_s).
@@ -89,6 +96,31 @@ SIM_DRAWS = 5
 def sim_policy(policy: str) -> str:
     """The simulator policy that runs beside a live ``policy``."""
     return NATIVE.get(policy, policy)
+
+
+def sim_queue(policy: str, queue_limit: int = 50) -> dict:
+    """The ``SimConfig`` fields of the simulated server behind a live ``policy``: faro-serve's
+    front tail-drops at ``queue_limit`` and drops a request whose client left; plain Ray
+    Serve serves given-up requests anyway (docs/compare.md) behind its
+    ``max_queued_requests`` (-1: no limit), each running replica holding
+    ``max_ongoing_requests`` (one in service, the rest waiting at it, beyond the limit)."""
+    ray = RAY_SETTINGS.get(policy)
+    if ray is None:
+        return {"queue_limit": queue_limit, "queue_per_replica": 0, "cancel_timed_out": True}
+    limit = ray["max_queued_requests"]
+    return {"queue_limit": UNBOUNDED_QUEUE if limit < 0 else limit,
+            "queue_per_replica": 0 if limit < 0 else ray["max_ongoing_requests"] - 1,
+            "cancel_timed_out": False}
+
+
+def ray_settings_line(settings: dict) -> str:
+    """Ray Serve's settings as one line: the ``autoscaling_config`` fields, then the
+    deployment options."""
+    a = ", ".join(f"{k}: {v:g}" for k, v in settings["autoscaling_config"].items()
+                  if isinstance(v, (int, float)) and not isinstance(v, bool))
+    d = ", ".join(f"{k}: {settings[k]}" for k in ("max_ongoing_requests", "max_queued_requests")
+                  if k in settings)
+    return f"autoscaling_config {{{a}}}; {d}"
 
 
 def cluster_spec(capacity: float) -> ClusterSpec:

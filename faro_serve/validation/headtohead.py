@@ -1,6 +1,7 @@
 """The live head-to-head report of ``faro-serve compare`` (issue 18): faro-serve against what
-its users run today, plain Ray Serve under Ray's own autoscaler (``ray-native``), on the
-same trace slice, each on freshly deployed models.
+its users run today, plain Ray Serve under Ray's own autoscaler (``ray-native`` at Ray's
+defaults, ``ray-tuned`` as Ray's guide tunes it for latency), on the same trace slice, each
+on freshly deployed models.
 
 Pure: it reads what :func:`faro_serve.validation.run.run_live` saved (each run's schedule
 and request records) and the validation document of
@@ -17,7 +18,7 @@ import numpy as np
 
 from ..engine import min_replicas_for_slo
 from ..replay.report import replay_result
-from .compare import Workload, sim_policy
+from .compare import NATIVE, RAY_SETTINGS, Workload, ray_settings_line, sim_policy
 
 
 def contention(wl: Workload, capacity: float) -> dict:
@@ -88,15 +89,21 @@ def report(state: dict, doc: dict) -> str:
             f"| {100 * sim.get('cluster_slo_violation_rate', math.nan):.2f} % | {acc['sent']:,} "
             f"| {acc['answered']:,} ({', '.join(f'{k}: {v:,}' for k, v in acc['by_status'].items())}) "
             f"| {acc['errors']:,} | {load[0]} / {load[1]} |")
-    if "ray-native" in live and len(live) > 1:
-        base = live["ray-native"].summary.lost_cluster_utility
+    ray_runs = [p for p in live if p in NATIVE]
+    if ray_runs:
+        lines += ["", "Ray Serve's settings in force per Ray run (read back from Ray Serve at the "
+                  "run; runs saved before that: as configured):", ""]
+        held = state.get("ray_settings", {})
+        lines += [f"- {p}: {ray_settings_line(held.get(p) or RAY_SETTINGS[p])}" for p in ray_runs]
+    for b in ray_runs:
+        base = live[b].summary.lost_cluster_utility
         for p, res in live.items():
-            if p != "ray-native":
+            if p not in NATIVE:
                 ratio = res.summary.lost_cluster_utility / base if base > 0 else math.inf
-                lines += ["", f"{p} loses {ratio:.2f}x the utility ray-native loses "
+                lines += ["", f"{p} loses {ratio:.2f}x the utility {b} loses "
                           f"({res.summary.lost_cluster_utility:.3f} against {base:.3f}); SLO "
                           f"violations {100 * res.summary.cluster_slo_violation_rate:.2f} % against "
-                          f"{100 * live['ray-native'].summary.cluster_slo_violation_rate:.2f} %."]
+                          f"{100 * live[b].summary.cluster_slo_violation_rate:.2f} %."]
     lines += ["", "Per-minute p99 (ms) against the SLO, live (inf: the minute's percentile fell on "
               "a failed request):", ""]
     names = next(iter(live.values())).names
@@ -105,8 +112,9 @@ def report(state: dict, doc: dict) -> str:
         lines.append(f"- {n} (SLO {slo:g} ms): " + "; ".join(
             f"{p} " + " ".join(_ms(v) for v in res.table.p_all[res.names.index(n)])
             for p, res in live.items()))
-    lines += ["", "Sent = answered + errors for every run; a request not answered within the "
-              "replay's 60 s timeout is an error and counts as dropped.", ""]
+    lines += ["", "Sent = answered + errors for every run; a request not answered 200 (a 503: "
+              "faro-serve's tail-drop or drop rate, or Ray's max_queued_requests refusing it) or "
+              "not answered within the replay's 60 s timeout counts as dropped.", ""]
     return "\n".join(lines)
 
 

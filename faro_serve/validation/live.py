@@ -29,7 +29,7 @@ from ..replay.loadgen import Schedule
 from ..replay.report import replay_result
 from ..serving.app import autoscaler_app, model_app
 from ..serving.names import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL
-from .compare import REPLAY_TIMEOUT_S
+from .compare import REPLAY_TIMEOUT_S, RAY_DEFAULTS
 
 log = logging.getLogger("faro_serve.validation")
 
@@ -191,18 +191,52 @@ class LiveCluster:
         # the first completions may overlap the burst's own arrival; skip them
         return [t1 - t0 - p for (t0, _), (t1, p) in zip(done[2:], done[3:])]
 
-    # -- ray-native: plain Ray Serve under Ray's autoscaler ------------------------------
+    # -- ray-native, ray-tuned: plain Ray Serve under Ray's autoscaler -------------------
     def deploy_native(self, names: list[str], processing: str, max_replicas: int,
-                      autoscaling: dict | None = None) -> None:
+                      autoscaling: dict | None = None, options: dict | None = None) -> None:
+        """Every model a plain Ray Serve deployment: ``autoscaling`` over Ray's
+        ``autoscaling_config`` defaults, ``options`` its deployment options
+        (``max_ongoing_requests``, ``max_queued_requests``)."""
         from ray import serve
 
         from ..serving.native import native_app
 
         for i, n in enumerate(names):
             args = {"name": n, "model": {"kind": "synthetic", "processing": processing, "seed": i},
-                    "cpus": 1.0, "autoscaling_config": {"max_replicas": max_replicas, **(autoscaling or {})}}
+                    "cpus": 1.0, **(options or {}),
+                    "autoscaling_config": {"max_replicas": max_replicas, **(autoscaling or {})}}
             serve.run(native_app(args), name=n, route_prefix=f"/{n}", blocking=False)
         _wait(lambda: all(self.running().get(n) == 1 for n in names), 180, "the models to serve")
+
+    def deploy_ray(self, names: list[str], processing: str, max_replicas: int,
+                   settings: dict | None = None) -> dict:
+        """The models as a Ray baseline deploys them (``ray-native``, ``ray-tuned``): Ray's
+        ``settings`` (``autoscaler.baselines.RAY_DEFAULTS`` shape; None: Ray's defaults).
+        Returns the settings Ray holds, read back from it."""
+        settings = settings or {}
+        self.deploy_native(names, processing, max_replicas, settings.get("autoscaling_config"),
+                           {k: v for k, v in settings.items() if k != "autoscaling_config"})
+        return self.ray_settings(names[0])
+
+    def ray_settings(self, name: str) -> dict:
+        """The settings model ``name``'s deployment runs with, read back from Ray Serve's REST
+        API (``GET /api/serve/applications/`` on the dashboard: the config in force, Serve's
+        defaults included), as ``autoscaler.baselines.RAY_DEFAULTS`` names them."""
+        from ..serving.autoscaler_deployment import dashboard_headers
+
+        r = httpx.get(f"{self.dashboard}/api/serve/applications/", timeout=30, trust_env=False,
+                      headers=dashboard_headers())
+        if r.status_code != 200:
+            raise RuntimeError(f"Ray Serve's REST API answered {r.status_code}: {r.text[:200]}")
+        doc = r.json()
+        try:
+            cfg = doc["applications"][name]["deployments"][MODEL]["deployment_config"]
+        except KeyError:
+            raise RuntimeError(f"Ray Serve reports no deployment {MODEL!r} of application "
+                               f"{name!r}") from None
+        auto = cfg.get("autoscaling_config") or {}
+        return {"autoscaling_config": {k: auto.get(k) for k in RAY_DEFAULTS["autoscaling_config"]},
+                **{k: cfg.get(k) for k in ("max_ongoing_requests", "max_queued_requests")}}
 
     def native_replicas(self, names: list[str]) -> dict:
         """What Ray's controller holds per model, as the autoscaler's status reports it:
@@ -220,14 +254,17 @@ class LiveCluster:
         return out
 
     def run_native(self, schedule: Schedule, models: list[ModelSLO], capacity: float,
-                   processing: str, autoscaling: dict | None = None,
-                   on_done=None) -> tuple[object, ReplayRecords]:
-        """The replay against ``ray-native``: no front, no faro autoscaler; Ray decides. The
-        replica counts are read from Ray Serve every 2 s into the records' status polls."""
+                   processing: str, policy: str = "ray-native", settings: dict | None = None,
+                   on_done=None) -> tuple[object, ReplayRecords, dict]:
+        """The replay against plain Ray Serve (``policy``: ``ray-native`` or ``ray-tuned``)
+        with Ray's ``settings`` (``autoscaler.baselines.RAY_DEFAULTS`` shape; None: Ray's
+        defaults): no front, no faro autoscaler; Ray decides. The replica counts are read
+        from Ray Serve every 2 s into the records' status polls. Returns the result, the
+        records and the settings Ray held (read back from it)."""
         import threading
 
         names = [m.name for m in models]
-        self.deploy_native(names, processing, int(capacity), autoscaling)
+        held = self.deploy_ray(names, processing, int(capacity), settings)
         polls: list[tuple[float, dict]] = []
         stop = threading.Event()
         t0 = time.time()
@@ -235,7 +272,7 @@ class LiveCluster:
         def poll():
             while not stop.wait(2.0):
                 try:
-                    polls.append((time.time() - t0, {"policy": "ray-native", "capacity_cpus": capacity,
+                    polls.append((time.time() - t0, {"policy": policy, "capacity_cpus": capacity,
                                                      "models": self.native_replicas(names)}))
                 except Exception as err:  # the controller is busy: the next poll
                     log.warning("cannot read the replicas: %s", err)
@@ -249,10 +286,10 @@ class LiveCluster:
             th.join(timeout=10)
         rec.status_polls = polls
         res = replay_result(schedule, rec, {m.name: m.slo_ms for m in models},
-                            {m.name: m.percentile for m in models}, policy="ray-native",
+                            {m.name: m.percentile for m in models}, policy=policy,
                             capacity=capacity)
         self.delete_all()
-        return res, rec
+        return res, rec, held
 
     # -- one policy --------------------------------------------------------------------
     def run_policy(self, policy: str, schedule: Schedule, models: list[ModelSLO], capacity: float,

@@ -18,8 +18,8 @@ from ..distributions import TimeDist, parse_dist
 from ..replay.loadgen import build_schedule
 from ..replay.report import replay_document, replay_result, write_records
 from ..sim.runner import SimConfig, simulate
-from .compare import (NATIVE, SIM_DRAWS, REPLAY_TIMEOUT_S, UNBOUNDED_QUEUE, Workload, cluster_spec, compare, fit_overhead, markdown, scale_up_lags,
-                      sim_policy)
+from .compare import (NATIVE, RAY_SETTINGS, SIM_DRAWS, REPLAY_TIMEOUT_S, Workload, cluster_spec, compare,
+                      fit_overhead, markdown, scale_up_lags, sim_policy, sim_queue)
 
 
 def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDist,
@@ -27,22 +27,21 @@ def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDi
                     hold_s: float = 0.0, client_timeout_s: float = REPLAY_TIMEOUT_S, draw: int = 0):
     """The simulator on the live run's workload: the same slice, seed (so the same
     per-minute counts), models, policy settings, and this machine's overhead and cold start.
-    Its clients give up after the replay's timeout. A ``ray-native`` run is simulated as
-    plain Ray Serve behaved live (docs/compare.md): a queue without limit, and requests
-    whose clients gave up still served; faro-serve's front tail-drops at ``queue_limit`` and
-    drops a request whose client left. ``draw`` > 0: the same counts, another draw of the
-    per-request randomness (sim.workload.Workload)."""
+    Its clients give up after the replay's timeout. A Ray run is simulated as plain Ray
+    Serve behaved live (docs/compare.md): requests whose clients gave up still served, behind
+    its ``max_queued_requests`` (``ray-native``: no limit; ``ray-tuned``: 50, plus the one
+    waiting at each replica); faro-serve's front tail-drops at ``queue_limit`` and drops a
+    request whose client left (``compare.sim_queue``). ``draw`` > 0: the same counts,
+    another draw of the per-request randomness (sim.workload.Workload)."""
     from autoscaler import make_policy
 
     tr = wl.load()
     models = wl.models(tr.names)
     pol = make_policy(sim_policy(policy), models, cluster_spec(capacity), forecaster)
-    native = policy in NATIVE
     cfg = SimConfig(capacity_cpus=capacity, cold_start_s=cold_start_s,
-                    queue_limit=UNBOUNDED_QUEUE if native else queue_limit,
                     processing=wl.processing(), router_overhead=overhead,
                     replica_hold_s=hold_s, client_timeout_s=client_timeout_s,
-                    cancel_timed_out=not native, seed=wl.seed, draw=draw)
+                    seed=wl.seed, draw=draw, **sim_queue(policy, queue_limit))
     return simulate(tr.counts, models, pol, cfg)
 
 
@@ -83,7 +82,10 @@ def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
                     lc.deploy_models([m.name for m in models], processing)
                     cal = lc.calibrate(models[0].name)
                     lc.delete_all()
-                res, rec = lc.run_native(sched, models, capacity, processing, on_done=task)
+                res, rec, ray = lc.run_native(sched, models, capacity, processing, policy=p,
+                                              settings=RAY_SETTINGS[p], on_done=task)
+                # what Ray held, read back from it: the report prints it for every Ray run
+                state.setdefault("ray_settings", {})[p] = ray
             else:
                 res, rec, cal = lc.run_policy(p, sched, models, capacity, processing, forecaster_dir,
                                               calibrate=k == 0 and previous is None, on_done=task)
