@@ -92,6 +92,7 @@ class AutoscalerLoop:
         self.ticks = 0
         self.keeper = HistoryKeeper.carry_on(history, previous.keeper if previous else None)
         self.restored_settings: dict[str, Setting] = {}  # saved before a restart, by model
+        self.front_errors: dict[str, str] = {}  # models whose report was refused this tick
         self.restored: dict | None = None  # where the state came from, for the status
         if previous is not None:
             self._resume(previous.state(), "the previous configuration")
@@ -289,6 +290,7 @@ class AutoscalerLoop:
                 "capacity_cpus": self.last.get("capacity_cpus"),
                 "models": self.last.get("models", {}), "last_decision": self.history[-1]["decision"]
                 if self.history else None, "restored": self.restored,
+                "front_errors": dict(self.front_errors),  # left out of the last tick, and why
                 **({"history": self.keeper.status()} if self.keeper is not None else {})}
 
 

@@ -159,6 +159,7 @@ def test_the_loop_leaves_out_a_bad_report_and_keeps_deciding_for_the_others(bad_
     assert cluster.running["a"] >= 3  # a's load was read and planned for
     assert cluster.running["b"] == 1  # b planned as a model whose front did not answer
     assert set(loop.front_errors) == {"b"} and error in loop.front_errors["b"]
+    assert loop.status()["front_errors"] == loop.front_errors  # GET /faro/status, faro-serve status
     assert any(error in r.getMessage() and "'b'" in r.getMessage() for r in caplog.records)
     cluster.fronts["b"] = _busy("b")  # fixed: read again at the next tick
     loop.clock = lambda: 10.0

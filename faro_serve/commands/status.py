@@ -68,6 +68,8 @@ def run(args) -> int:
                       f"{m.get('replicas')}/{m.get('target')}", _fmt(m.get("observed_utility"), ".3f"),
                       _fmt(m.get("predicted_utility"), ".3f"), f"{m.get('drop_rate', 0):.1%}", style=style)
     console().print(table)
+    for name, err in (st.get("front_errors") or {}).items():  # left out of the plan this tick
+        print(f"{name}: not planned: {err}")
     if not st.get("enabled", True):
         print("autoscaling is disabled (enabled: false): measuring only")
     if decisions is not None:

@@ -270,8 +270,7 @@ class FaroAutoscaler:
         with self.lock:
             if not self.loop:
                 return {"models": {}}
-            # models whose meter report was left out at the last tick, and why (front_report.py)
-            return {**self.loop.status(), "front_errors": dict(getattr(self.loop, "front_errors", {}))}
+            return self.loop.status()
 
     @api.get("/", response_class=HTMLResponse, summary="The status page (refreshes itself)")
     def page(self) -> HTMLResponse:

@@ -38,6 +38,7 @@ from faro_serve.config import ModelSLO
 from faro_serve.metrics import MinuteTable, Summary, minute_table, summarize
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, TimeDist
+from ..measures import LOOK_BACK_S
 from .state import ModelState
 from .workload import Workload
 
@@ -66,7 +67,7 @@ class SimConfig:
     # True: the server drops a request its client gave up on (faro-serve's front does);
     # False: it serves it anyway, for nobody (what plain Ray Serve did live, docs/compare.md)
     cancel_timed_out: bool = True
-    look_back_s: float = __import__("faro_serve.measures", fromlist=["_"]).LOOK_BACK_S  # the live meters' too
+    look_back_s: float = LOOK_BACK_S  # the live meters' too (faro_serve.measures)
     initial_replicas: int | None = None  # None: each model's min_replicas
     seed: int = 0
     draw: int = 0  # > 0: same counts, another draw of the per-request randomness (workload.Workload)
