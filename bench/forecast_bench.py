@@ -39,13 +39,13 @@ def parse_args(argv=None):
 
 def train_and_reload(history, cfg, directory):
     """Train, save, load back (as the autoscaler would) and return (forecaster, seconds)."""
-    from forecasting.io import load_forecaster
+    from forecasting.io import load_forecaster, save_forecaster
     from forecasting.train import train_forecaster
 
     t0 = time.perf_counter()
     fc = train_forecaster(history, cfg)
     seconds = time.perf_counter() - t0
-    fc.save(directory)
+    save_forecaster(fc, directory)
     return load_forecaster(directory), seconds
 
 

@@ -143,18 +143,6 @@ class NHitsForecaster:
         """One throw-away forward pass so the first real call is not slower."""
         self.predict_params(np.ones((1, self.input_size)))
 
-    # -- persistence (see forecasting.io) -----------------------------------------------
-    def save(self, directory) -> None:
-        from .io import save_forecaster
-
-        save_forecaster(self, directory)
-
-    @classmethod
-    def load(cls, directory) -> "NHitsForecaster":
-        from .io import load_forecaster
-
-        return load_forecaster(directory)
-
 
 def neuralforecast_predict(forecaster: NHitsForecaster, history: Mapping[str, np.ndarray],
                            seed: int = 1) -> dict[str, np.ndarray]:

@@ -18,7 +18,7 @@ from forecasting.base import FallbackForecaster, Forecaster
 from forecasting.baselines import (LastValueForecaster, MovingMaxForecaster, MovingMeanForecaster,
                                    make_baseline)
 from forecasting.evaluate import forecast_origins, rolling_evaluation
-from forecasting.io import META_FILE, ForecasterLoadError, load_forecaster, read_meta
+from forecasting.io import META_FILE, ForecasterLoadError, load_forecaster, read_meta, save_forecaster
 from forecasting.nhits import DEFAULT_SHORT_RULE, neuralforecast_predict
 from forecasting.train import TrainConfig, train_forecaster
 
@@ -52,7 +52,7 @@ def trained(tmp_path_factory):
     """One small Gaussian N-HiTS trained once for the module and saved to a directory."""
     fc = train_forecaster(synthetic(720, seed=1), TrainConfig(**SMALL))
     d = tmp_path_factory.mktemp("nhits")
-    fc.save(d)
+    save_forecaster(fc, d)
     return fc, d
 
 

@@ -11,13 +11,9 @@ from import_graph import a_cycle, cycles, edges
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Circles kept on purpose, each with why it is not broken.
-ALLOWED = {
-    # NHitsForecaster.save/load are conveniences that call forecasting.io, which builds an
-    # NHitsForecaster when it loads one; breaking it means dropping those methods (used by
-    # tests/test_forecasting.py) or moving the format into nhits.py.
-    ("forecasting.io", "forecasting.nhits"),
-}
+# Circles kept on purpose, each with why it is not broken (none since NHitsForecaster's
+# save/load conveniences went: forecasting.io saves and loads, and only it builds one).
+ALLOWED: set[tuple[str, ...]] = set()
 
 
 def test_no_module_is_in_an_import_circle(report):

@@ -68,6 +68,7 @@ def _trace_args(p) -> None:
 
 
 def run_train(args) -> int:
+    from forecasting.io import save_forecaster
     from forecasting.train import TrainConfig, train_forecaster
 
     from ..traces import load_trace
@@ -87,7 +88,7 @@ def run_train(args) -> int:
         raise UsageError(f"--out {out}: exists and is not a directory")
     trace = load_trace(args.trace, days=args.days, sample=args.sample)
     fc = _train_with_progress(train_forecaster, trace.history(), cfg, args.verbose)
-    fc.save(out)
+    save_forecaster(fc, out)
     rep = fc.meta["training"]
     best = (f", best validation loss {rep['best_val_loss']:.4g} at step {rep['best_step']}"
             if rep.get("best_val_loss") is not None else "")
