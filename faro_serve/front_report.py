@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
+from .wire import check_version, integer, number, numbers, optional, read_fields, text
+
 if TYPE_CHECKING:
     from faro_serve.config import ModelSLO
 
@@ -99,34 +101,10 @@ class FrontReport:
                                  for k, v in asdict(self).items()}}
 
 
-def _number(v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise TypeError("a finite number")
-    return float(v)
-
-
-def _integer(v) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 0:
-        raise TypeError("an integer >= 0")
-    return int(v)
-
-
-def _text(v) -> str:
-    if not isinstance(v, str):
-        raise TypeError("a string")
-    return v
-
-
-def _numbers(v) -> tuple:
-    if not isinstance(v, (list, tuple)):
-        raise TypeError("a list of numbers")
-    return tuple(_number(x) for x in v)
-
-
 def _counts(v) -> dict:
     if not isinstance(v, Mapping):
         raise TypeError("a mapping of reason to count")
-    return {_text(k): _integer(c) for k, c in v.items()}
+    return {text(k): integer(c) for k, c in v.items()}
 
 
 def _setting(v) -> dict:
@@ -134,7 +112,7 @@ def _setting(v) -> dict:
         raise TypeError("a mapping of setting field to value")
     out = {}
     for k, x in v.items():
-        out[_text(k)] = x if isinstance(x, str) else _number(x)
+        out[text(k)] = x if isinstance(x, str) else number(x)
     return out
 
 
@@ -144,29 +122,22 @@ def _processing(v) -> Processing:
     missing = [f.name for f in fields(Processing) if f.name not in v]
     if missing:
         raise TypeError(f"a mapping with {missing[0]!r}, which is missing")
-    opt = _optional(_number)
-    return Processing(opt(v["mean_ms"]), opt(v["p50_ms"]), opt(v["p99_ms"]), _integer(v["n"]))
-
-
-def _optional(check):
-    def opt(v):
-        return None if v is None else check(v)
-    opt.optional = True
-    return opt
+    opt = optional(number)
+    return Processing(opt(v["mean_ms"]), opt(v["p50_ms"]), opt(v["p99_ms"]), integer(v["n"]))
 
 
 _CHECKS = {
-    "model": _text, "now": _number, "arrival_rate": _number, "arrivals_per_min": _numbers,
-    "current_minute_count": _number, "current_minute_elapsed_s": _number,
-    "latency_ms": _optional(_number), "latency_p50_ms": _optional(_number),
-    "latency_mean_ms": _optional(_number), "processing": _processing, "in_flight": _integer,
-    "mean_in_flight": _number, "queue_length": _number, "arrivals_total": _integer,
-    "completed_total": _integer, "dropped": _counts, "drop_rate": _number, "replicas": _integer,
-    "percentile": _number, "setting": _setting, "waiting": _integer, "dispatched": _integer,
-    "dispatch_capacity": _integer, "replica_cpus": _optional(_number),
-    "replica_memory_gb": _optional(_number), "network_ms": _optional(_number),
-    "queued_ages_s": _optional(_numbers), "batch_size": _optional(_integer),
-    "threads": _optional(_integer), "mean_batch": _optional(_number), "variant": _optional(_text),
+    "model": text, "now": number, "arrival_rate": number, "arrivals_per_min": numbers,
+    "current_minute_count": number, "current_minute_elapsed_s": number,
+    "latency_ms": optional(number), "latency_p50_ms": optional(number),
+    "latency_mean_ms": optional(number), "processing": _processing, "in_flight": integer,
+    "mean_in_flight": number, "queue_length": number, "arrivals_total": integer,
+    "completed_total": integer, "dropped": _counts, "drop_rate": number, "replicas": integer,
+    "percentile": number, "setting": _setting, "waiting": integer, "dispatched": integer,
+    "dispatch_capacity": integer, "replica_cpus": optional(number),
+    "replica_memory_gb": optional(number), "network_ms": optional(number),
+    "queued_ages_s": optional(numbers), "batch_size": optional(integer),
+    "threads": optional(integer), "mean_batch": optional(number), "variant": optional(text),
 }
 assert set(_CHECKS) == {f.name for f in fields(FrontReport)}, "a field of FrontReport lacks its check"
 
@@ -178,23 +149,9 @@ def decode_front_report(raw, model: str | None = None) -> FrontReport:
     label = f"front report of {model!r}" if model else "front report"
     if not isinstance(raw, Mapping):
         raise FrontReportError(f"{label}: expected a mapping, got {type(raw).__name__}")
-    if type(raw.get("v")) is not int or raw.get("v") != VERSION:
-        raise FrontReportError(f"{label}: version {raw.get('v')!r:.20} is not supported (this "
-                               f"autoscaler reads v{VERSION}; redeploy the model applications)")
-    where = f"{label} v{VERSION}"
-    unknown = sorted(set(raw) - set(_CHECKS) - {"v"})
-    if unknown:
-        raise FrontReportError(f"{where}: unknown field {unknown[0]!r}")
-    vals = {}
-    for name, check in _CHECKS.items():
-        if name not in raw:
-            raise FrontReportError(f"{where}: missing field {name!r}")
-        try:
-            vals[name] = check(raw[name])
-        except TypeError as err:
-            what = f"{err} or null" if getattr(check, "optional", False) else str(err)
-            raise FrontReportError(f"{where}: field {name!r} must be {what} "
-                                   f"(got {raw[name]!r:.40})") from None
+    check_version(raw, VERSION, label, FrontReportError,
+                  f"this autoscaler reads v{VERSION}; redeploy the model applications")
+    vals = read_fields(raw, _CHECKS, f"{label} v{VERSION}", FrontReportError)
     return FrontReport(**vals)
 
 

@@ -1,5 +1,6 @@
-"""A complete meter report (``faro_serve.front_report``) for the tests' fake clusters: the
-autoscaler reads reports strictly, so a fake sends every field, idle defaults unless set."""
+"""A complete meter report (``faro_serve.front_report``) and a fake cluster for the tests of
+the autoscaler loop: the loop reads reports strictly, so a fake sends every field, idle
+defaults unless set."""
 
 from faro_serve.front_report import FrontReport, Processing
 
@@ -15,3 +16,32 @@ def front_report(model: str = "m", **fields) -> dict:
                 percentile=99.0, setting={}, waiting=0, dispatched=0, dispatch_capacity=0, replica_cpus=None,
                 replica_memory_gb=None)
     return FrontReport(processing=Processing(**proc), **{**base, **fields}).wire()
+
+
+class FakeCluster:
+    """The loop's cluster adapter: replicas start at once, each front answers the report
+    in ``fronts`` (default: idle) and takes what it is told into it."""
+
+    def __init__(self, running, fronts=None):
+        self.running = dict(running)
+        self.fronts = fronts if fronts is not None else {n: front_report(n, replicas=r)
+                                                          for n, r in running.items()}
+        self.scaled, self.controls = [], []
+
+    def capacity(self):
+        return 2.0, None
+
+    def running_replicas(self):
+        return dict(self.running)
+
+    def front_metrics(self, names):
+        return {n: self.fronts[n] for n in names}
+
+    def scale(self, name, replicas):
+        self.scaled.append((name, replicas))
+        self.running[name] = replicas
+
+    def control(self, name, setting, percentile):
+        self.controls.append((name, setting.drop_rate, setting.replicas))
+        self.fronts[name].update(drop_rate=setting.drop_rate, replicas=setting.replicas,
+                                 percentile=percentile, setting=setting.to_json())

@@ -20,7 +20,7 @@ from faro_serve.serving.messages import (VERSION, Answered, Arrival, Dropped, Ga
                                          MeterAnswer, NetworkTime, Processed, ReplicaReport,
                                          RouterReport, decode)
 from faro_serve.serving.schema import parse_autoscaler_config
-from front_reports import front_report
+from front_reports import FakeCluster, front_report
 
 NOW = 1_700_000_000.0
 MESSAGES = [
@@ -51,7 +51,7 @@ GOOD = RouterReport((Arrival(NOW), Answered(NOW, 0.5)), waiting=1, dispatched=1,
     ({"waiting": None}, "router report v1: missing field 'waiting'"),
     ({"waiting": "2"}, "router report v1: field 'waiting' must be an integer >= 0 (got '2')"),
     ({"waiting": True}, "field 'waiting' must be an integer"),
-    ({"waiting_since": [NOW, "x"]}, "field 'waiting_since' must be a finite number or None"),
+    ({"waiting_since": [NOW, "x"]}, "field 'waiting_since' must be a finite number or null"),
     ({"events": [("q", NOW)]}, "events[0] has unknown kind 'q'"),
     ({"events": [("f", NOW)]}, "events[0] (Answered) missing field 'latency_s'"),
     ({"events": [("a", NOW), ("f", NOW, float("nan"))]}, "events[1] (Answered) field 'latency_s' must be a finite number"),
@@ -110,29 +110,6 @@ def test_the_meters_report_round_trips_and_a_missing_key_is_named():
 
 
 # --- the autoscaler loop with one malformed or mismatched model ---------------------------
-class Cluster:
-    def __init__(self, fronts):
-        self.fronts = fronts
-        self.running = {n: 1 for n in fronts}
-        self.scaled = []
-
-    def capacity(self):
-        return 2.0, None
-
-    def running_replicas(self):
-        return dict(self.running)
-
-    def front_metrics(self, names):
-        return {n: self.fronts[n] for n in names}
-
-    def scale(self, name, replicas):
-        self.scaled.append((name, replicas))
-        self.running[name] = replicas
-
-    def control(self, *args, **kwargs):
-        pass
-
-
 def config():
     return parse_autoscaler_config({
         "cluster": {"cpus": 2, "objective": "fair_sum"},
@@ -151,7 +128,7 @@ def _busy(name, **fields):
                                    "args) but its SLO entry says 0.25"),
 ])
 def test_the_loop_leaves_out_a_bad_report_and_keeps_deciding_for_the_others(bad_b, error, caplog):
-    cluster = Cluster({"a": _busy("a"), "b": bad_b})
+    cluster = FakeCluster({"a": 1, "b": 1}, {"a": _busy("a"), "b": bad_b})
     loop = AutoscalerLoop(config(), cluster, clock=lambda: 0.0)
     with caplog.at_level(logging.ERROR, logger="faro_serve.autoscaler"):
         rec = loop.step()

@@ -17,7 +17,7 @@ from faro_serve.config import ConfigError
 from faro_serve.serving.routing import DispatchGate, IdleFirstRouter
 from faro_serve.serving.schema import parse_autoscaler_config, parse_model_args
 from faro_serve.serving.stats import RouterStats
-from front_reports import front_report
+from front_reports import FakeCluster, front_report
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -172,32 +172,6 @@ def test_router_stats_mean_in_flight_is_time_weighted_per_period():
 
 
 # --- the autoscaler loop with a fake cluster ------------------------------------------
-class FakeCluster:
-    def __init__(self, running):
-        self.running = dict(running)
-        self.fronts = {n: front_report(n, replicas=r)
-                       for n, r in running.items()}
-        self.scaled, self.controls = [], []
-
-    def capacity(self):
-        return 2.0, None
-
-    def running_replicas(self):
-        return dict(self.running)
-
-    def front_metrics(self, names):
-        return {n: self.fronts[n] for n in names}
-
-    def scale(self, name, replicas):
-        self.scaled.append((name, replicas))
-        self.running[name] = replicas
-
-    def control(self, name, setting, percentile):
-        self.controls.append((name, setting.drop_rate, setting.replicas))
-        self.fronts[name].update(drop_rate=setting.drop_rate, replicas=setting.replicas,
-                                 percentile=percentile, setting=setting.to_json())
-
-
 def config(**cluster):
     return parse_autoscaler_config({
         "cluster": {"cpus": 2, "objective": "fair_sum", "reactive_trigger_s": 20, **cluster},

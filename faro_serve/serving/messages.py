@@ -16,9 +16,10 @@ it wherever the producers run (the proxy, a replica shipped by value, the meter)
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Union
+
+from ..wire import check_version, integer, number, numbers, optional, read_fields, text
 
 VERSION = 1
 
@@ -158,47 +159,15 @@ Message = Union[RouterReport, ReplicaReport, MeterAnswer]
 
 
 # -- the decoder -------------------------------------------------------------------------
-def _number(v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise TypeError("a finite number")
-    return float(v)
-
-
-def _count(v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise TypeError("an integer >= 0")
-    return v
-
-
-def _text(v) -> str:
-    if not isinstance(v, str):
-        raise TypeError("a string")
-    return v
-
-
-def _optional(check):
-    def opt(v):
-        return None if v is None else check(v)
-    opt.__name__ = check.__name__
-    opt.optional = True
-    return opt
-
-
-def _times(v) -> tuple:
-    if not isinstance(v, (list, tuple)):
-        raise TypeError("a list of numbers")
-    return tuple(_number(t) for t in v)
-
-
 # per kind: the event class and its fields' checks, in wire order (trailing optional ones
 # may be left out)
 _EVENTS = {
-    "a": (Arrival, (_number,)),
-    "f": (Answered, (_number, _number)),
-    "x": (GaveUp, (_number,)),
-    "p": (Processed, (_number, _number, _optional(_count))),
-    "d": (Dropped, (_number, _text)),
-    "n": (NetworkTime, (_number, _number)),
+    "a": (Arrival, (number,)),
+    "f": (Answered, (number, number)),
+    "x": (GaveUp, (number,)),
+    "p": (Processed, (number, number, optional(integer))),
+    "d": (Dropped, (number, text)),
+    "n": (NetworkTime, (number, number)),
 }
 _EVENTS = {k: (cls, tuple(f.name for f in fields(cls)), checks,
                sum(1 for c in checks if not getattr(c, "optional", False)))
@@ -243,14 +212,14 @@ def _fails(check, x) -> bool:
 # per message type: its class and each field's check (events are read by _events)
 _MESSAGES = {
     RouterReport.TYPE: (RouterReport, "router report", {
-        "events": _events, "waiting": _count, "dispatched": _count, "replicas": _count,
-        "waiting_since": _optional(_times)}),
+        "events": _events, "waiting": integer, "dispatched": integer, "replicas": integer,
+        "waiting_since": optional(numbers)}),
     ReplicaReport.TYPE: (ReplicaReport, "replica report", {
-        "events": _events, "batch_size": _optional(_count), "threads": _optional(_count),
-        "variant": _optional(_text)}),
+        "events": _events, "batch_size": optional(integer), "threads": optional(integer),
+        "variant": optional(text)}),
     MeterAnswer.TYPE: (MeterAnswer, "meter answer", {
-        "drop_rate": _number, "batch_in_force": _count, "batch_size": _optional(_count),
-        "threads": _optional(_count), "variant": _optional(_text), "refused": _optional(_text)}),
+        "drop_rate": number, "batch_in_force": integer, "batch_size": optional(integer),
+        "threads": optional(integer), "variant": optional(text), "refused": optional(text)}),
 }
 
 
@@ -267,23 +236,8 @@ def decode(raw, *expect: type) -> Message:
     if expect and cls not in expect:
         raise MessageError(f"{label}: not expected here (expected "
                            f"{' or '.join(c.__name__ for c in expect)})")
-    v = raw.get("v")
-    if type(v) is not int or v != VERSION:
-        raise MessageError(f"{label}: version {v!r:.20} is not supported (this side speaks v{VERSION})")
+    check_version(raw, VERSION, label, MessageError)
     where = f"{label} v{VERSION}"
-    unknown = sorted(set(raw) - set(checks) - {"v", "type"})
-    if unknown:
-        raise MessageError(f"{where}: unknown field {unknown[0]!r}")
-    vals = {}
-    for name, check in checks.items():
-        if name not in raw:
-            raise MessageError(f"{where}: missing field {name!r}")
-        if check is _events:
-            vals[name] = _events(raw[name], where)
-            continue
-        try:
-            vals[name] = check(raw[name])
-        except TypeError as err:
-            what = f"{err} or None" if getattr(check, "optional", False) else str(err)
-            raise MessageError(f"{where}: field {name!r} must be {what} (got {raw[name]!r:.40})") from None
+    checks = {**checks, "events": lambda v: _events(v, where)} if "events" in checks else checks
+    vals = read_fields(raw, checks, where, MessageError, envelope=("v", "type"))
     return cls(**vals)
