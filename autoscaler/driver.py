@@ -47,9 +47,8 @@ class FrontSnapshot:
     processing_ms: float | None = None  # mean replica processing time over the look-back
     queue_length: float = 0.0  # requests waiting for a replica
     mean_in_flight: float = 0.0  # queued + in service, averaged over the tick
-    # what the live front enforces now (None in the simulator, which enforces what it is told)
-    drop_rate: float | None = None
-    replicas: int | None = None
+    # the SLO percentile the live front measures at (None in the simulator); what it was
+    # told to enforce is ``told``, below
     percentile: float | None = None
     # a batching model (issue 20): how long ago each queued request left its client (s: its
     # wait plus the network time clients declare), and the batch size and threads its
@@ -83,7 +82,7 @@ class FrontSnapshot:
         return cls(arrivals_per_min=np.asarray(hist, float), arrival_rate=r.arrival_rate,
                    latency_ms=r.latency_ms, processing_ms=r.processing.mean_ms,
                    queue_length=r.queue_length, mean_in_flight=r.mean_in_flight,
-                   drop_rate=r.drop_rate, replicas=r.replicas, percentile=r.percentile,
+                   percentile=r.percentile,
                    queued_ages_s=(None if r.queued_ages_s is None
                                   else np.asarray(r.queued_ages_s, float)),
                    batch_size=r.batch_size, threads=r.threads,

@@ -94,7 +94,7 @@ def test_the_meters_report_round_trips_and_a_missing_key_is_named():
     report = decode_front_report(raw, "synth-a")
     assert report.wire() == raw and report.replica_cpus == 0.25 and report.latency_ms == pytest.approx(300)
     snap = FrontSnapshot.from_front(raw)
-    assert snap.latency_ms == pytest.approx(300) and snap.replicas == 1
+    assert snap.latency_ms == pytest.approx(300) and snap.percentile == 99.0
     for key in ("queue_length", "processing", "arrivals_per_min", "replica_cpus"):
         broken = {k: v for k, v in raw.items() if k != key}
         with pytest.raises(FrontReportError, match=f"front report of 'synth-a' v2: missing field '{key}'"):
@@ -194,7 +194,8 @@ def test_the_meter_echoes_the_setting_it_was_told_and_refuses_one_it_cannot_enfo
     assert snap.told == Setting() and not snap.enforces(want, 99.0)
     m.control(percentile=99.0, **want.to_json())
     snap = FrontSnapshot.from_front(m.metrics(reset_mean=False))
-    assert snap.told == want and snap.enforces(want, 99.0) and snap.drop_rate == 0.25
+    assert snap.told == want and snap.enforces(want, 99.0)
+    assert m.drop_rate == 0.25 and m.metrics(reset_mean=False)["drop_rate"] == 0.25  # enforced
     assert not snap.enforces(want.merged(Setting(drop_rate=0.5)), 99.0)
     assert not snap.enforces(want, 95.0)
     with pytest.raises(ValueError, match=r"cannot enforce \['cores'\]"):
