@@ -28,7 +28,7 @@ def register(sub) -> None:
                        "ray-tuned), same slice",
                        description=__doc__.split("\n\n", 1)[1])
     add_live_args(p, day=9, jobs=DEFAULT_JOBS, start=310, minutes=30, capacity=16, slowdown=3.0,
-                  rate_scale=1 / 3, policies="faro-fairsum,ray-native", out="runs/compare")
+                  rate_scale=1 / 3, policies="faro-fairsum,ray-native,ray-tuned", out="runs/compare")
     p.set_defaults(func=run)
 
 
