@@ -31,6 +31,12 @@ class AutoscalerConfig(FaroConfig):
                                     "arrival store, restored after a restart (docs/forecasting.md); "
                                     "default: none (the meters' history only)")
     history_days: float = Field(7.0, gt=0, description="days of arrivals the store keeps per model")
+    retrain_every_h: float = Field(24.0, ge=0, description="with history_dir: every so many "
+                                   "hours, retrain N-HiTS off the control loop on the stored "
+                                   "arrivals and swap it in only if it forecasts the held-back "
+                                   "hours better (docs/forecasting.md); 0: never")
+    retrain_holdout_h: float = Field(2.0, gt=0, description="the most recent hours a retrain "
+                                     "holds back to judge the new forecaster against the current")
     short_history: str = Field(DEFAULT_SHORT_RULE, description="how N-HiTS forecasts a model with "
                                "less than its input window: " + ", ".join(SHORT_RULES))
     dashboard_url: str = Field("http://127.0.0.1:8265", description="Ray dashboard (external "
