@@ -31,6 +31,7 @@ from faro_serve.metrics import utility_from_latency
 from .config import AutoscalerConfig
 from .driver import FrontSnapshot, apply_decision, observe
 from .history import HistoryKeeper
+from .retrainer import Retrainer
 from .policy import Decision, Observation
 from .setting import FIELDS, Setting, field_map
 from .registry import make_policy
@@ -91,6 +92,7 @@ class AutoscalerLoop:
         self.last_plan: dict = previous.last_plan if previous else {}
         self.ticks = 0
         self.keeper = HistoryKeeper.carry_on(history, previous.keeper if previous else None)
+        self.retrainer = self._retrainer(previous)
         self.restored_settings: dict[str, Setting] = {}  # saved before a restart, by model
         self.front_errors: dict[str, str] = {}  # models whose report was refused this tick
         self.restored: dict | None = None  # where the state came from, for the status
@@ -104,6 +106,31 @@ class AutoscalerLoop:
                 saved = None
             if saved:
                 self._resume(saved, "the state saved before a restart", restart=True)
+
+    def _retrainer(self, previous: "AutoscalerLoop | None") -> Retrainer | None:
+        """With an arrival store, a forecasting policy and ``retrain_every_h``: the
+        retrainer (the previous loop's over the same store and models carries on). A
+        forecaster the user named by import path (``forecaster``) is theirs: not replaced."""
+        cfg = self.cfg
+        if self.keeper is None or not cfg.retrain_every_h or cfg.forecaster \
+                or not hasattr(self.policy, "forecaster"):
+            return None
+        old = previous.retrainer if previous is not None else None
+        names = [m.name for m in cfg.models]
+        holdout = max(1, round(cfg.retrain_holdout_h * 60))
+        if old is not None and old.store is self.keeper.store and old.models == names \
+                and old.every_s == cfg.retrain_every_h * 3600 and old.holdout == holdout:
+            return old
+        return Retrainer(self.keeper.store, names, cfg.retrain_every_h * 3600, holdout,
+                         keep=self.keeper.store.keep_minutes, save_dir=cfg.history_dir,
+                         clock=self.clock)
+
+    def _maybe_swap_forecaster(self) -> None:
+        """A retrained forecaster that won its held-back hours serves from this tick on."""
+        new = self.retrainer.poll(self.policy.forecaster)
+        if new is not None:
+            new.short_history = self.cfg.short_history
+            self.policy.forecaster = new
 
     @property
     def max_state_age_s(self) -> float:
@@ -199,6 +226,8 @@ class AutoscalerLoop:
     def step(self) -> dict:
         """One tick: observe, decide, apply, log. Returns the tick's record."""
         now = self.clock()
+        if self.retrainer is not None:
+            self._maybe_swap_forecaster()
         obs, fronts = self._observe(now)
         self.ticks += 1
         decision = None
@@ -291,7 +320,8 @@ class AutoscalerLoop:
                 "models": self.last.get("models", {}), "last_decision": self.history[-1]["decision"]
                 if self.history else None, "restored": self.restored,
                 "front_errors": dict(self.front_errors),  # left out of the last tick, and why
-                **({"history": self.keeper.status()} if self.keeper is not None else {})}
+                **({"history": self.keeper.status()} if self.keeper is not None else {}),
+                **({"retrain": self.retrainer.status()} if self.retrainer is not None else {})}
 
 
 def decision_record(decision: Decision) -> dict:

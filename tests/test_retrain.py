@@ -1,0 +1,121 @@
+"""Issue 32 item 4: retraining on the cluster's own traffic (forecasting/retrain.py) and
+swapping the better forecaster in off the control loop (autoscaler/retrainer.py): the judge's
+figures, a real retrain that forecasts better swapped in and a worse one not, and the live
+loop's swap from a real arrival store, saved and loadable, shown in the status."""
+
+import numpy as np
+import pytest
+
+from autoscaler.loop import AutoscalerLoop
+from autoscaler.retrainer import RETRAINED_DIR, Retrainer
+from faro_serve.serving.schema import parse_autoscaler_config
+from forecasting.base import FallbackForecaster
+from forecasting.io import load_forecaster
+from forecasting.retrain import Score, held_back, judge, planner_loss, retrain
+from forecasting.store import ArrivalStore
+from forecasting.train import TrainConfig
+from front_reports import FakeCluster
+
+SMALL = dict(mlp_width=64, windows_batch_size=64, val_check_steps=50, threads=1)
+
+
+def traffic(minutes: int = 600, seed: int = 0) -> dict[str, np.ndarray]:
+    """Two models with a 30-minute cycle: what the fallback (recent mean to max) misses."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(minutes)
+    return {"a": rng.poisson(300 + 220 * np.sin(2 * np.pi * t / 30)).astype(float),
+            "b": rng.poisson(120 + 90 * np.sin(2 * np.pi * (t + 7) / 30)).astype(float)}
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A candidate trained on the cycle, and its verdict against the fallback."""
+    return retrain(traffic(), FallbackForecaster(), holdout=120,
+                   config=TrainConfig(max_steps=300, seed=1, **SMALL))
+
+
+def test_the_planner_loss_charges_too_little_more_than_too_much():
+    actual = np.full((4, 1, 7), 100.0)
+    exact = np.full((4, 1, 50, 7), 100.0)
+    assert planner_loss(exact, actual) == 0.0
+    low, high = planner_loss(exact - 20, actual), planner_loss(exact + 20, actual)
+    assert low == pytest.approx(0.9 * 20 / 100) and high == pytest.approx(0.1 * 20 / 100)
+    with pytest.raises(ValueError, match="do not match"):
+        planner_loss(exact, actual[:, :, :3])
+
+
+def test_the_judge_swaps_only_for_a_lower_loss_at_a_calibration_as_good():
+    now = Score(0.10, 0.90, 20, 2)
+    assert judge(now, Score(0.08, 0.88, 20, 2))[0]
+    swap, why = judge(now, Score(0.099, 0.90, 20, 2))
+    assert not swap and why.startswith("not better") and "0.0990 against 0.1000" in why
+    swap, why = judge(now, Score(0.05, 0.60, 20, 2))
+    assert not swap and why.startswith("less calibrated")
+
+
+def test_held_back_minutes_keep_their_context_and_a_short_history_is_refused():
+    hist = {"a": np.arange(200.0), "b": np.arange(50.0)}
+    train, names, counts = held_back(hist, holdout=100, input_size=15)
+    assert train["a"].size == 100 and "b" not in train and names == ["a"]
+    assert counts.shape == (1, 115) and counts[0, 0] == 85 and counts[0, -1] == 199
+    with pytest.raises(ValueError, match="135 minutes of history"):
+        retrain({"b": np.arange(50.0)}, FallbackForecaster(), holdout=120)
+
+
+def test_a_retrain_that_forecasts_better_is_swapped_in(trained, report):
+    candidate, verdict = trained
+    report(f"retrain on a 30-minute cycle (480 min x 2 models, 300 steps): {verdict.reason}")
+    assert verdict.swap, verdict.reason
+    assert verdict.candidate.planner_loss < 0.98 * verdict.current.planner_loss
+    assert verdict.holdout_minutes == 120 and verdict.trained_minutes == 2 * 480
+    assert verdict.current.origins == verdict.candidate.origins == 23  # 120 - 7 + 1, every 5th
+
+
+def test_a_retrain_that_forecasts_worse_is_not_swapped_in(trained):
+    good, _ = trained
+    _, verdict = retrain(traffic(), good, holdout=120,
+                         config=TrainConfig(max_steps=1, seed=2, **SMALL))  # one step: untrained
+    assert not verdict.swap and verdict.reason.startswith(("not better", "less calibrated")), verdict
+
+
+def test_the_live_loop_swaps_in_a_retrained_forecaster_from_its_store(tmp_path):
+    store = ArrivalStore(tmp_path)
+    end = 29_000_000  # wall-clock minutes (epoch)
+    for name, counts in traffic().items():
+        store.append_many(name, [(60.0 * (end - counts.size + k), c) for k, c in enumerate(counts)])
+    cfg = parse_autoscaler_config({
+        "cluster": {"cpus": 2, "objective": "fair_sum"}, "history_dir": str(tmp_path),
+        "retrain_every_h": 1 / 3600, "retrain_holdout_h": 2,
+        "models": [{"name": n, "slo_ms": 720, "processing_ms": 50, "cpus": 0.5} for n in ("a", "b")]})
+    clock = {"t": 60.0 * end + 5}
+    loop = AutoscalerLoop(cfg, FakeCluster({"a": 1, "b": 1}), clock=lambda: clock["t"], history=store)
+    loop.retrainer.config = TrainConfig(max_steps=150, seed=1, **SMALL)
+    before = loop.policy.forecaster
+    assert isinstance(before, FallbackForecaster)
+    loop.step()  # not due yet
+    assert loop.status()["retrain"]["runs"] == 0
+    clock["t"] += 2
+    loop.step()  # due: the retrain runs in its own thread, the tick goes on
+    loop.retrainer.wait(300)
+    loop.step()
+    assert loop.policy.forecaster is not before and loop.policy.forecaster.name.startswith("nhits")
+    st = loop.status()["retrain"]
+    assert st["runs"] == 1 and st["last"]["swap"] and len(st["swaps"]) == 1
+    assert st["swaps"][0]["saved_to"] == str(tmp_path / RETRAINED_DIR)
+    assert load_forecaster(tmp_path / RETRAINED_DIR).input_size == 15
+
+
+def test_a_retrain_without_enough_history_is_logged_and_the_loop_keeps_its_forecaster(tmp_path):
+    store = ArrivalStore(tmp_path)
+    store.append_many("a", [(60.0 * (1000 + k), 5.0) for k in range(30)])
+    clock = {"t": 60.0 * 1030}
+    r = Retrainer(store, ["a"], every_s=1, holdout=120, clock=lambda: clock["t"])
+    fb = FallbackForecaster()
+    assert r.poll(fb) is None
+    clock["t"] += 2
+    assert r.poll(fb) is None
+    r.wait(60)
+    assert r.poll(fb) is None
+    st = r.status()
+    assert st["runs"] == 1 and not st["last"]["swap"] and "135 minutes" in st["last"]["error"]
+    assert st["swaps"] == []
