@@ -30,6 +30,19 @@ log = logging.getLogger("faro_serve.autoscaler")
 RETRAINED_DIR = "forecaster-retrained"
 
 
+def recent_history(store, models: Sequence[str] | None = None, keep: int | None = None,
+                   max_gap_minutes: int = 5) -> dict[str, np.ndarray]:
+    """Each model's (default: every stored model's) most recent ``keep`` (default: all the
+    store keeps) stored minutes after its last gap longer than ``max_gap_minutes``, shorter
+    gaps interpolated: the contiguous history a forecaster trains on."""
+    out = {}
+    for n in (store.models() if models is None else models):
+        h = fill_short_gaps(store.load(n, keep or store.keep_minutes), max_gap_minutes)
+        if h.size:
+            out[n] = h
+    return out
+
+
 class Retrainer:
     """``store``: the arrival store; ``models``: whose history to train on; ``every_s``:
     the period (the first retrain after one period); ``holdout``: minutes held back;
@@ -57,12 +70,7 @@ class Retrainer:
 
     def history(self) -> dict[str, np.ndarray]:
         """Every model's recent stored minutes after its last gap longer than ``max_gap``."""
-        out = {}
-        for n in self.models:
-            h = fill_short_gaps(self.store.load(n, self.keep), self.max_gap)
-            if h.size:
-                out[n] = h
-        return out
+        return recent_history(self.store, self.models, self.keep, self.max_gap)
 
     def run_once(self, current: Forecaster) -> tuple[Forecaster | None, dict]:
         """One retrain now, in this thread: (the candidate if it should serve, the verdict)."""

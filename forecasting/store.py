@@ -202,6 +202,11 @@ class ArrivalStore:
         return self._run(lambda db: db.execute("SELECT MAX(minute) FROM arrivals WHERE model = ?",
                                                (str(model),)).fetchone()[0], None)
 
+    def models(self) -> list[str]:
+        """The models the store holds minutes of, sorted."""
+        return self._run(lambda db: [r[0] for r in db.execute(
+            "SELECT DISTINCT model FROM arrivals ORDER BY model")], [])
+
     def rows(self, model: str | None = None) -> int:
         """How many minutes the store holds (of ``model``, or of every model)."""
         q, args = ("SELECT COUNT(*) FROM arrivals", ()) if model is None else \
