@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.faro-installed
 
-.PHONY: install system-deps lock run serve test bench clean
+.PHONY: install system-deps lock run serve test bench forecaster clean
 
 install: $(STAMP)
 
@@ -57,6 +57,11 @@ test: install
 
 bench: install
 	$(BIN)/python -m bench.solver_bench
+
+# The forecaster shipped in the package (faro_serve/data/forecaster), trained again from the
+# shared traces with its fixed seed (bench/train_shipped_forecaster.py, docs/forecasting.md).
+forecaster: install
+	$(BIN)/python -m bench.train_shipped_forecaster
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/results

@@ -84,6 +84,8 @@ def fcfs_decision(policy: Policy, obs: Observation, wanted: dict[str, int], orde
 def fallback_for(forecaster: Forecaster | None, horizon: int) -> tuple[Forecaster, FallbackForecaster]:
     """The forecaster to use (the fallback predictor when none is given) and the fallback
     predictor of the same input size and horizon that stands in when it fails."""
+    if isinstance(forecaster, FallbackForecaster):  # chosen, or standing in for one that failed
+        forecaster = FallbackForecaster(forecaster.input_size, horizon, forecaster.reason)
     fc = forecaster or FallbackForecaster(horizon=horizon, reason="no trained forecaster")
     return fc, FallbackForecaster(input_size=fc.input_size, horizon=fc.horizon)
 

@@ -13,6 +13,7 @@ from faro_serve.config import ConfigError, FaroConfig, format_validation_error
 from forecasting.nhits import DEFAULT_SHORT_RULE, SHORT_RULES
 
 from .common import faro_policy_name
+from .forecasters import is_builtin
 from .plugins import PluginError, check_forecaster_spec
 from .registry import UnknownPolicy, policy_factory, policy_names
 
@@ -23,8 +24,10 @@ class AutoscalerConfig(FaroConfig):
     policy: str | None = Field(None, description="policy name, plug-in name or import path "
                                "(my_pkg.policies:MyPolicy); default faro-<objective>")
     forecaster_dir: str | None = Field(None, description="trained forecaster directory; "
-                                       "default: the fallback predictor")
-    forecaster: str | None = Field(None, description="forecaster plug-in name or import path of a "
+                                       "default: the N-HiTS shipped with faro-serve")
+    forecaster: str | None = Field(None, description="'fallback' (the fallback predictor, by "
+                                   "choice), 'shipped' (the N-HiTS shipped with faro-serve, the "
+                                   "default), a forecaster plug-in name or the import path of a "
                                    "forecaster class or factory (my_pkg.fc:MyForecaster); not "
                                    "with forecaster_dir")
     history_dir: str | None = Field(None, description="directory of the durable per-minute "
@@ -79,7 +82,7 @@ def parse_autoscaler_config(data, source: str = "faro application args") -> Auto
                               f"(my_pkg.policies:MyPolicy)") from None
         except PluginError as err:
             raise ConfigError(f"invalid configuration in {source}: {err}") from None
-    if cfg.forecaster:
+    if cfg.forecaster and not is_builtin(cfg.forecaster):
         try:
             check_forecaster_spec(cfg.forecaster)
         except PluginError as err:

@@ -57,7 +57,8 @@ def test_compare_short_slice_reports_both_runs_with_their_accounting(cli, tmp_pa
     code, stdout, err = cli("compare", "--trace", str(trace), "--day", "1", "--sample", "0",
                             "--jobs", "a,b", "--start", "1", "--minutes", "1", "--capacity", "4",
                             "--slowdown", "1", "--rate-scale", "1", "--out", str(out),
-                            "--policies", "faro-fairsum,ray-native,ray-tuned")
+                            "--policies", "faro-fairsum,ray-native,ray-tuned",
+                            "--forecaster", "fallback")  # not about the forecaster
     assert code == 0, err
     text = (out / "compare.md").read_text()
     assert (out / "compare.png").exists() and (out / "validation.md").exists()

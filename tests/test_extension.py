@@ -73,7 +73,7 @@ def test_the_user_policy_decides_in_the_simulator(trace):
 def test_simulate_runs_a_policy_given_by_import_path(cli, trace):
     code, out, err = cli("simulate", "--trace", str(trace), "--day", "1", "--sample", "0",
                          "--warmup-minutes", "0", "--capacity", "8", "--policy", f"{USER}:MyPolicy",
-                         "--json", "-")
+                         "--forecaster", "fallback", "--json", "-")
     assert code == 0, err
     d = json.loads(out)
     assert d["policy"] == "my-policy" and d["decisions"] == {"my-policy": 48}
@@ -303,7 +303,7 @@ def test_the_user_policy_runs_live_and_keeps_its_state_over_a_restart(tmp_path):
         spec = ClusterSpec(cpus=2, reactive_interval_s=1, cold_start_s=5)
         model = ModelSLO(name="user-a", slo_ms=720, processing_ms=20, cpus=0.25, max_replicas=4)
         deploy([(model, {"model": {"kind": "synthetic", "processing": "const:0.02"}})], spec,
-               policy="user_plugins.my_policies:MyPolicy", dashboard_url=dashboard)
+               policy="user_plugins.my_policies:MyPolicy", dashboard_url=dashboard, forecaster="fallback")
 
         def get(path: str) -> dict:  # {} while the autoscaler is away
             try:

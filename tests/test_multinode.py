@@ -110,7 +110,7 @@ DEPLOY = textwrap.dedent("""
     # so the placement checked below is Serve's, not a scaling decision's
     deploy(models, ClusterSpec(cpus=2, objective="fair_sum", reactive_interval_s=2,
                                long_term_interval_s=20, window_s=120, cold_start_s=10),
-           dashboard_url=dash, enabled=False)
+           dashboard_url=dash, enabled=False, forecaster="fallback")
     print("deployed")
 """)
 

@@ -39,7 +39,7 @@ def cluster():
     dashboard, base = local_serve()
     spec = ClusterSpec(cpus=CAPACITY, objective="fair_sum", long_term_interval_s=20, window_s=120,
                        cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
-    deploy(SLOS, spec, dashboard_url=dashboard)
+    deploy(SLOS, spec, dashboard_url=dashboard, forecaster="fallback")  # the label: "fallback: chosen"
     assert wait_for(lambda: httpx.get(f"{base}/faro/status").json().get("ticks", 0) >= 2, 60)
     yield {"base": base}
     serve.shutdown()
@@ -172,7 +172,9 @@ def _expected(st: dict) -> dict[str, dict[str, str]]:
                      "p99": "-" if m["latency_ms"] is None else f"{fmt(m['latency_ms'])} ms",
                      "rate": fmt(m["arrival_rate"], 2), "replicas": f"{m['replicas']} / {m['target']}",
                      "utility_measured": fmt(m.get("observed_utility"), 3),
-                     "utility_planned": fmt(m.get("predicted_utility"), 3)}
+                     "utility_planned": fmt(m.get("predicted_utility"), 3),
+                     # the predictor of the last plan, else the forecaster loaded (issue 32)
+                     "forecaster": m.get("predictor") or st.get("forecaster") or "-"}
     return out
 
 
@@ -204,6 +206,10 @@ def test_the_status_page_shows_the_status_in_a_real_browser(cluster, tmp_path):
             options = {_expected(s)[name][field] for s in seen}
             assert text.strip() in options, (name, field, text, options)
     assert re.search(r"policy faro-fairsum \(objective fair_sum\), capacity 2(\.0)? CPUs", dom)
+    # which forecaster serves, and why: chosen by the deployment's args (forecaster: fallback)
+    assert all(s["forecaster"] == "fallback: chosen" for s in seen)
+    assert {c["forecaster"] for c in page.rows.values()} == {"fallback: chosen"}
+    assert "forecaster fallback: chosen" in dom
     assert "long_term:" in dom  # the last decisions, with their reasons
     shot = tmp_path / "status.png"
     _chromium("--virtual-time-budget=6000", f"--screenshot={shot}", "--window-size=1300,520",

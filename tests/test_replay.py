@@ -338,7 +338,7 @@ def serving():
                    {"model": {"kind": "synthetic", "processing": "const:0.05"}})]
         cluster = ClusterSpec(cpus=2, objective="fair_sum", long_term_interval_s=30, window_s=120,
                               cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
-        deploy(models, cluster, dashboard_url=f"http://127.0.0.1:{dash}")
+        deploy(models, cluster, dashboard_url=f"http://127.0.0.1:{dash}", forecaster="fallback")
         base = f"http://127.0.0.1:{http}"
         end = time.time() + 90
         while time.time() < end:  # the autoscaler knows the SLOs after its first tick

@@ -39,7 +39,7 @@ def live():
     cluster = ClusterSpec(cpus=0.5, objective="fair_sum", long_term_interval_s=600, window_s=120,
                           cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
     # the autoscaler watches and reports only; the tests set batch sizes and variants themselves
-    deploy(SLOS, cluster, dashboard_url=dashboard, enabled=False)
+    deploy(SLOS, cluster, dashboard_url=dashboard, enabled=False, forecaster="fallback")
     yield {"base": base, "dashboard": dashboard, "cluster": cluster}
     serve.shutdown()
     ray.shutdown()

@@ -44,7 +44,7 @@ def live():
     cluster = ClusterSpec(cpus=CAPACITY, objective="fair_sum", long_term_interval_s=600,
                           window_s=120, cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
     # the autoscaler watches and reports only, so the replica counts stay as deployed
-    deploy(SLOS, cluster, dashboard_url=dashboard, enabled=False)
+    deploy(SLOS, cluster, dashboard_url=dashboard, enabled=False, forecaster="fallback")
     client = httpx.Client(base_url=base, timeout=60)
     yield {"base": base, "client": client, "dashboard": dashboard}
     client.close()

@@ -48,7 +48,7 @@ def autoscaler_config(dashboard: str, **overrides) -> dict:
                           window_s=120, cold_start_s=10, reactive_interval_s=2,
                           reactive_trigger_s=6)
     cfg = {"cluster": cluster.model_dump(), "models": [m.model_dump() for m, _ in SLOS],
-           "dashboard_url": dashboard}
+           "dashboard_url": dashboard, "forecaster": "fallback"}  # not about the forecaster
     cfg.update(overrides)
     return cfg
 
@@ -61,7 +61,8 @@ def live():
              log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": http})
     cluster = ClusterSpec(**autoscaler_config("")["cluster"])
-    routes = deploy(SLOS, cluster, dashboard_url=f"http://127.0.0.1:{dash}")  # the Python API
+    routes = deploy(SLOS, cluster, dashboard_url=f"http://127.0.0.1:{dash}",  # the Python API
+                    forecaster="fallback")
     assert routes == {m.name: f"/{m.name}/predict" for m, _ in SLOS}
     base = f"http://127.0.0.1:{http}"
     client = httpx.Client(base_url=base, timeout=60)

@@ -45,7 +45,7 @@ def test_simulate_step_at_reports_recovery_and_damage(cli, trace_csv, tmp_path):
     out = tmp_path / "r.json"
     code, stdout, err = cli("simulate", "--trace", str(trace_csv), "--day", "3", "--sample", "0",
                             "--capacity", "8", "--policy", "faro-fairsum", "--step-at", "300",
-                            "--json", str(out))
+                            "--forecaster", "fallback", "--json", str(out))
     assert code == 0, err
     surge = json.loads(out.read_text())["surge"]
     assert surge["step_s"] == 300 and surge["span_s"] == 120 and set(surge["models"]) == {"job0", "job1", "job2"}
@@ -74,12 +74,13 @@ def test_replica_hold_slows_a_saturated_cluster(cli, trace_csv, tmp_path):
     assert lost["40"][0] > lost["0"][0] and lost["40"][1] > lost["0"][1]
 
 
-def test_simulate_forecasting_policy_without_history_says_fallback(cli, trace_csv):
+def test_simulate_forecasting_policy_opted_out_says_fallback(cli, trace_csv):
+    # the default, the shipped N-HiTS: tests/test_shipped_forecaster.py
     code, stdout, err = cli("simulate", "--trace", str(trace_csv), "--day", "3", "--sample", "0",
-                            "--capacity", "8", "--policy", "faro-sum", "--minutes", "10", "--json", "-")
+                            "--capacity", "8", "--policy", "faro-sum", "--minutes", "10",
+                            "--forecaster", "fallback", "--json", "-")
     assert code == 0, err
-    assert "fallback predictor" in err
-    assert json.loads(stdout)["forecaster"] == "fallback"
+    assert json.loads(stdout)["forecaster"] == "fallback: chosen"
 
 
 def test_simulate_reads_json_lines(cli, tmp_path):

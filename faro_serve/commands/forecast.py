@@ -28,7 +28,16 @@ def register(sub) -> None:
     t = fsub.add_parser("train", help="train N-HiTS on a trace and save it to a directory",
                         description="Train one global N-HiTS (Gaussian head, or MAE with "
                         "--baseline nhits-point) on all jobs of a trace; CPU only.")
-    _trace_args(t)
+    t.add_argument("--trace", required=True, action="append",
+                   help="per-minute counts: CSV (minute, job, requests[, day, sample]) or JSON lines; "
+                        "repeat to train on several traces at once (one global model)")
+    t.add_argument("--days", action="append",
+                   help="day or range of days to use, e.g. 3 or 1-8 (joined in order); once for "
+                        "every --trace, or once per --trace in the same order")
+    t.add_argument("--sample", action="append",
+                   help="which sample of each day (if the file has several), or 'all': every sample "
+                        "as series of its own (a file without samples: its one); once for every "
+                        "--trace, or once per --trace")
     t.add_argument("--out", required=True, help="directory to save the trained forecaster in")
     t.add_argument("--baseline", choices=["nhits-point"],
                    help="train the point N-HiTS (MAE loss) baseline instead")
@@ -42,6 +51,8 @@ def register(sub) -> None:
                    help=f"per-window scaler: standard, robust, minmax or identity (default {d.scaler_type})")
     t.add_argument("--val-size", type=int, default=None,
                    help="minutes per job held out for early stopping (default 1/8 of the series)")
+    t.add_argument("--mlp-width", type=int, default=None,
+                   help=f"units of each hidden layer (default {d.mlp_width})")
     t.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     t.add_argument("--verbose", action="store_true", help="show Lightning's own logs and warnings")
     t.set_defaults(func=run_train)
@@ -71,12 +82,11 @@ def run_train(args) -> int:
     from forecasting.io import save_forecaster
     from forecasting.train import TrainConfig, train_forecaster
 
-    from ..traces import load_trace
-
     cfg = TrainConfig(input_size=args.input_size, horizon=args.horizon, seed=args.seed,
                       loss="mae" if args.baseline == "nhits-point" else "normal")
     for attr, value in (("max_steps", args.max_steps), ("learning_rate", args.learning_rate),
-                        ("scaler_type", args.scaler), ("val_size", args.val_size)):
+                        ("scaler_type", args.scaler), ("val_size", args.val_size),
+                        ("mlp_width", args.mlp_width)):
         if value is not None:
             setattr(cfg, attr, value)
     try:
@@ -86,15 +96,88 @@ def run_train(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
-    trace = load_trace(args.trace, days=args.days, sample=args.sample)
-    fc = _train_with_progress(train_forecaster, trace.history(), cfg, args.verbose)
+    history = training_history(training_sources(args.trace, args.days, args.sample))
+    fc = _train_with_progress(train_forecaster, history, cfg, args.verbose)
     save_forecaster(fc, out)
     rep = fc.meta["training"]
     best = (f", best validation loss {rep['best_val_loss']:.4g} at step {rep['best_step']}"
             if rep.get("best_val_loss") is not None else "")
-    print(f"trained {fc.name} on {len(trace.names)} jobs x {trace.minutes} minutes in "
+    minutes = sorted({h.size for h in history.values()})
+    span = f"{minutes[0]}" if len(minutes) == 1 else f"{minutes[0]}-{minutes[-1]}"
+    print(f"trained {fc.name} on {len(history)} jobs x {span} minutes in "
           f"{rep['seconds']:.1f} s ({rep['steps']} steps{best}); saved to {out}")
     return 0
+
+
+def training_sources(traces: list[str], days: list[str] | None, samples: list[str] | None
+                     ) -> list[tuple[str, str | None, int | str | None]]:
+    """``(trace, days, sample)`` per ``--trace``: ``--days`` and ``--sample`` given once apply
+    to every trace, or are given once per trace in the same order; a sample is a number or
+    ``all``."""
+    def per_trace(values, flag):
+        if not values:
+            return [None] * len(traces)
+        if len(values) == 1:
+            return values * len(traces)
+        if len(values) != len(traces):
+            raise UsageError(f"{flag} given {len(values)} times for {len(traces)} --trace: give it "
+                             f"once for all, or once per --trace")
+        return values
+
+    def sample(v):
+        if v is None or v == "all":
+            return v
+        try:
+            return int(v)
+        except ValueError:
+            raise UsageError(f"--sample takes a number or 'all' (got {v!r})") from None
+
+    return [(t, d, sample(s)) for t, d, s in
+            zip(traces, per_trace(days, "--days"), per_trace(samples, "--sample"))]
+
+
+def training_history(sources) -> dict:
+    """``{series: per-minute counts}`` of every ``(trace, days, sample)``: one trace and one
+    sample keep the job names; several (``sample`` ``all``: every sample of the file as
+    series of its own) name each series ``<file stem>[/s<sample>]/<job>``."""
+    from ..traces import TraceError, load_trace
+
+    loads = []
+    for path, days, sample in sources:
+        if sample == "all":
+            for k in _samples(path):
+                loads.append((path, k, load_trace(path, days=days, sample=k)))
+        else:
+            loads.append((path, sample, load_trace(path, days=days, sample=sample)))
+    if len(loads) == 1:
+        return loads[0][2].history()
+    out: dict = {}
+    for path, sample, trace in loads:
+        prefix = Path(path).stem + ("" if sample is None else f"/s{sample}")
+        for name, counts in trace.history().items():
+            key = f"{prefix}/{name}"
+            if key in out:
+                raise TraceError(f"{path}: series {key} given twice (the same trace and sample "
+                                 f"more than once?)")
+            out[key] = counts
+    return out
+
+
+def _samples(path: str) -> list[int | None]:
+    import pandas as pd
+
+    from ..traces import TraceError
+
+    p = Path(path)
+    try:
+        cols = pd.read_csv(p, nrows=0).columns
+        if "sample" not in cols:  # one sample: its rows
+            return [None]
+        return sorted(int(k) for k in pd.read_csv(p, usecols=["sample"])["sample"].unique())
+    except (OSError, ValueError, pd.errors.ParserError) as err:
+        if isinstance(err, TraceError):
+            raise
+        raise TraceError(f"{p}: cannot read its samples ({err})") from None
 
 
 def _train_with_progress(train, history, cfg, verbose):

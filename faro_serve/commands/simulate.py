@@ -4,8 +4,8 @@ Replays per-minute counts (tidy CSV or JSON lines; one point = one minute, Poiss
 inside it) through a cluster of CAPACITY one-CPU replicas and reports the paper's metrics:
 lost cluster utility, SLO violation rates, drops, per job. Defaults are the paper-matched
 setup: 720 ms p99 SLO, 154 ms processing (measured lognormal), cold start 60 s, router
-queue 50. Forecasting policies (faro-*, mark) plan with N-HiTS trained on --history, or
-with the fallback predictor without it.
+queue 50. Forecasting policies (faro-*, mark) plan with the N-HiTS shipped with faro-serve,
+with N-HiTS trained on --history, or with --forecaster (fallback: the fallback predictor).
 """
 
 from __future__ import annotations
@@ -89,17 +89,17 @@ def _batching(args):
 
 
 def forecaster_from_args(args, log=None):
-    """(forecaster or None, how it was made); None = the policies' fallback predictor."""
+    """(forecaster, how it was made): N-HiTS trained on ``--history`` ("nhits"), else the
+    forecaster of ``--forecaster`` (``fallback``, ``shipped``, a plug-in name or an import
+    path), else the N-HiTS shipped with faro-serve (``autoscaler.forecasters``)."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     spec = getattr(args, "forecaster", None)
-    if spec:
-        from autoscaler.plugins import make_forecaster
-
-        if args.history:
-            raise UsageError("give --forecaster (an import path) or --history (train N-HiTS), not both")
-        return make_forecaster(spec), spec
+    if spec and args.history:
+        raise UsageError("give --forecaster (a name or an import path) or --history (train N-HiTS), not both")
     if not args.history:
-        return None, "fallback"
+        from autoscaler.forecasters import choose_forecaster
+
+        return choose_forecaster(spec)
     from ..sim.forecaster import history_forecaster
 
     fc = history_forecaster(args.history, days=args.history_days, sample=args.history_sample,
@@ -116,9 +116,11 @@ def register(sub) -> None:
     p.add_argument("--policy", default="faro-fairsum",
                    help="policy name, e.g. faro-fairsum, oracle, mark, aiad (a wrong name lists "
                         "all), a plug-in's name, or an import path my_pkg.policies:MyPolicy")
-    p.add_argument("--forecaster", metavar="IMPORT_PATH",
-                   help="the policy's forecaster: a plug-in name or the import path of a "
-                        "forecaster class or factory (my_pkg.fc:MyForecaster); not with --history")
+    p.add_argument("--forecaster", metavar="NAME|IMPORT_PATH",
+                   help="the policy's forecaster: 'fallback' (the fallback predictor), 'shipped' "
+                        "(the N-HiTS shipped with faro-serve, the default), a plug-in name or the "
+                        "import path of a forecaster class or factory (my_pkg.fc:MyForecaster); "
+                        "not with --history")
     p.add_argument("--seed", type=int, default=0, help="random seed of arrivals and times (0)")
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-' = stdout)")
     p.add_argument("--step-at", type=float, metavar="SECONDS",
@@ -144,17 +146,18 @@ def run(args) -> int:
     names = loaded[0]
     if len(names) > args.capacity:
         raise UsageError(f"{len(names)} jobs need at least {len(names)} replicas; --capacity is {args.capacity:g}")
-    fc, kind = forecaster_from_args(args)
-    forecasting = args.policy.startswith("faro-") or args.policy == "mark" or fc is not None
-    if kind == "fallback" and forecasting:
-        print(f"note: no --history given: {args.policy} forecasts with the fallback predictor "
-              f"(uniform between the recent mean and max)", file=sys.stderr)
     if args.step_at is not None and not 0 <= args.step_at < 60 * loaded[1].shape[1]:
         raise UsageError(f"--step-at {args.step_at:g} s is outside the run's "
                          f"{60 * loaded[1].shape[1]} s")
+    from ..sim.suite import uses_forecaster
+
+    forecasting = uses_forecaster(args.policy)
+    fc, kind = forecaster_from_args(args) if forecasting else (None, "none")
+    if kind.startswith("fallback: forecaster failed"):
+        print(f"note: {args.policy} forecasts with the fallback predictor: {kind}", file=sys.stderr)
     res = run_scenario(sc, args.policy, args.capacity, args.seed, forecaster=fc, loaded=loaded,
                        keep_records=args.step_at is not None)
-    out = res.to_dict() | {"forecaster": kind if forecasting else "none"}
+    out = res.to_dict() | {"forecaster": kind}
     if args.step_at is not None:
         out["surge"] = step_report(res.names, res.records, sc.models(res.names), args.step_at)
     if args.json:

@@ -53,12 +53,15 @@ def run(args) -> int:
     from ._console import console
     from rich.table import Table
 
+    loaded = st.get("forecaster")
     table = Table(title=f"faro-serve: policy {st.get('policy')} (objective {st.get('objective')}), "
-                        f"capacity {st.get('capacity_cpus')} CPUs",
+                        f"capacity {st.get('capacity_cpus')} CPUs"
+                        + (f", forecaster {loaded}" if loaded else ""),
                   caption="p99 measured: over the last 30 s; utility measured: min(SLO / that p99, 1); "
-                          "utility planned: what the last plan expected over its window")
+                          "utility planned: what the last plan expected over its window; forecaster: "
+                          "the predictor of that plan (or, before one, the forecaster loaded)")
     for col in ("model", "SLO", "rate/s", "p99 measured", "proc ms", "replicas", "utility measured",
-                "utility planned", "drop"):
+                "utility planned", "drop", "forecaster"):
         table.add_column(col, justify="left" if col == "model" else "right", no_wrap=True)
     for name, m in st.get("models", {}).items():
         lat = m.get("latency_ms")
@@ -66,7 +69,8 @@ def run(args) -> int:
         table.add_row(name, f"{m['slo_ms']:g} ms p{m['percentile']:g}", _fmt(m.get("arrival_rate"), ".2f"),
                       f"{_fmt(lat)} ms" if lat is not None else "-", _fmt(m.get("processing_ms")),
                       f"{m.get('replicas')}/{m.get('target')}", _fmt(m.get("observed_utility"), ".3f"),
-                      _fmt(m.get("predicted_utility"), ".3f"), f"{m.get('drop_rate', 0):.1%}", style=style)
+                      _fmt(m.get("predicted_utility"), ".3f"), f"{m.get('drop_rate', 0):.1%}",
+                      m.get("predictor") or loaded or "-", style=style)
     console().print(table)
     for name, err in (st.get("front_errors") or {}).items():  # left out of the plan this tick
         print(f"{name}: not planned: {err}")

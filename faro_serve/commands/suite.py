@@ -20,9 +20,11 @@ def register(sub) -> None:
     p = sub.add_parser("suite", help="compare policies x capacities x seeds in the simulator",
                        description=__doc__.split("\n\n", 1)[1])
     add_scenario_args(p)
-    p.add_argument("--forecaster", metavar="IMPORT_PATH",
-                   help="the forecasting policies' forecaster: a plug-in name or the import path "
-                        "of a forecaster class or factory (my_pkg.fc:MyForecaster); not with --history")
+    p.add_argument("--forecaster", metavar="NAME|IMPORT_PATH",
+                   help="the forecasting policies' forecaster: 'fallback' (the fallback predictor), "
+                        "'shipped' (the N-HiTS shipped with faro-serve, the default), a plug-in name "
+                        "or the import path of a forecaster class or factory (my_pkg.fc:MyForecaster); "
+                        "not with --history")
     p.add_argument("--capacities", default="36,32,16", help="comma-separated replica counts (36,32,16)")
     p.add_argument("--policies", default="all", help="comma-separated policy names or import "
                    "paths (my_pkg.policies:MyPolicy), or 'all' (the built-in and installed ones)")
@@ -84,12 +86,14 @@ def run(args) -> int:
         raise UsageError(f"{len(names)} jobs need at least {len(names)} replicas; smallest capacity is {min(capacities):g}")
     fc_dir = None
     if args.forecaster:
+        from autoscaler.forecasters import is_builtin
         from autoscaler.plugins import check_forecaster_spec
 
         if args.history:
-            raise UsageError("give --forecaster (an import path) or --history (train N-HiTS), not both")
+            raise UsageError("give --forecaster (a name or an import path) or --history (train N-HiTS), not both")
         try:
-            check_forecaster_spec(args.forecaster)
+            if not is_builtin(args.forecaster):
+                check_forecaster_spec(args.forecaster)
         except ValueError as err:
             raise UsageError(str(err)) from None
     elif args.history and any(uses_forecaster(p) for p in policies):
@@ -99,9 +103,6 @@ def run(args) -> int:
                                        before_day=args.day if args.history_days is None else None,
                                        cache_dir=args.forecaster_cache, max_steps=args.history_max_steps,
                                        log=lambda m: print(m, file=sys.stderr)))
-    elif any(uses_forecaster(p) for p in policies):
-        print("note: no --history given: faro-* and mark forecast with the fallback predictor",
-              file=sys.stderr)
     n = len(policies) * len(capacities) * len(seeds)
     t0 = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -117,7 +118,9 @@ def run(args) -> int:
     title = args.title or (f"{Path(args.trace).name}" + (f" day {args.day}" if args.day is not None else "")
                            + (f" sample {args.sample}" if args.sample is not None else "")
                            + f", {len(names)} jobs, {len(seeds)} seed(s), forecaster "
-                           + (args.forecaster or ("N-HiTS" if fc_dir else "fallback")))
+                           + (args.forecaster or ("N-HiTS" if fc_dir else
+                                                  ", ".join(sorted({r["forecaster"] for r in rows
+                                                                    if r["forecaster"]})) or "none")))
     paths = write_outputs(Path(args.out), rows, timelines, title, args.timeline_capacity)
     print(markdown_table(aggregate(rows)))
     print(f"{n} runs in {time.perf_counter() - t0:.0f} s; wrote " + ", ".join(str(p) for p in paths.values()))

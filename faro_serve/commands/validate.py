@@ -55,8 +55,9 @@ def add_live_args(p, *, day: int, jobs: str, start: int, minutes: int, capacity:
     p.add_argument("--data-path", choices=("direct", "front"), default="direct",
                    help="the live models' data path: the direct path with the queue in Serve's "
                         "proxy, or the router front (docs/serving.md) (direct)")
-    p.add_argument("--forecaster", help="trained forecaster directory for both sides "
-                   "(default: the fallback predictor)")
+    p.add_argument("--forecaster", help="the forecaster of both sides: 'fallback' (the fallback "
+                   "predictor), 'shipped' (the N-HiTS shipped with faro-serve) or a trained "
+                   "forecaster directory (default: shipped)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (0)")
     p.add_argument("--out", default=out, help=f"output directory ({out})")
     p.add_argument("--resimulate", action="store_true",
@@ -94,11 +95,6 @@ def run_validation(args) -> tuple[Path, dict, dict]:
     draws = SIM_DRAWS if draws is None else draws
     if not 1 <= draws <= 100:
         raise UsageError(f"--sim-draws must be in [1, 100] (got {draws})")
-    forecaster = None
-    if args.forecaster:
-        from forecasting.io import load_forecaster
-
-        forecaster = load_forecaster(args.forecaster)
     if args.resimulate:
         state = load_state(out)
     else:
@@ -135,6 +131,12 @@ def run_validation(args) -> tuple[Path, dict, dict]:
               f"files in {out}", file=sys.stderr)
         previous = load_state(out) if args.again else None
         state = _live(wl, policies, args.capacity, out, args.forecaster, previous, args.data_path)
+    from autoscaler.forecasters import choose_forecaster, is_builtin
+
+    # the simulated side's forecaster: the live runs' (the live autoscaler loads the same one)
+    spec = args.forecaster or state.get("forecaster_dir")
+    forecaster, _ = (choose_forecaster(spec) if spec is None or is_builtin(spec)
+                     else choose_forecaster(None, spec))
     doc = resimulate(state, out, args.overhead_dist, args.cold_start_s, forecaster,
                      None if args.hold_ms is None else args.hold_ms / 1e3, draws)
     return out, doc, state

@@ -164,21 +164,27 @@ class AutoscalerGauges:
                     g.set(float(m[k]), tags={"model": name})
 
 
+def choose_forecaster(cfg: AutoscalerConfig):
+    """``(forecaster, why)``: the forecaster of ``forecaster`` (``fallback``, ``shipped``, a
+    plug-in name or an import path) or of ``forecaster_dir``, else the N-HiTS shipped with
+    faro-serve (none for a built-in policy that does not forecast); one that fails to load by
+    default leaves the fallback predictor, and ``why`` (also in the status) says so
+    (``autoscaler.forecasters``)."""
+    from autoscaler.forecasters import choose_forecaster as choose
+    from autoscaler.forecasters import policy_forecasts
+
+    if not (cfg.forecaster or cfg.forecaster_dir or policy_forecasts(cfg.policy_name())):
+        why = f"none: {cfg.policy_name()} does not forecast"
+        log.info("forecaster: %s", why)
+        return None, why
+    fc, why = choose(cfg.forecaster, cfg.forecaster_dir, cfg.short_history)
+    log.info("forecaster: %s", why)
+    return fc, why
+
+
 def load_forecaster(cfg: AutoscalerConfig):
-    """The forecaster of ``forecaster`` (a plug-in name or import path), the trained one of
-    ``forecaster_dir``, or None for the fallback predictor."""
-    if cfg.forecaster:
-        from autoscaler.plugins import make_forecaster
-
-        return make_forecaster(cfg.forecaster)
-    if not cfg.forecaster_dir:
-        log.info("no forecaster_dir: the fallback predictor serves every model")
-        return None
-    from forecasting.io import load_forecaster as load
-
-    fc = load(cfg.forecaster_dir)
-    fc.short_history = cfg.short_history  # a model with less than the input window (issue 32)
-    return fc
+    """The forecaster of the args (:func:`choose_forecaster`)."""
+    return choose_forecaster(cfg)[0]
 
 
 def open_history(cfg: AutoscalerConfig, current=None):
@@ -220,11 +226,12 @@ class FaroAutoscaler:
         self.errors = 0
         self.store = ActorStateStore(serve.get_replica_context().app_name)
         self.gauges = AutoscalerGauges()
+        self.forecaster_why: str | None = None
 
     def reconfigure(self, config: dict) -> None:
         """New settings (e.g. an SLO or the objective) take effect without any restart."""
         cfg = parse_autoscaler_config(config)
-        forecaster = load_forecaster(cfg)
+        forecaster, self.forecaster_why = choose_forecaster(cfg)
         with self.lock:
             cluster = self.loop.cluster if self.loop else RayServeCluster(cfg.dashboard_url)
             if self.loop and self.loop.cfg.dashboard_url != cfg.dashboard_url:
@@ -270,7 +277,9 @@ class FaroAutoscaler:
         with self.lock:
             if not self.loop:
                 return {"models": {}}
-            return self.loop.status()
+            # which forecaster the policy plans with, and why (each model's plan names the
+            # predictor that served it: "predictor")
+            return {**self.loop.status(), "forecaster": self.forecaster_why}
 
     @api.get("/", response_class=HTMLResponse, summary="The status page (refreshes itself)")
     def page(self) -> HTMLResponse:

@@ -20,8 +20,6 @@ import numpy as np
 
 from .scenario import Scenario, run_scenario
 
-FORECASTING = ("faro-", "mark")  # policies that take the forecaster
-
 _WORKER: dict = {}
 
 
@@ -35,31 +33,24 @@ class Task:
 def uses_forecaster(policy: str) -> bool:
     """Faro's and MArk's policies plan with the forecaster; a plug-in or import-path policy
     is given it too (one that does not forecast ignores it)."""
-    if policy.startswith(FORECASTING[0]) or policy == FORECASTING[1]:
-        return True
-    from autoscaler.builtin import BUILTIN
+    from autoscaler.forecasters import policy_forecasts
 
-    return policy not in {row[0] for row in BUILTIN}
+    return policy_forecasts(policy)
 
 
 def _init_worker(scenario: Scenario, forecaster_dir: str | None, forecaster: str | None = None) -> None:
-    """``forecaster_dir``: a trained N-HiTS; ``forecaster``: a plug-in name or import path."""
+    """``forecaster_dir``: a trained N-HiTS; ``forecaster``: ``fallback``, ``shipped``, a
+    plug-in name or an import path; neither: the shipped N-HiTS (autoscaler.forecasters)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     _WORKER["scenario"] = scenario
     _WORKER["loaded"] = scenario.load()
-    _WORKER["forecaster"] = None
-    if forecaster:
-        from autoscaler.plugins import make_forecaster
-
-        _WORKER["forecaster"] = make_forecaster(forecaster)
-        _WORKER["forecaster_name"] = forecaster
-    elif forecaster_dir:
-        import torch
-
-        from forecasting.io import load_forecaster
+    if forecaster_dir or forecaster in (None, "shipped"):
+        import torch  # one thread per worker: the workers share the cores
 
         torch.set_num_threads(1)
-        _WORKER["forecaster"] = load_forecaster(forecaster_dir)
+    from autoscaler.forecasters import choose_forecaster
+
+    _WORKER["forecaster"], _WORKER["forecaster_name"] = choose_forecaster(forecaster, forecaster_dir)
 
 
 def _run(task: Task) -> dict:
@@ -74,8 +65,7 @@ def _run(task: Task) -> dict:
            "requests": int(s.job_requests.sum()), "dropped": int(s.job_dropped.sum()),
            **{f"job_lost_{k}": v for k, v in s.fairness.items()},
            "mean_replicas": float(res.targets.sum(axis=1).mean()), "wall_s": res.wall_s,
-           "forecaster": (_WORKER.get("forecaster_name", "nhits") if fc is not None else "fallback")
-           if uses_forecaster(task.policy) else ""}
+           "forecaster": _WORKER["forecaster_name"] if uses_forecaster(task.policy) else ""}
     return {"row": row, "timeline": s.cluster_utility.tolist()}
 
 
@@ -83,9 +73,11 @@ def run_suite(scenario: Scenario, policies: list[str], capacities: list[float], 
               workers: int = 2, forecaster_dir: str | None = None, progress=None,
               forecaster: str | None = None) -> tuple[list, dict]:
     """Run every (policy, capacity, seed); returns (rows, {(policy, capacity, seed): timeline}).
-    The forecasting policies plan with ``forecaster`` (a plug-in name or import path) or the
-    N-HiTS in ``forecaster_dir``, else the fallback predictor."""
+    The forecasting policies plan with ``forecaster`` (``fallback``, ``shipped``, a plug-in
+    name or an import path) or the N-HiTS in ``forecaster_dir``, else the shipped N-HiTS."""
     tasks = [Task(p, c, s) for c, p, s in itertools.product(capacities, policies, seeds)]
+    if not any(uses_forecaster(p) for p in policies):  # nothing forecasts: load none
+        forecaster_dir, forecaster = None, "fallback"
     rows, timelines = [], {}
     if workers <= 1:
         _init_worker(scenario, forecaster_dir, forecaster)

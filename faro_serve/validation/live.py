@@ -304,7 +304,9 @@ class LiveCluster:
 
         config = {"cluster": cluster_spec(capacity).model_dump() | (cluster or {}),
                   "models": [m.model_dump() for m in models], "policy": policy,
-                  "forecaster_dir": forecaster_dir}
+                  # 'fallback' or 'shipped' by name, else a trained directory (None: shipped)
+                  **({"forecaster": forecaster_dir} if forecaster_dir in ("fallback", "shipped")
+                     else {"forecaster_dir": forecaster_dir})}
         # The autoscaler's first decision must not see the calibration's requests (the
         # simulator's first decision sees no history), and the replay's minute bins must
         # start with the replay: measurements restart before and after it starts.

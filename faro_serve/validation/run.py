@@ -188,7 +188,7 @@ def _report(doc: dict, cmp: dict) -> str:
         f"minutes {wl['start']}-{wl['start'] + wl['minutes']} (x{wl['rate_scale']:g}), seed {wl['seed']}; "
         f"capacity {doc['capacity']:g} replicas; SLO {wl['slo_ms'] * wl['slowdown']:g} ms at "
         f"p{wl['percentile']:g}; processing and SLO x{wl['slowdown']:g}; "
-        f"forecaster {doc['forecaster_dir'] or 'fallback'}; live data path "
+        f"forecaster {doc['forecaster_dir'] or 'shipped'}; live data path "
         f"{doc.get('data_path', 'front')}.", "",
         f"Calibration on this machine: overhead outside the model {cal['overhead_ms']['p50']} ms p50 / "
         f"{cal['overhead_ms']['p99']} ms p99 (idle); replica hold between queued requests "

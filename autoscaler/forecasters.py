@@ -1,0 +1,60 @@
+"""Which forecaster a policy plans with, in one place for every driver: the live autoscaler
+(``forecaster`` / ``forecaster_dir`` in the ``faro`` application's args), ``simulate``,
+``suite``, ``validate`` and ``compare``.
+
+- a trained directory (``forecaster_dir``): that N-HiTS;
+- ``fallback``: the fallback predictor, by choice (labelled ``fallback: chosen``);
+- ``shipped``, or nothing at all: the N-HiTS shipped in the package
+  (``forecasting.shipped``); with nothing given, one that cannot be loaded is logged and the
+  fallback predictor serves, labelled ``fallback: forecaster failed to load: <why>``;
+- any other name: a forecaster plug-in or an import path (``autoscaler.plugins``).
+
+Ray-free, like every module of the policy layer.
+"""
+
+from __future__ import annotations
+
+from forecasting.shipped import BUILTIN_NAMES, FALLBACK, SHIPPED, default_forecaster
+
+from .plugins import make_forecaster
+
+__all__ = ["BUILTIN_NAMES", "FALLBACK", "SHIPPED", "choose_forecaster", "is_builtin", "policy_forecasts"]
+
+FORECASTING = ("faro-", "mark")  # the built-in policies that plan with a forecaster
+
+
+def policy_forecasts(policy: str) -> bool:
+    """Faro's and MArk's policies plan with the forecaster; a plug-in or import-path policy
+    is given it too (one that does not forecast ignores it); the other built-ins need none,
+    so none is loaded for them."""
+    if policy.startswith(FORECASTING[0]) or policy == FORECASTING[1]:
+        return True
+    from .builtin import BUILTIN
+
+    return policy not in {row[0] for row in BUILTIN}
+
+
+def is_builtin(spec: str | None) -> bool:
+    """``shipped`` or ``fallback``: a name faro-serve resolves itself, not a plug-in."""
+    return spec in BUILTIN_NAMES
+
+
+def choose_forecaster(spec: str | None = None, directory: str | None = None,
+                      short_history: str | None = None):
+    """``(forecaster, why)``: the forecaster of a name / import path (``spec``) or of a trained
+    ``directory`` (not both), else the shipped one; ``why`` says which and why, e.g.
+    ``nhits-normal (shipped)``, ``fallback: chosen``, ``nhits-normal (runs/fc)``, or a
+    plug-in's name or import path as given."""
+    if spec and directory:
+        raise ValueError("give a forecaster (a name or an import path) or a trained forecaster "
+                         "directory, not both")
+    if directory:
+        from forecasting.io import load_forecaster
+
+        fc = load_forecaster(directory)
+        if short_history is not None:
+            fc.short_history = short_history
+        return fc, f"{fc.name} ({directory})"
+    if spec is None or is_builtin(spec):
+        return default_forecaster(spec, short_history)
+    return make_forecaster(spec), spec
