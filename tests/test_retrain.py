@@ -3,6 +3,8 @@ swapping the better forecaster in off the control loop (autoscaler/retrainer.py)
 figures, a real retrain that forecasts better swapped in and a worse one not, and the live
 loop's swap from a real arrival store, saved and loadable, shown in the status."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from autoscaler.loop import AutoscalerLoop
 from autoscaler.retrainer import RETRAINED_DIR, Retrainer
 from faro_serve.serving.schema import parse_autoscaler_config
 from forecasting.base import FallbackForecaster
-from forecasting.io import load_forecaster
+from forecasting.io import load_forecaster, save_forecaster
 from forecasting.retrain import Score, held_back, judge, planner_loss, retrain
 from forecasting.store import ArrivalStore
 from forecasting.train import TrainConfig
@@ -119,3 +121,58 @@ def test_a_retrain_without_enough_history_is_logged_and_the_loop_keeps_its_forec
     st = r.status()
     assert st["runs"] == 1 and not st["last"]["swap"] and "135 minutes" in st["last"]["error"]
     assert st["swaps"] == []
+
+
+def stored(tmp_path, minutes: int = 600) -> ArrivalStore:
+    store = ArrivalStore(tmp_path)
+    end = 29_000_000
+    for name, counts in traffic(minutes).items():
+        store.append_many(name, [(60.0 * (end - counts.size + k), c) for k, c in enumerate(counts)])
+    return store
+
+
+def test_forecast_train_from_a_history_store_saves_only_a_better_network(tmp_path, cli):
+    stored(tmp_path / "hist").close()
+    out = tmp_path / "fc"
+    code, stdout, err = cli("forecast", "train", "--from", str(tmp_path / "hist"), "--current", "fallback",
+                            "--max-steps", "300", "--mlp-width", "64", "--out", str(out))
+    doc = json.loads(stdout)
+    assert code == 0 and doc["swap"] and doc["saved_to"] == str(out), err
+    assert doc["models"] == ["a", "b"] and doc["against"] == "fallback: chosen"
+    assert load_forecaster(out).input_size == 15
+    # against the network it just saved, one step of training does not win: nothing saved
+    code, stdout, err = cli("forecast", "train", "--from", str(tmp_path / "hist" / "arrivals.sqlite3"),
+                            "--current", str(out), "--max-steps", "1", "--mlp-width", "64",
+                            "--out", str(tmp_path / "worse"))
+    assert code == 1 and not json.loads(stdout)["swap"] and "not saved" in err
+    assert not (tmp_path / "worse").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--from", "NOPE"], "no arrival store there"),
+    (["--from", "http://127.0.0.1:9090"], "reading Prometheus is not built"),
+    (["--trace", "x.csv", "--force"], "--force goes with --from"),
+    (["--from", "HIST", "--days", "1"], "--days and --sample go with --trace"),
+])
+def test_forecast_train_from_refuses_what_it_cannot_use(tmp_path, cli, args, message):
+    stored(tmp_path / "hist", minutes=60).close()
+    args = [a.replace("NOPE", str(tmp_path / "nope")).replace("HIST", str(tmp_path / "hist")) for a in args]
+    code, _, err = cli("forecast", "train", *args, "--out", str(tmp_path / "fc"))
+    assert code == 2 and message in err, err
+
+
+def test_a_restarted_autoscaler_loads_what_it_retrained_unless_told_otherwise(tmp_path, trained):
+    from faro_serve.serving.autoscaler_deployment import choose_forecaster
+
+    save_forecaster(trained[0], tmp_path / RETRAINED_DIR)
+
+    def cfg(**kw):
+        return parse_autoscaler_config({
+            "cluster": {"cpus": 2}, "history_dir": str(tmp_path), **kw,
+            "models": [{"name": "a", "slo_ms": 720, "processing_ms": 50, "cpus": 0.5}]})
+
+    fc, why = choose_forecaster(cfg())
+    assert fc.name.startswith("nhits") and "retrained on this cluster's traffic" in why
+    assert fc.meta["train_series"] == ["a", "b"]
+    assert choose_forecaster(cfg(forecaster="fallback"))[1] == "fallback: chosen"
+    assert "retrained" not in choose_forecaster(cfg(retrain_every_h=0))[1]

@@ -1,7 +1,9 @@
 """``faro-serve forecast``: train and evaluate the probabilistic workload forecaster (paper 3.5).
 
 ``forecast train`` fits one global N-HiTS with a Gaussian head on the per-minute request
-counts of every job of a trace and saves it to a directory; ``forecast eval`` replays a
+counts of every job of a trace (or of a live autoscaler's recorded arrivals, ``--from``, kept
+only if it forecasts the held-back minutes better) and saves it to a directory;
+``forecast eval`` replays a
 trace, forecasting every 5 minutes as the autoscaler would, and reports errors and the
 coverage of the prediction intervals, for a trained model or a baseline.
 """
@@ -9,6 +11,7 @@ coverage of the prediction intervals, for a trained model or a baseline.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from .errors import UsageError
@@ -27,10 +30,24 @@ def register(sub) -> None:
 
     t = fsub.add_parser("train", help="train N-HiTS on a trace and save it to a directory",
                         description="Train one global N-HiTS (Gaussian head, or MAE with "
-                        "--baseline nhits-point) on all jobs of a trace; CPU only.")
-    t.add_argument("--trace", required=True, action="append",
-                   help="per-minute counts: CSV (minute, job, requests[, day, sample]) or JSON lines; "
-                        "repeat to train on several traces at once (one global model)")
+                        "--baseline nhits-point) on all jobs of a trace, or on a live autoscaler's "
+                        "recorded arrivals (--from); CPU only.")
+    src = t.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", action="append",
+                     help="per-minute counts: CSV (minute, job, requests[, day, sample]) or JSON lines; "
+                          "repeat to train on several traces at once (one global model)")
+    src.add_argument("--from", dest="from_store", metavar="HISTORY_DIR",
+                     help="train on a live autoscaler's recorded arrivals (its history_dir, or the "
+                          "arrivals.sqlite3 file): the last --holdout-minutes are held back, and the "
+                          "new network is saved only if it forecasts them better than --current")
+    t.add_argument("--holdout-minutes", type=int, default=120,
+                   help="with --from: the most recent minutes held back to judge on (default 120)")
+    t.add_argument("--current", default=None,
+                   help="with --from: the forecaster to beat: a trained directory, 'shipped' or "
+                        "'fallback' (default: the one the autoscaler retrained in HISTORY_DIR, else "
+                        "the shipped one)")
+    t.add_argument("--force", action="store_true",
+                   help="with --from: save the new network even if it does not forecast better")
     t.add_argument("--days", action="append",
                    help="day or range of days to use, e.g. 3 or 1-8 (joined in order); once for "
                         "every --trace, or once per --trace in the same order")
@@ -96,6 +113,11 @@ def run_train(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
+    if args.from_store:
+        return _train_from_store(args, cfg, out)
+    for flag in ("current", "force"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag} goes with --from")
     history = training_history(training_sources(args.trace, args.days, args.sample))
     fc = _train_with_progress(train_forecaster, history, cfg, args.verbose)
     save_forecaster(fc, out)
@@ -107,6 +129,61 @@ def run_train(args) -> int:
     print(f"trained {fc.name} on {len(history)} jobs x {span} minutes in "
           f"{rep['seconds']:.1f} s ({rep['steps']} steps{best}); saved to {out}")
     return 0
+
+
+def _train_from_store(args, cfg, out: Path) -> int:
+    """``forecast train --from``: what the live retrainer does (``autoscaler.retrainer``), by
+    hand: train on the store's history without its last minutes, judge against the current
+    forecaster on them, save only a better one (or with ``--force``)."""
+    from autoscaler.forecasters import choose_forecaster
+    from autoscaler.retrainer import RETRAINED_DIR, recent_history
+    from forecasting.retrain import retrain
+    from forecasting.store import FILE_NAME, ArrivalStore
+
+    if args.days or args.sample:
+        raise UsageError("--days and --sample go with --trace, not --from")
+    if args.from_store.startswith(("http://", "https://")):
+        raise UsageError(f"--from {args.from_store}: reading Prometheus is not built; give the "
+                         f"autoscaler's history_dir")
+    src = Path(args.from_store).expanduser()
+    file = src / FILE_NAME if src.is_dir() else src
+    if not file.is_file():
+        raise UsageError(f"--from {args.from_store}: no arrival store there (expected {file})")
+    store = ArrivalStore(file)
+    if store.refused:
+        raise UsageError(f"--from {file}: refused ({store.refused[0]['reason']}); moved aside to "
+                         f"{store.refused[0]['moved_to']}")
+    history = recent_history(store)
+    store.close()
+    if not history:
+        raise UsageError(f"--from {file}: the store holds no arrivals")
+    current_spec = args.current
+    if current_spec is None:
+        mine = file.parent / RETRAINED_DIR
+        current_spec = str(mine) if (mine / "meta.json").is_file() else "shipped"
+    try:
+        if Path(current_spec).is_dir():
+            current, why = choose_forecaster(None, current_spec)
+        else:
+            current, why = choose_forecaster(current_spec)
+    except Exception as err:
+        raise UsageError(f"--current {current_spec}: {err}") from None
+    if (cfg.input_size, cfg.horizon) != (current.input_size, current.horizon):
+        cfg.input_size, cfg.horizon = current.input_size, current.horizon
+    try:
+        candidate, verdict = retrain(history, current, args.holdout_minutes, cfg)
+    except ValueError as err:
+        raise UsageError(f"--from {file}: {err}") from None
+    doc = {"from": str(file), "models": sorted(history), "against": why, **verdict.as_dict()}
+    saved = verdict.swap or args.force
+    if saved:
+        from forecasting.io import save_forecaster
+
+        doc["saved_to"] = str(save_forecaster(candidate, out))
+    print(json.dumps(doc, indent=2))
+    print(f"{verdict.reason}; " + (f"saved to {out}" if saved else "not saved (--force saves it anyway)"),
+          file=sys.stderr)
+    return 0 if saved else 1
 
 
 def training_sources(traces: list[str], days: list[str] | None, samples: list[str] | None

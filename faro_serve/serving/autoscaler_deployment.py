@@ -177,9 +177,29 @@ def choose_forecaster(cfg: AutoscalerConfig):
         why = f"none: {cfg.policy_name()} does not forecast"
         log.info("forecaster: %s", why)
         return None, why
+    retrained = retrained_dir(cfg)
+    if retrained is not None:  # what the autoscaler learnt before a restart (issue 32)
+        try:
+            fc, why = choose(None, str(retrained), cfg.short_history)
+            why = f"{fc.name} (retrained on this cluster's traffic: {retrained})"
+            log.info("forecaster: %s", why)
+            return fc, why
+        except Exception as err:
+            log.warning("cannot load the retrained forecaster in %s: %s; using the default", retrained, err)
     fc, why = choose(cfg.forecaster, cfg.forecaster_dir, cfg.short_history)
     log.info("forecaster: %s", why)
     return fc, why
+
+
+def retrained_dir(cfg: AutoscalerConfig) -> Path | None:
+    """The forecaster the retrainer saved under ``history_dir`` (``autoscaler.retrainer``),
+    when the args name no other (``forecaster`` or ``forecaster_dir``) and one was saved."""
+    from autoscaler.retrainer import RETRAINED_DIR
+
+    if cfg.forecaster or cfg.forecaster_dir or not cfg.history_dir or not cfg.retrain_every_h:
+        return None
+    d = Path(cfg.history_dir).expanduser() / RETRAINED_DIR
+    return d if (d / "meta.json").is_file() else None
 
 
 def load_forecaster(cfg: AutoscalerConfig):
