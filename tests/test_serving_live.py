@@ -19,6 +19,7 @@ from ray.util.state import list_actors
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.serving.app import autoscaler_app, deploy
 from faro_serve.serving.proxy_queue import PIPELINE
+from forecasting.store import ArrivalStore
 
 from live_helpers import check_drop_share, check_flood, fire, free_port, wait_for
 
@@ -191,9 +192,36 @@ def test_each_request_goes_to_a_free_replica(live):
     assert len(waits) == 5 * n and max(on_replica) < 20, (n, gate, running(), waits)
 
 
-def test_recovers_from_killed_replica_and_killed_autoscaler(live):
-    serve.run(autoscaler_app(autoscaler_config(live["dashboard"])), name="faro", route_prefix="/faro")
-    assert wait_for(lambda: live["client"].get("/faro/status").json().get("enabled"), 60)
+def stored_history(directory, minutes: int = 60) -> None:
+    """An hour of per-minute arrivals of every model up to now in an arrival store, as a
+    previous run of the autoscaler would have left them (issue 32)."""
+    store = ArrivalStore(directory)
+    now = int(time.time() // 60)
+    for m, _ in SLOS:
+        store.append_many(m.name, [(60.0 * (now - minutes + k), 30.0 + (k % 5)) for k in range(minutes)])
+    store.close()
+
+
+def long_term_predictors(client, after: float) -> dict | None:
+    """The predictor of every model in the first long-term plan made after ``after`` (wall
+    clock; the decisions of an earlier configuration of the app may still be listed)."""
+    for rec in client.get("/faro/decisions", params={"limit": 50}).json():
+        d = rec.get("decision") or {}
+        if d.get("kind") == "long_term" and rec["time"] > after:
+            return {n: m["predictor"] for n, m in d["info"]["models"].items()}
+    return None
+
+
+def test_recovers_from_killed_replica_and_killed_autoscaler(live, tmp_path):
+    """... and plans with the shipped N-HiTS from the stored history, before and after the
+    kill, not with the fallback predictor of a blind start (issue 32)."""
+    stored_history(tmp_path)
+    cfg = autoscaler_config(live["dashboard"], forecaster=None, history_dir=str(tmp_path))
+    deployed = time.time()
+    serve.run(autoscaler_app(cfg), name="faro", route_prefix="/faro")
+    assert wait_for(lambda: live["client"].get("/faro/status").json().get("enabled"), 90)
+    first = wait_for(lambda: long_term_predictors(live["client"], deployed), 60)
+    assert first == {m.name: "nhits-normal" for m, _ in SLOS}, first
     results = []
     load = threading.Thread(target=lambda: results.extend(
         fire(live["base"], "/synth-a/predict", 200, 50, 5.0)), daemon=True)
@@ -204,7 +232,7 @@ def test_recovers_from_killed_replica_and_killed_autoscaler(live):
     victims = [a for a in alive_actors()
                if a.class_name in ("ServeReplica:synth-a:Model", "ServeReplica:faro:FaroAutoscaler")]
     assert {a.class_name for a in victims} == {"ServeReplica:synth-a:Model", "ServeReplica:faro:FaroAutoscaler"}
-    killed = set()
+    killed, kill_time = set(), time.time()
     for a in victims:
         if a.class_name not in killed:
             ray.kill(ray.get_actor(a.name, namespace="serve"), no_restart=True)
@@ -233,3 +261,8 @@ def test_recovers_from_killed_replica_and_killed_autoscaler(live):
     r = running()
     assert r.get("synth-a", 0) >= 1 and sum(r.values()) * 0.25 <= CAPACITY
     assert live["client"].post("/synth-a/predict", content=b"").status_code == 200
+    # the restarted autoscaler's first plan: N-HiTS on the full input window, from the store
+    # and the meters (a blind start would say "fallback" or "short history")
+    replanned = wait_for(lambda: long_term_predictors(live["client"], kill_time), 60)
+    assert replanned == {m.name: "nhits-normal" for m, _ in SLOS}, replanned
+    assert live["client"].get("/faro/status").json()["forecaster"].startswith("nhits-normal")
