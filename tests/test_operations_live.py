@@ -21,6 +21,7 @@ from ray import serve
 
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.serving.app import deploy
+from forecasting.prometheus import prometheus_history
 from live_helpers import fire, free_port, local_serve, wait_for
 
 pytestmark = pytest.mark.slow
@@ -64,7 +65,7 @@ def _query(prom: str, q: str) -> list:
     return r.json()["data"]["result"]
 
 
-def test_a_real_prometheus_scrapes_the_faro_series_per_model(cluster, tmp_path, report):
+def test_a_real_prometheus_scrapes_the_faro_series_per_model(cluster, tmp_path, report, cli):
     exe = shutil.which("prometheus")
     if exe is None:
         pytest.skip("Debian's prometheus is not installed (make install as root installs it)")
@@ -106,6 +107,14 @@ def test_a_real_prometheus_scrapes_the_faro_series_per_model(cluster, tmp_path, 
             if "dropped_" not in e:  # no drops under this load
                 assert _query(prom, e.replace("$model", "ops-a")), e
         report(f"prometheus: faro series for ops-a: {sorted(found)}; names {sorted(names)}")
+        # the arrivals per minute a retrain reads from it (forecasting/prometheus.py, issue 32)
+        hist = wait_for(lambda: (lambda h: h if "ops-a" in h and h["ops-a"].max() > 0 else None)(
+            prometheus_history(prom, 10)), 30, every=2)
+        assert hist and (hist["ops-a"] >= 0).all() and hist["ops-a"].sum() <= 300 * 1.5, hist
+        code, _, err = cli("forecast", "train", "--from", prom, "--current", "fallback",
+                           "--out", str(tmp_path / "fc"))
+        assert code == 2 and "135 minutes of history" in err, err  # a few minutes: not enough
+        report(f"prometheus arrivals per minute of ops-a: {hist['ops-a'].round(1).tolist()}")
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -150,7 +150,7 @@ def test_forecast_train_from_a_history_store_saves_only_a_better_network(tmp_pat
 
 @pytest.mark.parametrize("args, message", [
     (["--from", "NOPE"], "no arrival store there"),
-    (["--from", "http://127.0.0.1:9090"], "reading Prometheus is not built"),
+    (["--from", "http://127.0.0.1:9"], "cannot read Prometheus (ConnectError"),
     (["--trace", "x.csv", "--force"], "--force goes with --from"),
     (["--from", "HIST", "--days", "1"], "--days and --sample go with --trace"),
 ])

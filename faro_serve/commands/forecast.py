@@ -36,10 +36,13 @@ def register(sub) -> None:
     src.add_argument("--trace", action="append",
                      help="per-minute counts: CSV (minute, job, requests[, day, sample]) or JSON lines; "
                           "repeat to train on several traces at once (one global model)")
-    src.add_argument("--from", dest="from_store", metavar="HISTORY_DIR",
-                     help="train on a live autoscaler's recorded arrivals (its history_dir, or the "
-                          "arrivals.sqlite3 file): the last --holdout-minutes are held back, and the "
+    src.add_argument("--from", dest="from_store", metavar="HISTORY_DIR|PROMETHEUS_URL",
+                     help="train on a live autoscaler's recorded arrivals (its history_dir, the "
+                          "arrivals.sqlite3 file, or the Prometheus that scrapes the cluster, "
+                          "http://host:9090): the last --holdout-minutes are held back, and the "
                           "new network is saved only if it forecasts them better than --current")
+    t.add_argument("--prometheus-minutes", type=int, default=7 * 1440,
+                   help="with --from a Prometheus URL: minutes of history to read (default a week)")
     t.add_argument("--holdout-minutes", type=int, default=120,
                    help="with --from: the most recent minutes held back to judge on (default 120)")
     t.add_argument("--current", default=None,
@@ -142,25 +145,35 @@ def _train_from_store(args, cfg, out: Path) -> int:
 
     if args.days or args.sample:
         raise UsageError("--days and --sample go with --trace, not --from")
+    mine = None  # where a live autoscaler saved what it retrained (a history_dir only)
     if args.from_store.startswith(("http://", "https://")):
-        raise UsageError(f"--from {args.from_store}: reading Prometheus is not built; give the "
-                         f"autoscaler's history_dir")
-    src = Path(args.from_store).expanduser()
-    file = src / FILE_NAME if src.is_dir() else src
-    if not file.is_file():
-        raise UsageError(f"--from {args.from_store}: no arrival store there (expected {file})")
-    store = ArrivalStore(file)
-    if store.refused:
-        raise UsageError(f"--from {file}: refused ({store.refused[0]['reason']}); moved aside to "
-                         f"{store.refused[0]['moved_to']}")
-    history = recent_history(store)
-    store.close()
-    if not history:
-        raise UsageError(f"--from {file}: the store holds no arrivals")
+        from forecasting.prometheus import PrometheusError, prometheus_history
+
+        file = args.from_store
+        try:
+            history = prometheus_history(file, args.prometheus_minutes)
+        except PrometheusError as err:
+            raise UsageError(f"--from {err}") from None
+        if not history:
+            raise UsageError(f"--from {file}: Prometheus has no faro arrivals "
+                             f"(ray_faro_requests_total) in the last {args.prometheus_minutes} minutes")
+    else:
+        src = Path(args.from_store).expanduser()
+        file = src / FILE_NAME if src.is_dir() else src
+        if not file.is_file():
+            raise UsageError(f"--from {args.from_store}: no arrival store there (expected {file})")
+        store = ArrivalStore(file)
+        if store.refused:
+            raise UsageError(f"--from {file}: refused ({store.refused[0]['reason']}); moved aside to "
+                             f"{store.refused[0]['moved_to']}")
+        history = recent_history(store)
+        store.close()
+        if not history:
+            raise UsageError(f"--from {file}: the store holds no arrivals")
+        mine = file.parent / RETRAINED_DIR
     current_spec = args.current
     if current_spec is None:
-        mine = file.parent / RETRAINED_DIR
-        current_spec = str(mine) if (mine / "meta.json").is_file() else "shipped"
+        current_spec = str(mine) if mine is not None and (mine / "meta.json").is_file() else "shipped"
     try:
         if Path(current_spec).is_dir():
             current, why = choose_forecaster(None, current_spec)
