@@ -33,7 +33,7 @@ def traffic(minutes: int = 600, seed: int = 0) -> dict[str, np.ndarray]:
 def trained():
     """A candidate trained on the cycle, and its verdict against the fallback."""
     return retrain(traffic(), FallbackForecaster(), holdout=120,
-                   config=TrainConfig(max_steps=300, seed=1, **SMALL))
+                   config=TrainConfig(max_steps=150, seed=1, **SMALL))
 
 
 def test_the_planner_loss_charges_too_little_more_than_too_much():
@@ -66,7 +66,7 @@ def test_held_back_minutes_keep_their_context_and_a_short_history_is_refused():
 
 def test_a_retrain_that_forecasts_better_is_swapped_in(trained, report):
     candidate, verdict = trained
-    report(f"retrain on a 30-minute cycle (480 min x 2 models, 300 steps): {verdict.reason}")
+    report(f"retrain on a 30-minute cycle (480 min x 2 models, 150 steps): {verdict.reason}")
     assert verdict.swap, verdict.reason
     assert verdict.candidate.planner_loss < 0.98 * verdict.current.planner_loss
     assert verdict.holdout_minutes == 120 and verdict.trained_minutes == 2 * 480
@@ -135,7 +135,7 @@ def test_forecast_train_from_a_history_store_saves_only_a_better_network(tmp_pat
     stored(tmp_path / "hist").close()
     out = tmp_path / "fc"
     code, stdout, err = cli("forecast", "train", "--from", str(tmp_path / "hist"), "--current", "fallback",
-                            "--max-steps", "300", "--mlp-width", "64", "--out", str(out))
+                            "--max-steps", "150", "--mlp-width", "64", "--out", str(out))
     doc = json.loads(stdout)
     assert code == 0 and doc["swap"] and doc["saved_to"] == str(out), err
     assert doc["models"] == ["a", "b"] and doc["against"] == "fallback: chosen"
