@@ -62,7 +62,10 @@ def run(args) -> int:
                           "the predictor of that plan (or, before one, the forecaster loaded)")
     for col in ("model", "SLO", "rate/s", "p99 measured", "proc ms", "replicas", "utility measured",
                 "utility planned", "drop", "forecaster"):
-        table.add_column(col, justify="left" if col == "model" else "right", no_wrap=True)
+        if col == "forecaster":  # a long label wraps rather than squeezing the numbers
+            table.add_column(col, justify="left", ratio=1, min_width=12, overflow="fold")
+        else:
+            table.add_column(col, justify="left" if col == "model" else "right", no_wrap=True)
     for name, m in st.get("models", {}).items():
         lat = m.get("latency_ms")
         style = "red" if lat is not None and lat > m["slo_ms"] else None
