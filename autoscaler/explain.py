@@ -1,8 +1,9 @@
 """Plain-text reasons for the autoscaler's decision records (``GET /faro/decisions``, the
 decision log): for a plan the forecast band, each model's estimated p99 at the chosen
 replicas and its utility, the objective and what bound it (paper sections 4.2-4.3); for a
-reactive step what triggered it (section 4.4). ``faro-serve status --explain`` and the
-demo's report print these lines."""
+reactive step what triggered it (section 4.4); for a re-plan (issue 31) which model left its
+forecast band, and for a move which replica went where and what it gained. ``faro-serve
+status --explain`` and the demo's report print these lines."""
 
 from __future__ import annotations
 
@@ -45,6 +46,20 @@ def explain(records: list[dict]) -> list[str]:
                            f"{'beyond the SLO' if lat is None else f'{lat:.0f} ms'}"
                            f"{'' if slo is None else f' vs SLO {slo:g} ms'}; utility {m.get('utility')}"
                            + (f"; drop {m['drop_rate']:.1%}" if m.get("drop_rate") else ""))
+        rp = info.get("replan") or {}
+        if rp:
+            for name, w in (rp.get("trigger") or {}).items():
+                seen = (f"{w.get('rate_rps')} req/s against the band {w.get('band_rps')}"
+                        if "rate_rps" in w else f"p99 {w.get('latency_ms')} ms vs SLO {w.get('slo_ms')} ms")
+                out.append(f"  re-plan: {name}: {w.get('why')} ({seen})")
+            out.append(f"  re-plan: the whole cluster re-solved at the rates seen now; gain "
+                       f"{rp.get('gain')} on the objective"
+                       + (f"; changes undone as not worth it: {', '.join(rp['undone'])}"
+                          if rp.get("undone") else ""))
+        for mv in info.get("moves") or ():
+            out.append(f"  move: one replica {mv.get('from')} -> {mv.get('to')} (full cluster; "
+                       f"objective +{mv.get('gain')}; {mv.get('from')} within its SLO with one fewer "
+                       f"at {mv.get('donor_rate_rps')} req/s)")
         if "scaled_up" in info:
             out.append(f"  reactive: over the SLO for the trigger period: {', '.join(info['scaled_up'])} +1")
         for name, sv in (info.get("surge") or {}).items():

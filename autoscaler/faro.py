@@ -15,6 +15,16 @@
   an overloaded plan keeps short on purpose is not a surge. It covers what the 30 s
   trigger and a five-minute plan are too slow for: a step in load, and the first minutes
   of a deployment, before there is history to forecast from.
+* Re-plan on surprise (ours, issue 31; ``replan``, off by default): between the plans, a
+  model whose rate over the last ``replan_trigger_s`` leaves the last plan's forecast band
+  (p10..p90, widened), or (``replan_latency``) that is over its SLO for the trigger period,
+  makes the whole cluster be planned again at once, with a fresh forecast re-levelled to
+  the rates seen now; never within ``replan_gap_s`` of the last plan (``autoscaler.replan``).
+* Moves (ours, issue 31; ``moves``, off by default): a model over its SLO for the trigger
+  period that the full cluster cannot give one more replica takes one from the model whose
+  loss costs the cluster objective least, when the objective gains over the time left to
+  the next plan; the donor stays within its SLO with one fewer, and no replica moves back
+  before the next plan.
 
 The oracle variant plans with the true future arrivals (simulator only): the same
 optimiser without forecast error, the bound the others are measured against.
@@ -35,14 +45,18 @@ from forecasting.base import Forecast, Forecaster
 from .common import (DEFAULT_PROCESSING_MS, Timers, fallback_for, faro_policy_name, fcfs_decision,
                      forecast_or_fallback)
 from .policy import Decision, ModelPlan, Observation, Policy, grant_in_order
+from .replan import band_of, best_move, donor_ok, move_problem, prune_changes, relevel, surprise
 
 log = logging.getLogger(__name__)
+
+REPLAN_SEED = 1_000_003  # re-plans' forecasts draw from seeds of their own
 
 
 class FaroPolicy(Policy):
     """Hybrid long-term predictive + short-term reactive Faro autoscaler."""
 
-    state_fields = ("last_long_term", "violating", "surge_hold", "decisions")
+    state_fields = ("last_long_term", "violating", "surge_hold", "decisions", "band", "recent",
+                    "last_replan", "moved")
 
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec,
                  forecaster: Forecaster | None = None, *, reactive: bool = True,
@@ -56,13 +70,19 @@ class FaroPolicy(Policy):
         self.violating = Timers()  # models over their SLO since (the reactive trigger)
         self.surge_hold: dict[str, float] = {}  # model -> until when its reactive step waits
         self.decisions = 0
+        self.band: dict[str, tuple] = {}  # model -> the last plan's forecast p10, p50, p90 (req/s)
+        self.recent: dict[str, list] = {}  # model -> the last ticks' arrival rates (req/s)
+        self.last_replan = -math.inf
+        self.moved: dict[str, str] = {}  # model -> "in" / "out": moved since the last plan
 
     # -- forecasting -------------------------------------------------------------------
-    def forecast(self, obs: Observation) -> Forecast:
-        return forecast_or_fallback(self.forecaster, self.fallback, obs, self.n_samples, self.decisions)
+    def forecast(self, obs: Observation, seed: int | None = None) -> Forecast:
+        seed = self.decisions if seed is None else seed
+        return forecast_or_fallback(self.forecaster, self.fallback, obs, self.n_samples, seed)
 
     # -- decisions ---------------------------------------------------------------------
     def decide(self, obs: Observation) -> Decision | None:
+        self._remember_rates(obs)
         if obs.now - self.last_long_term >= self.cluster.long_term_interval_s:
             return self.with_surge(obs, self.long_term(obs))
         if self.reactive:
@@ -133,8 +153,13 @@ class FaroPolicy(Policy):
     def long_term(self, obs: Observation) -> Decision:
         self.last_long_term = obs.now
         self.violating.since.clear()
+        self.moved.clear()
         fc = self.forecast(obs)
         self.decisions += 1
+        return self._plan(obs, fc.by_model(), fc.predictor, "long_term")
+
+    def _procs(self, obs: Observation) -> dict[str, float]:
+        """Per model the processing time (ms) of one request alone: measured, else the prior."""
         procs = {}
         for m in self.models:
             o = obs.models[m.name]
@@ -143,15 +168,20 @@ class FaroPolicy(Policy):
                 # a batching replica measures its batches: one request's time is p / (s b + 1 - s)
                 s = m.batching.share(m.cpus)
                 procs[m.name] = o.processing_ms / (s * o.mean_batch + 1.0 - s)
+        return procs
+
+    def _plan(self, obs: Observation, samples: dict, predictor: dict, kind: str) -> Decision:
+        """Plan every model at once for the window from ``samples`` (req/s, samples x steps)."""
+        procs = self._procs(obs)
         current = {n: o.target_replicas for n, o in obs.models.items()}
-        alloc = plan(self.models, fc.by_model(), current, self.cluster, processing_ms=procs,
+        alloc = plan(self.models, samples, current, self.cluster, processing_ms=procs,
                      capacity_cpus=obs.capacity_cpus, capacity_memory_gb=obs.capacity_memory_gb)
-        samples = fc.by_model()
+        self.band = {n: band_of(samples[n]) for n in samples}
         info = {
             "objective": alloc.objective, "objective_value": round(alloc.objective_value, 6),
             "solve_ms": round(alloc.solve_ms, 2), "groups": alloc.groups,
             "bound": self._binding(alloc, obs),
-            "models": {d.name: {"predictor": fc.predictor.get(d.name, "?"),
+            "models": {d.name: {"predictor": predictor.get(d.name, "?"),
                                 "forecast_mean_rps": round(float(samples[d.name].mean()), 4),
                                 "forecast_p90_rps": round(float(np.quantile(samples[d.name], 0.9)), 4),
                                 "forecast_rps": {f"p{q}": round(float(np.quantile(samples[d.name], q / 100)), 4)
@@ -165,9 +195,9 @@ class FaroPolicy(Policy):
         }
         plan_ = {d.name: ModelPlan(d.replicas, d.utility,
                                    d.latency_ms if math.isfinite(d.latency_ms) else None,
-                                   fc.predictor.get(d.name, "?")) for d in alloc.decisions}
+                                   predictor.get(d.name, "?")) for d in alloc.decisions}
         batches = {d.name: d.batch_size for d in alloc.decisions if self.slo[d.name].batching}
-        return Decision(alloc.replicas, alloc.drop_rates, "long_term", info, plan_,
+        return Decision(alloc.replicas, alloc.drop_rates, kind, info, plan_,
                         batch_sizes=batches)
 
     def _binding(self, alloc, obs: Observation) -> dict:
@@ -196,10 +226,149 @@ class FaroPolicy(Policy):
                if self.violating.held(n, obs.now, self.cluster.reactive_trigger_s)]
         for n in due:  # restart the timer: the next step needs another full trigger period
             self.violating.restart(n, obs.now)
+        if self.cluster.replan:
+            d = self.replan(obs, due)
+            if d is not None:
+                return d
         d = fcfs_decision(self, obs, {n: obs.models[n].target_replicas + 1 for n in due}, due,
                           "reactive")
         if d is not None:
             d.info = {"scaled_up": sorted(d.replicas)}
+        if self.cluster.moves:
+            d = self.with_moves(obs, due, d)
+        return d
+
+    # -- re-plan on surprise, moves (autoscaler.replan) -----------------------------------
+    def _ticks(self) -> int:
+        return max(1, round(self.cluster.replan_trigger_s / self.tick_s))
+
+    def _remember_rates(self, obs: Observation) -> None:
+        if not (self.cluster.replan or self.cluster.moves):
+            return
+        k = self._ticks()
+        for n, o in obs.models.items():
+            self.recent[n] = (self.recent.get(n, []) + [round(float(o.arrival_rate), 6)])[-k:]
+
+    def fresh_rate(self, n: str) -> float | None:
+        """``n``'s mean arrival rate over the last ``replan_trigger_s`` (None: too few ticks)."""
+        r = self.recent.get(n, [])
+        return float(np.mean(r)) if len(r) >= self._ticks() else None
+
+    def replan(self, obs: Observation, due: list[str]) -> Decision | None:
+        """Plan the whole cluster again when a model's rate left its forecast band (or,
+        with ``replan_latency``, a model is ``due``: over its SLO for the trigger period),
+        at most once per ``replan_gap_s`` after the last plan."""
+        c = self.cluster
+        if obs.now - max(self.last_long_term, self.last_replan) < c.replan_gap_s - 1e-9:
+            return None
+        why = {}
+        for n in obs.models:
+            rate = self.fresh_rate(n)
+            if rate is None or n not in self.band:
+                continue
+            side = surprise(rate, self.band[n], c.replan_margin, self._ticks() * self.tick_s)
+            if side == "above" or (side == "below" and c.replan_down):
+                why[n] = {"why": f"rate {side} the forecast band", "rate_rps": round(rate, 3),
+                          "band_rps": [self.band[n][0], self.band[n][2]]}
+        if c.replan_latency:
+            for n in due:
+                if n not in why:
+                    o = obs.models[n]
+                    why[n] = {"why": "over the SLO", "latency_ms": round(o.latency_ms or 0.0, 1),
+                              "slo_ms": self.slo[n].slo_ms}
+        if not why:
+            return None
+        self.last_replan = obs.now
+        band_before = dict(self.band)
+        # a seed of its own: the long-term plans draw the same samples with re-plans or not
+        fc = self.forecast(obs, seed=REPLAN_SEED + int(obs.now))
+        samples = fc.by_model()
+        predictor = dict(fc.predictor)
+        for n, w in why.items():
+            rate = self.fresh_rate(n)
+            if rate is None:
+                continue
+            if "latency_ms" in w:  # over the SLO at a rate within the band: never plan lower
+                rate = max(rate + obs.models[n].queue_length / 60.0, float(np.median(samples[n])))
+            samples[n] = relevel(samples[n], rate)
+            predictor[n] = f"{predictor.get(n, '?')} (re-levelled to {rate:.3f} req/s)"
+        d = self._plan(obs, samples, predictor, "replan")
+        current = {n: o.target_replicas for n, o in obs.models.items()}
+        kept, gain = prune_changes(self.models, c, samples, current, d.replicas, self._procs(obs),
+                                   set(why), c.replan_min_gain)
+        if kept == current or gain < c.replan_min_gain:
+            self.band = band_before  # nothing done: the band stays the last carried-out plan's
+            return None
+        undone = sorted(n for n in kept if kept[n] != d.replicas[n])
+        for n in undone:
+            d.set(n, replicas=kept[n])
+            d.info["models"][n]["replicas"] = kept[n]
+        d.info["replan"] = {"trigger": why, "gain": round(gain, 4), "undone": undone}
+        self.violating.since.clear()
+        return d
+
+    def with_moves(self, obs: Observation, due: list[str], d: Decision | None) -> Decision | None:
+        """For each ``due`` model the reactive step could not give a replica (oldest first),
+        move one from the donor whose loss costs the cluster objective least, when the
+        objective gains at least ``move_min_gain`` over the time left to the next plan."""
+        c = self.cluster
+        current = {n: o.target_replicas for n, o in obs.models.items()}
+        after = {**current, **(d.replicas if d else {})}
+        starving = [n for n in due if after[n] <= current[n] and self.moved.get(n) != "out"
+                    and n in self.band]
+        if not starving or len(self.band) < len(self.slo):
+            return d
+        window = self.last_long_term + c.long_term_interval_s - obs.now
+        procs = self._procs(obs)
+        steps = max(1, round(window / 60.0))
+        rates, hi = {}, {}
+        for n, o in obs.models.items():
+            now = self.fresh_rate(n)
+            now = o.arrival_rate if now is None else now
+            if n in starving:
+                now += o.queue_length / 60.0
+            rates[n] = np.repeat(relevel(np.array(self.band[n], float), now)[:, None], steps, axis=1)
+            last_min = float(o.arrivals_per_min[-1]) / 60.0 if len(o.arrivals_per_min) else 0.0
+            hi[n] = max(now, last_min, self.band[n][2])
+
+        def can_give(n: str) -> bool:
+            o = obs.models[n]
+            m = self.slo[n]
+            return (n not in due and self.moved.get(n) != "in" and n not in self.violating.since
+                    and o.replicas >= after[n] and (o.latency_ms is None or o.latency_ms <= m.slo_ms)
+                    and donor_ok(m, after[n], hi[n], procs[n], c))
+
+        donors = [n for n in obs.models if can_give(n)]
+        if not donors or window <= c.cold_start_s:
+            return d
+        prob = move_problem(self.models, c, after, rates, procs, window)
+        names = [m.name for m in self.models]
+        moves = []
+        for r in starving:
+            best = best_move(prob, names, after, r, donors, c.move_min_gain)
+            if best is None:
+                continue
+            g, gain = best
+            after[r] += 1
+            after[g] -= 1
+            donors.remove(g)
+            self.moved[r], self.moved[g] = "in", "out"
+            # the new replica needs its cold start: the trigger waits for it, as after a surge
+            self.surge_hold[r] = obs.now + c.cold_start_s + c.reactive_trigger_s
+            self.violating.update(r, False, obs.now)
+            moves.append({"from": g, "to": r, "gain": round(gain, 4),
+                          "donor_rate_rps": round(hi[g], 3), "recipient_rate_rps":
+                          round(float(np.median(rates[r])), 3)})
+        if not moves:
+            return d
+        if d is None:
+            d = Decision({}, {}, "move", {})
+        for mv in moves:
+            d.set(mv["from"], replicas=after[mv["from"]])
+            d.set(mv["to"], replicas=after[mv["to"]])
+        d.info["moves"] = moves
+        if d.kind == "reactive":
+            d.kind = "reactive+move"
         return d
 
 
@@ -210,7 +379,7 @@ class OraclePolicy(FaroPolicy):
         kw.setdefault("name", "oracle")
         super().__init__(models, cluster, **kw)
 
-    def forecast(self, obs: Observation) -> Forecast:
+    def forecast(self, obs: Observation, seed: int | None = None) -> Forecast:
         if obs.future_arrivals_per_min is None:
             raise ValueError("the oracle policy needs the true future arrivals (simulator only)")
         names = list(obs.models)

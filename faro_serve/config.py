@@ -160,6 +160,30 @@ class ClusterSpec(BaseModel):
     surge_factor: float = Field(2.0, gt=1, description="how many times the rate the target "
                                 "replicas serve the last tick's rate must reach before the "
                                 "surge rule acts")
+    replan: bool = Field(False, description="re-plan on surprise (ours, issue 31): between "
+                         "the long-term plans, re-solve the whole cluster when a model's rate "
+                         "leaves its forecast band for replan_trigger_s, or (replan_latency) "
+                         "its latency breaks the SLO for reactive_trigger_s")
+    replan_margin: float = Field(0.25, ge=0, description="the forecast band p10..p90 is "
+                                 "widened by this share before a rate outside it is a surprise")
+    replan_trigger_s: float = Field(30.0, gt=0, description="the rate averaged over this "
+                                    "long must be outside the band")
+    replan_gap_s: float = Field(60.0, ge=0, description="no re-plan within this long of the "
+                                "last plan or re-plan (hysteresis)")
+    replan_latency: bool = Field(False, description="a model over its SLO for "
+                                 "reactive_trigger_s also triggers a re-plan")
+    replan_down: bool = Field(False, description="a rate below the band triggers a re-plan "
+                              "too (by default only a rate above it does)")
+    replan_min_gain: float = Field(0.01, ge=0, description="each change a re-plan makes to a "
+                                   "model that did not trigger it must gain the cluster "
+                                   "objective this much (window utilities, cold start "
+                                   "included), else it is undone: no reshuffling for nothing")
+    moves: bool = Field(False, description="move replicas in a full cluster (ours, issue 31): "
+                        "a model over its SLO with no free capacity takes a replica from the "
+                        "model whose loss costs the cluster objective least, when the "
+                        "objective gains and the donor stays within its SLO with one fewer")
+    move_min_gain: float = Field(0.01, ge=0, description="the least gain of the cluster "
+                                 "objective (window utilities) that pays for a move")
     fair_tiebreak: float = Field(1e-3, ge=0, description="weight of mean utility added to "
                                  "'fair' so equally fair allocations prefer more utility")
     shrink: bool = Field(True, description="run the shrink pass (paper section 4.3)")
