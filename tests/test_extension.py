@@ -103,7 +103,8 @@ def test_a_bad_import_path_fails_config_validation_naming_it(path, message):
      f"Policy (autoscaler.policy.Policy)")])
 def test_a_bad_import_path_is_one_error_line_and_exit_2(cli, trace, path, message):
     code, out, err = cli("simulate", "--trace", str(trace), "--day", "1", "--sample", "0",
-                         "--warmup-minutes", "0", "--capacity", "8", "--policy", path)
+                         "--warmup-minutes", "0", "--capacity", "8", "--policy", path,
+                         "--forecaster", "fallback")  # no N-HiTS to load before the error
     assert code == 2 and err == f"faro-serve: error: {message}\n" and out == ""
 
 
