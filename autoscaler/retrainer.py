@@ -133,7 +133,7 @@ class Retrainer:
 
     def status(self) -> dict:
         with self._lock:
-            return {"every_h": round(self.every_s / 3600, 3), "holdout_minutes": self.holdout,
+            return {"every_s": self.every_s, "holdout_minutes": self.holdout,
                     "runs": self.runs, "running": bool(self._thread and self._thread.is_alive()),
                     "next_at": round(self.next_at, 1), "last": self.last,
                     "swaps": list(self.swaps[-5:])}

@@ -10,6 +10,7 @@ import pytest
 
 from autoscaler.loop import AutoscalerLoop
 from autoscaler.retrainer import RETRAINED_DIR, Retrainer
+from faro_serve.commands.status import retrain_lines
 from faro_serve.serving.schema import parse_autoscaler_config
 from forecasting.base import FallbackForecaster
 from forecasting.io import load_forecaster, save_forecaster
@@ -105,6 +106,9 @@ def test_the_live_loop_swaps_in_a_retrained_forecaster_from_its_store(tmp_path):
     assert st["runs"] == 1 and st["last"]["swap"] and len(st["swaps"]) == 1
     assert st["swaps"][0]["saved_to"] == str(tmp_path / RETRAINED_DIR)
     assert load_forecaster(tmp_path / RETRAINED_DIR).input_size == 15
+    lines = retrain_lines(st)  # what faro-serve status prints of it
+    assert lines[0].startswith("retraining every 1 s: 1 run(s), 1 swap(s)")
+    assert lines[1].startswith("last retrain: swapped in: better: planner loss")
 
 
 def test_a_retrain_without_enough_history_is_logged_and_the_loop_keeps_its_forecaster(tmp_path):
@@ -121,6 +125,7 @@ def test_a_retrain_without_enough_history_is_logged_and_the_loop_keeps_its_forec
     st = r.status()
     assert st["runs"] == 1 and not st["last"]["swap"] and "135 minutes" in st["last"]["error"]
     assert st["swaps"] == []
+    assert retrain_lines(st)[1].startswith("last retrain: kept the current forecaster: ValueError: no model")
 
 
 def stored(tmp_path, minutes: int = 600) -> ArrivalStore:

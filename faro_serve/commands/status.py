@@ -79,9 +79,27 @@ def run(args) -> int:
         print(f"{name}: not planned: {err}")
     if not st.get("enabled", True):
         print("autoscaling is disabled (enabled: false): measuring only")
+    for line in retrain_lines(st.get("retrain")):
+        print(line)
     if decisions is not None:
         from autoscaler.explain import explain
 
         for line in explain(decisions):
             print(line)
     return 0
+
+
+def retrain_lines(rt: dict | None) -> list[str]:
+    """What the autoscaler's retrainer did last (``retrain`` in the status; issue 32)."""
+    if not rt:
+        return []
+    every = rt["every_s"]
+    period = f"{every / 3600:g} h" if every >= 3600 else f"{every:g} s"
+    head = f"retraining every {period}: {rt['runs']} run(s), {len(rt.get('swaps') or [])} swap(s)"
+    if rt.get("running"):
+        head += ", one running now"
+    last = rt.get("last")
+    if not last:
+        return [head + "; none finished yet"]
+    return [head, f"last retrain: {'swapped in' if last.get('swap') else 'kept the current forecaster'}: "
+            + (last.get("reason") or last.get("error") or "")]
