@@ -278,7 +278,6 @@ class FaroPolicy(Policy):
                               "slo_ms": self.slo[n].slo_ms}
         if not why:
             return None
-        self.last_replan = obs.now
         band_before = dict(self.band)
         # a seed of its own: the long-term plans draw the same samples with re-plans or not
         fc = self.forecast(obs, seed=REPLAN_SEED + int(obs.now))
@@ -297,8 +296,11 @@ class FaroPolicy(Policy):
         kept, gain = prune_changes(self.models, c, samples, current, d.replicas, self._procs(obs),
                                    set(why), c.replan_min_gain)
         if kept == current or gain < c.replan_min_gain:
-            self.band = band_before  # nothing done: the band stays the last carried-out plan's
+            # nothing worth doing at these rates: they become the triggering models' band (a
+            # surprise again only beyond it), the others keep theirs, and the gap does not start
+            self.band = {**band_before, **{n: band_of(samples[n]) for n in why}}
             return None
+        self.last_replan = obs.now
         undone = sorted(n for n in kept if kept[n] != d.replicas[n])
         for n in undone:
             d.set(n, replicas=kept[n])

@@ -204,3 +204,42 @@ def test_moves_off_by_default_leave_the_reactive_step_as_it_was():
     policy.decide(obs(0.0, {"hot": 9.0, "idle": 0.5}, tg, cpus=6))
     for t in (10.0, 20.0, 30.0, 40.0):
         assert policy.decide(obs(t, {"hot": 9.0, "idle": 0.5}, tg, latency={"hot": 2000.0}, cpus=6)) is None
+
+
+# -- the same policy in the simulator ----------------------------------------------------
+
+def _sim(counts, **spec):
+    from faro_serve.sim.runner import SimConfig, simulate
+    models = [ModelSLO(name=n, **SLO) for n in ("a", "b")]
+    pol = make_policy("faro-fairsum", models, ClusterSpec(cpus=12, cold_start_s=10, **spec))
+    seen = []
+    decide = pol.decide
+
+    def logged(o):
+        d = decide(o)
+        if d is not None:
+            seen.append((o.now, d.kind))
+        return d
+    pol.decide = logged
+    res = simulate(counts, models, pol, SimConfig(capacity_cpus=12, cold_start_s=10, seed=3),
+                   warmup_history=np.tile(counts[:, :1], (1, 30)))
+    return res, seen
+
+
+def test_simulated_step_out_of_the_band_replans_within_one_tick_of_the_trigger():
+    r1 = 3.08  # what one replica serves within the SLO
+    counts = np.tile(np.array([[r1 * 60], [r1 * 60]]), (1, 12))
+    counts[0, 7:] = 4 * r1 * 60  # at 420 s, between the plans of 300 and 600 s
+    res, seen = _sim(counts, replan=True, surge=False)
+    replans = [t for t, k in seen if k == "replan"]
+    assert replans and 420.0 < replans[0] <= 420.0 + 30.0 + 10.0  # trigger held + one tick
+    assert all(b - a >= 60.0 for a, b in zip(replans, replans[1:]))  # the gap
+
+
+@pytest.mark.parametrize("level", [0.9, 2.0])
+def test_simulated_flat_trace_neither_replans_nor_moves(level):
+    counts = np.tile(np.array([[level * 3.08 * 60], [4 * 3.08 * 60]]), (1, 40))
+    on, seen = _sim(counts, replan=True, moves=True)
+    off, _ = _sim(counts, replan=False, moves=False)
+    assert not any(k in ("replan", "move", "reactive+move") for _, k in seen)
+    assert np.array_equal(on.targets, off.targets)
