@@ -345,15 +345,28 @@ class FaroPolicy(Policy):
             return d
         prob = move_problem(self.models, c, after, rates, procs, window)
         names = [m.name for m in self.models]
+        free = [obs.capacity_cpus - sum(after[n] * self.slo[n].cpus for n in after),
+                None if obs.capacity_memory_gb is None else
+                obs.capacity_memory_gb - sum(after[n] * self.slo[n].memory_gb for n in after)]
+
+        def fits(g: str, r: str) -> bool:  # r's new replica in what g's leaves free
+            gm, rm = self.slo[g], self.slo[r]
+            return (gm.cpus + free[0] >= rm.cpus - 1e-9
+                    and (free[1] is None or gm.memory_gb + free[1] >= rm.memory_gb - 1e-9))
+
         moves = []
         for r in starving:
-            best = best_move(prob, names, after, r, donors, c.move_min_gain)
+            best = best_move(prob, names, after, r, [g for g in donors if fits(g, r)],
+                             c.move_min_gain)
             if best is None:
                 continue
             g, gain = best
             after[r] += 1
             after[g] -= 1
             donors.remove(g)
+            free[0] += self.slo[g].cpus - self.slo[r].cpus
+            if free[1] is not None:
+                free[1] += self.slo[g].memory_gb - self.slo[r].memory_gb
             self.moved[r], self.moved[g] = "in", "out"
             # the new replica needs its cold start: the trigger waits for it, as after a surge
             self.surge_hold[r] = obs.now + c.cold_start_s + c.reactive_trigger_s

@@ -189,6 +189,17 @@ def test_a_donor_whose_slo_would_break_is_never_the_donor():
     assert len(d) == 1 and d[0].info["moves"][0]["from"] == "idle"
 
 
+def test_a_move_must_fit_the_recipients_replica():
+    # 'hot' needs 2 CPUs a replica; the donor's replica frees 1: nothing can move
+    models = [ModelSLO(name="hot", cpus=2, **SLO), ModelSLO(name="idle", **SLO)]
+    policy = make_policy("faro-fairsum", models, ClusterSpec(cpus=8, moves=True))
+    tg = {"hot": 2, "idle": 4}
+    rates = {"hot": 12.0, "idle": 0.5}
+    policy.decide(obs(0.0, rates, tg, cpus=8))
+    for t in (10.0, 20.0, 30.0, 40.0):
+        assert policy.decide(obs(t, rates, tg, latency={"hot": 2000.0}, cpus=8)) is None
+
+
 def test_no_move_when_the_objective_does_not_gain():
     # 'hot' over its SLO but its rate is served within the SLO at its replicas (a transient
     # latency, e.g. a slow start): one more replica gains nothing, so nothing moves
