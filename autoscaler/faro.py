@@ -20,7 +20,7 @@
   (p10..p90, widened), or (``replan_latency``) that is over its SLO for the trigger period,
   makes the whole cluster be planned again at once, with a fresh forecast re-levelled to
   the rates seen now; never within ``replan_gap_s`` of the last plan (``autoscaler.replan``).
-* Moves (ours, issue 31; ``moves``, off by default): a model over its SLO for the trigger
+* Moves (ours, issue 31; ``moves``, on by default): a model over its SLO for the trigger
   period that the full cluster cannot give one more replica takes one from the model whose
   loss costs the cluster objective least, when the objective gains over the time left to
   the next plan; the donor stays within its SLO with one fewer, and no replica moves back

@@ -178,7 +178,7 @@ class ClusterSpec(BaseModel):
                                    "model that did not trigger it must gain the cluster "
                                    "objective this much (window utilities, cold start "
                                    "included), else it is undone: no reshuffling for nothing")
-    moves: bool = Field(False, description="move replicas in a full cluster (ours, issue 31): "
+    moves: bool = Field(True, description="move replicas in a full cluster (ours, issue 31): "
                         "a model over its SLO with no free capacity takes a replica from the "
                         "model whose loss costs the cluster objective least, when the "
                         "objective gains and the donor stays within its SLO with one fewer")

@@ -207,14 +207,17 @@ def test_no_move_when_the_objective_does_not_gain():
     assert plan_then(policy, at, targets) == []
 
 
-def test_moves_off_by_default_leave_the_reactive_step_as_it_was():
-    assert ClusterSpec(cpus=8).moves is False
+def test_moves_on_by_default_and_off_the_reactive_step_is_as_it_was():
+    assert ClusterSpec(cpus=8).moves is True
     models = [ModelSLO(name="hot", **SLO), ModelSLO(name="idle", **SLO)]
-    policy = make_policy("faro-fairsum", models, ClusterSpec(cpus=6))
-    tg = {"hot": 2, "idle": 4}
-    policy.decide(obs(0.0, {"hot": 9.0, "idle": 0.5}, tg, cpus=6))
-    for t in (10.0, 20.0, 30.0, 40.0):
-        assert policy.decide(obs(t, {"hot": 9.0, "idle": 0.5}, tg, latency={"hot": 2000.0}, cpus=6)) is None
+    for moves, want in ((False, None), (True, {"hot": 3, "idle": 3})):
+        policy = make_policy("faro-fairsum", models, ClusterSpec(cpus=6, moves=moves))
+        tg = {"hot": 2, "idle": 4}
+        policy.decide(obs(0.0, {"hot": 12.0, "idle": 0.5}, tg, cpus=6))
+        got = [policy.decide(obs(t, {"hot": 12.0, "idle": 0.5}, tg, latency={"hot": 2000.0}, cpus=6))
+               for t in (10.0, 20.0, 30.0, 40.0)]
+        assert got[:3] == [None, None, None]
+        assert (got[3] if want is None else dict(got[3].replicas)) == want
 
 
 # -- the same policy in the simulator ----------------------------------------------------
