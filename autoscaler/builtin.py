@@ -22,8 +22,8 @@ def _faro(objective: str, policy_name: str):
     return build
 
 
-_FARO = ("Faro: a forecast-driven plan every 5 min, +1 replica after 30 s over the SLO, the "
-         "surge response; maximises ")
+_FARO = ("Faro: a forecast-driven plan every 5 min, +1 replica after 30 s over the SLO (in a "
+         "full cluster: one moved from the model that loses least), the surge response; maximises ")
 _OBJECTIVE_SUMMARY = {
     "sum": "the total utility",
     "fair": "the worst model's utility (max-min fairness)",
