@@ -43,9 +43,10 @@ def prometheus_history(url: str, minutes: int = 7 * 1440, end: float | None = No
     base = url.rstrip("/")
     try:
         r = httpx.get(f"{base}/api/v1/query_range", params=params, timeout=timeout_s)
-        doc = r.json()
-    except httpx.HTTPError as err:
+    except (httpx.HTTPError, httpx.InvalidURL) as err:
         raise PrometheusError(f"{base}: cannot read Prometheus ({type(err).__name__}: {err})") from None
+    try:
+        doc = r.json()
     except ValueError:
         raise PrometheusError(f"{base}: not a Prometheus API (HTTP {r.status_code}, not JSON)") from None
     if not isinstance(doc, dict) or doc.get("status") != "success":
