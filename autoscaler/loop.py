@@ -31,7 +31,7 @@ from faro_serve.metrics import utility_from_latency
 from .config import AutoscalerConfig
 from .driver import FrontSnapshot, apply_decision, observe
 from .history import HistoryKeeper
-from .retrainer import Retrainer
+from .retrainer import Retrainer, retraining_on
 from .policy import Decision, Observation
 from .setting import FIELDS, Setting, field_map
 from .registry import make_policy
@@ -109,11 +109,10 @@ class AutoscalerLoop:
 
     def _retrainer(self, previous: "AutoscalerLoop | None") -> Retrainer | None:
         """With an arrival store, a forecasting policy and ``retrain_every_h``: the
-        retrainer (the previous loop's over the same store and models carries on). A
-        forecaster the user named by import path (``forecaster``) is theirs: not replaced."""
+        retrainer (the previous loop's over the same store and models carries on); off for a
+        forecaster the user named in the args (``retrainer.retraining_on``)."""
         cfg = self.cfg
-        if self.keeper is None or not cfg.retrain_every_h or cfg.forecaster \
-                or not hasattr(self.policy, "forecaster"):
+        if self.keeper is None or not retraining_on(cfg) or not hasattr(self.policy, "forecaster"):
             return None
         old = previous.retrainer if previous is not None else None
         names = [m.name for m in cfg.models]

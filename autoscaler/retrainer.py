@@ -30,6 +30,13 @@ log = logging.getLogger("faro_serve.autoscaler")
 RETRAINED_DIR = "forecaster-retrained"
 
 
+def retraining_on(cfg) -> bool:
+    """The one rule for both the loop (retrain) and the deployment (load what was retrained):
+    a ``history_dir``, ``retrain_every_h`` > 0, and no forecaster named in the args
+    (``forecaster`` or ``forecaster_dir``: the user's choice is kept)."""
+    return bool(cfg.history_dir and cfg.retrain_every_h and not cfg.forecaster and not cfg.forecaster_dir)
+
+
 def recent_history(store, models: Sequence[str] | None = None, keep: int | None = None,
                    max_gap_minutes: int = 5) -> dict[str, np.ndarray]:
     """Each model's (default: every stored model's) most recent ``keep`` (default: all the

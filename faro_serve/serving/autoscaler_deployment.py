@@ -194,9 +194,9 @@ def choose_forecaster(cfg: AutoscalerConfig):
 def retrained_dir(cfg: AutoscalerConfig) -> Path | None:
     """The forecaster the retrainer saved under ``history_dir`` (``autoscaler.retrainer``),
     when the args name no other (``forecaster`` or ``forecaster_dir``) and one was saved."""
-    from autoscaler.retrainer import RETRAINED_DIR
+    from autoscaler.retrainer import RETRAINED_DIR, retraining_on
 
-    if cfg.forecaster or cfg.forecaster_dir or not cfg.history_dir or not cfg.retrain_every_h:
+    if not retraining_on(cfg):
         return None
     d = Path(cfg.history_dir).expanduser() / RETRAINED_DIR
     return d if (d / "meta.json").is_file() else None
