@@ -93,6 +93,16 @@ class ModelSLO(BaseModel):
     max_replicas: int = Field(100, ge=1, description="never scaled above this")
     cpus: float = Field(1.0, gt=0, description="vCPU per replica")
     memory_gb: float = Field(1.0, gt=0, description="GiB of memory per replica")
+    gpus: float = Field(0.0, ge=0, description="GPUs per replica, fractions allowed (Ray's num_gpus)")
+    resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources "
+                                        "per replica, e.g. {accelerator_type:A10G: 0.001}")
+    concurrency: int = Field(1, ge=1, le=1024, description="requests one replica serves at once "
+                             "(Ray's max_ongoing_requests); 1: the paper's M/D/c, one at a time")
+    app: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64,
+                            description="the Serve application the model runs in (default: "
+                            "its name)")
+    deployment: str | None = Field(None, max_length=128, description="the deployment Faro scales "
+                                   "in that application (default: faro-serve's own, 'Model')")
     processing_ms: float | None = Field(None, gt=0, description="prior per-request processing "
                                         "time; replaced by measurements at run time")
     allow_drop: bool = Field(True, description="penalty objectives may drop this model's requests")
@@ -121,6 +131,27 @@ class ModelSLO(BaseModel):
             raise ValueError(f"processing_ms ({self.processing_ms:g}) must be below slo_ms "
                              f"({self.slo_ms:g}): no replica count could meet the SLO")
         return self
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_resources(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, amount in v.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(f"resources: give {name} as cpus/gpus/memory_gb, not as a "
+                                 "custom resource")
+            if not amount > 0:
+                raise ValueError(f"resources: {name} must be > 0 per replica (got {amount!r})")
+        return v
+
+    @property
+    def app_name(self) -> str:
+        """The Serve application this model runs in."""
+        return self.app or self.name
+
+    @property
+    def deployment_name(self) -> str:
+        """The deployment the autoscaler scales (faro-serve's own model apps: ``Model``)."""
+        return self.deployment or "Model"
 
     def clamp(self, replicas: float) -> int:
         """``replicas`` as a whole count within this model's bounds."""
