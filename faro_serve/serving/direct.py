@@ -26,11 +26,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
-from ..measures import LOOK_BACK_S, NETWORK_S, REPORT_S, REPORT_STALE_S
+from ..measures import LOOK_BACK_S, NETWORK_S, REPORT_STALE_S
 from .control import FrontControl
 from .edf_gate import EDFGate
 from .messages import (Answered, Arrival, Dropped, Event, GaveUp, MessageError, MeterAnswer,
                        NetworkTime, Processed, ReplicaReport, RouterReport, decode)
+from .replica_report import ReplicaReporter
 from .names import NETWORK_HEADER
 from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, run_model
 from .proxy_queue import MAX_EVENTS
@@ -64,12 +65,10 @@ class DirectModel:
         self.threads: int | None = None
         self._batched.set_max_batch_size(1)
         self._gate = EDFGate(1)  # serve.batch alone batches only what arrives together (edf_gate.py)
-        self.events: list[Event] = []  # Processed, Dropped, NetworkTime (messages.py)
-        self._reporter: asyncio.Task | None = None
-        try:  # report (and learn the drop rate) from the start, not from the first request
-            self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
-        except RuntimeError:  # no loop here: the first request starts it
-            pass
+        # Processed, Dropped, NetworkTime events (messages.py) to the meter, once a second;
+        # started now to learn the drop rate from the start, not from the first request
+        self.reporter = ReplicaReporter(meter, name, self._apply_answer, self._report_fields)
+        self.reporter.start()
 
     def reconfigure(self, config: dict) -> None:
         """``{"batch_size": b, "threads": t, "variant": name}`` (any may be left out): the
@@ -110,8 +109,7 @@ class DirectModel:
               description="Body: JPEG/PNG bytes, or JSON {\"image\": base64}. 503 when the "
                           "autoscaler drops the request or the queue is full.")
     async def predict(self, request: Request):
-        if self._reporter is None:
-            self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
+        self.reporter.start()
         arrived, net_s = time.time(), 0.0
         net = request.headers.get(NETWORK_HEADER)
         if net is not None:  # the client's network time: Sponge's budgets start below the SLO
@@ -153,47 +151,24 @@ class DirectModel:
         return await self.meter.metrics.remote(reset_mean=False)
 
     def _event(self, ev: Event) -> None:
-        self.events.append(ev)
-        if len(self.events) > MAX_EVENTS:
-            del self.events[:len(self.events) - MAX_EVENTS]
+        self.reporter.event(ev)
 
-    async def _report_loop(self) -> None:
-        """Report once a second; the answer carries the drop rate in force."""
-        source = f"replica-{serve.get_replica_context().replica_id.unique_id}"
-        warned, refused = False, None
+    def _report_fields(self) -> dict:
+        batching = self.max_batch > 1
+        return {"batch_size": self.batch_size if batching else None,
+                "threads": self.threads if batching else None,
+                "variant": self.model.current if hasattr(self.model, "switch") else None}
 
-        async def ingest(events):  # here, not at module level: Ray may ship this class by value
-            batching = self.max_batch > 1
-            report = ReplicaReport(tuple(events), batch_size=self.batch_size if batching else None,
-                                   threads=self.threads if batching else None,
-                                   variant=self.model.current if hasattr(self.model, "switch") else None)
-            return decode(await self.meter.ingest.remote(source, report.wire()), MeterAnswer)
-
-        while True:
-            await asyncio.sleep(REPORT_S)
-            events, self.events = self.events, []
-            try:
-                ans = await asyncio.wait_for(ingest(events), 10)
-                self.drop_rate = ans.drop_rate
-                if ans.refused != refused and ans.refused:  # a bug or another version: say it once
-                    log.error("the meter of %s refused a replica's report: %s", self.name, ans.refused)
-                refused, warned = ans.refused, False
-            except Exception as err:  # the meter restarts: keep the events for the next try
-                self.events[:0] = events
-                if not warned:
-                    log.warning("cannot report to the meter of %s: %s", self.name, err)
-                    warned = True
-                continue
-            # what the autoscaler set, where it set anything and this replica has it
-            keys = (("batch_size",) if self.max_batch > 1 else ()) + (
-                ("threads",) if self.max_batch > 1 and hasattr(self.model, "set_threads") else ()) + (
-                ("variant",) if hasattr(self.model, "switch") else ())
-            want = {k: getattr(ans, k) for k in keys if getattr(ans, k) is not None}
-            if want:
-                try:
-                    self.reconfigure(want)
-                except ValueError as err:
-                    log.warning("%s: cannot apply %s: %s", self.name, want, err)
+    def _apply_answer(self, ans: MeterAnswer) -> None:
+        """The drop rate in force, and what the autoscaler set where it set anything and
+        this replica has it."""
+        self.drop_rate = ans.drop_rate
+        keys = (("batch_size",) if self.max_batch > 1 else ()) + (
+            ("threads",) if self.max_batch > 1 and hasattr(self.model, "set_threads") else ()) + (
+            ("variant",) if hasattr(self.model, "switch") else ())
+        want = {k: getattr(ans, k) for k in keys if getattr(ans, k) is not None}
+        if want:
+            self.reconfigure(want)
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
