@@ -32,11 +32,14 @@ from .config import AutoscalerConfig
 from .driver import FrontSnapshot, apply_decision, observe
 from .history import HistoryKeeper
 from .retrainer import Retrainer, retraining_on
-from .policy import Decision, Observation
+from .policy import Decision, Observation, Policy
 from .setting import FIELDS, Setting, field_map
 from .registry import make_policy
 
 log = logging.getLogger("faro_serve.autoscaler")
+# a model named in the config but not running (yet, or by a typo in its app/deployment) holds
+# back the plan this long after a start; then the running models are planned without it
+MISSING_GRACE_S = 60.0
 STATE_VERSION = 2  # 2: settings per model (issue 33); 1 kept parallel maps
 
 
@@ -95,6 +98,8 @@ class AutoscalerLoop:
         self.retrainer = self._retrainer(previous)
         self.restored_settings: dict[str, Setting] = {}  # saved before a restart, by model
         self.front_errors: dict[str, str] = {}  # models whose report was refused this tick
+        self._partial: tuple[list[str], Policy] | None = None  # _policy_for's last
+        self.not_running: dict[str, str] = {}  # models of the config not running: why
         self.restored: dict | None = None  # where the state came from, for the status
         if previous is not None:
             self._resume(previous.state(), "the previous configuration")
@@ -201,6 +206,9 @@ class AutoscalerLoop:
     def _observe(self, now: float) -> tuple[Observation, dict[str, FrontSnapshot]]:
         running = self.cluster.running_replicas()
         names = [m.name for m in self.cfg.models if m.name in running]
+        why = getattr(self.cluster, "absent", {})
+        self.not_running = {m.name: why.get(m.name, "not deployed")
+                            for m in self.cfg.models if m.name not in running}
         # a malformed report (or replicas reserving other CPUs than the SLO's) is logged and
         # left out: that model is planned as one whose front did not answer (front_report.py)
         raw = self.cluster.front_metrics(names)
@@ -233,7 +241,10 @@ class AutoscalerLoop:
         if self.cfg.enabled and obs.models:
             missing = [m.name for m in self.cfg.models if m.name not in obs.models]
             if missing:  # plan only for what is deployed; the policy wants every model
-                log.warning("models not deployed yet: %s", ", ".join(missing))
+                log.warning("models not running: %s", "; ".join(
+                    f"{n} ({self.not_running.get(n, 'not deployed')})" for n in missing))
+                if now - self.start >= MISSING_GRACE_S:  # the others are planned without them
+                    decision = self._policy_for(sorted(obs.models)).decide(obs)
             else:
                 decision = self.policy.decide(obs)
         if decision is not None:
@@ -251,6 +262,16 @@ class AutoscalerLoop:
             except Exception as err:  # the next tick saves again
                 log.warning("cannot save the autoscaler state: %s", err)
         return record
+
+    def _policy_for(self, names: list[str]) -> Policy:
+        """The policy over the running models only, while others named in the config are
+        not running (a typo in an SLO's app or deployment must not stop the rest from being
+        scaled); built once per set of names, with the full policy's forecaster."""
+        if self._partial is None or self._partial[0] != names:
+            models = [self.slo[n] for n in names]
+            self._partial = (names, make_policy(self.cfg.policy_name(), models, self.cfg.cluster,
+                                                getattr(self.policy, "forecaster", None)))
+        return self._partial[1]
 
     def _sync_fronts(self, obs: Observation, fronts: dict[str, FrontSnapshot]) -> None:
         """Tell a front the drop rate, target and SLO percentile where it differs from ours
@@ -319,6 +340,7 @@ class AutoscalerLoop:
                 "models": self.last.get("models", {}), "last_decision": self.history[-1]["decision"]
                 if self.history else None, "restored": self.restored,
                 "front_errors": dict(self.front_errors),  # left out of the last tick, and why
+                "not_running": dict(self.not_running),  # named in the config, not running: why
                 **({"history": self.keeper.status()} if self.keeper is not None else {}),
                 **({"retrain": self.retrainer.status()} if self.retrainer is not None else {})}
 

@@ -27,6 +27,7 @@ COMMANDS = [
     "faro_serve.commands.compare",
     "faro_serve.commands.policies",
     "faro_serve.commands.profile",
+    "faro_serve.commands.init",
 ]
 
 

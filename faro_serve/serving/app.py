@@ -24,7 +24,7 @@ from .direct import DirectModel, Meter
 from .front import Front
 from .proxy_queue import PIPELINE, ProxyQueueRouter
 from .routing import IdleFirstRouter
-from .names import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL
+from .names import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL, QUIET
 from .schema import ModelAppArgs, parse_autoscaler_config, parse_model_args
 
 # Each replica serves one request at a time (as the paper's M/D/c model and the simulator
@@ -37,6 +37,7 @@ ROUTER = RequestRouterConfig(initial_backoff_s=0.001, backoff_multiplier=1.5, ma
 MODEL_ROUTER = RequestRouterConfig(request_router_class=IdleFirstRouter, initial_backoff_s=0.001,
                                    backoff_multiplier=1.5, max_backoff_s=0.01)
 MODEL_SLOTS = 2
+
 # The direct path: the queue waits for completions in the proxy's router, no backoff; a
 # replica takes PIPELINE requests, the one it serves and the next.
 DIRECT_ROUTER = RequestRouterConfig(request_router_class=ProxyQueueRouter)
@@ -87,7 +88,7 @@ def direct_model_app(spec: ModelAppArgs):
     """The direct path: the model replicas serve HTTP, the proxy's router keeps the queue.
     A batching model's replica takes PIPELINE batches: the one it serves and the next."""
     cls, kwargs = _model_class(spec)
-    meter = Meter.options(name=FRONT).bind(spec.name, replica_cpus=spec.cpus)
+    meter = Meter.options(name=FRONT, logging_config=QUIET).bind(spec.name, replica_cpus=spec.cpus)
     dep = serve.deployment(DirectModel, name=MODEL, num_replicas=spec.initial_replicas,
                            max_ongoing_requests=PIPELINE * spec.max_batch_size,
                            max_queued_requests=spec.queue_limit,

@@ -25,7 +25,7 @@ from autoscaler.config import AutoscalerConfig, parse_autoscaler_config
 from autoscaler.loop import AutoscalerLoop
 from autoscaler.setting import Setting
 
-from .names import FRONT, MODEL
+from .names import MODEL, meter_name
 
 log = logging.getLogger("faro_serve.autoscaler")
 
@@ -48,10 +48,23 @@ class RayServeCluster:
         self.timeout_s = timeout_s
         self._handles: dict[str, object] = {}
         self.http = httpx.Client(timeout=timeout_s)
+        self.where: dict[str, tuple[str, str]] = {}  # model -> (application, deployment)
+        self.absent: dict[str, str] = {}  # model -> why it is not running (last look)
+
+    def locate(self, models) -> None:
+        """Where each model runs: its SLO's ``app`` and ``deployment`` (faro-serve's own
+        model applications: the model's name and ``Model``)."""
+        where = {m.name: (m.app_name, m.deployment_name) for m in models}
+        if where != self.where:
+            self.where, self._handles = where, {}
+
+    def _at(self, name: str) -> tuple[str, str]:
+        return self.where.get(name, (name, MODEL))
 
     def _front(self, name: str):
         if name not in self._handles:
-            self._handles[name] = serve.get_deployment_handle(FRONT, app_name=name)
+            app, dep = self._at(name)
+            self._handles[name] = serve.get_deployment_handle(meter_name(dep), app_name=app)
         return self._handles[name]
 
     def capacity(self) -> tuple[float, float | None]:
@@ -59,11 +72,26 @@ class RayServeCluster:
         return float(res.get("CPU", 0.0)), float(res.get("memory", 0.0)) / 2**30
 
     def running_replicas(self) -> dict[str, int]:
-        out = {}
-        for name, app in serve.status().applications.items():
+        """Running replicas of every located model, and of every faro-serve model
+        application besides; :attr:`absent` says why a located model is missing."""
+        apps = serve.status().applications
+        out, absent = {}, {}
+        for name, app in apps.items():
             dep = app.deployments.get(MODEL)
             if dep is not None:
                 out[name] = int(dep.replica_states.get("RUNNING", 0))
+        for name, (app_name, dep_name) in self.where.items():
+            out.pop(name, None)
+            app = apps.get(app_name)
+            dep = None if app is None else app.deployments.get(dep_name)
+            if dep is not None:
+                out[name] = int(dep.replica_states.get("RUNNING", 0))
+            elif app is None:
+                absent[name] = f"no application {app_name!r} is running"
+            else:
+                absent[name] = (f"application {app_name!r} has no deployment {dep_name!r} "
+                                f"(it has {', '.join(sorted(app.deployments)) or 'none'})")
+        self.absent = absent
         return out
 
     def front_metrics(self, names: list[str]) -> dict[str, dict]:
@@ -83,7 +111,8 @@ class RayServeCluster:
         return out
 
     def scale(self, name: str, replicas: int) -> None:
-        r = self.http.post(f"{self.url}/api/v1/applications/{name}/deployments/{MODEL}/scale",
+        app, dep = self._at(name)
+        r = self.http.post(f"{self.url}/api/v1/applications/{app}/deployments/{dep}/scale",
                            json={"target_num_replicas": int(replicas)}, headers=dashboard_headers())
         if r.status_code != 200:
             raise RuntimeError(f"scaling {name} to {replicas} failed: HTTP {r.status_code} {r.text[:200]}")
@@ -256,6 +285,7 @@ class FaroAutoscaler:
             cluster = self.loop.cluster if self.loop else RayServeCluster(cfg.dashboard_url)
             if self.loop and self.loop.cfg.dashboard_url != cfg.dashboard_url:
                 cluster = RayServeCluster(cfg.dashboard_url)
+            cluster.locate(cfg.models)
             history = open_history(cfg, self.loop.keeper.store if self.loop and self.loop.keeper else None)
             self.loop = AutoscalerLoop(cfg, cluster, forecaster, previous=self.loop, store=self.store,
                                        history=history)

@@ -5,7 +5,16 @@ FRONT = "Front"  # a model application's router front (direct path: its meter)
 MODEL = "Model"  # a model application's replicas, the deployment the autoscaler scales
 AUTOSCALER = "FaroAutoscaler"  # the autoscaler's deployment
 AUTOSCALER_APP = "faro"  # its application, routed at /faro
+# Internal deployments (the meters) write no access logs: several calls a second per model
+# (``CALL ingest OK``) would bury the user's own requests in Serve's logs.
+QUIET = {"enable_access_log": False}
 # The network time a request spent before it reached the cluster, in milliseconds, as its
 # client declares it (the replay's --network-delay): Sponge's remaining budget starts at the
 # SLO minus it. A request without it spent none that the server can know of.
 NETWORK_HEADER = "x-faro-network-ms"
+
+
+def meter_name(deployment: str) -> str:
+    """The meter of a model deployment in its application: faro-serve's own model apps keep
+    theirs as ``Front``; a user's deployment under Faro gets ``<deployment>-faro-meter``."""
+    return FRONT if deployment == MODEL else f"{deployment}-faro-meter"

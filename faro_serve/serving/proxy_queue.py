@@ -48,8 +48,13 @@ class ProxyQueueRouter(InFlightRouter):
     """At most :data:`PIPELINE` requests on a replica (counted as :class:`InFlightRouter`
     counts), idle replicas first; the others queued FIFO in the proxy."""
 
-    def initialize_state(self, **kwargs):
+    def initialize_state(self, meter: str = METER, concurrency: int = 1, **kwargs):
+        """``meter``: the deployment of the model's application to report to (a user's
+        deployment under Faro has one of its own, ``user.py``); ``concurrency``: requests a
+        replica serves at once (its ``max_ongoing_requests`` is one more: the next held)."""
         super().initialize_state(**kwargs)
+        self._meter = meter
+        self._concurrency = max(1, int(concurrency))
         self._arrived: dict[str, list] = {}  # request id -> [arrival time, last asked], until answered
         self._waiters: list[asyncio.Future] = []  # routing calls waiting for a free replica
         self.events: deque[Event] = deque(maxlen=MAX_EVENTS)  # Arrival, Answered, GaveUp (messages.py)
@@ -90,13 +95,17 @@ class ProxyQueueRouter(InFlightRouter):
         return [[best]]
 
     def pick(self, candidates: list[RunningReplica]) -> RunningReplica | None:
-        """An idle replica (at random), else the one with room whose oldest request was
-        sent first, i.e. is expected to finish first; None when all are full."""
-        idle = [r for r in candidates if not self._load.get(r.replica_id)]
-        if idle:
-            return random.choice(idle)
+        """A replica with a free slot (the least loaded, at random among equals), else the
+        one with room whose oldest request was sent first, i.e. is expected to finish
+        first; None when all are full."""
+        k = self._concurrency
+        free = [r for r in candidates if self._load.get(r.replica_id, 0) < k]
+        if free:
+            least = min(self._load.get(r.replica_id, 0) for r in free)
+            return random.choice([r for r in free if self._load.get(r.replica_id, 0) == least])
+        bound = PIPELINE * self._batch if k == 1 else k + 1
         room = [r for r in candidates
-                if self._load.get(r.replica_id, 0) < min(PIPELINE * self._batch, r.max_ongoing_requests)]
+                if self._load.get(r.replica_id, 0) < min(bound, r.max_ongoing_requests)]
         if not room:
             return None
         oldest: dict = {}
@@ -152,7 +161,7 @@ class ProxyQueueRouter(InFlightRouter):
     def report(self) -> RouterReport:
         """What the router sends the meter: the events since the last report and its queue."""
         events = tuple(self.events.popleft() for _ in range(len(self.events)))
-        serving = sum(1 for n in self._load.values() if n > 0)  # replicas at work
+        serving = sum(min(n, self._concurrency) for n in self._load.values())  # requests in service
         return RouterReport(events=events, waiting=max(0, len(self._arrived) - serving),
                             dispatched=serving, replicas=len(self.curr_replicas),
                             # a batching model, Sponge's budgets: when each queued request arrived
@@ -188,7 +197,7 @@ class ProxyQueueRouter(InFlightRouter):
             batch = self.report()
             try:
                 if meter is None:
-                    meter = serve.get_deployment_handle(METER, app_name=self.app_name)
+                    meter = serve.get_deployment_handle(self._meter, app_name=self.app_name)
                 ans = decode(meter.ingest.remote(source, batch.wire()).result(timeout_s=10), MeterAnswer)
                 if ans.refused != refused and ans.refused:  # a bug or another version: say it once
                     log.error("the meter of %s refused this router's report: %s", self.app_name, ans.refused)
