@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from autoscaler import make_policy
 from autoscaler.common import max_rate_one_replica
+from autoscaler.policy import ModelObservation, Observation
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.distributions import PAPER_PROCESSING
 from faro_serve.engine import max_rate_for_slo, min_replicas_for_slo, plan
@@ -119,6 +120,24 @@ def test_replica_level_helpers_divide_by_k():
         assert nk == math.ceil(n1 / k) and lat <= slo
         assert max_rate_one_replica(P, slo, Q, k) == pytest.approx(
             max_rate_for_slo(1, P, slo, Q, concurrency=k), rel=1e-3)
+
+
+@pytest.mark.parametrize("name", ["faro-fairsum", "mark", "swayam", "infaas", "inferline"])
+def test_policies_size_replicas_of_concurrency_k(name):
+    """Every policy that models one replica's rate asks about k times fewer replicas of
+    concurrency k for 60 req/s (at most ceil(n1 / k) + 1), never fewer servers than the
+    offered load (60 req/s x 154 ms = 9.2)."""
+    asks = {}
+    for k in (1, 2, 4):
+        m = [ModelSLO(name="m", slo_ms=720, processing_ms=154, max_replicas=64, concurrency=k)]
+        obs = Observation(now=10.0, capacity_cpus=64, capacity_memory_gb=None, models={
+            "m": ModelObservation(name="m", replicas=1, target_replicas=1, arrival_rate=60.0,
+                                  processing_ms=154.0, arrivals_per_min=np.full(20, 3600.0))})
+        asks[k] = make_policy(name, m, ClusterSpec(cpus=64)).decide(obs).replicas["m"]
+    assert asks[1] >= 10
+    for k in (2, 4):
+        assert asks[k] * k * 1.0 / 0.154 > 60.0, asks
+        assert asks[k] <= math.ceil(asks[1] / k) + 1, asks
 
 
 def test_batching_with_concurrency_is_refused_with_a_reason():
