@@ -168,13 +168,6 @@ def min_replicas_for_slo(lam: float, p: float, slo: float, q: float, estimator: 
     latency)``. Raises ValueError when even ``limit`` replicas do not meet it (the SLO is
     below the processing time).
     """
-    if concurrency > 1:  # fewest servers, then the replicas that hold them (latency falls
-        # with servers, so ceil(servers / concurrency) replicas is the fewest)
-        n, _ = min_replicas_for_slo(lam, p, slo, q, estimator, rho_max, limit * concurrency)
-        c = -(-n // concurrency)
-        est = ESTIMATORS[estimator]
-        return c, float(latency(c * concurrency, lam, p, q, rho_max,
-                                EST_MDC_EXACT if est == EST_MDC else est))
     if slo < p:
         raise ValueError(
             f"SLO {slo * 1e3:g} ms is below the processing time {p * 1e3:g} ms: no replica count meets it")
@@ -183,10 +176,10 @@ def min_replicas_for_slo(lam: float, p: float, slo: float, q: float, estimator: 
     # inside the optimiser and never makes an unstable count look feasible anyway.
     if est == EST_MDC:
         est = EST_MDC_EXACT
-    # Counts at or below the offered load are unstable for M/D/c; start just below it.
-    c = 1 if est == EST_UPPER else max(1, int(math.floor(lam * p)))
+    # Server counts at or below the offered load are unstable for M/D/c; start just below it.
+    c = 1 if est == EST_UPPER else max(1, int(math.floor(lam * p)) // concurrency)
     while c <= limit:
-        lat = latency(c, lam, p, q, rho_max, est)
+        lat = latency(c * concurrency, lam, p, q, rho_max, est)
         if lat <= slo * (1 + 1e-12):
             return c, float(lat)
         c += 1

@@ -143,8 +143,8 @@ def _group_job(members: list[JobInput], k: int) -> JobInput:
     """A group as one job (paper 3.4): summed rates, mean processing time.
 
     Resources per replica are averaged weighted by minimum replicas, so the group's minimum
-    needs exactly what its members' minimums need. The group serves one request at a time
-    (members' batching is weighed in their own solve and the cross-group pass). Its
+    needs exactly what its members' minimums need. The group does not batch (members'
+    batching is weighed in their own solve and the cross-group pass). Its
     replicas serve the least concurrency ``k`` of its members; a member of concurrency
     ``k_m`` counts ``p k / k_m`` per request, so its replicas keep their throughput.
     """
