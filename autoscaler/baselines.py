@@ -151,10 +151,11 @@ class MArkPolicy(Policy):
     window (the same forecaster Faro gets), take the peak (``peak_quantile`` over samples of
     each sample's window maximum; default the median) and set ``ceil(peak / r1)`` replicas,
     ``r1`` being the largest rate one replica serves with its SLO-percentile latency within
-    the SLO (M/D/1, the engine's estimator): per-replica capacity, no pooling, each job on
+    the SLO (M/D/k for a replica of concurrency k, the engine's estimator; M/D/1 at the
+    paper's k = 1): per-replica capacity, no pooling, each job on
     its own. Between those steps a job over its SLO for 30 s gets one more replica (the
     same reactive trigger as Faro's short-term autoscaler, so they differ only in planning).
-    ``replica_rate="saturation"`` uses ``1 / processing time`` for ``r1`` instead (a replica's
+    ``replica_rate="saturation"`` uses ``k / processing time`` for ``r1`` instead (a replica's
     profiled peak, no SLO margin), a sensitivity variant of the per-replica capacity.
     """
 
@@ -192,8 +193,8 @@ class MArkPolicy(Policy):
             s = fc.by_model()[m.name]
             peak = float(np.quantile(s.max(axis=1), self.peak_quantile))
             p = processing_s(m, obs.models[m.name].processing_ms)
-            r1 = 1.0 / p if self.replica_rate == "saturation" else \
-                max_rate_one_replica(p, m.slo_ms / 1e3, m.percentile / 100.0)
+            r1 = m.concurrency / p if self.replica_rate == "saturation" else \
+                max_rate_one_replica(p, m.slo_ms / 1e3, m.percentile / 100.0, m.concurrency)
             wanted[m.name] = m.clamp(math.ceil(peak / r1 - 1e-9) if r1 > 0 else m.max_replicas)
             peaks[m.name] = round(peak, 3)
         # Simultaneous independent requests: no job is first by construction; shuffle.

@@ -30,15 +30,22 @@ def processing_s(model: ModelSLO, measured_ms: float | None) -> float:
     return (measured_ms or model.processing_ms or DEFAULT_PROCESSING_MS) / 1e3
 
 
-def max_rate_one_replica(p: float, slo: float, q: float) -> float:
+def saturation_rate(model: ModelSLO, measured_ms: float | None) -> float:
+    """Requests/s one replica serves flat out: ``concurrency / processing time`` (a replica
+    of concurrency k is k servers of the processing time, docs/concurrency.md)."""
+    return model.concurrency / processing_s(model, measured_ms)
+
+
+def max_rate_one_replica(p: float, slo: float, q: float, concurrency: int = 1) -> float:
     """Largest Poisson rate (requests/s) one replica serves with its ``q`` latency within
-    ``slo`` under the engine's M/D/c estimator (c = 1); bisection on ``latency_mdc``."""
-    if latency_mdc(1, 0.0, p, q) > slo:
+    ``slo`` under the engine's M/D/c estimator (c = ``concurrency`` servers, one replica);
+    bisection on ``latency_mdc``."""
+    if latency_mdc(concurrency, 0.0, p, q) > slo:
         return 0.0
-    lo, hi = 0.0, 1.0 / p
+    lo, hi = 0.0, concurrency / p
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        if latency_mdc(1, mid, p, q) <= slo:
+        if latency_mdc(concurrency, mid, p, q) <= slo:
             lo = mid
         else:
             hi = mid

@@ -103,7 +103,7 @@ class FaroPolicy(Policy):
             p = (o.processing_ms or m.processing_ms or DEFAULT_PROCESSING_MS) / 1e3
             slo, q = m.slo_ms / 1e3, m.percentile / 100
             served = max_rate_for_slo(max(o.target_replicas, 1), p, slo, q, self.cluster.estimator,
-                                      self.cluster.rho_max)
+                                      self.cluster.rho_max, concurrency=m.concurrency)
             # a surge is a change: a model the plan keeps short on purpose in an overloaded
             # cluster is not surging (its rate was already there a minute ago)
             before = float(o.arrivals_per_min[-1]) / 60.0 if len(o.arrivals_per_min) else 0.0
@@ -112,7 +112,8 @@ class FaroPolicy(Policy):
             lam = o.arrival_rate + o.queue_length / self.tick_s
             try:
                 need, _ = min_replicas_for_slo(lam, p, slo, q, self.cluster.estimator,
-                                               self.cluster.rho_max, limit=m.max_replicas)
+                                               self.cluster.rho_max, limit=m.max_replicas,
+                                               concurrency=m.concurrency)
             except ValueError:  # not even max_replicas meet the SLO at this rate
                 need = m.max_replicas
             out[n] = need

@@ -68,7 +68,8 @@ def donor_ok(model: ModelSLO, replicas: int, rate: float, processing_ms: float,
     if replicas - 1 < max(model.min_replicas, 1):
         return False
     served = max_rate_for_slo(replicas - 1, processing_ms / 1e3, model.slo_ms / 1e3,
-                              model.percentile / 100, cluster.estimator, cluster.rho_max)
+                              model.percentile / 100, cluster.estimator, cluster.rho_max,
+                              concurrency=model.concurrency)
     return rate <= served
 
 

@@ -24,16 +24,17 @@ from faro_serve.engine.variants import scale_down as variant_scale_down
 from faro_serve.engine.variants import scale_up as variant_scale_up
 from faro_serve.engine.variants import select as variant_select
 
-from .common import fcfs_decision, max_rate_one_replica, processing_s
+from .common import fcfs_decision, max_rate_one_replica, processing_s, saturation_rate
 from .policy import Decision, Observation, Policy
 
 
 def _replicas_for(lam: float, p: float, slo: float, q: float, m: ModelSLO) -> int:
     """Fewest replicas meeting the SLO at ``lam`` (engine M/D/c), clamped to the model's bounds."""
-    if slo <= p or lam * p >= m.max_replicas:
+    if slo <= p or lam * p >= m.max_replicas * m.concurrency:
         return m.max_replicas
     try:
-        n, _ = min_replicas_for_slo(max(lam, 0.0), p, slo, q, "mdc", limit=m.max_replicas)
+        n, _ = min_replicas_for_slo(max(lam, 0.0), p, slo, q, "mdc", limit=m.max_replicas,
+                                    concurrency=m.concurrency)
     except ValueError:
         return m.max_replicas
     return m.clamp(n)
@@ -126,9 +127,9 @@ class InferLineTunerPolicy(Policy):
     Traffic envelope: for windows ``dT_i`` doubling from the smallest observable one up to
     60 s, ``r_i`` = the most arrivals in any window of that width, per second. Scale up when
     an ``r_i`` of the recent ``envelope_s`` (120 s) exceeds the planner's sample envelope:
-    ``k = ceil(r_max / (mu rho))`` (s_m = 1, one model per pipeline), ``mu = 1 / processing
-    time``. Scale down only when nothing changed for 15 s, to ``ceil(lambda_new / (mu rho))``
-    with ``lambda_new`` the highest rate of the last 30 s.
+    ``k = ceil(r_max / (mu rho))`` (s_m = 1, one model per pipeline), ``mu = concurrency /
+    processing time``. Scale down only when nothing changed for 15 s, to
+    ``ceil(lambda_new / (mu rho))`` with ``lambda_new`` the highest rate of the last 30 s.
 
     [gap] smallest window: the router reports counts per tick, so the envelope starts at the
     tick (10 s, then 20, 40, 60 s) instead of the service time, and the 30 s scale-down rate
@@ -207,14 +208,16 @@ class InferLineTunerPolicy(Policy):
             else:
                 hist = np.asarray(o.arrivals_per_min, float)[-self.plan_history_min:] / 60.0
                 if hist.size == 0:
-                    self.rho[m.name] = max_rate_one_replica(p, slo, q) * p
+                    r1 = max_rate_one_replica(p, slo, q, m.concurrency)
+                    self.rho[m.name] = r1 * p / m.concurrency
                     self.sample_env[m.name] = [math.inf] * n_win
                     out[m.name] = o.target_replicas
                     continue
                 mean, peak = float(hist.mean()), float(hist.max())
                 env = [peak] * n_win
             n = _replicas_for(peak, p, slo, q, m)
-            self.rho[m.name] = min(max(mean * p / n, 0.05), 0.95)  # rho = lambda / (n mu)
+            # rho = lambda / (n mu), mu = k / p: one replica's saturation rate
+            self.rho[m.name] = min(max(mean * p / (n * m.concurrency), 0.05), 0.95)
             self.sample_env[m.name] = env
             out[m.name] = n
         return out
@@ -240,7 +243,7 @@ class InferLineTunerPolicy(Policy):
         wanted, up = {}, []
         for m in self.models:
             o = obs.models[m.name]
-            mu = 1.0 / processing_s(m, o.processing_ms)
+            mu = saturation_rate(m, o.processing_ms)
             rho = self.rho[m.name]
             live = self.envelope(m.name, now - self.envelope_s)
             over = [r for r, s in zip(live, self.sample_env[m.name]) if r > s]
@@ -326,7 +329,7 @@ class INFaaSPolicy(Policy):
         return any(v.batching for v in m.variants or ())
 
     def _step(self, m: ModelSLO, o, now: float, wanted: dict) -> None:
-        q_sat = 1.0 / processing_s(m, o.processing_ms)
+        q_sat = saturation_rate(m, o.processing_ms)
         self._scale(m, o.arrival_rate, o.target_replicas, q_sat, now, wanted, self.t_v)
 
     def _scale(self, m, load, n, q_sat, now, wanted, t_v) -> None:

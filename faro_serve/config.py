@@ -97,7 +97,9 @@ class ModelSLO(BaseModel):
     resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources "
                                         "per replica, e.g. {accelerator_type:A10G: 0.001}")
     concurrency: int = Field(1, ge=1, le=1024, description="requests one replica serves at once "
-                             "(Ray's max_ongoing_requests); 1: the paper's M/D/c, one at a time")
+                             "(Ray's max_ongoing_requests); the planner counts a replica as "
+                             "this many servers of the processing time (docs/concurrency.md); "
+                             "1: the paper's M/D/c, one at a time")
     app: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64,
                             description="the Serve application the model runs in (default: "
                             "its name)")
@@ -127,6 +129,14 @@ class ModelSLO(BaseModel):
                 raise ValueError(f"no variant reaches accuracy {acc:g} within slo_ms {self.slo_ms:g}")
         elif self.min_accuracy is not None:
             raise ValueError("min_accuracy needs variants")
+        if self.concurrency > 1 and (self.batching is not None
+                                     or any(v.batching for v in self.variants or ())):
+            raise ValueError(f"concurrency {self.concurrency} with batching: a replica either "
+                             "serves its requests in batches (one batch at a time, the batch "
+                             "profile's time) or serves up to concurrency requests side by side, "
+                             "each in the measured time; the planner models each alone, not "
+                             "both at once (docs/concurrency.md). Set concurrency 1 or drop "
+                             "batching")
         if self.processing_ms is not None and self.processing_ms >= self.slo_ms:
             raise ValueError(f"processing_ms ({self.processing_ms:g}) must be below slo_ms "
                              f"({self.slo_ms:g}): no replica count could meet the SLO")

@@ -13,6 +13,11 @@ All functions are Numba-compiled and Ray-free. Times are in seconds, rates in re
 
 The row kernel walks replica counts ``c = 0..cmax`` with the Erlang-B recursion, so one
 pass gives the latency of every count for one arrival rate (O(cmax) instead of O(cmax^2)).
+
+Every function here counts *servers*: one request at a time each, ``p`` seconds per request.
+A replica of concurrency ``k`` (ModelSLO.concurrency) is ``k`` servers, so ``c`` replicas
+are ``c k`` servers (docs/concurrency.md); the replica-facing helpers below
+(:func:`min_replicas_for_slo`, :func:`max_rate_for_slo`) take ``concurrency`` and convert.
 """
 
 from __future__ import annotations
@@ -155,11 +160,13 @@ def latency(c: int, lam: float, p: float, q: float, rho_max: float, estimator: i
 
 
 def min_replicas_for_slo(lam: float, p: float, slo: float, q: float, estimator: str = "mdc",
-                         rho_max: float = 0.95, limit: int = 100_000) -> tuple[int, float]:
+                         rho_max: float = 0.95, limit: int = 100_000,
+                         concurrency: int = 1) -> tuple[int, float]:
     """Fewest replicas whose estimated k-th percentile latency meets ``slo`` (seconds).
 
-    Returns ``(replicas, latency)``. Raises ValueError when even ``limit`` replicas do not
-    meet it (the SLO is below the processing time).
+    A replica is ``concurrency`` servers (module docstring). Returns ``(replicas,
+    latency)``. Raises ValueError when even ``limit`` replicas do not meet it (the SLO is
+    below the processing time).
     """
     if slo < p:
         raise ValueError(
@@ -169,10 +176,10 @@ def min_replicas_for_slo(lam: float, p: float, slo: float, q: float, estimator: 
     # inside the optimiser and never makes an unstable count look feasible anyway.
     if est == EST_MDC:
         est = EST_MDC_EXACT
-    # Counts at or below the offered load are unstable for M/D/c; start just below it.
-    c = 1 if est == EST_UPPER else max(1, int(math.floor(lam * p)))
+    # Server counts at or below the offered load are unstable for M/D/c; start just below it.
+    c = 1 if est == EST_UPPER else max(1, int(math.floor(lam * p)) // concurrency)
     while c <= limit:
-        lat = latency(c, lam, p, q, rho_max, est)
+        lat = latency(c * concurrency, lam, p, q, rho_max, est)
         if lat <= slo * (1 + 1e-12):
             return c, float(lat)
         c += 1
@@ -180,11 +187,13 @@ def min_replicas_for_slo(lam: float, p: float, slo: float, q: float, estimator: 
 
 
 def max_rate_for_slo(c: int, p: float, slo: float, q: float, estimator: str = "mdc",
-                     rho_max: float = 0.95, tol: float = 1e-4) -> float:
-    """Largest arrival rate (requests/s) at which ``c`` replicas still meet ``slo``: the
-    inverse of :func:`min_replicas_for_slo`, by bisection (latency rises with the rate)."""
+                     rho_max: float = 0.95, tol: float = 1e-4, concurrency: int = 1) -> float:
+    """Largest arrival rate (requests/s) at which ``c`` replicas (of ``concurrency`` servers
+    each) still meet ``slo``: the inverse of :func:`min_replicas_for_slo`, by bisection
+    (latency rises with the rate)."""
     if c < 1 or slo < p:
         return 0.0
+    c = c * concurrency
     est = ESTIMATORS[estimator]
     if est == EST_MDC:
         est = EST_MDC_EXACT

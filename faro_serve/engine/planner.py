@@ -127,7 +127,8 @@ def _jobs(models, forecasts, current, processing_ms, cluster) -> list[JobInput]:
                              min_replicas=m.min_replicas, max_replicas=m.max_replicas,
                              current=c, can_drop=m.allow_drop,
                              batch_share=1.0 if bt is None else bt.share(m.cpus),
-                             max_batch=1 if bt is None else bt.max_batch_size))
+                             max_batch=1 if bt is None else bt.max_batch_size,
+                             concurrency=m.concurrency))
     return jobs
 
 
@@ -142,8 +143,10 @@ def _group_job(members: list[JobInput], k: int) -> JobInput:
     """A group as one job (paper 3.4): summed rates, mean processing time.
 
     Resources per replica are averaged weighted by minimum replicas, so the group's minimum
-    needs exactly what its members' minimums need. The group serves one request at a time
-    (members' batching is weighed in their own solve and the cross-group pass).
+    needs exactly what its members' minimums need. The group does not batch (members'
+    batching is weighed in their own solve and the cross-group pass). Its
+    replicas serve the least concurrency ``k`` of its members; a member of concurrency
+    ``k_m`` counts ``p k / k_m`` per request, so its replicas keep their throughput.
     """
     shapes = {m.rates.shape for m in members}
     n_s = max(s[0] for s in shapes)
@@ -154,8 +157,9 @@ def _group_job(members: list[JobInput], k: int) -> JobInput:
         raise ValueError("grouped models need forecasts of compatible shapes "
                          f"(got {sorted(shapes)})") from None
     mins = np.array([m.min_replicas for m in members], float)
+    conc = min(m.concurrency for m in members)
     return JobInput(name=f"group{k}", rates=np.array(rates),
-                    proc_s=float(np.mean([m.proc_s for m in members])),
+                    proc_s=float(np.mean([m.proc_s * conc / m.concurrency for m in members])),
                     slo_s=float(np.mean([m.slo_s for m in members])),
                     quantile=max(m.quantile for m in members),
                     priority=float(sum(m.priority for m in members)),
@@ -164,7 +168,7 @@ def _group_job(members: list[JobInput], k: int) -> JobInput:
                     min_replicas=int(mins.sum()),
                     max_replicas=sum(m.max_replicas for m in members),
                     current=sum(m.current for m in members),
-                    can_drop=any(m.can_drop for m in members))
+                    can_drop=any(m.can_drop for m in members), concurrency=conc)
 
 
 def _group_budgets(top: Problem, gx: np.ndarray, cap_cpus: float, cap_mem: float | None):
@@ -289,7 +293,8 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
     decisions = []
     for i, j in enumerate(jobs):
         lam = float(j.rates.mean()) * (1.0 - drops[i])
-        lat = latency_batched(int(reps[i]), lam, j.proc_s, j.quantile, cluster.rho_max, est,
+        servers = int(reps[i]) * j.concurrency
+        lat = latency_batched(servers, lam, j.proc_s, j.quantile, cluster.rho_max, est,
                               j.batch_share, int(batches[i]))
         decisions.append(ModelDecision(
             name=j.name, replicas=int(reps[i]), current=int(j.current), drop_rate=round(float(drops[i]), 4),

@@ -39,6 +39,9 @@ class JobInput:
     # request of a batch adds, and the largest batch allowed; 1 and 1: no batching
     batch_share: float = 1.0
     max_batch: int = 1
+    # requests one replica serves at once: a replica is this many servers of proc_s to the
+    # estimator (docs/concurrency.md); 1: the paper's one at a time
+    concurrency: int = 1
 
 
 @dataclass
@@ -178,7 +181,8 @@ def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | Non
     widths = []
     for j, c in zip(jobs, ceilings):
         rates = np.ascontiguousarray(j.rates, dtype=float)
-        sat = saturation_count(float(rates.max()), j.proc_s, j.quantile, j.slo_s, rho_max, est, c)
+        sat = saturation_count(float(rates.max()), j.proc_s, j.quantile, j.slo_s, rho_max, est, c,
+                               j.concurrency)
         widths.append(max(sat, j.current, j.min_replicas) + 1)
     n_c = max(widths)
     tables = np.zeros((len(jobs), len(grid), n_c))
@@ -193,7 +197,7 @@ def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | Non
         w, wb = None, None
         for b in sorted({c for c in BATCH_CHOICES if c < j.max_batch} | {j.max_batch}):
             steps = step_utility_table(rates, j.proc_s, j.quantile, j.slo_s, alpha, rho_max, est,
-                                       width - 1, jgrid, j.batch_share, b)
+                                       width - 1, jgrid, j.batch_share, b, j.concurrency)
             wn = window_table(steps, int(j.current), frac)
             if w is None:
                 w, wb = wn, np.ones(wn.shape, dtype=np.int64)

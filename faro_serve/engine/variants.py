@@ -61,7 +61,8 @@ def options(model: ModelSLO, default_load_s: float) -> list[Option]:
         for b in batches:
             lat = p * (share * b + 1.0 - share)
             if lat <= model.slo_ms / 1e3:
-                out.append(Option(v.name, b, v.accuracy, lat, b / lat,
+                # a replica of concurrency k serves k at once (batching refuses k > 1)
+                out.append(Option(v.name, b, v.accuracy, lat, b * model.concurrency / lat,
                                   default_load_s if v.load_s is None else v.load_s))
     if not out:
         raise ValueError(f"model {model.name!r}: no variant reaches the accuracy target within the SLO")

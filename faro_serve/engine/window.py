@@ -40,17 +40,20 @@ def _utility(lat: float, slo: float, alpha: float) -> float:
 @njit(cache=True)
 def step_utility_table(rates: np.ndarray, p: float, q: float, slo: float, alpha: float,
                        rho_max: float, estimator: int, cmax: int,
-                       drop_grid: np.ndarray, share: float = 1.0, bmax: int = 1) -> np.ndarray:
+                       drop_grid: np.ndarray, share: float = 1.0, bmax: int = 1,
+                       k: int = 1) -> np.ndarray:
     """``U[d, t, c]``: relaxed utility at step ``t`` averaged over the forecast samples.
 
     ``rates`` has shape (samples, steps) in requests/s. ``share``/``bmax``: replicas that
     serve batches of at most ``bmax`` (batched_latency.py); 1: one request at a time.
+    ``k``: each replica serves ``k`` requests at once, so ``c`` replicas are ``c k``
+    servers of the estimator (docs/concurrency.md).
     """
     n_s, n_t = rates.shape
     n_d = drop_grid.shape[0]
     out = np.zeros((n_d, n_t, cmax + 1))
-    factors = rho_max_factors(cmax, q, rho_max)
-    row = np.empty(cmax + 1)
+    factors = rho_max_factors(cmax * k, q, rho_max)
+    row = np.empty(cmax * k + 1)
     for di in range(n_d):
         keep = 1.0 - drop_grid[di]
         for t in range(n_t):
@@ -60,7 +63,7 @@ def step_utility_table(rates: np.ndarray, p: float, q: float, slo: float, alpha:
                     lam = 0.0
                 latency_row_batched(lam, p, q, rho_max, estimator, factors, share, bmax, row)
                 for c in range(cmax + 1):
-                    out[di, t, c] += _utility(row[c], slo, alpha)
+                    out[di, t, c] += _utility(row[c * k], slo, alpha)
             for c in range(cmax + 1):
                 out[di, t, c] /= n_s
     return out
@@ -68,17 +71,18 @@ def step_utility_table(rates: np.ndarray, p: float, q: float, slo: float, alpha:
 
 @njit(cache=True)
 def saturation_count(lam_max: float, p: float, q: float, slo: float, rho_max: float,
-                     estimator: int, cmax: int) -> int:
-    """Fewest replicas (at most ``cmax``) whose latency at ``lam_max`` meets the SLO.
+                     estimator: int, cmax: int, k: int = 1) -> int:
+    """Fewest replicas (at most ``cmax``, of ``k`` servers each) whose latency at ``lam_max``
+    meets the SLO.
 
     Latency falls with replicas and rises with the rate, so from this count on every
     forecast sample's step utility is exactly 1: a table needs no wider columns.
     """
-    factors = rho_max_factors(cmax, q, rho_max)
-    row = np.empty(cmax + 1)
+    factors = rho_max_factors(cmax * k, q, rho_max)
+    row = np.empty(cmax * k + 1)
     latency_row(lam_max, p, q, rho_max, estimator, factors, row)
     for c in range(cmax + 1):
-        if row[c] <= slo:
+        if row[c * k] <= slo:
             return c
     return cmax
 

@@ -13,6 +13,14 @@ drains).
 Replicas added by the autoscaler appear with ``free_at`` = the end of their cold start, so
 nothing is special about them here.
 
+A replica of concurrency ``k`` (ModelSLO.concurrency, Ray's max_ongoing_requests) serves up
+to ``k`` requests at once, each for its own drawn processing time: it is ``k`` consecutive
+entries (its slots) of ``free_at`` and ``busy_until``, the kernel's servers. A queued
+request starts on the slot that frees first, whichever replica it belongs to, as Ray's
+router sends it to a replica below its limit; the slots of a replica come and go together
+(state.ModelState). This is the rule the planner assumes (docs/concurrency.md), simulated
+request by request, so the estimate can be checked against it.
+
 A client may give up: with a finite ``patience`` (the load generator's per-request timeout,
 60 s in a replay), a request not answered ``patience`` seconds after it arrived is a failure
 (``TIMED_OUT``). With ``cancel`` the server notices: a request still queued then leaves the
@@ -60,6 +68,8 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
     """Simulate ``[t0, t1)``: serve the queue, take the arrivals ``arr[nxt:nend]`` before t1.
 
     ``qbuf`` is a ring of buffer indices (the FIFO queue) with head ``qh`` and length ``nq``.
+    ``free_at`` and ``busy_until`` hold one entry per slot: ``k`` per replica of concurrency
+    ``k`` (module docstring), one per replica of the paper's model.
     ``batch`` > 1: a replica that frees takes up to ``batch`` queued requests at once and
     serves them together for the first one's processing time x ``share b + 1 - share``
     (engine/batched_latency.py's model of a batching replica; issue 20). The area then

@@ -168,7 +168,7 @@ class _Run:
                                           cfg.client_timeout_s, cfg.cancel_timed_out,
                                           1.0 if m.batching is None else m.batching.share(m.cpus),
                                           cfg.queue_per_replica,
-                                          int(cfg.capacity_cpus // m.cpus) + 1)
+                                          int(cfg.capacity_cpus // m.cpus) + 1, m.concurrency)
                        for i, m in enumerate(self.models)}
         for s, r in zip(self.states.values(), init):
             s.scale_to(r, 0.0, 0.0)

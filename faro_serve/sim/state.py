@@ -6,9 +6,12 @@ dropped), has been handed to the metrics, and is older than the latency look-bac
 
 Replicas are three small arrays: ``ready_at`` (end of the cold start), ``busy_until``
 (end of the request in service) and ``free_at`` = max of the two, the one the kernel reads.
+A replica of concurrency ``k`` has one ``ready_at`` and ``k`` slots in the other two
+(kernels.py), which it gains and loses together.
 Scaling down removes replicas still starting first (the latest first), then idle ones,
-then busy ones; a busy replica's request finishes (its completion is already recorded),
-and the replica holds no capacity after the decision (an approximation of under a second).
+then busy ones (the soonest done with all of its requests first); a busy replica's
+requests finish (their completions are already recorded), and the replica holds no
+capacity after the decision (an approximation of under a second).
 """
 
 from __future__ import annotations
@@ -23,8 +26,12 @@ from .kernels import DONE, PENDING, advance, lookback
 class ModelState:
     def __init__(self, name: str, index: int, queue_limit: int, look_back_ticks: int,
                  hold_s: float = 0.0, patience_s: float = float("inf"), cancel: bool = True,
-                 batch_share: float = 1.0, per_replica: int = 0, max_replicas: int = 1):
+                 batch_share: float = 1.0, per_replica: int = 0, max_replicas: int = 1,
+                 concurrency: int = 1):
         self.name = name
+        if concurrency > 1 and batch_share != 1.0:
+            raise ValueError("a replica that batches serves one batch at a time (concurrency 1)")
+        self.k = int(concurrency)  # slots per replica: requests it serves at once
         # replicas that batch (kernels.advance): the largest batch in force (a decision sets
         # it) and the share of a request's time each request of a batch adds
         self.batch = 1
@@ -56,8 +63,8 @@ class ModelState:
         self.flushed = 0  # global index: requests before it went to the metrics
         self.minutes_loaded = 0
         self.ready_at = np.zeros(1)
-        self.busy_until = np.full(1, -np.inf)
-        self.free_at = np.zeros(1)
+        self.busy_until = np.full(self.k, -np.inf)
+        self.free_at = np.zeros(self.k)
         self.drop_rate = 0.0
         # global index of the queue head at each of the last ticks (look-back range)
         self.heads: deque[int] = deque([0], maxlen=look_back_ticks + 2)
@@ -79,19 +86,21 @@ class ModelState:
             add = n - cur
             ready = np.full(add, now + cold_start_s)
             self.ready_at = np.concatenate([self.ready_at, ready])
-            self.busy_until = np.concatenate([self.busy_until, np.full(add, -np.inf)])
-            self.free_at = np.concatenate([self.free_at, ready])
+            self.busy_until = np.concatenate([self.busy_until, np.full(add * self.k, -np.inf)])
+            self.free_at = np.concatenate([self.free_at, np.repeat(ready, self.k)])
         elif n < cur:
             starting = self.ready_at > now
-            idle = ~starting & (self.busy_until <= now)
+            done = self.busy_until.reshape(cur, self.k).max(axis=1)  # its last request's end
+            idle = ~starting & (done <= now)
             # removal order: starting (latest ready first), idle, busy (soonest done first)
             key = np.where(starting, 0, np.where(idle, 1, 2)).astype(float)
-            sub = np.where(starting, -self.ready_at, np.where(idle, 0.0, self.busy_until))
+            sub = np.where(starting, -self.ready_at, np.where(idle, 0.0, done))
             order = np.lexsort((sub, key))
             keep = np.sort(order[cur - n:])
+            slots = (keep[:, None] * self.k + np.arange(self.k)).ravel()
             self.ready_at = self.ready_at[keep]
-            self.busy_until = self.busy_until[keep]
-            self.free_at = self.free_at[keep]
+            self.busy_until = self.busy_until[slots]
+            self.free_at = self.free_at[slots]
 
     def switch_variant(self, now: float, scale: float, share: float, load_s: float) -> None:
         """Serve another variant (its processing time ``scale`` x the drawn one, its batch

@@ -27,7 +27,8 @@ def contention(wl: Workload, capacity: float) -> dict:
     tr = wl.load()
     models = wl.models(tr.names)
     need = np.array([[min_replicas_for_slo(max(c / 60.0, 1e-9), m.processing_ms / 1e3,
-                                           m.slo_ms / 1e3, m.percentile / 100)[0]
+                                           m.slo_ms / 1e3, m.percentile / 100,
+                                           concurrency=m.concurrency)[0]
                       for c in row] for row, m in zip(tr.counts, models)])
     return {"peak_need": {n: int(need[i].max()) for i, n in enumerate(tr.names)},
             "sum_of_peaks": int(need.max(axis=1).sum()),
