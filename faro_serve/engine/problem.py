@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..resources import CPU, MEMORY
 from .batched_latency import BATCH_CHOICES
 from .latency import ESTIMATORS
 from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
@@ -169,9 +170,9 @@ def demand_matrix(jobs: list[JobInput], cap_cpus: float, cap_mem: float,
 
     CPUs always bind; memory where capped; a GPU or custom resource where capped and some
     job needs it (a resource no job uses is no constraint)."""
-    names, cols, caps = ["CPU"], [[j.cpus for j in jobs]], [float(cap_cpus)]
+    names, cols, caps = [CPU], [[j.cpus for j in jobs]], [float(cap_cpus)]
     if np.isfinite(cap_mem):
-        names.append("memory")
+        names.append(MEMORY)
         cols.append([j.memory_gb for j in jobs])
         caps.append(float(cap_mem))
     for r in sorted(extra_caps):
