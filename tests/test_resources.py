@@ -183,3 +183,18 @@ def test_ray_serve_cluster_capacity_reads_every_ray_resource(monkeypatch):
     cap = ad.RayServeCluster.capacity(None)
     assert cap.limits == {CPU: 4.0, GPU: 1.0, MEMORY: 8.0, "accelerator_type:A10G": 1.0}
     assert cap["anything else"] == 0
+
+
+def test_a_scenario_with_gpus_simulates_within_them():
+    """``simulate --gpus-per-replica 0.5 --capacity-gpus 1``: the models, the policy's cluster
+    and the simulated cluster all carry the GPUs."""
+    from faro_serve.sim.scenario import Scenario
+
+    sc = Scenario(trace="unused", gpus_per_replica=0.5, capacity_gpus=1.0).validate()
+    ms = sc.models(["a", "b"])
+    counts, warm = short_trace()
+    cfg = sc.sim_config(16, seed=0)
+    res = simulate(counts, ms, make_policy("faro-fairsum", ms, sc.cluster(16)), cfg, warmup_history=warm)
+    assert res.targets.sum(axis=1).max() <= 2  # 1 GPU / 0.5 per replica, of 16 CPUs
+    with pytest.raises(ValueError, match=">= 0"):
+        Scenario(trace="unused", capacity_gpus=-1).validate()
