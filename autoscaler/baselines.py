@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.resources import demand
 from forecasting.base import Forecaster
 
 from .common import (Timers, fallback_for, fcfs_decision, forecast_or_fallback,  # noqa: F401
@@ -57,9 +58,8 @@ class FairSharePolicy(Policy):
         n = len(self.models)
         wanted = {}
         for m in self.models:
-            share = obs.capacity_cpus / n / m.cpus
-            if obs.capacity_memory_gb is not None:
-                share = min(share, obs.capacity_memory_gb / n / m.memory_gb)
+            # an n-th of every resource the model needs (infinite caps do not bind)
+            share = min(obs.capacity[r] / n / a for r, a in demand(m).items())
             wanted[m.name] = m.clamp(math.floor(share + 1e-9))
         return fcfs_decision(self, obs, wanted, [m.name for m in self.models], "long_term")
 
@@ -351,10 +351,10 @@ class RayServePolicy(Policy):
         waiting = sorted((n for n, t in self.pending_since.items() if t < now),
                          key=self.pending_since.get)
         fresh = [n for n in self.pending_since if self.pending_since[n] >= now]
-        granted = grant_in_order(dict(self.ray_target), current, self.models, obs.capacity_cpus,
-                                 obs.capacity_memory_gb, order=waiting, interleave=True)
+        granted = grant_in_order(dict(self.ray_target), current, self.models, obs.capacity,
+                                 order=waiting, interleave=True)
         granted = grant_in_order({n: self.ray_target[n] for n in fresh}, granted, self.models,
-                                 obs.capacity_cpus, obs.capacity_memory_gb, order=fresh)
+                                 obs.capacity, order=fresh)
         changed = {n: granted[n] for n in granted if granted[n] != current[n]}
         if not changed:
             return None

@@ -80,8 +80,8 @@ def fcfs_decision(policy: Policy, obs: Observation, wanted: dict[str, int], orde
     """Grant ``wanted`` (decreases at once, increases in ``order`` while capacity lasts,
     ``interleave``d or not: ``grant_in_order``); None when nothing changes."""
     current = {n: o.target_replicas for n, o in obs.models.items()}
-    granted = grant_in_order(wanted, current, policy.models, obs.capacity_cpus,
-                             obs.capacity_memory_gb, order=order, interleave=interleave)
+    granted = grant_in_order(wanted, current, policy.models, obs.capacity, order=order,
+                             interleave=interleave)
     changed = {n: granted[n] for n in wanted if granted[n] != current[n]}
     if not changed:
         return None

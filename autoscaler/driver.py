@@ -26,6 +26,7 @@ import numpy as np
 
 from faro_serve.config import ModelSLO
 from faro_serve.front_report import FrontReport, decode_front_report, read_reports
+from faro_serve.resources import Capacity, as_capacity, demand, usage
 
 from .policy import Decision, ModelObservation, Observation
 from .setting import Setting, field_map, largest_batch  # noqa: F401 (largest_batch re-exported)
@@ -114,7 +115,7 @@ class FrontSnapshot:
             getattr(told, f) == v for f, v in want.set_fields().items())
 
 
-def observe(now: float, capacity_cpus: float, capacity_memory_gb: float | None,
+def observe(now: float, capacity_cpus: float | Capacity, capacity_memory_gb: float | None,
             snapshots: Mapping[str, FrontSnapshot], running: Mapping[str, int],
             settings: Mapping[str, Setting], future: dict[str, np.ndarray] | None = None,
             slo_s: Mapping[str, float] | None = None) -> Observation:
@@ -124,7 +125,8 @@ def observe(now: float, capacity_cpus: float, capacity_memory_gb: float | None,
     are the last targets set, replicas starting included); ``future``: true upcoming
     arrivals, which only the simulator has; ``slo_s``: each model's SLO, which turns the
     queued requests' waits into remaining budgets. A batch size or thread count the front
-    reports wins over the one set (it is what the replicas run)."""
+    reports wins over the one set (it is what the replicas run). The capacity: a
+    :class:`~faro_serve.resources.Capacity`, or CPUs and memory as two scalars."""
     models = {}
     for n, s in snapshots.items():
         budgets = None
@@ -138,9 +140,9 @@ def observe(now: float, capacity_cpus: float, capacity_memory_gb: float | None,
             ongoing_per_replica=s.mean_in_flight / max(int(running[n]), 1),
             drop_rate=float(held.drop_rate or 0.0), queued_budgets_s=budgets,
             threads=int(s.threads or 1), batch_size=int(s.batch_size or 1), mean_batch=s.mean_batch)
-    return Observation(now=float(now), capacity_cpus=capacity_cpus,
-                       capacity_memory_gb=capacity_memory_gb, models=models,
-                       future_arrivals_per_min=future)
+    cap = as_capacity(capacity_cpus, capacity_memory_gb)
+    return Observation(now=float(now), capacity_cpus=cap.cpus, capacity_memory_gb=cap.memory_gb,
+                       models=models, future_arrivals_per_min=future, capacity=cap)
 
 
 @dataclass(frozen=True)
@@ -166,15 +168,17 @@ class Applied:
 
 
 def apply_decision(decision: Decision, current: Mapping[str, Setting | int],
-                   models: Sequence[ModelSLO], capacity_cpus: float,
-                   capacity_memory_gb: float | None, *, policy: str = "policy",
+                   models: Sequence[ModelSLO], capacity_cpus: float | Capacity,
+                   capacity_memory_gb: float | None = None, *, policy: str = "policy",
                    now: float = 0.0) -> Applied:
     """Check and order ``decision`` against the settings in force, ``current`` (a bare
     replica count stands for a setting of only that; see the module docstring).
 
     Raises ``ValueError`` for a model the cluster does not run or a field a model cannot
     take, and :class:`CapacityExceeded` when a decision that grows a model leaves targets
-    needing more CPUs or memory than the cluster has."""
+    needing more of any resource (CPUs, memory, GPUs, custom: a
+    :class:`~faro_serve.resources.Capacity`, or CPUs and memory as two scalars) than the
+    cluster has."""
     spec = {m.name: m for m in models}
     held = {n: s if isinstance(s, Setting) else Setting(replicas=int(s)) for n, s in current.items()}
     unknown = sorted(set(decision.settings) - set(held))
@@ -192,15 +196,11 @@ def apply_decision(decision: Decision, current: Mapping[str, Setting | int],
     # A decision that only shrinks is always carried out: after a restart into a smaller
     # cluster, the targets resumed from the running replicas may exceed it.
     grows = any(targets[n] > before[n] for n in targets)
-    cpus = sum(targets[n] * spec[n].cpus for n in targets)
-    if grows and cpus > capacity_cpus + 1e-9:
-        raise CapacityExceeded(f"policy {policy!r} asked for {cpus:g} CPUs at t={now:g}s; the "
-                               f"cluster has {capacity_cpus:g} (targets {targets})")
-    if grows and capacity_memory_gb is not None:
-        mem = sum(targets[n] * spec[n].memory_gb for n in targets)
-        if mem > capacity_memory_gb + 1e-9:
-            raise CapacityExceeded(f"policy {policy!r} asked for {mem:g} GiB at t={now:g}s; the "
-                                   f"cluster has {capacity_memory_gb:g}")
+    cap = as_capacity(capacity_cpus, capacity_memory_gb)
+    over = cap.over(usage(targets, {n: demand(spec[n]) for n in targets})) if grows else []
+    if over:
+        raise CapacityExceeded(f"policy {policy!r} asked for {'; '.join(over)} at t={now:g}s "
+                               f"(targets {targets})")
     changes = [(n, targets[n]) for n in targets if targets[n] != before[n]]
     changes.sort(key=lambda c: c[1] > before[c[0]])  # decreases first, stable otherwise
     return Applied(after, changes, changed)

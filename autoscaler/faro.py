@@ -40,6 +40,7 @@ import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import max_rate_for_slo, min_replicas_for_slo, plan
+from faro_serve.resources import CPU, fits_in, resource_names, usage
 from forecasting.base import Forecast, Forecaster
 
 from .common import (DEFAULT_PROCESSING_MS, Timers, fallback_for, faro_policy_name, fcfs_decision,
@@ -130,8 +131,7 @@ class FaroPolicy(Policy):
         if not need:
             return decision
         order = sorted(need, key=lambda n: after[n] / need[n])
-        granted = grant_in_order(need, after, self.models, obs.capacity_cpus,
-                                 obs.capacity_memory_gb, order=order)
+        granted = grant_in_order(need, after, self.models, obs.capacity, order=order)
         added = {n: granted[n] for n in order if granted[n] > after[n]}
         if not added:
             return decision
@@ -176,7 +176,7 @@ class FaroPolicy(Policy):
         procs = self._procs(obs)
         current = {n: o.target_replicas for n, o in obs.models.items()}
         alloc = plan(self.models, samples, current, self.cluster, processing_ms=procs,
-                     capacity_cpus=obs.capacity_cpus, capacity_memory_gb=obs.capacity_memory_gb)
+                     capacity=obs.capacity)
         self.band = {n: band_of(samples[n]) for n in samples}
         info = {
             "objective": alloc.objective, "objective_value": round(alloc.objective_value, 6),
@@ -205,15 +205,12 @@ class FaroPolicy(Policy):
         """Which constraint held the plan back: the capacity (models short of utility 1 and
         no room for one more of their replicas) or a model's ``max_replicas``."""
         short = [d for d in alloc.decisions if d.utility < 1 - 1e-9]
-        free_cpu = obs.capacity_cpus - sum(d.replicas * self.slo[d.name].cpus for d in alloc.decisions)
-        free_mem = (None if obs.capacity_memory_gb is None else obs.capacity_memory_gb
-                    - sum(d.replicas * self.slo[d.name].memory_gb for d in alloc.decisions))
+        dem = self.demand
+        free = obs.capacity.free(usage(alloc.replicas, dem), resource_names(dem))
         at_max = [d.name for d in short if d.replicas >= self.slo[d.name].max_replicas]
-        room = [d.name for d in short if d.name not in at_max
-                and self.slo[d.name].cpus <= free_cpu + 1e-9
-                and (free_mem is None or self.slo[d.name].memory_gb <= free_mem + 1e-9)]
+        room = [d.name for d in short if d.name not in at_max and fits_in(free, dem[d.name])]
         return {"capacity": bool(short) and len(room) < len(short) - len(at_max),
-                "free_cpus": round(free_cpu, 3), "max_replicas": at_max,
+                "free_cpus": round(free[CPU], 3), "max_replicas": at_max,
                 "short_of_slo": [d.name for d in short]}
 
     def short_term(self, obs: Observation) -> Decision | None:
@@ -295,7 +292,7 @@ class FaroPolicy(Policy):
         d = self._plan(obs, samples, predictor, "replan")
         current = {n: o.target_replicas for n, o in obs.models.items()}
         kept, gain = prune_changes(self.models, c, samples, current, d.replicas, self._procs(obs),
-                                   set(why), c.replan_min_gain)
+                                   set(why), c.replan_min_gain, obs.capacity)
         if kept == current or gain < c.replan_min_gain:
             # nothing worth doing at these rates: they become the triggering models' band (a
             # surprise again only beyond it), the others keep theirs, and the gap does not start
@@ -346,14 +343,12 @@ class FaroPolicy(Policy):
             return d
         prob = move_problem(self.models, c, after, rates, procs, window)
         names = [m.name for m in self.models]
-        free = [obs.capacity_cpus - sum(after[n] * self.slo[n].cpus for n in after),
-                None if obs.capacity_memory_gb is None else
-                obs.capacity_memory_gb - sum(after[n] * self.slo[n].memory_gb for n in after)]
+        dem = self.demand
+        free = obs.capacity.free(usage(after, dem), resource_names(dem))
 
         def fits(g: str, r: str) -> bool:  # r's new replica in what g's leaves free
-            gm, rm = self.slo[g], self.slo[r]
-            return (gm.cpus + free[0] >= rm.cpus - 1e-9
-                    and (free[1] is None or gm.memory_gb + free[1] >= rm.memory_gb - 1e-9))
+            gm, rm = dem[g], dem[r]
+            return all(gm.get(k, 0.0) + f >= rm.get(k, 0.0) - 1e-9 for k, f in free.items())
 
         moves = []
         for r in starving:
@@ -365,9 +360,8 @@ class FaroPolicy(Policy):
             after[r] += 1
             after[g] -= 1
             donors.remove(g)
-            free[0] += self.slo[g].cpus - self.slo[r].cpus
-            if free[1] is not None:
-                free[1] += self.slo[g].memory_gb - self.slo[r].memory_gb
+            for k in free:
+                free[k] += dem[g].get(k, 0.0) - dem[r].get(k, 0.0)
             self.moved[r], self.moved[g] = "in", "out"
             # the new replica needs its cold start: the trigger waits for it, as after a surge
             self.surge_hold[r] = obs.now + c.cold_start_s + c.reactive_trigger_s

@@ -26,7 +26,9 @@ from typing import Protocol
 
 import numpy as np
 
+from faro_serve.config import ClusterSpec
 from faro_serve.metrics import utility_from_latency
+from faro_serve.resources import MEMORY, Capacity, as_capacity
 
 from .config import AutoscalerConfig
 from .driver import FrontSnapshot, apply_decision, observe
@@ -44,8 +46,9 @@ STATE_VERSION = 2  # 2: settings per model (issue 33); 1 kept parallel maps
 
 
 class ClusterAdapter(Protocol):
-    def capacity(self) -> tuple[float, float | None]:
-        """(CPUs, GiB) the cluster has for models now."""
+    def capacity(self) -> Capacity | tuple[float, float | None]:
+        """What the cluster has for models now, read every tick (nodes join and leave): a
+        :class:`~faro_serve.resources.Capacity` of every resource, or (CPUs, GiB) alone."""
 
     def running_replicas(self) -> dict[str, int]:
         """Serving replicas per deployed model (models not deployed are absent)."""
@@ -58,6 +61,16 @@ class ClusterAdapter(Protocol):
     def control(self, name: str, setting: Setting, percentile: float) -> None:
         """Tell a model's front the setting to enforce (the fields that are set: a batch
         size, threads or variant only where a policy set them) and the SLO percentile."""
+
+
+def capped_capacity(spec: ClusterSpec, reported) -> Capacity:
+    """What the policy plans with: each resource at the smaller of the config's cap (where
+    it gives one) and what the cluster reports. Memory binds only where the config caps it:
+    Ray reserves no memory for a replica, so Ray's figure alone would bind nothing real."""
+    live = as_capacity(reported)
+    if spec.memory_gb is None:
+        live = live.replaced(**{MEMORY: math.inf})
+    return Capacity.of_cluster(spec).capped_by(live)
 
 
 class StateStore(Protocol):
@@ -215,18 +228,14 @@ class AutoscalerLoop:
         fronts, self.front_errors = FrontSnapshot.read_fronts(raw, self.slo)
         if self.keeper is not None:  # the store's minutes before a shorter meter history
             fronts = self.keeper.observe_safely(now, raw, fronts)
-        cpus, mem = self.cluster.capacity()
-        cap_cpu = min(self.cfg.cluster.cpus, cpus)
-        cap_mem = self.cfg.cluster.memory_gb
-        if cap_mem is not None and mem is not None:
-            cap_mem = min(cap_mem, mem)
+        cap = capped_capacity(self.cfg.cluster, self.cluster.capacity())
         for n in names:
             if n not in self.settings:  # (re)start: resume from what is running
                 restored = self.restored_settings.get(n, Setting())
                 self.settings[n] = Setting(replicas=self.slo[n].clamp(running[n]), drop_rate=0.0
                                            ).merged(restored)
         snaps = {n: fronts.get(n) or FrontSnapshot(np.zeros(0)) for n in names}
-        obs = observe(now - self.start, cap_cpu, cap_mem, snaps, running, self.settings,
+        obs = observe(now - self.start, cap, None, snaps, running, self.settings,
                       slo_s={n: self.slo[n].slo_ms / 1e3 for n in names})
         return obs, fronts
 
@@ -286,8 +295,8 @@ class AutoscalerLoop:
                 log.warning("cannot reach the front of %s: %s", n, err)
 
     def _apply(self, decision: Decision, obs: Observation) -> None:
-        done = apply_decision(decision, self.settings, self.cfg.models, obs.capacity_cpus,
-                              obs.capacity_memory_gb, policy=self.policy.name, now=obs.now)
+        done = apply_decision(decision, self.settings, self.cfg.models, obs.capacity,
+                              policy=self.policy.name, now=obs.now)
         for n, r in done.changes:  # decreases first: they free what the increases take
             self.cluster.scale(n, r)
             self.settings[n] = self.settings[n].merged(Setting(replicas=r))
@@ -320,7 +329,8 @@ class AutoscalerLoop:
                               and k not in ("replicas", "drop_rate")})
             models[n]["setting"] = held.to_json()  # the whole record in force
         rec = {"time": round(now, 3), "t": round(obs.now, 3), "policy": self.policy.name,
-               "capacity_cpus": obs.capacity_cpus, "models": models,
+               "capacity_cpus": obs.capacity_cpus, "capacity": obs.capacity.to_json(),
+               "models": models,
                "decision": None if decision is None else decision_record(decision)}
         return rec
 
@@ -337,6 +347,7 @@ class AutoscalerLoop:
         return {"policy": self.policy.name, "objective": self.cfg.cluster.objective,
                 "enabled": self.cfg.enabled, "ticks": self.ticks,
                 "capacity_cpus": self.last.get("capacity_cpus"),
+                "capacity": self.last.get("capacity"),
                 "models": self.last.get("models", {}), "last_decision": self.history[-1]["decision"]
                 if self.history else None, "restored": self.restored,
                 "front_errors": dict(self.front_errors),  # left out of the last tick, and why

@@ -17,6 +17,7 @@ from types import MappingProxyType
 import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.resources import Capacity, as_capacity, demand, fits_in, resource_names, usage
 
 from .setting import Setting, field_map
 from .state import decode, encode
@@ -48,7 +49,12 @@ class ModelObservation:
 
 @dataclass
 class Observation:
-    """Everything a policy may look at: the time, the capacity and every model."""
+    """Everything a policy may look at: the time, the capacity and every model.
+
+    ``capacity`` holds every resource's cap (CPUs, memory, GPUs, custom resources:
+    ``faro_serve.resources``); ``capacity_cpus`` and ``capacity_memory_gb`` are its CPUs and
+    memory, kept for policies that read only those. Built from the two scalars alone, the
+    capacity caps only CPUs and memory."""
 
     now: float  # seconds since the driver started
     capacity_cpus: float
@@ -57,6 +63,11 @@ class Observation:
     # True per-minute arrivals of the next window; only the simulator gives these, and only
     # the clairvoyant oracle reads them.
     future_arrivals_per_min: dict[str, np.ndarray] | None = None
+    capacity: Capacity | None = None
+
+    def __post_init__(self) -> None:
+        if self.capacity is None:
+            self.capacity = Capacity.of(self.capacity_cpus, self.capacity_memory_gb)
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,11 @@ class Policy(ABC):
         self.slo = {m.name: m for m in self.models}
         self.tick_s = cluster.reactive_interval_s
 
+    @property
+    def demand(self) -> dict[str, dict[str, float]]:
+        """Per model, what one replica reserves (CPUs, memory, GPUs, custom resources)."""
+        return {m.name: demand(m) for m in self.models}
+
     @abstractmethod
     def decide(self, obs: Observation) -> Decision | None:
         """Return the new targets, or None to leave everything as it is."""
@@ -156,7 +172,7 @@ class Policy(ABC):
 
 
 def grant_in_order(wanted: dict[str, int], current: dict[str, int], models: Iterable[ModelSLO],
-                   capacity_cpus: float, capacity_memory_gb: float | None,
+                   capacity_cpus: float | Capacity, capacity_memory_gb: float | None = None,
                    order: Iterable[str] | None = None, interleave: bool = False) -> dict[str, int]:
     """Fit desired replica counts into the capacity, first come first served.
 
@@ -167,6 +183,9 @@ def grant_in_order(wanted: dict[str, int], current: dict[str, int], models: Iter
     ``interleave``: one replica per model per round, in ``order``, instead of each model's
     whole increase in turn: how Ray places the pending replicas of several deployments when
     CPUs free up (seen live: 10 freed CPUs went 3/3/2/2/0 to five deployments).
+
+    The capacity: a :class:`~faro_serve.resources.Capacity` (every resource a model
+    declares counts), or CPUs and memory as two scalars.
     """
     spec = {m.name: m for m in models}
     out = dict(current)
@@ -175,12 +194,11 @@ def grant_in_order(wanted: dict[str, int], current: dict[str, int], models: Iter
         goal[n] = spec[n].clamp(w)
         if goal[n] < out.get(n, 0):
             out[n] = goal[n]
-    used = [sum(out[n] * spec[n].cpus for n in out), sum(out[n] * spec[n].memory_gb for n in out)]
+    need = {n: demand(m) for n, m in spec.items()}
+    free = as_capacity(capacity_cpus, capacity_memory_gb).free(usage(out, need), resource_names(need))
 
     def fits(m: ModelSLO) -> bool:
-        if used[0] + m.cpus > capacity_cpus + 1e-9:
-            return False
-        return capacity_memory_gb is None or used[1] + m.memory_gb <= capacity_memory_gb + 1e-9
+        return fits_in(free, need[m.name])
 
     queue = [n for n in (order if order is not None else wanted) if n in goal]
     while queue:
@@ -189,8 +207,8 @@ def grant_in_order(wanted: dict[str, int], current: dict[str, int], models: Iter
             m = spec[n]
             while out.get(n, 0) < goal[n] and fits(m):
                 out[n] = out.get(n, 0) + 1
-                used[0] += m.cpus
-                used[1] += m.memory_gb
+                for r in free:
+                    free[r] -= need[n].get(r, 0.0)
                 if interleave:
                     break
             if interleave and out.get(n, 0) < goal[n] and fits(m):

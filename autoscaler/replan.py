@@ -26,6 +26,7 @@ import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import make_problem, max_rate_for_slo
+from faro_serve.resources import Capacity
 
 Z_POISSON = 3.0  # standard deviations of a Poisson count that are not a surprise
 
@@ -76,7 +77,7 @@ def donor_ok(model: ModelSLO, replicas: int, rate: float, processing_ms: float,
 def prune_changes(models: Sequence[ModelSLO], cluster: ClusterSpec, samples: Mapping[str, np.ndarray],
                   current: Mapping[str, int], planned: Mapping[str, int],
                   processing_ms: Mapping[str, float], keep: set[str],
-                  min_gain: float) -> tuple[dict[str, int], float]:
+                  min_gain: float, capacity: Capacity | None = None) -> tuple[dict[str, int], float]:
     """``planned`` with every change that is not worth ``min_gain`` undone, and its gain.
 
     A re-plan re-solves the whole cluster, and where the objective is flat (an overloaded
@@ -84,8 +85,10 @@ def prune_changes(models: Sequence[ModelSLO], cluster: ClusterSpec, samples: Map
     the change of a model outside ``keep`` (the surprised models) whose undoing costs the
     cluster objective least (the engine's window utilities at ``samples``, cold start
     included) is undone while that cost is below ``min_gain`` and the result fits the
-    capacity. The gain is the kept allocation's objective minus the current one's."""
-    prob = make_problem(models, dict(samples), dict(current), cluster, processing_ms=dict(processing_ms))
+    capacity (``capacity``: what the cluster has now, every resource). The gain is the kept
+    allocation's objective minus the current one's."""
+    prob = make_problem(models, dict(samples), dict(current), cluster,
+                        processing_ms=dict(processing_ms), capacity=capacity)
     names = [m.name for m in models]
     d = np.zeros(len(names))
     x = np.array([current[n] for n in names], float)

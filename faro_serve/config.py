@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .resources import CPU, MEMORY, Capacity, as_capacity, demand, unit
+
 Objective = Literal["sum", "fair", "fair_sum", "penalty_sum", "penalty_fair_sum"]
 Estimator = Literal["mdc", "upper", "mdc-exact"]
 
@@ -182,6 +184,12 @@ class ClusterSpec(BaseModel):
 
     cpus: float = Field(gt=0, description="total vCPU the models may use")
     memory_gb: float | None = Field(None, gt=0, description="total GiB; None = not binding")
+    gpus: float | None = Field(None, ge=0, description="total GPUs the models may use; None = "
+                               "what the Ray cluster has (not binding where there is no Ray "
+                               "cluster: simulate, plan)")
+    resources: dict[str, float] | None = Field(None, description="caps per Ray custom resource "
+                                                "(names as in ModelSLO.resources); a resource "
+                                                "not named: what the Ray cluster has")
     objective: Objective = "fair_sum"
     gamma: float | None = Field(None, ge=0, description="fairness weight; default = number of models")
     alpha: float = Field(1.0, gt=0, description="utility exponent")
@@ -232,6 +240,17 @@ class ClusterSpec(BaseModel):
                                               "NLopt (compiled) or scipy.optimize (pure Python)")
     seed: int = 0
 
+    @field_validator("resources")
+    @classmethod
+    def _resource_caps(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for name, amount in (v or {}).items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(f"resources: give {name} as cpus/gpus/memory_gb, not as a "
+                                 "custom resource")
+            if not amount >= 0:
+                raise ValueError(f"resources: {name} must be >= 0 (got {amount!r})")
+        return v
+
     def resolved_gamma(self, n_models: int) -> float:
         return float(n_models) if self.gamma is None else float(self.gamma)
 
@@ -260,21 +279,22 @@ class FaroConfig(BaseModel):
 
     @model_validator(mode="after")
     def _minimums_fit(self) -> "FaroConfig":
-        check_minimums_fit(self.models, self.cluster.cpus, self.cluster.memory_gb)
+        check_minimums_fit(self.models, Capacity.of_cluster(self.cluster))
         return self
 
 
-def check_minimums_fit(models, cpus: float, memory_gb: float | None) -> None:
-    """Raise ValueError when the models' minimum replicas alone exceed the capacity."""
-    need_cpu = sum(m.min_replicas * m.cpus for m in models)
-    if need_cpu > cpus + 1e-9:
-        raise ValueError(f"the models' min_replicas need {need_cpu:g} CPUs but the cluster "
-                         f"has {cpus:g}")
-    if memory_gb is not None:
-        need_mem = sum(m.min_replicas * m.memory_gb for m in models)
-        if need_mem > memory_gb + 1e-9:
-            raise ValueError(f"the models' min_replicas need {need_mem:g} GiB but the cluster "
-                             f"has {memory_gb:g}")
+def check_minimums_fit(models, cpus: "float | Capacity", memory_gb: float | None = None) -> None:
+    """Raise ValueError when the models' minimum replicas alone exceed the capacity: CPUs
+    and memory as given, or every resource of a :class:`~faro_serve.resources.Capacity`."""
+    cap = as_capacity(cpus, memory_gb)
+    need: dict[str, float] = {}
+    for m in models:
+        for r, a in demand(m).items():
+            need[r] = need.get(r, 0.0) + m.min_replicas * a
+    for r in sorted(need, key=lambda r: ({CPU: 0, MEMORY: 1}.get(r, 2), r)):  # CPUs first
+        if need[r] > cap[r] + 1e-9:
+            raise ValueError(f"the models' min_replicas need {need[r]:g} {unit(r)} but the "
+                             f"cluster has {cap[r]:g}")
 
 
 def format_validation_error(err: ValidationError, source: str = "") -> str:

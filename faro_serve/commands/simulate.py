@@ -45,6 +45,10 @@ def add_scenario_args(p) -> None:
                         "(faro-serve profile's JSON); Faro plans batch sizes with the replicas")
     p.add_argument("--max-batch", type=int, default=16,
                    help="largest batch with --batch-profile (16)")
+    p.add_argument("--gpus-per-replica", type=float, default=0.0,
+                   help="GPUs every job's replica takes, fractions allowed (0)")
+    p.add_argument("--capacity-gpus", type=float,
+                   help="GPUs the jobs share, besides the --capacity CPUs (default: not binding)")
     p.add_argument("--history", help="CSV to train the N-HiTS forecaster on (cached)")
     p.add_argument("--history-days", help="days of --history to train on (default: days before --day)")
     p.add_argument("--history-sample", type=int, default=0, help="sample of --history (0)")
@@ -71,7 +75,9 @@ def scenario_from_args(args):
                     percentile=args.percentile, processing_ms=args.processing_ms,
                     processing_dist=args.processing_dist, overhead_dist=args.overhead_dist,
                     cold_start_s=args.cold_start_s, queue_limit=args.queue_limit,
-                    replica_hold_ms=args.replica_hold_ms, batching=_batching(args)).validate()
+                    replica_hold_ms=args.replica_hold_ms, batching=_batching(args),
+                    gpus_per_replica=getattr(args, "gpus_per_replica", 0.0),
+                    capacity_gpus=getattr(args, "capacity_gpus", None)).validate()
 
 
 def _batching(args):

@@ -28,10 +28,8 @@ def _values(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 def _room(prob: Problem, x: np.ndarray) -> np.ndarray:
     """Which jobs can take one more replica within bounds and capacity."""
-    ok = (x < prob.hi) & (prob.cpus @ x + prob.cpus <= prob.cap_cpus + TOL)
-    if np.isfinite(prob.cap_mem):
-        ok &= prob.mem @ x + prob.mem <= prob.cap_mem + TOL
-    return ok
+    used = x @ prob.need  # per binding resource
+    return (x < prob.hi) & np.all(used[None, :] + prob.need <= prob.caps[None, :] + TOL, axis=1)
 
 
 def repair(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:

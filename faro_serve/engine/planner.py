@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..config import ClusterSpec, ModelSLO, check_minimums_fit
+from ..resources import CPU, MEMORY, Capacity, demand, usage
 from .integer import fill, polish, shrink
 from .batched_latency import latency_batched
 from .latency import ESTIMATORS
@@ -128,15 +129,22 @@ def _jobs(models, forecasts, current, processing_ms, cluster) -> list[JobInput]:
                              current=c, can_drop=m.allow_drop,
                              batch_share=1.0 if bt is None else bt.share(m.cpus),
                              max_batch=1 if bt is None else bt.max_batch_size,
-                             concurrency=m.concurrency))
+                             concurrency=m.concurrency,
+                             extra={r: a for r, a in demand(m).items() if r not in (CPU, MEMORY)}))
     return jobs
 
 
-def _problem(jobs, cluster: ClusterSpec, cap_cpus, cap_mem, gamma) -> Problem:
-    return build_problem(jobs, cap_cpus=cap_cpus, cap_mem=cap_mem, kind=cluster.objective,
+def _extra_caps(jobs: list[JobInput], cap: Capacity) -> dict[str, float]:
+    """The caps on the GPUs and custom resources the jobs need (infinite: not binding)."""
+    return {r: cap[r] for j in jobs for r in j.extra}
+
+
+def _problem(jobs, cluster: ClusterSpec, cap: Capacity, gamma) -> Problem:
+    return build_problem(jobs, cap_cpus=cap.cpus, cap_mem=cap.memory_gb, kind=cluster.objective,
                          gamma=gamma, alpha=cluster.alpha, rho_max=cluster.rho_max,
                          estimator=cluster.estimator, window_s=cluster.window_s,
-                         cold_start_s=cluster.cold_start_s, fair_tiebreak=cluster.fair_tiebreak)
+                         cold_start_s=cluster.cold_start_s, fair_tiebreak=cluster.fair_tiebreak,
+                         extra_caps=_extra_caps(jobs, cap))
 
 
 def _group_job(members: list[JobInput], k: int) -> JobInput:
@@ -158,6 +166,7 @@ def _group_job(members: list[JobInput], k: int) -> JobInput:
                          f"(got {sorted(shapes)})") from None
     mins = np.array([m.min_replicas for m in members], float)
     conc = min(m.concurrency for m in members)
+    extras = {r for m in members for r in m.extra}
     return JobInput(name=f"group{k}", rates=np.array(rates),
                     proc_s=float(np.mean([m.proc_s * conc / m.concurrency for m in members])),
                     slo_s=float(np.mean([m.slo_s for m in members])),
@@ -168,12 +177,14 @@ def _group_job(members: list[JobInput], k: int) -> JobInput:
                     min_replicas=int(mins.sum()),
                     max_replicas=sum(m.max_replicas for m in members),
                     current=sum(m.current for m in members),
-                    can_drop=any(m.can_drop for m in members), concurrency=conc)
+                    can_drop=any(m.can_drop for m in members), concurrency=conc,
+                    extra={r: float(mins @ [m.extra.get(r, 0.0) for m in members] / mins.sum())
+                           for r in sorted(extras)})
 
 
-def _group_budgets(top: Problem, gx: np.ndarray, cap_cpus: float, cap_mem: float | None):
-    """Each group's CPU (and memory) budget: the whole capacity, shared in proportion to
-    the group-level allocation.
+def _group_budgets(top: Problem, gx: np.ndarray) -> np.ndarray:
+    """Each group's budget of every binding resource (groups x ``top.resource_names``): the
+    whole capacity, shared in proportion to the group-level allocation's CPUs.
 
     A group solved as one pooled queue needs fewer replicas than its members' separate
     queues do, so handing out only the group-level counts would starve members while
@@ -182,18 +193,13 @@ def _group_budgets(top: Problem, gx: np.ndarray, cap_cpus: float, cap_mem: float
     """
     min_cpu = top.lo * top.cpus
     want_cpu = gx * top.cpus
-    extra = max(cap_cpus - min_cpu.sum(), 0.0)
     share = (want_cpu - min_cpu) / max((want_cpu - min_cpu).sum(), 1e-12)
-    cpu = min_cpu + extra * share
-    mem = None
-    if cap_mem is not None:
-        min_mem = top.lo * top.mem
-        mem = min_mem + max(cap_mem - min_mem.sum(), 0.0) * share
-    return cpu, mem
+    mins = top.lo[:, None] * top.need
+    return mins + np.maximum(top.caps - mins.sum(axis=0), 0.0)[None, :] * share[:, None]
 
 
 def _solve_grouped(full: Problem, jobs: list[JobInput], n_groups: int, cluster: ClusterSpec,
-                   cap_cpus: float, cap_mem: float | None):
+                   cap: Capacity):
     """The hierarchical solve (paper section 3.4), then one pass over the whole cluster.
 
     Random groups are solved as single jobs to share the capacity, then each group's
@@ -210,15 +216,16 @@ def _solve_grouped(full: Problem, jobs: list[JobInput], n_groups: int, cluster: 
     order = rng.permutation(n)
     groups = [sorted(order[k::n_groups].tolist()) for k in range(n_groups)]
     top = _problem([_group_job([jobs[i] for i in g], k) for k, g in enumerate(groups)],
-                   cluster, cap_cpus, cap_mem,
+                   cluster, cap,
                    float(n_groups) if cluster.gamma is None else cluster.gamma)
     gx, _, evals = solve(top, do_shrink=False, backend=cluster.solver)
-    cpu_budget, mem_budget = _group_budgets(top, gx.astype(float), cap_cpus, cap_mem)
+    budgets = _group_budgets(top, gx.astype(float))
     x = np.zeros(n)
     d = np.zeros(n)
     for k, g in enumerate(groups):
-        sub = full.subset(g, float(cpu_budget[k]), None if mem_budget is None else float(mem_budget[k]),
-                          float(len(g)) if cluster.gamma is None else cluster.gamma)
+        b = dict(zip(top.resource_names, budgets[k].tolist()))
+        sub = full.subset(g, b.pop(CPU), b.pop(MEMORY, None),
+                          float(len(g)) if cluster.gamma is None else cluster.gamma, extra_caps=b)
         xg, dg, ev = solve(sub, do_shrink=False, backend=cluster.solver)
         evals += ev
         x[g] = xg
@@ -230,34 +237,39 @@ def _solve_grouped(full: Problem, jobs: list[JobInput], n_groups: int, cluster: 
 
 
 def make_problem(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: ClusterSpec, *,
-                 processing_ms=None) -> Problem:
-    """The un-grouped :class:`Problem` ``plan`` optimises (for tests, benchmarks, analysis)."""
+                 processing_ms=None, capacity: Capacity | None = None) -> Problem:
+    """The un-grouped :class:`Problem` ``plan`` optimises (for tests, benchmarks, analysis);
+    ``capacity``: what is available now, capped by the configured one (as in ``plan``)."""
     models = list(models)
     jobs = _jobs(models, forecasts, current_replicas, processing_ms, cluster)
-    return _problem(jobs, cluster, cluster.cpus, cluster.memory_gb, cluster.resolved_gamma(len(jobs)))
+    cap = Capacity.of_cluster(cluster)
+    if capacity is not None:
+        cap = cap.capped_by(capacity)
+    return _problem(jobs, cluster, cap, cluster.resolved_gamma(len(jobs)))
 
 
 def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: ClusterSpec, *,
          processing_ms=None, capacity_cpus: float | None = None,
-         capacity_memory_gb: float | None = None) -> Allocation:
+         capacity_memory_gb: float | None = None, capacity: Capacity | None = None) -> Allocation:
     """Decide every model's replicas and drop rate for the next window.
 
     ``forecasts``: per model (mapping by name, or a sequence in model order) a rate in
     requests/s, a list of samples, or a samples x steps array over the window.
     ``current_replicas``: per model (mapping or sequence; missing = min replicas).
     ``processing_ms``: measured per-request processing times overriding the SLO priors.
-    ``capacity_*``: the capacity available now (e.g. from the Ray cluster), capped by the
-    configured one. Raises ValueError on inconsistent input.
+    ``capacity`` (every resource) or ``capacity_cpus``/``capacity_memory_gb``: the capacity
+    available now (e.g. from the Ray cluster), capped by the configured one. Raises
+    ValueError on inconsistent input.
     """
     t0 = time.perf_counter()
     models = list(models)
     if not models:
         raise ValueError("plan needs at least one model")
-    cap_cpus = cluster.cpus if capacity_cpus is None else min(cluster.cpus, capacity_cpus)
-    cap_mem = cluster.memory_gb
-    if capacity_memory_gb is not None:
-        cap_mem = capacity_memory_gb if cap_mem is None else min(cap_mem, capacity_memory_gb)
-    check_minimums_fit(models, cap_cpus, cap_mem)
+    cap = Capacity.of_cluster(cluster).capped_by(
+        Capacity.of(capacity_cpus, capacity_memory_gb))
+    if capacity is not None:
+        cap = cap.capped_by(capacity)
+    check_minimums_fit(models, cap)
     jobs = _jobs(models, forecasts, current_replicas, processing_ms, cluster)
     n = len(jobs)
     n_groups = cluster.resolved_groups(n)
@@ -265,12 +277,12 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
     notes: list[str] = []
     evals = 0
     if n_groups <= 1:
-        prob = _problem(jobs, cluster, cap_cpus, cap_mem, gamma)
+        prob = _problem(jobs, cluster, cap, gamma)
         x, d, evals = solve(prob, do_shrink=cluster.shrink, backend=cluster.solver)
         probs = [(prob, list(range(n)), x, d)]
     else:
-        full = _problem(jobs, cluster, cap_cpus, cap_mem, gamma)
-        x, d, evals, sizes = _solve_grouped(full, jobs, n_groups, cluster, cap_cpus, cap_mem)
+        full = _problem(jobs, cluster, cap, gamma)
+        x, d, evals, sizes = _solve_grouped(full, jobs, n_groups, cluster, cap)
         probs = [(full, list(range(n)), x, d)]
         notes.append(f"hierarchical: {n_groups} groups of {min(sizes)}-{max(sizes)} models")
     reps = np.zeros(n, dtype=int)
@@ -284,8 +296,9 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
         batches[idx] = prob.batch_sizes(x, d)
     cpus_used = float(sum(reps[i] * jobs[i].cpus for i in range(n)))
     mem_used = float(sum(reps[i] * jobs[i].memory_gb for i in range(n)))
-    if cpus_used > cap_cpus + 1e-9 or (cap_mem is not None and mem_used > cap_mem + 1e-9):
-        raise AssertionError("planner produced an allocation above capacity")  # invariant
+    used = usage({m.name: int(r) for m, r in zip(models, reps)}, {m.name: demand(m) for m in models})
+    if not cap.fits(used):
+        raise AssertionError(f"planner produced an allocation above capacity: {cap.over(used)}")
     eu = phi(drops) * utils
     value = cluster_objective(cluster.objective, eu if cluster.objective in PENALTY_OBJECTIVES else utils,
                               np.array([j.priority for j in jobs]), gamma, cluster.fair_tiebreak)

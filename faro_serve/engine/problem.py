@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..resources import CPU, MEMORY
 from .batched_latency import BATCH_CHOICES
 from .latency import ESTIMATORS
 from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
@@ -42,6 +43,9 @@ class JobInput:
     # requests one replica serves at once: a replica is this many servers of proc_s to the
     # estimator (docs/concurrency.md); 1: the paper's one at a time
     concurrency: int = 1
+    # what a replica reserves beyond CPUs and memory: GPUs and Ray custom resources, by
+    # Ray's name (faro_serve.resources)
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -57,6 +61,8 @@ class Problem:
     # (jobs, drops, counts): the largest batch behind each W entry (1 for jobs that do not
     # batch); None when no job batches
     batch_tables: np.ndarray | None = None
+    # caps on the jobs' ``extra`` resources (GPU, custom); a resource not named is not binding
+    extra_caps: dict[str, float] = field(default_factory=dict)
     lo: np.ndarray = field(init=False)
     hi: np.ndarray = field(init=False)
     cpus: np.ndarray = field(init=False)
@@ -64,6 +70,11 @@ class Problem:
     priority: np.ndarray = field(init=False)
     can_drop: np.ndarray = field(init=False)
     current: np.ndarray = field(init=False)
+    # every binding resource: its name, what a replica of each job takes (jobs x resources)
+    # and the cap; CPUs first, memory where capped, then GPUs and custom resources
+    resource_names: list[str] = field(init=False)
+    need: np.ndarray = field(init=False)
+    caps: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         self.lo = np.array([j.min_replicas for j in self.jobs], dtype=float)
@@ -73,6 +84,8 @@ class Problem:
         self.priority = np.array([j.priority for j in self.jobs], dtype=float)
         self.can_drop = np.array([j.can_drop for j in self.jobs], dtype=bool) & self.penalty
         self.current = np.array([j.current for j in self.jobs], dtype=float)
+        self.resource_names, self.need, self.caps = demand_matrix(self.jobs, self.cap_cpus,
+                                                                  self.cap_mem, self.extra_caps)
 
     @property
     def n(self) -> int:
@@ -122,9 +135,10 @@ class Problem:
 
     def fits(self, x: np.ndarray, slack: float = 1e-9) -> bool:
         x = np.asarray(x, float)
-        return bool(self.cpus @ x <= self.cap_cpus + slack and self.mem @ x <= self.cap_mem + slack)
+        return bool(np.all(x @ self.need <= self.caps + slack))
 
-    def subset(self, idx, cap_cpus: float, cap_mem: float | None, gamma: float) -> "Problem":
+    def subset(self, idx, cap_cpus: float, cap_mem: float | None, gamma: float,
+               extra_caps: dict[str, float] | None = None) -> "Problem":
         """The jobs ``idx`` alone within their own capacity (a group of section 3.4).
 
         The tables are this problem's rows: a job's window utility does not depend on the
@@ -133,12 +147,14 @@ class Problem:
         idx = list(idx)
         cap_mem_v = np.inf if cap_mem is None else float(cap_mem)
         jobs = [self.jobs[i] for i in idx]
-        ceilings = count_ceiling(jobs, cap_cpus, cap_mem_v)
+        extra_caps = dict(extra_caps or {})
+        ceilings = count_ceiling(jobs, cap_cpus, cap_mem_v, extra_caps)
         jobs = [JobInput(**{**j.__dict__, "max_replicas": c}) for j, c in zip(jobs, ceilings)]
         return Problem(jobs=jobs, tables=self.tables[idx], drop_grid=self.drop_grid,
                        cap_cpus=float(cap_cpus), cap_mem=cap_mem_v, kind=self.kind, gamma=gamma,
                        fair_tiebreak=self.fair_tiebreak,
-                       batch_tables=None if self.batch_tables is None else self.batch_tables[idx])
+                       batch_tables=None if self.batch_tables is None else self.batch_tables[idx],
+                       extra_caps=extra_caps)
 
     def batch_sizes(self, x: np.ndarray, d: np.ndarray) -> np.ndarray:
         """The largest batch each job should allow at whole replicas ``x`` and drop rates
@@ -151,25 +167,51 @@ class Problem:
         return self.batch_tables[np.arange(n), rows, cols].astype(int)
 
 
-def count_ceiling(jobs: list[JobInput], cap_cpus: float, cap_mem: float) -> list[int]:
-    """Most replicas each job could get: its max, or what is left after everyone's minimum."""
-    base_cpu = sum(j.min_replicas * j.cpus for j in jobs)
-    base_mem = sum(j.min_replicas * j.memory_gb for j in jobs)
+def demand_matrix(jobs: list[JobInput], cap_cpus: float, cap_mem: float,
+                  extra_caps: dict[str, float]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The binding resources: names, per-replica needs (jobs x resources) and caps.
+
+    CPUs always bind; memory where capped; a GPU or custom resource where capped and some
+    job needs it (a resource no job uses is no constraint)."""
+    names, cols, caps = [CPU], [[j.cpus for j in jobs]], [float(cap_cpus)]
+    if np.isfinite(cap_mem):
+        names.append(MEMORY)
+        cols.append([j.memory_gb for j in jobs])
+        caps.append(float(cap_mem))
+    for r in sorted(extra_caps):
+        col = [float(j.extra.get(r, 0.0)) for j in jobs]
+        if np.isfinite(extra_caps[r]) and any(c > 0 for c in col):
+            names.append(r)
+            cols.append(col)
+            caps.append(float(extra_caps[r]))
+    return names, np.array(cols, dtype=float).T.reshape(len(jobs), len(names)), np.array(caps)
+
+
+def count_ceiling(jobs: list[JobInput], cap_cpus: float, cap_mem: float,
+                  extra_caps: dict[str, float] | None = None) -> list[int]:
+    """Most replicas each job could get: its max, or what is left after everyone's minimum,
+    in the scarcest resource it needs."""
+    _, need, caps = demand_matrix(jobs, cap_cpus, cap_mem, extra_caps or {})
+    lo = np.array([j.min_replicas for j in jobs], dtype=float)
+    left = caps - lo @ need
     out = []
-    for j in jobs:
-        room_cpu = (cap_cpus - base_cpu) / j.cpus + j.min_replicas
-        room_mem = (cap_mem - base_mem) / j.memory_gb + j.min_replicas if np.isfinite(cap_mem) else np.inf
-        out.append(int(max(j.min_replicas, min(j.max_replicas, np.floor(room_cpu + 1e-9),
-                                               np.floor(room_mem + 1e-9) if np.isfinite(room_mem) else np.inf))))
+    for i, j in enumerate(jobs):
+        room = [np.floor(left[r] / need[i, r] + j.min_replicas + 1e-9)
+                for r in range(caps.size) if need[i, r] > 0]
+        out.append(int(max(j.min_replicas, min([j.max_replicas, *room]))))
     return out
 
 
 def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | None, kind: str,
                   gamma: float, alpha: float, rho_max: float, estimator: str, window_s: float,
-                  cold_start_s: float, fair_tiebreak: float) -> Problem:
-    """Tabulate every job's window utility and wrap the result as a :class:`Problem`."""
+                  cold_start_s: float, fair_tiebreak: float,
+                  extra_caps: dict[str, float] | None = None) -> Problem:
+    """Tabulate every job's window utility and wrap the result as a :class:`Problem`.
+
+    ``extra_caps``: caps on GPUs and custom resources (``JobInput.extra``), by Ray's name."""
     cap_mem_v = np.inf if cap_mem is None else float(cap_mem)
-    ceilings = count_ceiling(jobs, cap_cpus, cap_mem_v)
+    extra_caps = dict(extra_caps or {})
+    ceilings = count_ceiling(jobs, cap_cpus, cap_mem_v, extra_caps)
     jobs = [JobInput(**{**j.__dict__, "max_replicas": c}) for j, c in zip(jobs, ceilings)]
     penalty = kind in PENALTY_OBJECTIVES
     any_drop = penalty and any(j.can_drop for j in jobs)
@@ -216,4 +258,4 @@ def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | Non
                 batch_tables[i, len(jgrid):] = batch_tables[i, 0]
     return Problem(jobs=jobs, tables=tables, drop_grid=grid, cap_cpus=float(cap_cpus),
                    cap_mem=cap_mem_v, kind=kind, gamma=gamma, fair_tiebreak=fair_tiebreak,
-                   batch_tables=batch_tables)
+                   batch_tables=batch_tables, extra_caps=extra_caps)

@@ -2,9 +2,9 @@
 
 COBYLA (initial step ``rhobeg`` 2) on the relaxed objective, one continuous replica
 variable per job plus a drop-rate variable per job that may drop under the penalty
-objectives, with the CPU and memory limits as linear constraints; then the integer
-post-processing of ``integer.py``: the best of several integer starts, polish, drop rates,
-shrink.
+objectives, with one linear constraint per binding resource (CPUs, memory where capped,
+GPUs, custom resources); then the integer post-processing of ``integer.py``: the best of
+several integer starts, polish, drop rates, shrink.
 """
 
 from __future__ import annotations
@@ -25,24 +25,20 @@ def start_point(prob: Problem) -> np.ndarray:
     if prob.fits(x):
         return x
     extra = x - prob.lo
-    over_cpu = (prob.cpus @ x - prob.cap_cpus) / max(prob.cpus @ extra, TOL)
-    over_mem = 0.0
-    if np.isfinite(prob.cap_mem):
-        over_mem = (prob.mem @ x - prob.cap_mem) / max(prob.mem @ extra, TOL)
-    shrink = np.clip(1.0 - max(over_cpu, over_mem), 0.0, 1.0)
+    # per binding resource, the share of the extra replicas it cannot hold
+    over = (x @ prob.need - prob.caps) / np.maximum(extra @ prob.need, TOL)
+    shrink = np.clip(1.0 - max(0.0, *over), 0.0, 1.0)
     return prob.lo + extra * shrink
 
 
 def _linear_rows(prob: Problem, fx: np.ndarray, x0: np.ndarray, n_drop: int):
-    """Capacity constraints ``A v <= b`` over the free replica variables (+ drop variables)."""
+    """Capacity constraints ``A v <= b`` over the free replica variables (+ drop variables):
+    one row per binding resource (CPUs, memory where capped, GPUs, custom resources)."""
     free = np.zeros(prob.n, bool)
     free[fx] = True
-    rows = [np.concatenate([prob.cpus[fx], np.zeros(n_drop)])]
-    caps = [prob.cap_cpus - prob.cpus[~free] @ x0[~free]]
-    if np.isfinite(prob.cap_mem):
-        rows.append(np.concatenate([prob.mem[fx], np.zeros(n_drop)]))
-        caps.append(prob.cap_mem - prob.mem[~free] @ x0[~free])
-    return np.array(rows), np.array(caps)
+    rows = np.concatenate([prob.need[fx].T, np.zeros((prob.caps.size, n_drop))], axis=1)
+    caps = prob.caps - x0[~free] @ prob.need[~free]
+    return rows, caps
 
 
 def _cobyla_nlopt(fun, v0, lb, ub, a, b, rhobeg, maxeval):

@@ -24,6 +24,7 @@ from ray import serve
 from autoscaler.config import AutoscalerConfig, parse_autoscaler_config
 from autoscaler.loop import AutoscalerLoop
 from autoscaler.setting import Setting
+from faro_serve.resources import Capacity
 
 from .names import MODEL, meter_name
 
@@ -67,9 +68,16 @@ class RayServeCluster:
             self._handles[name] = serve.get_deployment_handle(meter_name(dep), app_name=app)
         return self._handles[name]
 
-    def capacity(self) -> tuple[float, float | None]:
+    def capacity(self) -> Capacity:
+        """Every resource Ray has now (CPU, memory in GiB, GPU, each custom resource); one
+        it does not list, the cluster lacks (the capacity's default 0). Node resources
+        (``node:<ip>``) and the object store are no replica's to take, so are left out."""
         res = ray.cluster_resources()
-        return float(res.get("CPU", 0.0)), float(res.get("memory", 0.0)) / 2**30
+        caps = {k: float(v) for k, v in res.items()
+                if not k.startswith("node:") and k != "object_store_memory" and k != "memory"}
+        caps.setdefault("CPU", 0.0)
+        caps["memory"] = float(res.get("memory", 0.0)) / 2**30
+        return Capacity.from_mapping(caps, default=0.0)
 
     def running_replicas(self) -> dict[str, int]:
         """Running replicas of every located model, and of every faro-serve model

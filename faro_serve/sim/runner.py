@@ -39,6 +39,7 @@ from faro_serve.metrics import MinuteTable, Summary, minute_table, summarize
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, TimeDist
 from ..measures import LOOK_BACK_S
+from ..resources import Capacity, demand, usage
 from .state import ModelState
 from .workload import Workload
 
@@ -49,6 +50,10 @@ class SimConfig:
 
     capacity_cpus: float
     capacity_memory_gb: float | None = None  # memory is not binding in the paper's runs
+    # GPUs and Ray custom resources the models may take (None: not binding), as
+    # ClusterSpec.gpus / resources; every resource a model declares is checked
+    capacity_gpus: float | None = None
+    capacity_resources: dict[str, float] | None = None
     cold_start_s: float = 60.0
     queue_limit: int = 50
     # requests each serving replica holds beyond the one it serves, counted against no queue
@@ -88,6 +93,12 @@ class SimConfig:
             raise ValueError(f"client timeout must be > 0 s (got {self.client_timeout_s:g})")
         if self.look_back_s <= 0:
             raise ValueError("look-back must be > 0 s")
+
+    @property
+    def capacity(self) -> Capacity:
+        """Every resource's cap (faro_serve.resources)."""
+        return Capacity.of(self.capacity_cpus, self.capacity_memory_gb, self.capacity_gpus,
+                           self.capacity_resources)
 
 
 @dataclass
@@ -157,9 +168,10 @@ class _Run:
             raise ValueError("the trace has no minutes")
         self.spec = {m.name: m for m in self.models}
         init = [m.clamp(cfg.initial_replicas or m.min_replicas) for m in self.models]
-        if sum(r * m.cpus for r, m in zip(init, self.models)) > cfg.capacity_cpus + 1e-9:
-            raise ValueError(f"the initial replicas need {sum(init)} replicas but the capacity is "
-                             f"{cfg.capacity_cpus:g}")
+        over = cfg.capacity.over(usage({m.name: r for m, r in zip(self.models, init)},
+                                       {m.name: demand(m) for m in self.models}))
+        if over:
+            raise ValueError(f"the initial replicas ({sum(init)}) need {'; '.join(over)}")
         procs = list(cfg.processing) if isinstance(cfg.processing, tuple) else cfg.processing
         self.work = Workload(counts, procs, cfg.router_overhead, seed=cfg.seed, draw=cfg.draw)
         tick = float(policy.tick_s)
@@ -234,12 +246,11 @@ class _Run:
                 queue_length=float(s.nq), mean_in_flight=area / dt if dt > 0 else 0.0)
         future = {n: self.work.counts[i, minute_now:minute_now + self.future_minutes].astype(float)
                   for i, n in enumerate(self.names)}
-        obs = observe(t, self.cfg.capacity_cpus, self.cfg.capacity_memory_gb, snaps, running,
-                      self.settings, future)
+        obs = observe(t, self.cfg.capacity, None, snaps, running, self.settings, future)
         dec = self.policy.decide(obs)
         if dec is not None:
-            done = apply_decision(dec, self.settings, self.models, self.cfg.capacity_cpus,
-                                  self.cfg.capacity_memory_gb, policy=self.policy.name, now=t)
+            done = apply_decision(dec, self.settings, self.models, self.cfg.capacity,
+                                  policy=self.policy.name, now=t)
             for n, r in done.changes:  # decreases first
                 self.states[n].scale_to(r, t, self.cfg.cold_start_s)
             for n, new in done.changed.items():

@@ -44,10 +44,14 @@ class Scenario:
     queue_limit: int = 50
     replica_hold_ms: float = 0.0  # idle gap between queued requests (0: the paper's model)
     batching: Batching | None = None  # every job's replicas batch (profile, largest batch)
+    gpus_per_replica: float = 0.0  # every job's replicas take this many GPUs (Ray's num_gpus)
+    capacity_gpus: float | None = None  # GPUs the jobs share (None: not binding)
 
     def validate(self) -> "Scenario":
         if self.minutes is not None and self.minutes < 1:
             raise ValueError(f"--minutes must be >= 1 (got {self.minutes})")
+        if self.gpus_per_replica < 0 or (self.capacity_gpus is not None and self.capacity_gpus < 0):
+            raise ValueError("--gpus-per-replica and --capacity-gpus must be >= 0")
         if self.warmup_minutes < 0:
             raise ValueError(f"--warmup-minutes must be >= 0 (got {self.warmup_minutes})")
         if not self.processing_ms > 0:
@@ -99,15 +103,17 @@ class Scenario:
 
     def models(self, names: list[str]) -> list[ModelSLO]:
         return [ModelSLO(name=n, slo_ms=self.slo_ms, percentile=self.percentile,
-                         processing_ms=self.processing_ms, batching=self.batching) for n in names]
+                         processing_ms=self.processing_ms, batching=self.batching,
+                         gpus=self.gpus_per_replica) for n in names]
 
     def cluster(self, capacity: float) -> ClusterSpec:
         """The policies' view: the capacity, every other setting the paper's default."""
-        return ClusterSpec(cpus=capacity)
+        return ClusterSpec(cpus=capacity, gpus=self.capacity_gpus)
 
     def sim_config(self, capacity: float, seed: int, keep_records: bool = False) -> SimConfig:
         proc, ovh = self.distributions()
-        return SimConfig(capacity_cpus=capacity, cold_start_s=self.cold_start_s,
+        return SimConfig(capacity_cpus=capacity, capacity_gpus=self.capacity_gpus,
+                         cold_start_s=self.cold_start_s,
                          queue_limit=self.queue_limit, processing=proc, router_overhead=ovh,
                          replica_hold_s=self.replica_hold_ms / 1e3,
                          seed=seed, keep_records=keep_records)
