@@ -59,7 +59,7 @@ def apps() -> dict:
 def live():
     dash, http = free_port(), free_port()
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), old) if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), str(TESTS.parent), old) if p)
     try:  # the raylet and every worker inherit it: the user's package is installed
         ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=True,
                  dashboard_host="127.0.0.1", dashboard_port=dash, log_to_driver=False)
@@ -193,9 +193,56 @@ def test_an_slo_naming_a_deployment_that_is_not_running_is_named_and_the_rest_se
     assert live["client"].post("/clf", json={"text": "ok"}).status_code == 200
 
 
+def test_gpu_models_are_planned_within_the_gpus_ray_has(live, report):
+    """Ray here declares 2 GPUs (the models run on CPU; Ray schedules by the number). Two
+    models of 1 GPU per replica, both loaded past one replica: the autoscaler reads the
+    GPUs from Ray, never targets more than 2 in total, and the replicas start."""
+    g1 = SLO(name="g1", slo_ms=300, processing_ms=50, cpus=0.25, gpus=1, max_replicas=3)
+    g2 = SLO(name="g2", slo_ms=300, processing_ms=50, cpus=0.25, gpus=1, max_replicas=3)
+    big = SLO(name="big", slo_ms=300, cpus=0.25, gpus=3)  # Ray has 2: refused before deploying
+    with pytest.raises(faro_serve.config.ConfigError, match="need 3 GPUs but the cluster has 2"):
+        faro_serve.run({"big": faro_serve.scaled(TextClassifier.options(name="Big"), big).bind()},
+                       [big], CLUSTER, dashboard_url=live["dashboard"])
+    assert "big" not in serve.status().applications
+    for app in ("clf", "api", "shop", "wide"):  # room for these two on the 2 CPUs
+        serve.delete(app)
+    faro_serve.run({m.name: faro_serve.scaled(TextClassifier.options(name=f"Gpu{m.name}"), m)
+                    .bind(delay_s=0.05) for m in (g1, g2)}, [g1, g2], CLUSTER,
+                   dashboard_url=live["dashboard"], forecaster="fallback")
+    c = live["client"]
+    assert wait_for(lambda: set(status(c).get("models", {})) == {"g1", "g2"}, 90), status(c)
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            st = status(c).get("models", {})
+            if st:
+                seen.append(sum(st[n]["target"] for n in st))
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    body = json.dumps({"text": "good"}).encode()
+    loads = [threading.Thread(target=fire, args=(live["base"], f"/{n}", 400, 60, 40.0, body), daemon=True)
+             for n in ("g1", "g2")]
+    for t in loads:
+        t.start()
+    for t in loads:
+        t.join(timeout=120)
+    stop.set()
+    watcher.join(timeout=5)
+    st = status(c)
+    assert seen and max(seen) <= 2, seen
+    assert st["capacity"]["GPU"] == 2
+    assert running("g1", "Gpug1") == 1 and running("g2", "Gpug2") == 1
+    report(f"2 GPU models (1 GPU per replica) under 40/s each on 2 GPUs: targets summed to at "
+           f"most {max(seen)} over {len(seen)} looks; p99 g1 {st['models']['g1']['latency_ms']} ms")
+
+
 def test_a_config_written_by_faro_serve_init_deploys_with_serve_deploy(live, tmp_path):
     """The user's path in YAML: ``faro-serve init`` writes the config, ``serve deploy``
-    deploys it (replacing the module's applications), the model answers and is planned."""
+    deploys it (replacing the module's applications: the module's last test), the model
+    answers and is planned."""
     cfg = tmp_path / "my_config.yaml"
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
     bin_dir = Path(sys.executable).parent
@@ -219,3 +266,31 @@ def test_a_config_written_by_faro_serve_init_deploys_with_serve_deploy(live, tmp
     st = wait_for(lambda: status(c).get("models", {}).get("yclf"), 60)
     assert st and st["target"] >= 1 and set(status(c)["models"]) == {"yclf"}
     assert wait_for(lambda: meter("yclf", "TextClassifier")["arrivals_total"] >= 2, 15, every=0.5)
+
+
+@pytest.mark.parametrize("example,path,body,check", [
+    ("text_classifier", "/sentiment", {"text": "a wonderful film"},
+     lambda r: r.json()["label"] == "positive" and 0.5 < r.json()["score"] <= 1),
+    ("composed", "/reviews/score", {"text": "The plot was dull, and boring."},
+     lambda r: r.json()["label"] == "negative" and r.json()["text"] == "the plot was dull and boring"),
+])
+def test_the_examples_deploy_from_their_own_configs(live, tmp_path, example, path, body, check):
+    """examples/*/config.yaml as a user runs them (``serve deploy``; here on the module's
+    cluster and port, planning with the fallback forecaster): they answer, Faro plans them."""
+    import yaml
+
+    doc = yaml.safe_load((TESTS.parent / "examples" / example / "config.yaml").read_text())
+    doc["http_options"]["port"] = live["http"]
+    doc["applications"][0]["args"].update({"dashboard_url": live["dashboard"], "forecaster": "fallback"})
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    out = subprocess.run([str(Path(sys.executable).parent / "serve"), "deploy", str(cfg), "-a",
+                          live["dashboard"]], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    c = live["client"]
+    assert wait_for(lambda: c.post(path, json=body).status_code == 200, 120, every=2)
+    r = c.post(path, json=body)
+    assert check(r), r.text
+    model = doc["applications"][0]["args"]["models"][0]["name"]
+    assert wait_for(lambda: model in status(c).get("models", {}), 60), status(c)
+    assert c.post(path, json={"nope": 1}).status_code in (400, 422)  # the user's own error

@@ -80,7 +80,7 @@ def model_deployment(args: dict | ModelAppArgs):
     cls, kwargs = _model_class(spec)
     dep = serve.deployment(cls, name=MODEL, num_replicas=spec.initial_replicas,
                            max_ongoing_requests=MODEL_SLOTS, max_queued_requests=spec.queue_limit,
-                           request_router_config=MODEL_ROUTER, ray_actor_options={"num_cpus": spec.cpus})
+                           request_router_config=MODEL_ROUTER, ray_actor_options=spec.actor_options())
     return dep.bind(**kwargs)
 
 
@@ -93,7 +93,7 @@ def direct_model_app(spec: ModelAppArgs):
                            max_ongoing_requests=PIPELINE * spec.max_batch_size,
                            max_queued_requests=spec.queue_limit,
                            request_router_config=DIRECT_ROUTER,
-                           ray_actor_options={"num_cpus": spec.cpus})
+                           ray_actor_options=spec.actor_options())
     return dep.bind(meter, spec.name, cls, kwargs, spec.max_body_kb * 1024, spec.max_batch_size)
 
 

@@ -41,6 +41,18 @@ def dashboard_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def ray_capacity() -> Capacity:
+    """Every resource the connected Ray cluster has now (CPU, memory in GiB, GPU, each
+    custom resource); one it does not list, it lacks (the capacity's default 0). Node
+    resources (``node:<ip>``) and the object store are no replica's to take: left out."""
+    res = ray.cluster_resources()
+    caps = {k: float(v) for k, v in res.items()
+            if not k.startswith("node:") and k != "object_store_memory" and k != "memory"}
+    caps.setdefault("CPU", 0.0)
+    caps["memory"] = float(res.get("memory", 0.0)) / 2**30
+    return Capacity.from_mapping(caps, default=0.0)
+
+
 class RayServeCluster:
     """:class:`~autoscaler.loop.ClusterAdapter` over public Ray and Ray Serve APIs."""
 
@@ -72,12 +84,7 @@ class RayServeCluster:
         """Every resource Ray has now (CPU, memory in GiB, GPU, each custom resource); one
         it does not list, the cluster lacks (the capacity's default 0). Node resources
         (``node:<ip>``) and the object store are no replica's to take, so are left out."""
-        res = ray.cluster_resources()
-        caps = {k: float(v) for k, v in res.items()
-                if not k.startswith("node:") and k != "object_store_memory" and k != "memory"}
-        caps.setdefault("CPU", 0.0)
-        caps["memory"] = float(res.get("memory", 0.0)) / 2**30
-        return Capacity.from_mapping(caps, default=0.0)
+        return ray_capacity()
 
     def running_replicas(self) -> dict[str, int]:
         """Running replicas of every located model, and of every faro-serve model

@@ -70,5 +70,5 @@ def native_app(args: dict):
     options = {k: v for k in ("max_ongoing_requests", "max_queued_requests")
                if (v := getattr(spec, k)) is not None}
     dep = serve.deployment(NativeModel, name=MODEL, autoscaling_config=native_autoscaling(spec),
-                           ray_actor_options={"num_cpus": spec.cpus}, **options)
+                           ray_actor_options=spec.actor_options(), **options)
     return dep.bind(spec.name, cls, kwargs, spec.max_body_kb * 1024)

@@ -58,6 +58,9 @@ class ModelAppArgs(BaseModel):
     model: Annotated[SyntheticModelSpec | VisionModelSpec, Field(discriminator="kind")]
     cpus: float = Field(1.0, gt=0, description="Ray CPUs per replica: must equal the SLO's cpus "
                         "(checked when a whole serve config is loaded, and by the autoscaler)")
+    gpus: float = Field(0.0, ge=0, description="Ray GPUs per replica: must equal the SLO's gpus")
+    resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources "
+                                        "per replica: must equal the SLO's resources")
     initial_replicas: int = Field(1, ge=1)
     queue_limit: int = Field(50, ge=1, description="requests queued at the router before 503")
     max_body_kb: int = Field(8192, ge=1, description="larger request bodies get 413")
@@ -73,6 +76,13 @@ class ModelAppArgs(BaseModel):
     max_batch_size: int = Field(1, ge=1, le=64, description="largest batch a replica serves "
                                 "(serve.batch; the autoscaler or user_config sets the batch in "
                                 "force up to it); 1: one request at a time. Direct path only")
+
+    def actor_options(self) -> dict:
+        """What Ray reserves for one replica: what the planner counts against the capacity."""
+        out = {"num_cpus": self.cpus, "num_gpus": self.gpus}
+        if self.resources:
+            out["resources"] = dict(self.resources)
+        return out
 
     @model_validator(mode="after")
     def _batching_on_the_direct_path(self) -> "ModelAppArgs":
@@ -112,7 +122,15 @@ def check_resources(cfg: AutoscalerConfig, apps: list[ModelAppArgs], source: str
     (``faro_serve/front_report.py``)."""
     slo = {m.name: m for m in cfg.models}
     for app in apps:
-        if app.name in slo and abs(app.cpus - slo[app.name].cpus) > 1e-9:
-            raise ConfigError(f"{source}: model {app.name!r} has cpus {app.cpus:g} in its "
-                              f"application's args but {slo[app.name].cpus:g} in the faro "
+        if app.name not in slo:
+            continue
+        m = slo[app.name]
+        for what, mine, theirs in (("cpus", app.cpus, m.cpus), ("gpus", app.gpus, m.gpus)):
+            if abs(mine - theirs) > 1e-9:
+                raise ConfigError(f"{source}: model {app.name!r} has {what} {mine:g} in its "
+                                  f"application's args but {theirs:g} in the faro "
+                                  f"application's models; make them agree")
+        if dict(app.resources) != dict(m.resources):
+            raise ConfigError(f"{source}: model {app.name!r} has resources {dict(app.resources)} "
+                              f"in its application's args but {dict(m.resources)} in the faro "
                               f"application's models; make them agree")

@@ -189,8 +189,16 @@ def run(apps: Mapping[str, Application], models: Sequence[ModelSLO], cluster: Cl
         if m.app_name not in apps:
             raise ConfigError(f"model {m.name!r} runs in application {m.app_name!r}, which is "
                               f"not among the applications given ({', '.join(apps) or 'none'})")
-    from .app import AUTOSCALER_APP, autoscaler_app
+    from autoscaler.loop import capped_capacity
 
+    from ..config import check_minimums_fit
+    from .app import AUTOSCALER_APP, autoscaler_app
+    from .autoscaler_deployment import ray_capacity
+
+    try:  # Serve would wait for ever for replicas that cannot be placed: say it now
+        check_minimums_fit(models, capped_capacity(cluster, ray_capacity()))
+    except ValueError as err:
+        raise ConfigError(f"cannot deploy: {err} (Ray's cluster, capped by the config)") from None
     for app_name, app in apps.items():
         prefix = (route_prefixes or {}).get(app_name, f"/{app_name}")
         serve.run(app, name=app_name, route_prefix=prefix, external_scaler_enabled=True,

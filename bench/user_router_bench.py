@@ -1,0 +1,107 @@
+"""What Faro costs a user's own deployment (issue 34): the same user deployment, a JSON
+model and a streaming one (0 ms of work), served by plain Ray Serve and under Faro
+(``faro_serve.scaled``: guard, Faro's router, meter), one replica each, in one run.
+
+Usage: ``python -m bench.user_router_bench [--requests 400] [--seconds 10] [--concurrency 16]``
+
+Latency: sequential requests, the paths interleaved, p50 and p99. Throughput and cost: a
+closed loop of ``--concurrency`` for ``--seconds``; Ray CPU-seconds (every Ray process, from
+/proc) per 1,000 completed requests (``bench.router_bench``'s method). Plain Ray Serve runs
+at its defaults (``max_ongoing_requests`` 5); under Faro a replica holds 2 (concurrency 1).
+Starts its own local Ray on a free loopback port and shuts it down at the end.
+"""
+
+import argparse
+import asyncio
+import json
+import platform
+from pathlib import Path
+
+import numpy as np
+import ray
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+import faro_serve
+from bench.procstat import ray_cpu_seconds
+from bench.router_bench import _latency, _port, _throughput
+
+
+class JsonModel:
+    async def __call__(self, request: Request):
+        body = await request.body()
+        return JSONResponse({"label": "pos", "bytes": len(body)})
+
+
+class StreamModel:
+    async def __call__(self, request: Request):
+        await request.body()
+
+        async def chunks():
+            for i in range(3):
+                yield f"chunk-{i};"
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args(argv)
+    port = _port()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    paths = {}
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        for kind, cls in (("json", JsonModel), ("stream", StreamModel)):
+            dep = serve.deployment(cls, name=cls.__name__, ray_actor_options={"num_cpus": 0.25})
+            serve.run(dep.bind(), name=f"plain-{kind}", route_prefix=f"/plain-{kind}")
+            slo = faro_serve.SLO(name=f"faro-{kind}", slo_ms=1000, cpus=0.25)
+            serve.run(faro_serve.scaled(dep, slo, queue_limit=1000).bind(), name=f"faro-{kind}",
+                      route_prefix=f"/faro-{kind}")
+            paths |= {f"plain-{kind}": f"/plain-{kind}", f"faro-{kind}": f"/faro-{kind}"}
+        base = f"http://127.0.0.1:{port}"
+        lat = asyncio.run(_latency(base, list(paths.values()), args.requests))
+        rows = {}
+        for name, p in paths.items():
+            cpu0 = ray_cpu_seconds()
+            rps, codes = asyncio.run(_throughput(base, p, args.seconds, args.concurrency))
+            cpu = ray_cpu_seconds() - cpu0
+            a = np.array(lat[p])
+            rows[name] = {"p50_ms": round(float(np.percentile(a, 50)), 3),
+                          "p99_ms": round(float(np.percentile(a, 99)), 3),
+                          "throughput_rps": round(rps, 1), "codes": codes,
+                          "cpu_s_per_1000": round(1000 * cpu / max(codes.get(200, 0), 1), 3)}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    res = {"env": f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python "
+                  f"{platform.python_version()}, ray {ray.__version__}",
+           "requests": args.requests, "seconds": args.seconds, "concurrency": args.concurrency,
+           "rows": rows}
+    for kind in ("json", "stream"):
+        f, p = rows[f"faro-{kind}"], rows[f"plain-{kind}"]
+        res[kind] = {"p50_overhead_ms": round(f["p50_ms"] - p["p50_ms"], 3),
+                     "p99_overhead_ms": round(f["p99_ms"] - p["p99_ms"], 3),
+                     "throughput_ratio": round(f["throughput_rps"] / p["throughput_rps"], 3),
+                     "cpu_ratio": round(f["cpu_s_per_1000"] / p["cpu_s_per_1000"], 3)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "user_router.json").write_text(json.dumps(res, indent=2))
+    print(f"a user's deployment, plain Ray Serve vs under Faro, 0-ms models ({res['env']})")
+    print("| path | p50 ms | p99 ms | throughput req/s | Ray CPU-s per 1,000 |\n|---|---|---|---|---|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['p50_ms']} | {r['p99_ms']} | {r['throughput_rps']} | {r['cpu_s_per_1000']} |")
+    for kind in ("json", "stream"):
+        r = res[kind]
+        print(f"{kind}: p50 overhead {r['p50_overhead_ms']} ms (target <= 1), p99 overhead "
+              f"{r['p99_overhead_ms']} ms, throughput ratio {r['throughput_ratio']}, CPU per "
+              f"request {r['cpu_ratio']}x (target <= 1.25)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
