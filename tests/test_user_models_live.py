@@ -223,7 +223,7 @@ def test_gpu_models_are_planned_within_the_gpus_ray_has(live, report):
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     body = json.dumps({"text": "good"}).encode()
-    loads = [threading.Thread(target=fire, args=(live["base"], f"/{n}", 400, 60, 40.0, body), daemon=True)
+    loads = [threading.Thread(target=fire, args=(live["base"], f"/{n}", 300, 60, 40.0, body), daemon=True)
              for n in ("g1", "g2")]
     for t in loads:
         t.start()
