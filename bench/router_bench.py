@@ -77,6 +77,24 @@ async def _throughput(base, path, seconds, concurrency):
     return done / wall, codes
 
 
+def measure(base: str, paths: dict[str, str], requests: int, seconds: float,
+            concurrency: int) -> dict[str, dict]:
+    """Per named path: p50/p99 of ``requests`` sequential requests (the paths interleaved),
+    then the throughput of a closed loop and the Ray CPU-seconds per 1,000 it completed."""
+    lat = asyncio.run(_latency(base, list(paths.values()), requests))
+    rows = {}
+    for name, p in paths.items():
+        cpu0 = ray_cpu_seconds()
+        rps, codes = asyncio.run(_throughput(base, p, seconds, concurrency))
+        cpu = ray_cpu_seconds() - cpu0
+        a = np.array(lat[p])
+        rows[name] = {"p50_ms": round(float(np.percentile(a, 50)), 3),
+                      "p99_ms": round(float(np.percentile(a, 99)), 3),
+                      "throughput_rps": round(rps, 1), "codes": codes,
+                      "cpu_s_per_1000": round(1000 * cpu / max(codes.get(200, 0), 1), 3)}
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=400)
@@ -102,17 +120,7 @@ def main(argv=None) -> int:
         base = f"http://127.0.0.1:{port}"
         paths = {"plain": "/plain", "plain-tuned": "/plain-tuned", "front": "/front/predict",
                  "direct": "/direct/predict"}
-        lat = asyncio.run(_latency(base, list(paths.values()), args.requests))
-        rows = {}
-        for name, p in paths.items():
-            cpu0 = ray_cpu_seconds()
-            rps, codes = asyncio.run(_throughput(base, p, args.seconds, args.concurrency))
-            cpu = ray_cpu_seconds() - cpu0
-            a = np.array(lat[p])
-            rows[name] = {"p50_ms": round(float(np.percentile(a, 50)), 3),
-                          "p99_ms": round(float(np.percentile(a, 99)), 3),
-                          "throughput_rps": round(rps, 1), "codes": codes,
-                          "cpu_s_per_1000": round(1000 * cpu / max(codes.get(200, 0), 1), 3)}
+        rows = measure(base, paths, args.requests, args.seconds, args.concurrency)
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -12,20 +12,17 @@ Starts its own local Ray on a free loopback port and shuts it down at the end.
 """
 
 import argparse
-import asyncio
 import json
 import platform
 from pathlib import Path
 
-import numpy as np
 import ray
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 import faro_serve
-from bench.procstat import ray_cpu_seconds
-from bench.router_bench import _latency, _port, _throughput
+from bench.router_bench import _port, measure
 
 
 class JsonModel:
@@ -63,18 +60,8 @@ def main(argv=None) -> int:
             serve.run(faro_serve.scaled(dep, slo, queue_limit=1000).bind(), name=f"faro-{kind}",
                       route_prefix=f"/faro-{kind}")
             paths |= {f"plain-{kind}": f"/plain-{kind}", f"faro-{kind}": f"/faro-{kind}"}
-        base = f"http://127.0.0.1:{port}"
-        lat = asyncio.run(_latency(base, list(paths.values()), args.requests))
-        rows = {}
-        for name, p in paths.items():
-            cpu0 = ray_cpu_seconds()
-            rps, codes = asyncio.run(_throughput(base, p, args.seconds, args.concurrency))
-            cpu = ray_cpu_seconds() - cpu0
-            a = np.array(lat[p])
-            rows[name] = {"p50_ms": round(float(np.percentile(a, 50)), 3),
-                          "p99_ms": round(float(np.percentile(a, 99)), 3),
-                          "throughput_rps": round(rps, 1), "codes": codes,
-                          "cpu_s_per_1000": round(1000 * cpu / max(codes.get(200, 0), 1), 3)}
+        rows = measure(f"http://127.0.0.1:{port}", paths, args.requests, args.seconds,
+                       args.concurrency)
     finally:
         serve.shutdown()
         ray.shutdown()

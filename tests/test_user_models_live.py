@@ -96,6 +96,19 @@ def running(app: str, deployment: str) -> int:
     return dep.replica_states.get("RUNNING", 0)
 
 
+def load_until(base: str, path: str, n: int, cond) -> tuple[list, bool, float]:
+    """``n`` requests at 40/s (100 open at most) to ``path`` while waiting up to 60 s for
+    ``cond``: (every answer, whether ``cond`` came, seconds until it came)."""
+    res, t0 = [], time.time()
+    load = threading.Thread(target=lambda: res.extend(fire(
+        base, path, n, 100, 40.0, json.dumps({"text": "good"}).encode())), daemon=True)
+    load.start()
+    came = wait_for(cond, 60, every=1)
+    took = time.time() - t0
+    load.join(timeout=150)
+    return res, bool(came), took
+
+
 def test_the_answers_are_the_users_byte_for_byte(live):
     c = live["client"]
     r = c.post("/clf", json={"text": "a good day"})
@@ -114,6 +127,11 @@ def test_the_answers_are_the_users_byte_for_byte(live):
     # metered where each request reached the deployment: the proxy (HTTP) or a handle
     for app, dep in (("clf", "TextClassifier"), ("api", "ClassifierAPI"), ("shop", "Sentiment")):
         assert wait_for(lambda: meter(app, dep)["arrivals_total"] >= 1, 15, every=0.5), (app, dep)
+    # the meters write no access logs (several calls a second each); the user's deployment does
+    apps = httpx.get(f"{live['dashboard']}/api/serve/applications/", timeout=10).json()["applications"]
+    deps = apps["clf"]["deployments"]
+    assert deps["TextClassifier-faro-meter"]["deployment_config"]["logging_config"]["enable_access_log"] is False
+    assert deps["TextClassifier"]["deployment_config"]["logging_config"]["enable_access_log"] is True
 
 
 def test_a_handler_that_raises_gives_its_500_and_is_counted_failed(live):
@@ -140,13 +158,7 @@ def test_a_replica_of_concurrency_k_serves_k_requests_at_once(live):
 def test_faro_scales_a_user_model_under_http_load(live, report):
     """``clf`` serves 20/s on one replica (50 ms each); 40/s needs at least 3 replicas.
     Every request is answered: 200, or 503 from the queue bound while replicas start."""
-    res, t0 = [], time.time()
-    load = threading.Thread(target=lambda: res.extend(fire(
-        live["base"], "/clf", 1000, 100, 40.0, json.dumps({"text": "good"}).encode())), daemon=True)
-    load.start()
-    grew = wait_for(lambda: running("clf", "TextClassifier") >= 2, 60, every=1)
-    t_grew = time.time() - t0
-    load.join(timeout=120)
+    res, grew, t_grew = load_until(live["base"], "/clf", 1000, lambda: running("clf", "TextClassifier") >= 2)
     assert grew, status(live["client"])["models"]["clf"]
     codes = [r[0] for r in res]
     assert len(res) == 1000 and set(codes) <= {200, 503}, sorted(set(map(str, codes)))
@@ -162,13 +174,8 @@ def test_faro_scales_a_user_model_under_http_load(live, report):
 def test_the_inner_deployment_of_a_composed_app_scales_on_handle_traffic(live, report):
     """``Sentiment`` is reached only through the ingress's handle: its queue and its
     measurements are in the ingress replica's router; 40/s on 50 ms needs 2+ replicas."""
-    res, t0 = [], time.time()
-    load = threading.Thread(target=lambda: res.extend(fire(
-        live["base"], "/shop", 800, 100, 40.0, json.dumps({"text": "good"}).encode())), daemon=True)
-    load.start()
-    grew = wait_for(lambda: running("shop", "Sentiment") >= 2, 60, every=1)
-    t_grew = time.time() - t0
-    load.join(timeout=120)
+    t0 = time.time()
+    res, grew, t_grew = load_until(live["base"], "/shop", 800, lambda: running("shop", "Sentiment") >= 2)
     assert grew, status(live["client"])["models"]["sentiment"]
     codes = [r[0] for r in res]
     assert len(res) == 800 and set(codes) <= {200, 503}, sorted(set(map(str, codes)))

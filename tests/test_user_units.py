@@ -1,0 +1,183 @@
+"""A user's deployment under Faro, without a Ray cluster (issue 34): the replica guard's
+drops, slots, failure counting and streaming; the subclass around the user's class; the
+import-path loader and ``faro-serve init`` with their errors. The live side is
+``test_user_models_live.py``."""
+
+import asyncio
+
+import pytest
+import yaml
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+import faro_serve
+from faro_serve.config import ConfigError, parse_config
+from faro_serve.serving.guard import Dropped, ReplicaGuard
+from faro_serve.serving.messages import Dropped as DroppedEvent
+from faro_serve.serving.messages import Processed
+from faro_serve.serving.user import _faro_class
+from faro_serve.serving.user_app import UserAppArgs, load_deployment
+
+from user_apps.shop import TextClassifier
+
+
+def guard(concurrency=1):
+    g = ReplicaGuard(None, "m", concurrency)
+    g.seen = []
+    g._event = g.seen.append  # what would go to the meter
+    return g
+
+
+def request(body: bytes = b"{}") -> Request:
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": [],
+                    "query_string": b""}, receive)
+
+
+def test_at_most_concurrency_requests_run_in_the_users_code_at_once():
+    g, inside, most = guard(concurrency=2), [0], [0]
+
+    async def work(x):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        await asyncio.sleep(0.02)
+        inside[0] -= 1
+        return x * 2
+
+    async def main():
+        return await asyncio.gather(*(g.call(work, i) for i in range(6)))
+
+    assert asyncio.run(main()) == [0, 2, 4, 6, 8, 10]
+    assert most[0] == 2
+    assert [type(e) for e in g.seen] == [Processed] * 6
+    assert all(0.015 < e.processing_s < 1 for e in g.seen)  # the time in the user's code
+
+
+def test_a_drop_is_a_503_over_http_and_dropped_over_a_handle_and_is_counted():
+    g = guard()
+    g.drop_rate = 1.0
+    with pytest.raises(Dropped, match="drop rate 1.000"):
+        asyncio.run(g.call(lambda: 1))
+    resp = asyncio.run(g.request(lambda r: 1, request()))
+    assert resp.status_code == 503 and b'"reason":"drop_rate"' in resp.body
+    assert [e.reason for e in g.seen] == ["drop_rate", "drop_rate"]
+
+
+def test_a_raise_or_a_5xx_counts_failed_once_and_reaches_the_caller():
+    g = guard()
+
+    def boom():
+        raise ValueError("the user's bug")
+
+    with pytest.raises(ValueError):
+        asyncio.run(g.call(boom))
+    sent = []
+
+    async def app(scope, receive, send):  # an ASGI app answering 500 (FastAPI's own 500)
+        await send({"type": "http.response.start", "status": 500, "headers": []})
+        await send({"type": "http.response.body", "body": b"no"})
+
+    async def send(msg):
+        sent.append(msg)
+
+    asyncio.run(g.asgi(app, {"type": "http"}, None, send))
+    assert [m.get("status") for m in sent] == [500, None]  # passed through untouched
+    assert [e.reason for e in g.seen if isinstance(e, DroppedEvent)] == ["error", "error"]
+
+
+def test_a_streaming_answer_holds_its_slot_until_its_last_chunk():
+    g, order = guard(concurrency=1), []
+
+    def stream(_req):
+        async def chunks():
+            order.append("first streams")
+            yield b"a"
+            await asyncio.sleep(0.05)
+            yield b"b"
+            order.append("first done")
+        return StreamingResponse(chunks())
+
+    async def main():
+        first = await g.request(stream, request())
+
+        async def drain():
+            return [c async for c in first.body_iterator]
+
+        async def second():
+            await asyncio.sleep(0.01)
+            await g.call(lambda: order.append("second runs"))
+        body, _ = await asyncio.gather(drain(), second())
+        return body
+
+    assert asyncio.run(main()) == [b"a", b"b"]
+    assert order == ["first streams", "first done", "second runs"]
+
+
+def test_the_users_class_runs_unchanged_behind_the_guard():
+    class Model:
+        def __init__(self, k):
+            self.k = k
+
+        def helper(self, x):  # sync, called by the user's own code on self
+            return x + self.k
+
+        async def __call__(self, req):
+            return self.helper(1)
+
+        async def predict(self, x):
+            return self.helper(x)
+
+    cls = _faro_class(Model, "m", 1)
+    obj = cls(5, _faro_meter=None)
+    assert cls.__name__ == "Model" and isinstance(obj, Model)
+    assert asyncio.run(obj(request())) == 6  # nested: helper ran as written, synchronously
+    assert asyncio.run(obj.predict(2)) == 7  # a handle call, through the guard
+
+    async def handle_call():  # Ray calls a sync method on the replica's loop, awaits what it returns
+        return await obj.helper(3)
+    assert asyncio.run(handle_call()) == 8
+    obj._faro_guard.drop_rate = 1.0
+    with pytest.raises(Dropped):
+        asyncio.run(obj.predict(2))
+    assert asyncio.run(obj(request())).status_code == 503
+
+
+def test_a_wrong_deployment_is_named_clearly():
+    with pytest.raises(ConfigError, match="module 'no_such_pkg.app' does not import"):
+        load_deployment("no_such_pkg.app:X")
+    with pytest.raises(ConfigError, match="module 'user_apps.shop' has no 'Nope'"):
+        load_deployment("user_apps.shop:Nope")
+    with pytest.raises(ConfigError, match="is a class, not a Ray Serve deployment"):
+        load_deployment("user_apps.shop:NOT_A_DEPLOYMENT")
+    with pytest.raises(ValueError, match="not an import path"):
+        UserAppArgs(model="m", deployment="user_apps.shop.TextClassifier")
+    slo = faro_serve.SLO(name="m", slo_ms=300)
+    with pytest.raises(ConfigError, match="not a bound application|bound application"):
+        faro_serve.scaled(TextClassifier.bind(), slo)
+    with pytest.raises(ConfigError, match="Faro scales deployment classes"):
+        faro_serve.scaled(serve.deployment(lambda r: 1, name="f"), slo)
+    with pytest.raises(ConfigError, match="names deployment 'Other'"):
+        faro_serve.scaled(TextClassifier, slo.model_copy(update={"deployment": "Other"}))
+    with pytest.raises(ConfigError, match="application 'shop', which is not among"):
+        faro_serve.run({}, [faro_serve.SLO(name="s", app="shop", deployment="D", slo_ms=300)],
+                       faro_serve.Cluster(cpus=1))
+
+
+def test_faro_serve_init_writes_a_config_that_validates(cli, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "c.yaml"
+    code, _, err = cli("init", "user_apps.shop:TextClassifier", "--name", "clf", "--slo-ms", "250",
+                       "--cpus", "0.5", "--gpus", "1", "--cluster-cpus", "4", "-o", str(out))
+    assert code == 0, err
+    doc = yaml.safe_load(out.read_text())
+    faro, app = doc["applications"]
+    cfg = parse_config({k: faro["args"][k] for k in ("cluster", "models")})
+    assert cfg.models[0].deployment == "TextClassifier" and cfg.models[0].gpus == 1
+    args = UserAppArgs.model_validate(app["args"])
+    assert (args.model, args.deployment, args.cpus, args.gpus) == ("clf", "user_apps.shop:TextClassifier", 0.5, 1)
+    assert app["import_path"] == "faro_serve.serving.user_app:build" and app["external_scaler_enabled"]
+    assert cli("init", "user_apps.shop:NOT_A_DEPLOYMENT")[0] == 2
+    code, _, err = cli("init", "no_such_pkg:X")
+    assert code == 2 and "does not import" in err and err.count("\n") == 1
