@@ -27,7 +27,7 @@ from faro_serve import SLO, Cluster
 from faro_serve.serving.names import meter_name
 from user_apps.shop import (ClassifierAPI, Preprocess, Sentiment, Shop, TextClassifier, label)
 
-from live_helpers import fire, free_port, wait_for
+from live_helpers import day_trace, fire, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent
@@ -186,6 +186,25 @@ def test_the_inner_deployment_of_a_composed_app_scales_on_handle_traffic(live, r
            f"{codes.count(200)} x 200, {codes.count(503)} x 503 of 800; 200s p50 "
            f"{took[len(took) // 2]:.2f} s, max {took[-1]:.2f} s; load took {time.time() - t0:.0f} s; "
            f"target {st['target']}")
+
+
+def test_a_trace_replayed_on_the_users_model_accounts_for_every_request(live, cli, tmp_path, report):
+    """``faro-serve replay`` on the user's route and body: a burst past ``clf``'s 4 replicas
+    (20, 60, 20 requests/s for 15 s each; 20/s per replica) in the contended cluster."""
+    trace = day_trace(tmp_path / "t.csv", {"j": [300, 900, 300]})
+    out = tmp_path / "replay"
+    code, _, err = cli("replay", "--trace", str(trace), "--day", "1", "--sample", "0",
+                       "--map", "j=clf", "--url", live["base"], "--time-scale", "0.25",
+                       "--path", "/{model}", "--body", '{"text": "good"}', "--out", str(out),
+                       "--no-progress")
+    assert code == 0, err
+    doc = json.loads((out / "result.json").read_text())
+    acc = doc["accounting"]
+    assert acc["sent"] == acc["scheduled"] and 1400 <= acc["sent"] <= 1600, acc
+    assert acc["errors"] == 0 and acc["answered"] == acc["sent"], acc  # no hang, none lost
+    assert set(acc["by_status"]) <= {"200", "503"}, acc
+    report(f"replay on the user's clf (20/60/20 requests/s, 15 s each, 20/s per replica, at "
+           f"most 4): {acc['by_status']} of {acc['sent']} sent")
 
 
 def test_an_slo_naming_a_deployment_that_is_not_running_is_named_and_the_rest_serve(live):

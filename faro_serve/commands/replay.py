@@ -10,6 +10,7 @@ SLOs come from GET <url>/faro/status unless --slo-ms is given. A trace minute la
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -37,6 +38,11 @@ def register(sub) -> None:
     p.add_argument("--max-in-flight", type=int, default=500,
                    help="open requests at most; a request due beyond it is not sent, and counted (500)")
     p.add_argument("--timeout", type=float, default=30.0, help="per-request timeout, seconds (30)")
+    p.add_argument("--path", default="/{model}/predict", metavar="TEMPLATE",
+                   help="each request's route, {model} standing for its model (default "
+                   "/{model}/predict; your own deployment's: e.g. /{model} or /{model}/classify)")
+    p.add_argument("--body", metavar="TEXT|@FILE", help="each request's body: the text, or a "
+                   "file's bytes with @FILE (default: empty); JSON text is sent as application/json")
     p.add_argument("--slo-ms", type=float, help="SLO of every model (default: from /faro/status)")
     p.add_argument("--percentile", type=float, default=99.0, help="SLO percentile with --slo-ms (99)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the schedule (0)")
@@ -82,6 +88,25 @@ def _slos(args, url: str, names: list[str]) -> tuple[dict, dict, dict | None]:
             {n: float(models[n].get("percentile", 99.0)) for n in names}, st)
 
 
+def _body(spec: str | None) -> tuple[bytes, str | None]:
+    """``--body``: (bytes, content type): a file's bytes with @FILE, else the text; JSON is
+    sent as application/json."""
+    if spec is None:
+        return b"", None
+    if spec.startswith("@"):
+        try:
+            data = Path(spec[1:]).read_bytes()
+        except OSError as err:
+            raise UsageError(f"--body {spec}: cannot read ({err.strerror})") from None
+    else:
+        data = spec.encode()
+    try:
+        json.loads(data)
+        return data, "application/json"
+    except ValueError:
+        return data, None
+
+
 def run(args) -> int:
     import asyncio
 
@@ -110,6 +135,9 @@ def run(args) -> int:
                            args.max_requests, network=network)
     if args.step_at is not None and not 0 <= args.step_at < 60 * sched.minutes:
         raise UsageError(f"--step-at {args.step_at:g} s is outside the replayed {60 * sched.minutes} s")
+    if "{model}" not in args.path or not args.path.startswith("/"):
+        raise UsageError(f"--path {args.path!r} must start with / and contain {{model}}")
+    body, content_type = _body(args.body)
     slo_ms, pct, st = _slos(args, url, names)
     out_dir = Path(args.out)
     try:
@@ -121,7 +149,8 @@ def run(args) -> int:
           f"minute(s) in {sched.duration_s:.0f} s to {url}", file=sys.stderr)
     if args.no_progress:
         rec = asyncio.run(send_schedule(sched, url, max_in_flight=args.max_in_flight,
-                                        timeout_s=args.timeout))
+                                        timeout_s=args.timeout, body=body, path=args.path,
+                                        content_type=content_type))
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -129,7 +158,8 @@ def run(args) -> int:
                       transient=True) as bar:
             task = bar.add_task("replay", total=sched.size)
             rec = asyncio.run(send_schedule(sched, url, max_in_flight=args.max_in_flight,
-                                            timeout_s=args.timeout,
+                                            timeout_s=args.timeout, body=body, path=args.path,
+                                            content_type=content_type,
                                             on_done=lambda k: bar.advance(task, k)))
 
     policy = (st or {}).get("policy") or "live"

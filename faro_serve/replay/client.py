@@ -110,8 +110,11 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
                         on_result: Callable[[int, str, float], None] | None = None,
                         on_status: Callable[[float, dict], None] | None = None,
                         stop_sending: asyncio.Event | None = None,
-                        stop_grace_s: float = 3.0) -> ReplayRecords:
-    """Send every request of ``schedule`` to ``<url>/<model>/predict``; see the module docstring.
+                        stop_grace_s: float = 3.0, path: str = "/{model}/predict",
+                        content_type: str | None = None) -> ReplayRecords:
+    """Send every request of ``schedule`` to ``<url><path>`` (``{model}`` in ``path`` is
+    each request's model: faro-serve's own ``/<model>/predict``, or a user's route such as
+    ``/{model}`` or ``/{model}/classify``) with ``body``; see the module docstring.
 
     ``on_result(i, status, latency_s)`` follows each sent request's end (latency NaN without
     an answer); ``on_status(wall_s, status_json)`` each status poll.
@@ -123,7 +126,7 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
     reason = [""] * n
     send_s = np.full(n, np.nan)
     latency = np.full(n, np.nan)
-    paths = [f"{url}/{m}/predict" for m in schedule.names]
+    paths = [url + path.format(model=m) for m in schedule.names]
     in_flight = 0
     # trust_env=False (aiohttp's default): no proxy from the environment, straight to --url
     connector = aiohttp.TCPConnector(limit=max_in_flight + 2)  # + the status poll
@@ -144,7 +147,9 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
                 # wait_for bounds the whole request (connect, send, every read), so a slow
                 # trickle cannot outlive --timeout
                 net = float(schedule.network_s[i])
-                headers = {NETWORK_HEADER: f"{net * 1e3:.3f}"} if net > 0 else None
+                headers = {NETWORK_HEADER: f"{net * 1e3:.3f}"} if net > 0 else {}
+                if content_type:
+                    headers["content-type"] = content_type
                 code, answer = await asyncio.wait_for(
                     _post(client, paths[schedule.model[i]], body, headers), timeout_s)
                 latency[i] = time.perf_counter() - start
