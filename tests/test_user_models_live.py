@@ -128,10 +128,13 @@ def test_the_answers_are_the_users_byte_for_byte(live):
     for app, dep in (("clf", "TextClassifier"), ("api", "ClassifierAPI"), ("shop", "Sentiment")):
         assert wait_for(lambda: meter(app, dep)["arrivals_total"] >= 1, 15, every=0.5), (app, dep)
     # the meters write no access logs (several calls a second each); the user's deployment does
-    apps = httpx.get(f"{live['dashboard']}/api/serve/applications/", timeout=10).json()["applications"]
-    deps = apps["clf"]["deployments"]
-    assert deps["TextClassifier-faro-meter"]["deployment_config"]["logging_config"]["enable_access_log"] is False
-    assert deps["TextClassifier"]["deployment_config"]["logging_config"]["enable_access_log"] is True
+    # (Serve's replica logs, in Ray's documented place for the running session)
+    logs = Path("/tmp/ray/session_latest/logs/serve")
+    mine = wait_for(lambda: "POST /clf 200" in "".join(
+        f.read_text() for f in logs.glob("replica_clf_TextClassifier_*.log")), 15, every=0.5)
+    assert mine
+    meters = list(logs.glob("replica_clf_TextClassifier-faro-meter_*.log"))
+    assert meters and not any("CALL ingest" in f.read_text() for f in meters)
 
 
 def test_a_handler_that_raises_gives_its_500_and_is_counted_failed(live):
