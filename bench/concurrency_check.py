@@ -35,6 +35,8 @@ def simulated_p99(replicas: int, k: int, lam: float, n: int, seed: int) -> float
     st.scale_to(replicas, 0.0, 0.0)
     st.append(arr, proc, np.zeros(n), np.zeros(n))
     st.run(0.0, 1e18)
+    if not np.isfinite(st.lat).all():
+        raise RuntimeError("a request was not served")
     return float(np.percentile(st.lat[n // 10:], 99))
 
 

@@ -95,8 +95,10 @@ def measure(base: str, paths: dict[str, str], requests: int, seconds: float,
     return rows
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def start(doc: str, argv=None) -> tuple[argparse.Namespace, int]:
+    """The router benches' flags (``--requests --seconds --concurrency --out``) parsed, and a
+    local Ray on 2 CPUs with Serve's proxy on a free loopback port (returned)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--concurrency", type=int, default=16)
@@ -104,6 +106,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     port = _port()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    return args, port
+
+
+def main(argv=None) -> int:
+    args, port = start(__doc__, argv)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         for path in ("front", "direct"):

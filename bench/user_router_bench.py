@@ -11,7 +11,6 @@ at its defaults (``max_ongoing_requests`` 5); under Faro a replica holds 2 (conc
 Starts its own local Ray on a free loopback port and shuts it down at the end.
 """
 
-import argparse
 import json
 import platform
 from pathlib import Path
@@ -22,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 import faro_serve
-from bench.router_bench import _port, measure
+from bench.router_bench import measure, start
 
 
 class JsonModel:
@@ -42,14 +41,7 @@ class StreamModel:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=400)
-    ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--out", default="bench/results")
-    args = ap.parse_args(argv)
-    port = _port()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    args, port = start(__doc__, argv)
     paths = {}
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from autoscaler import make_policy
 from autoscaler.common import max_rate_one_replica
 from autoscaler.policy import ModelObservation, Observation
+from bench.concurrency_check import simulated_p99 as bench_p99
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.distributions import PAPER_PROCESSING
 from faro_serve.engine import max_rate_for_slo, min_replicas_for_slo, plan
@@ -26,18 +27,9 @@ Q = 0.99
 
 
 def simulated_p99(replicas: int, k: int, lam: float, n: int = 100_000, seed: int = 0) -> float:
-    """p99 latency (s) of ``replicas`` replicas of concurrency ``k`` at Poisson rate ``lam``,
-    simulated request by request in the kernel (paper processing times, no router overhead,
-    no tail drop); the first tenth is warm-up."""
-    rng = np.random.default_rng(seed)
-    arr = np.cumsum(rng.exponential(1.0 / lam, n))
-    proc = PAPER_PROCESSING.sample(rng, n)
-    st = ModelState("m", 0, queue_limit=n, look_back_ticks=1, concurrency=k)
-    st.scale_to(replicas, 0.0, 0.0)
-    st.append(arr, proc, np.zeros(n), np.zeros(n))
-    st.run(0.0, 1e18)
-    assert np.isfinite(st.lat).all()  # everyone served
-    return float(np.percentile(st.lat[n // 10:], 99))
+    """bench.concurrency_check's simulation (the kernel, request by request), checked that
+    every request was served."""
+    return bench_p99(replicas, k, lam, n, seed)
 
 
 def test_a_replica_of_concurrency_k_is_k_servers_in_the_simulator():
