@@ -212,3 +212,23 @@ def test_the_meter_echoes_the_setting_it_was_told_and_refuses_one_it_cannot_enfo
         m.control(cores=4)
     with pytest.raises(ValueError, match=r"setting: unknown field\(s\) \['cores'\]"):
         FrontSnapshot.from_front({**m.metrics(reset_mean=False), "setting": {"cores": 4}})
+
+
+def test_a_model_that_is_not_running_is_named_and_the_others_are_planned_without_it():
+    """b is in the config but not running (a typo in its app or deployment): the status says
+    why; the first MISSING_GRACE_S the loop waits for it, then plans a alone."""
+    from autoscaler.loop import MISSING_GRACE_S
+
+    cluster = FakeCluster({"a": 1}, {"a": _busy("a")})
+    cluster.absent = {"b": "application 'b' has no deployment 'Nope' (it has Model)"}
+    t = [0.0]
+    loop = AutoscalerLoop(config(), cluster, clock=lambda: t[0])
+    assert loop.step()["decision"] is None and cluster.scaled == []
+    assert loop.status()["not_running"] == {"b": cluster.absent["b"]}
+    t[0] = MISSING_GRACE_S + 1
+    rec = loop.step()
+    assert rec["decision"]["kind"] == "long_term" and set(rec["decision"]["replicas"]) == {"a"}
+    assert cluster.running["a"] >= 3  # a's load planned for
+    cluster.running["b"], cluster.fronts["b"] = 1, _busy("b")  # b deployed after all
+    t[0] += 400
+    assert set(loop.step()["decision"]["replicas"]) == {"a", "b"} and loop.status()["not_running"] == {}
