@@ -1,6 +1,7 @@
 """The engine's command line (faro-serve estimate, plan) through the real entry point."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,17 @@ def test_policies_lists_every_policy_with_a_summary(cli):
         make_policy(name, [m], ClusterSpec(cpus=4))
     with pytest.raises(ValueError, match="declare no batching"):
         make_policy("sponge", [ModelSLO(name="m", slo_ms=720)], ClusterSpec(cpus=4))
+
+
+def test_estimate_counts_replicas_of_concurrency_k(cli):
+    """--concurrency 4: each replica is 4 servers (docs/concurrency.md): the paper's example
+    (40 req/s of 150 ms under 600 ms at p99) needs at most a quarter of the replicas."""
+    code, out, _ = cli("estimate", "--rate", "40", "--proc-ms", "150", "--slo-ms", "600", "--json")
+    one = json.loads(out)
+    code4, out4, _ = cli("estimate", "--rate", "40", "--proc-ms", "150", "--slo-ms", "600",
+                         "--concurrency", "4", "--json")
+    four = json.loads(out4)
+    assert code == code4 == 0 and four["concurrency"] == 4
+    # 4k servers pool at least as well as k: never more than a quarter of the replicas
+    assert 1 <= four["replicas"] <= math.ceil(one["replicas"] / 4) and four["latency_ms"] <= 600
+    assert cli("estimate", "--rate", "40", "--proc-ms", "150", "--slo-ms", "600", "--concurrency", "0")[0] == 2

@@ -17,6 +17,8 @@ def register(sub) -> None:
     p.add_argument("--percentile", type=float, default=99.0, help="SLO percentile (default 99)")
     p.add_argument("--estimator", choices=["mdc", "upper"], default="mdc",
                    help="M/D/c queueing model (default) or the pessimistic upper bound")
+    p.add_argument("--concurrency", type=int, default=1, help="requests one replica serves at "
+                   "once (default 1; docs/concurrency.md)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -30,11 +32,15 @@ def run(args) -> int:
         raise UsageError("--proc-ms and --slo-ms must be > 0")
     if not 0 < args.percentile < 100:
         raise UsageError(f"--percentile must be in (0, 100) (got {args.percentile:g})")
-    p, slo = args.proc_ms / 1e3, args.slo_ms / 1e3
-    n, lat = min_replicas_for_slo(args.rate, p, slo, args.percentile / 100, args.estimator)
-    out = {"replicas": n, "latency_ms": round(lat * 1e3, 3), "utilization": round(args.rate * p / n, 4),
+    if args.concurrency < 1:
+        raise UsageError(f"--concurrency must be >= 1 (got {args.concurrency})")
+    p, slo, k = args.proc_ms / 1e3, args.slo_ms / 1e3, args.concurrency
+    n, lat = min_replicas_for_slo(args.rate, p, slo, args.percentile / 100, args.estimator,
+                                  concurrency=k)
+    out = {"replicas": n, "latency_ms": round(lat * 1e3, 3),
+           "utilization": round(args.rate * p / (n * k), 4),
            "estimator": args.estimator, "rate": args.rate, "proc_ms": args.proc_ms,
-           "slo_ms": args.slo_ms, "percentile": args.percentile}
+           "slo_ms": args.slo_ms, "percentile": args.percentile, "concurrency": k}
     if args.json:
         print(json.dumps(out))
     else:
