@@ -181,3 +181,13 @@ def test_faro_serve_init_writes_a_config_that_validates(cli, monkeypatch, tmp_pa
     assert cli("init", "user_apps.shop:NOT_A_DEPLOYMENT")[0] == 2
     code, _, err = cli("init", "no_such_pkg:X")
     assert code == 2 and "does not import" in err and err.count("\n") == 1
+
+
+def test_a_class_without_call_keeps_none_and_its_methods_are_guarded():
+    class Worker:
+        async def predict(self, x):
+            return x + 1
+
+    cls = _faro_class(Worker, "w", 1)
+    assert "__call__" not in cls.__dict__
+    assert asyncio.run(cls(_faro_meter=None).predict(1)) == 2

@@ -79,11 +79,14 @@ def _faro_class(cls: type, name: str, concurrency: int) -> type:
             cls.__init__(self, *args, **kwargs)
 
     ns: dict = {"__init__": __init__, "__module__": cls.__module__, "__doc__": cls.__doc__}
-    user_call = getattr(cls, "__call__", None)
-    if user_call is not None and user_call is not object.__call__:
+    # the class's own __call__, if it has one (getattr would find the metaclass's)
+    user_call = next((k.__dict__["__call__"] for k in cls.__mro__ if "__call__" in k.__dict__), None)
+    if user_call is not None:
         async def __call__(self, *args, **kwargs):
             guard, call = self._faro_guard, user_call.__get__(self)
             if _is_asgi_call(args):
+                if args[0]["type"] != "http":  # a websocket: served as written, unmetered
+                    return await call(*args)
                 return await guard.asgi(call, *args)
             if len(args) == 1 and not kwargs and isinstance(args[0], _request_type()):
                 return await guard.request(call, args[0])
