@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 
+import ray
 from ray import serve
 from ray.serve.request_router import PendingRequest, RunningReplica
 
@@ -193,6 +194,8 @@ class ProxyQueueRouter(InFlightRouter):
         meter, source, warned, refused = None, f"router-{id(self):x}", False, None
         while True:
             time.sleep(REPORT_S)
+            if not ray.is_initialized():  # a driver that called the model and shut Ray down:
+                return  # a handle call now would start a new Ray behind its back
             self._loop.call_soon_threadsafe(self.prune)  # on the router's loop, not here
             batch = self.report()
             try:
