@@ -109,6 +109,24 @@ def start(doc: str, argv=None) -> tuple[argparse.Namespace, int]:
     return args, port
 
 
+def result_head(args, rows: dict) -> dict:
+    """What every router bench result starts with: the machine, the run's flags, the rows."""
+    return {"env": f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python "
+                   f"{platform.python_version()}, ray {ray.__version__}",
+            "requests": args.requests, "seconds": args.seconds, "concurrency": args.concurrency,
+            "rows": rows}
+
+
+def save_and_show(res: dict, path: Path, title: str) -> None:
+    """The result as JSON at ``path``, and its rows as a markdown table under ``title``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=2))
+    print(title)
+    print("| path | p50 ms | p99 ms | throughput req/s | Ray CPU-s per 1,000 |\n|---|---|---|---|---|")
+    for name, r in res["rows"].items():
+        print(f"| {name} | {r['p50_ms']} | {r['p99_ms']} | {r['throughput_rps']} | {r['cpu_s_per_1000']} |")
+
+
 def main(argv=None) -> int:
     args, port = start(__doc__, argv)
     try:
@@ -131,10 +149,7 @@ def main(argv=None) -> int:
     finally:
         serve.shutdown()
         ray.shutdown()
-    res = {"env": f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python "
-                  f"{platform.python_version()}, ray {ray.__version__}",
-           "requests": args.requests, "seconds": args.seconds, "concurrency": args.concurrency,
-           "rows": rows,
+    res = {**result_head(args, rows),
            "p50_overhead_ms": round(rows["front"]["p50_ms"] - rows["plain"]["p50_ms"], 3),
            "p99_overhead_ms": round(rows["front"]["p99_ms"] - rows["plain"]["p99_ms"], 3),
            "throughput_ratio": round(rows["front"]["throughput_rps"] / rows["plain"]["throughput_rps"], 3),
@@ -150,13 +165,8 @@ def main(argv=None) -> int:
                                               / rows["plain-tuned"]["cpu_s_per_1000"], 3),
            "front_cpu_ratio_vs_tuned": round(rows["front"]["cpu_s_per_1000"]
                                              / rows["plain-tuned"]["cpu_s_per_1000"], 3)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "router.json").write_text(json.dumps(res, indent=2))
-    print(f"router front vs plain Ray Serve, 0-ms synthetic model ({res['env']})")
-    print("| path | p50 ms | p99 ms | throughput req/s | Ray CPU-s per 1,000 |\n|---|---|---|---|---|")
-    for name, r in rows.items():
-        print(f"| {name} | {r['p50_ms']} | {r['p99_ms']} | {r['throughput_rps']} | {r['cpu_s_per_1000']} |")
+    save_and_show(res, Path(args.out) / "router.json",
+                  f"router front vs plain Ray Serve, 0-ms synthetic model ({res['env']})")
     print(f"front: p50 overhead {res['p50_overhead_ms']} ms (target <= 2), p99 overhead "
           f"{res['p99_overhead_ms']} ms, throughput ratio {res['throughput_ratio']} (target >= 0.8)")
     print(f"against plain with the same router backoff: p50 overhead {res['p50_overhead_vs_tuned_ms']} ms, "

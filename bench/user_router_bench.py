@@ -7,12 +7,11 @@ Usage: ``python -m bench.user_router_bench [--requests 400] [--seconds 10] [--co
 Latency: sequential requests, the paths interleaved, p50 and p99. Throughput and cost: a
 closed loop of ``--concurrency`` for ``--seconds``; Ray CPU-seconds (every Ray process, from
 /proc) per 1,000 completed requests (``bench.router_bench``'s method). Plain Ray Serve runs
-at its defaults (``max_ongoing_requests`` 5); under Faro a replica holds 2 (concurrency 1).
+at its defaults (``max_ongoing_requests`` 5) and again at Faro's bound of 2 (``plain2``);
+under Faro a replica holds 2 (concurrency 1).
 Starts its own local Ray on a free loopback port and shuts it down at the end.
 """
 
-import json
-import platform
 from pathlib import Path
 
 import ray
@@ -21,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 import faro_serve
-from bench.router_bench import measure, start
+from bench.router_bench import measure, result_head, save_and_show, start
 
 
 class JsonModel:
@@ -51,34 +50,33 @@ def main(argv=None) -> int:
             slo = faro_serve.SLO(name=f"faro-{kind}", slo_ms=1000, cpus=0.25)
             serve.run(faro_serve.scaled(dep, slo, queue_limit=1000).bind(), name=f"faro-{kind}",
                       route_prefix=f"/faro-{kind}")
-            paths |= {f"plain-{kind}": f"/plain-{kind}", f"faro-{kind}": f"/faro-{kind}"}
+            # plain again, at Faro's bound per replica (2 ongoing): the routers compared alike
+            serve.run(dep.options(name=f"{cls.__name__}2", max_ongoing_requests=2).bind(),
+                      name=f"plain2-{kind}", route_prefix=f"/plain2-{kind}")
+            paths |= {f"plain-{kind}": f"/plain-{kind}", f"plain2-{kind}": f"/plain2-{kind}",
+                      f"faro-{kind}": f"/faro-{kind}"}
         rows = measure(f"http://127.0.0.1:{port}", paths, args.requests, args.seconds,
                        args.concurrency)
     finally:
         serve.shutdown()
         ray.shutdown()
-    res = {"env": f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python "
-                  f"{platform.python_version()}, ray {ray.__version__}",
-           "requests": args.requests, "seconds": args.seconds, "concurrency": args.concurrency,
-           "rows": rows}
+    res = result_head(args, rows)
     for kind in ("json", "stream"):
-        f, p = rows[f"faro-{kind}"], rows[f"plain-{kind}"]
-        res[kind] = {"p50_overhead_ms": round(f["p50_ms"] - p["p50_ms"], 3),
-                     "p99_overhead_ms": round(f["p99_ms"] - p["p99_ms"], 3),
-                     "throughput_ratio": round(f["throughput_rps"] / p["throughput_rps"], 3),
-                     "cpu_ratio": round(f["cpu_s_per_1000"] / p["cpu_s_per_1000"], 3)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "user_router.json").write_text(json.dumps(res, indent=2))
-    print(f"a user's deployment, plain Ray Serve vs under Faro, 0-ms models ({res['env']})")
-    print("| path | p50 ms | p99 ms | throughput req/s | Ray CPU-s per 1,000 |\n|---|---|---|---|---|")
-    for name, r in rows.items():
-        print(f"| {name} | {r['p50_ms']} | {r['p99_ms']} | {r['throughput_rps']} | {r['cpu_s_per_1000']} |")
+        for base in ("plain", "plain2"):
+            f, p = rows[f"faro-{kind}"], rows[f"{base}-{kind}"]
+            res[f"{kind}_vs_{base}"] = {
+                "p50_overhead_ms": round(f["p50_ms"] - p["p50_ms"], 3),
+                "p99_overhead_ms": round(f["p99_ms"] - p["p99_ms"], 3),
+                "throughput_ratio": round(f["throughput_rps"] / p["throughput_rps"], 3),
+                "cpu_ratio": round(f["cpu_s_per_1000"] / p["cpu_s_per_1000"], 3)}
+    save_and_show(res, Path(args.out) / "user_router.json",
+                  f"a user's deployment, plain Ray Serve vs under Faro, 0-ms models ({res['env']})")
     for kind in ("json", "stream"):
-        r = res[kind]
-        print(f"{kind}: p50 overhead {r['p50_overhead_ms']} ms (target <= 1), p99 overhead "
-              f"{r['p99_overhead_ms']} ms, throughput ratio {r['throughput_ratio']}, CPU per "
-              f"request {r['cpu_ratio']}x (target <= 1.25)")
+        for base in ("plain", "plain2"):
+            r = res[f"{kind}_vs_{base}"]
+            print(f"{kind} against {base}: p50 overhead {r['p50_overhead_ms']} ms (target <= 1), "
+                  f"p99 overhead {r['p99_overhead_ms']} ms, throughput ratio "
+                  f"{r['throughput_ratio']}, CPU per request {r['cpu_ratio']}x (target <= 1.25)")
     return 0
 
 

@@ -154,7 +154,7 @@ def test_a_wrong_deployment_is_named_clearly():
     with pytest.raises(ValueError, match="not an import path"):
         UserAppArgs(model="m", deployment="user_apps.shop.TextClassifier")
     slo = faro_serve.SLO(name="m", slo_ms=300)
-    with pytest.raises(ConfigError, match="not a bound application|bound application"):
+    with pytest.raises(ConfigError, match="is a bound application; name the deployment"):
         faro_serve.scaled(TextClassifier.bind(), slo)
     with pytest.raises(ConfigError, match="Faro scales deployment classes"):
         faro_serve.scaled(serve.deployment(lambda r: 1, name="f"), slo)

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Application, Deployment
+from starlette.requests import Request
 
 from ..config import ClusterSpec, ConfigError, ModelSLO
 from .direct import Meter
@@ -88,7 +89,7 @@ def _faro_class(cls: type, name: str, concurrency: int) -> type:
                 if args[0]["type"] != "http":  # a websocket: served as written, unmetered
                     return await call(*args)
                 return await guard.asgi(call, *args)
-            if len(args) == 1 and not kwargs and isinstance(args[0], _request_type()):
+            if len(args) == 1 and not kwargs and isinstance(args[0], Request):
                 return await guard.request(call, args[0])
             if guard.nested():
                 return await run_user(call, *args, **kwargs)
@@ -104,12 +105,6 @@ def _faro_class(cls: type, name: str, concurrency: int) -> type:
             if wrapped is not None:
                 ns[attr] = wrapped
     return type(cls.__name__, (cls,), ns)
-
-
-def _request_type():
-    from starlette.requests import Request
-
-    return Request
 
 
 class ScaledDeployment:
