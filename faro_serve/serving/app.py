@@ -133,8 +133,15 @@ def deploy(models: Sequence[tuple[ModelSLO, dict]], cluster: ClusterSpec, *,
         serve.run(model_app(args), name=slo.name, route_prefix=f"/{slo.name}",
                   external_scaler_enabled=True, blocking=False)
         routes[slo.name] = f"/{slo.name}/predict"
-    config = {"cluster": cluster.model_dump(), "models": [m.model_dump() for m, _ in models],
-              "policy": policy, "forecaster_dir": forecaster_dir, **autoscaler_options}
+    run_autoscaler([m for m, _ in models], cluster, policy=policy, blocking=blocking,
+                   forecaster_dir=forecaster_dir, **autoscaler_options)
+    return routes
+
+
+def run_autoscaler(models: Sequence[ModelSLO], cluster: ClusterSpec, *, policy: str | None = None,
+                   blocking: bool = False, **autoscaler_options) -> None:
+    """Run the ``faro`` application over ``models`` (its args: :class:`AutoscalerConfig`)."""
+    config = {"cluster": cluster.model_dump(), "models": [m.model_dump() for m in models],
+              "policy": policy, **autoscaler_options}
     serve.run(autoscaler_app(config), name=AUTOSCALER_APP, route_prefix=f"/{AUTOSCALER_APP}",
               blocking=blocking)
-    return routes

@@ -190,7 +190,7 @@ def run(apps: Mapping[str, Application], models: Sequence[ModelSLO], cluster: Cl
     from autoscaler.loop import capped_capacity
 
     from ..config import check_minimums_fit
-    from .app import AUTOSCALER_APP, autoscaler_app
+    from .app import run_autoscaler
     from .autoscaler_deployment import ray_capacity
 
     try:  # Serve would wait for ever for replicas that cannot be placed: say it now
@@ -201,7 +201,4 @@ def run(apps: Mapping[str, Application], models: Sequence[ModelSLO], cluster: Cl
         prefix = (route_prefixes or {}).get(app_name, f"/{app_name}")
         serve.run(app, name=app_name, route_prefix=prefix, external_scaler_enabled=True,
                   blocking=False)
-    config = {"cluster": cluster.model_dump(), "models": [m.model_dump() for m in models],
-              "policy": policy, **autoscaler_options}
-    serve.run(autoscaler_app(config), name=AUTOSCALER_APP, route_prefix=f"/{AUTOSCALER_APP}",
-              blocking=False)
+    run_autoscaler(models, cluster, policy=policy, **autoscaler_options)
