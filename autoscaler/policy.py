@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.pipelines import PipelineSLO
 from faro_serve.resources import Capacity, as_capacity, demand, fits_in, resource_names, usage
 
 from .setting import Setting, field_map
@@ -48,6 +49,17 @@ class ModelObservation:
 
 
 @dataclass
+class PipelineObservation:
+    """What the front reports for one pipeline (issue 35): queries at its entry, measured
+    end to end at the ingress. Its stages are reported as models (``ModelObservation``)."""
+
+    name: str
+    arrivals_per_min: np.ndarray  # completed-minute query counts at the entry, oldest first
+    arrival_rate: float = 0.0  # queries/s over the last tick
+    latency_ms: float | None = None  # SLO-percentile end-to-end latency over the look-back
+
+
+@dataclass
 class Observation:
     """Everything a policy may look at: the time, the capacity and every model.
 
@@ -64,6 +76,9 @@ class Observation:
     # the clairvoyant oracle reads them.
     future_arrivals_per_min: dict[str, np.ndarray] | None = None
     capacity: Capacity | None = None
+    # each pipeline's end-to-end view (its stages are in ``models``); the oracle's future
+    # counts for a pipeline are under its name in future_arrivals_per_min
+    pipelines: dict[str, PipelineObservation] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.capacity is None:
@@ -138,6 +153,9 @@ class Policy(ABC):
     #: counters that seed its forecasts); saved by :meth:`get_state` after every tick and
     #: restored by :meth:`set_state` when the autoscaler restarts (``autoscaler.state``)
     state_fields: tuple[str, ...] = ()
+    #: the pipelines over this policy's models (:meth:`attach_pipelines`); a policy that
+    #: does not read them scales each stage as a model with its own ``slo_ms``
+    pipelines: tuple[PipelineSLO, ...] = ()
 
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec):
         self.models = list(models)
@@ -149,6 +167,16 @@ class Policy(ABC):
     def demand(self) -> dict[str, dict[str, float]]:
         """Per model, what one replica reserves (CPUs, memory, GPUs, custom resources)."""
         return {m.name: demand(m) for m in self.models}
+
+    def attach_pipelines(self, pipelines: Sequence[PipelineSLO]) -> None:
+        """Tell the policy which of its models are stages of which pipeline (issue 35);
+        ValueError when a stage is not one of its models."""
+        for p in pipelines:
+            missing = [n for n in p.stage_names if n not in self.slo]
+            if missing:
+                raise ValueError(f"pipeline {p.name!r}: stage(s) {', '.join(missing)} are not "
+                                 f"models of this policy")
+        self.pipelines = tuple(pipelines)
 
     @abstractmethod
     def decide(self, obs: Observation) -> Decision | None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.pipelines import PipelineSLO
 
 from . import plugins
 from .builtin import BUILTIN, FARO_OBJECTIVES  # noqa: F401  (FARO_OBJECTIVES: re-exported)
@@ -117,6 +118,10 @@ def policy_factory(name: str) -> Factory:
 
 
 def make_policy(name: str, models: Sequence[ModelSLO], cluster: ClusterSpec,
-                forecaster=None) -> Policy:
-    """Build the policy called ``name`` (a name or an import path); ValueError otherwise."""
-    return policy_factory(name)(list(models), cluster, forecaster=forecaster)
+                forecaster=None, pipelines: Sequence[PipelineSLO] = ()) -> Policy:
+    """Build the policy called ``name`` (a name or an import path) over ``models`` (stages
+    included) and tell it the ``pipelines``; ValueError otherwise."""
+    policy = policy_factory(name)(list(models), cluster, forecaster=forecaster)
+    if pipelines:
+        policy.attach_pipelines(pipelines)
+    return policy

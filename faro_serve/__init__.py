@@ -10,8 +10,10 @@ __version__ = "0.1.0"
 
 from .config import ClusterSpec as Cluster  # noqa: E402
 from .config import ModelSLO as SLO  # noqa: E402
+from .pipelines import PipelineSLO as Pipeline  # noqa: E402
+from .pipelines import Stage  # noqa: E402
 
-__all__ = ["SLO", "Cluster", "scaled", "run", "Dropped", "__version__"]
+__all__ = ["SLO", "Cluster", "Pipeline", "Stage", "scaled", "run", "Dropped", "__version__"]
 _SERVING = {"scaled", "run", "Dropped", "ScaledDeployment"}
 
 

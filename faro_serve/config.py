@@ -14,6 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .resources import CPU, MEMORY, Capacity, as_capacity, demand, unit
+from .model_slo import Batching, ModelSLO, Variant  # noqa: F401  (re-exported)
+from .pipelines import PipelineSLO, check_unique, expand
 
 Objective = Literal["sum", "fair", "fair_sum", "penalty_sum", "penalty_fair_sum"]
 Estimator = Literal["mdc", "upper", "mdc-exact"]
@@ -21,160 +23,6 @@ Estimator = Literal["mdc", "upper", "mdc-exact"]
 
 class ConfigError(ValueError):
     """A configuration file or object is invalid; the message names field, value and reason."""
-
-
-class Batching(BaseModel):
-    """A model whose replicas serve dynamic batches: Sponge's profile
-    ``l(b, c) = gamma b / c + eps / c + delta b + eta`` seconds (what ``faro-serve profile``
-    fits and saves) and the largest batch a replica may take. The planner weighs batch sizes
-    up to it with the replica count (engine/batched_latency.py); the profile's shape, not
-    its scale, is what it uses: the measured processing time sets the scale."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    gamma: float = Field(ge=0, description="s per request, parallel (x b / c)")
-    eps: float = Field(ge=0, description="s per batch, parallel (/ c)")
-    delta: float = Field(0.0, ge=0, description="s per request, serial (x b)")
-    eta: float = Field(0.0, ge=0, description="s per batch, serial")
-    max_batch_size: int = Field(16, ge=1, le=64, description="largest batch a replica takes")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_file(cls, data: Any) -> Any:
-        """``profile: PATH`` reads the four parameters from a saved ``faro-serve profile``
-        file (its ``profile`` entry); parameters given beside it win."""
-        if not isinstance(data, dict) or "profile" not in data:
-            return data
-        data = dict(data)
-        path = Path(data.pop("profile"))
-        try:
-            saved = json.loads(path.read_text())["profile"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"batching profile {path}: not a saved profile "
-                             f"(faro-serve profile writes one): {err}") from None
-        return {**{k: saved[k] for k in ("gamma", "eps", "delta", "eta") if k in saved}, **data}
-
-    @model_validator(mode="after")
-    def _positive(self) -> "Batching":
-        if self.gamma + self.eps + self.delta + self.eta <= 0:
-            raise ValueError("a batch profile needs a positive time (gamma, eps, delta, eta all 0)")
-        return self
-
-    def share(self, cores: float) -> float:
-        """The share of one request's time ``l(1, cores)`` that each request of a batch adds."""
-        per_request = self.gamma / cores + self.delta
-        return per_request / (per_request + self.eps / cores + self.eta)
-
-
-class Variant(BaseModel):
-    """One variant of a model's task (INFaaS, ATC '21): an architecture with its accuracy, its
-    time alone on the model's replica and, if it batches, its batch profile (each batch size
-    up to the profile's largest is then a variant of its own, as in INFaaS)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
-    accuracy: float = Field(gt=0, le=100, description="top-1 accuracy, %")
-    processing_ms: float = Field(gt=0, description="one request alone on the replica's cpus")
-    batching: Batching | None = None
-    load_s: float | None = Field(None, ge=0, description="time to load it on a replica "
-                                 "(default: the cluster's cold start)")
-
-
-class ModelSLO(BaseModel):
-    """One served model and its latency SLO."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64,
-                      description="unique model name (letters, digits, '_', '-', '.')")
-    slo_ms: float = Field(gt=0, description="latency target in milliseconds")
-    percentile: float = Field(99.0, gt=0, lt=100, description="SLO percentile k, e.g. 99")
-    priority: float = Field(1.0, gt=0, description="weight pi in the sum objectives")
-    min_replicas: int = Field(1, ge=1, description="never scaled below this")
-    max_replicas: int = Field(100, ge=1, description="never scaled above this")
-    cpus: float = Field(1.0, gt=0, description="vCPU per replica")
-    memory_gb: float = Field(1.0, gt=0, description="GiB of memory per replica")
-    gpus: float = Field(0.0, ge=0, description="GPUs per replica, fractions allowed (Ray's num_gpus)")
-    resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources "
-                                        "per replica, e.g. {accelerator_type:A10G: 0.001}")
-    concurrency: int = Field(1, ge=1, le=1024, description="requests one replica serves at once "
-                             "(Ray's max_ongoing_requests); the planner counts a replica as "
-                             "this many servers of the processing time (docs/concurrency.md); "
-                             "1: the paper's M/D/c, one at a time")
-    app: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64,
-                            description="the Serve application the model runs in (default: "
-                            "its name)")
-    deployment: str | None = Field(None, max_length=128, description="the deployment Faro scales "
-                                   "in that application (default: faro-serve's own, 'Model')")
-    processing_ms: float | None = Field(None, gt=0, description="prior per-request processing "
-                                        "time; replaced by measurements at run time")
-    allow_drop: bool = Field(True, description="penalty objectives may drop this model's requests")
-    batching: Batching | None = Field(None, description="the replicas serve dynamic batches "
-                                      "(profile and largest batch); None: one request at a time")
-    variants: list[Variant] | None = Field(None, description="variants of this model's task "
-                                           "(INFaaS); the first is the one deployed")
-    min_accuracy: float | None = Field(None, gt=0, le=100, description="the task's accuracy "
-                                       "target for variant selection (default: the first variant's)")
-
-    @model_validator(mode="after")
-    def _bounds(self) -> "ModelSLO":
-        if self.max_replicas < self.min_replicas:
-            raise ValueError(f"max_replicas ({self.max_replicas}) is below min_replicas "
-                             f"({self.min_replicas})")
-        if self.variants is not None:
-            names = [v.name for v in self.variants]
-            if not names or len(set(names)) != len(names):
-                raise ValueError(f"variants need distinct names, at least one (got {names})")
-            acc = self.min_accuracy if self.min_accuracy is not None else self.variants[0].accuracy
-            if not any(v.accuracy >= acc and v.processing_ms < self.slo_ms for v in self.variants):
-                raise ValueError(f"no variant reaches accuracy {acc:g} within slo_ms {self.slo_ms:g}")
-        elif self.min_accuracy is not None:
-            raise ValueError("min_accuracy needs variants")
-        if self.concurrency > 1 and (self.batching is not None
-                                     or any(v.batching for v in self.variants or ())):
-            raise ValueError(f"concurrency {self.concurrency} with batching: a replica either "
-                             "serves its requests in batches (one batch at a time, the batch "
-                             "profile's time) or serves up to concurrency requests side by side, "
-                             "each in the measured time; the planner models each alone, not "
-                             "both at once (docs/concurrency.md). Set concurrency 1 or drop "
-                             "batching")
-        if self.processing_ms is not None and self.processing_ms >= self.slo_ms:
-            raise ValueError(f"processing_ms ({self.processing_ms:g}) must be below slo_ms "
-                             f"({self.slo_ms:g}): no replica count could meet the SLO")
-        return self
-
-    @field_validator("resources")
-    @classmethod
-    def _custom_resources(cls, v: dict[str, float]) -> dict[str, float]:
-        for name, amount in v.items():
-            if name in ("CPU", "GPU", "memory", "object_store_memory"):
-                raise ValueError(f"resources: give {name} as cpus/gpus/memory_gb, not as a "
-                                 "custom resource")
-            if not amount > 0:
-                raise ValueError(f"resources: {name} must be > 0 per replica (got {amount!r})")
-        return v
-
-    @property
-    def app_name(self) -> str:
-        """The Serve application this model runs in."""
-        return self.app or self.name
-
-    @property
-    def deployment_name(self) -> str:
-        """The deployment the autoscaler scales (faro-serve's own model apps: ``Model``)."""
-        return self.deployment or "Model"
-
-    def clamp(self, replicas: float) -> int:
-        """``replicas`` as a whole count within this model's bounds."""
-        return int(min(max(int(replicas), self.min_replicas), self.max_replicas))
-
-    def variant(self, name: str) -> Variant:
-        """The variant called ``name``; ValueError when the model has no such variant."""
-        for v in self.variants or ():
-            if v.name == name:
-                return v
-        raise ValueError(f"model {self.name!r} has no variant {name!r}")
 
 
 class ClusterSpec(BaseModel):
@@ -265,7 +113,10 @@ class FaroConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cluster: ClusterSpec
-    models: list[ModelSLO] = Field(min_length=1)
+    models: list[ModelSLO] = Field(default_factory=list, description="the single models")
+    pipelines: list[PipelineSLO] = Field(default_factory=list, description="pipelines, each "
+                                         "with one end-to-end SLO; their stages are models "
+                                         "of the cluster too (faro_serve.pipelines)")
 
     @field_validator("models")
     @classmethod
@@ -279,8 +130,16 @@ class FaroConfig(BaseModel):
 
     @model_validator(mode="after")
     def _minimums_fit(self) -> "FaroConfig":
-        check_minimums_fit(self.models, Capacity.of_cluster(self.cluster))
+        if not self.models and not self.pipelines:
+            raise ValueError("give at least one model or pipeline")
+        check_unique(self.pipelines)
+        check_minimums_fit(self.all_models, Capacity.of_cluster(self.cluster))
         return self
+
+    @property
+    def all_models(self) -> list[ModelSLO]:
+        """Every model the autoscaler scales: the single models, then each pipeline's stages."""
+        return expand(self.models, self.pipelines)
 
 
 def check_minimums_fit(models, cpus: "float | Capacity", memory_gb: float | None = None) -> None:
