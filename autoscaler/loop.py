@@ -33,6 +33,7 @@ from faro_serve.resources import MEMORY, Capacity, as_capacity
 from .config import AutoscalerConfig
 from .driver import FrontSnapshot, apply_decision, observe
 from .history import HistoryKeeper
+from .pipeline_front import observe_pipelines, pipeline_records, sync_pipeline_fronts
 from .retrainer import Retrainer, retraining_on
 from .policy import Decision, Observation, Policy
 from .setting import FIELDS, Setting, field_map
@@ -96,8 +97,10 @@ class AutoscalerLoop:
         self.cluster = cluster
         self.clock = clock
         self.store = store
-        self.policy = make_policy(cfg.policy_name(), cfg.models, cfg.cluster, forecaster)
-        self.slo = {m.name: m for m in cfg.models}
+        self.models = cfg.all_models  # single models, then every pipeline's stages
+        self.policy = make_policy(cfg.policy_name(), self.models, cfg.cluster, forecaster,
+                                  pipelines=cfg.pipelines)
+        self.slo = {m.name: m for m in self.models}
         self.start = previous.start if previous else clock()
         # every model's setting in force: its target replicas (starting ones included), drop
         # rate, and what a policy set of batch size, threads and variant (autoscaler.setting)
@@ -113,6 +116,7 @@ class AutoscalerLoop:
         self.front_errors: dict[str, str] = {}  # models whose report was refused this tick
         self._partial: tuple[list[str], Policy] | None = None  # _policy_for's last
         self.not_running: dict[str, str] = {}  # models of the config not running: why
+        self.pipeline_fronts: dict[str, FrontSnapshot] = {}  # each pipeline's ingress meter
         self.restored: dict | None = None  # where the state came from, for the status
         if previous is not None:
             self._resume(previous.state(), "the previous configuration")
@@ -133,7 +137,7 @@ class AutoscalerLoop:
         if self.keeper is None or not retraining_on(cfg) or not hasattr(self.policy, "forecaster"):
             return None
         old = previous.retrainer if previous is not None else None
-        names = [m.name for m in cfg.models]
+        names = [m.name for m in self.models]
         holdout = max(1, round(cfg.retrain_holdout_h * 60))
         if old is not None and old.store is self.keeper.store and old.models == names \
                 and old.every_s == cfg.retrain_every_h * 3600 and old.holdout == holdout:
@@ -218,14 +222,17 @@ class AutoscalerLoop:
 
     def _observe(self, now: float) -> tuple[Observation, dict[str, FrontSnapshot]]:
         running = self.cluster.running_replicas()
-        names = [m.name for m in self.cfg.models if m.name in running]
+        names = [m.name for m in self.models if m.name in running]
         why = getattr(self.cluster, "absent", {})
         self.not_running = {m.name: why.get(m.name, "not deployed")
-                            for m in self.cfg.models if m.name not in running}
+                            for m in self.models if m.name not in running}
         # a malformed report (or replicas reserving other CPUs than the SLO's) is logged and
         # left out: that model is planned as one whose front did not answer (front_report.py)
         raw = self.cluster.front_metrics(names)
         fronts, self.front_errors = FrontSnapshot.read_fronts(raw, self.slo)
+        piped, self.pipeline_fronts, errors = observe_pipelines(self.cluster, self.cfg.pipelines,
+                                                                running)
+        self.front_errors.update(errors)
         if self.keeper is not None:  # the store's minutes before a shorter meter history
             fronts = self.keeper.observe_safely(now, raw, fronts)
         cap = capped_capacity(self.cfg.cluster, self.cluster.capacity())
@@ -237,6 +244,7 @@ class AutoscalerLoop:
         snaps = {n: fronts.get(n) or FrontSnapshot(np.zeros(0)) for n in names}
         obs = observe(now - self.start, cap, None, snaps, running, self.settings,
                       slo_s={n: self.slo[n].slo_ms / 1e3 for n in names})
+        obs.pipelines = piped
         return obs, fronts
 
     def step(self) -> dict:
@@ -248,7 +256,7 @@ class AutoscalerLoop:
         self.ticks += 1
         decision = None
         if self.cfg.enabled and obs.models:
-            missing = [m.name for m in self.cfg.models if m.name not in obs.models]
+            missing = [m.name for m in self.models if m.name not in obs.models]
             if missing:  # plan only for what is deployed; the policy wants every model
                 log.warning("models not running: %s", "; ".join(
                     f"{n} ({self.not_running.get(n, 'not deployed')})" for n in missing))
@@ -260,6 +268,7 @@ class AutoscalerLoop:
             self._apply(decision, obs)
         if self.cfg.enabled:
             self._sync_fronts(obs, fronts)
+            sync_pipeline_fronts(self.cluster, self.cfg.pipelines, self.pipeline_fronts)
         record = self._record(now, obs, decision)
         self.last = record
         if decision is not None:
@@ -278,8 +287,10 @@ class AutoscalerLoop:
         scaled); built once per set of names, with the full policy's forecaster."""
         if self._partial is None or self._partial[0] != names:
             models = [self.slo[n] for n in names]
+            whole = [p for p in self.cfg.pipelines if set(p.stage_names) <= set(names)]
             self._partial = (names, make_policy(self.cfg.policy_name(), models, self.cfg.cluster,
-                                                getattr(self.policy, "forecaster", None)))
+                                                getattr(self.policy, "forecaster", None),
+                                                pipelines=whole))
         return self._partial[1]
 
     def _sync_fronts(self, obs: Observation, fronts: dict[str, FrontSnapshot]) -> None:
@@ -295,7 +306,7 @@ class AutoscalerLoop:
                 log.warning("cannot reach the front of %s: %s", n, err)
 
     def _apply(self, decision: Decision, obs: Observation) -> None:
-        done = apply_decision(decision, self.settings, self.cfg.models, obs.capacity,
+        done = apply_decision(decision, self.settings, self.models, obs.capacity,
                               policy=self.policy.name, now=obs.now)
         for n, r in done.changes:  # decreases first: they free what the increases take
             self.cluster.scale(n, r)
@@ -331,6 +342,8 @@ class AutoscalerLoop:
         rec = {"time": round(now, 3), "t": round(obs.now, 3), "policy": self.policy.name,
                "capacity_cpus": obs.capacity_cpus, "capacity": obs.capacity.to_json(),
                "models": models,
+               **({"pipelines": pipeline_records(self.cfg.pipelines, obs.pipelines, observed_utility)}
+                  if self.cfg.pipelines else {}),
                "decision": None if decision is None else decision_record(decision)}
         return rec
 
@@ -348,7 +361,9 @@ class AutoscalerLoop:
                 "enabled": self.cfg.enabled, "ticks": self.ticks,
                 "capacity_cpus": self.last.get("capacity_cpus"),
                 "capacity": self.last.get("capacity"),
-                "models": self.last.get("models", {}), "last_decision": self.history[-1]["decision"]
+                "models": self.last.get("models", {}),
+                **({"pipelines": self.last.get("pipelines", {})} if self.cfg.pipelines else {}),
+                "last_decision": self.history[-1]["decision"]
                 if self.history else None, "restored": self.restored,
                 "front_errors": dict(self.front_errors),  # left out of the last tick, and why
                 "not_running": dict(self.not_running),  # named in the config, not running: why

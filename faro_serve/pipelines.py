@@ -71,6 +71,14 @@ class PipelineSLO(BaseModel):
     percentile: float = Field(99.0, gt=0, lt=100, description="SLO percentile, e.g. 99")
     priority: float = Field(1.0, gt=0, description="weight in the sum objectives")
     stages: list[Stage] = Field(min_length=1, description="the stages, any order")
+    app: str | None = Field(None, pattern=_NAME, max_length=64, description="the Serve "
+                            "application the pipeline runs in (default: its name); a stage's "
+                            "own app wins")
+    ingress: str | None = Field(None, max_length=128, description="the deployment that takes "
+                                "the pipeline's queries and calls its stages "
+                                "(faro_serve.scaled(Ingress, pipeline)): its meter measures "
+                                "arrivals and end-to-end latency; None: the end-to-end latency "
+                                "is not measured live")
 
     @model_validator(mode="after")
     def _dag(self) -> "PipelineSLO":
@@ -94,6 +102,19 @@ class PipelineSLO(BaseModel):
         self.order()  # raises on a cycle
         self.stage_models()  # each stage a valid model (raises with the model's own checks)
         return self
+
+    @property
+    def app_name(self) -> str:
+        """The Serve application the pipeline (its ingress, by default its stages) runs in."""
+        return self.app or self.name
+
+    def stage_model(self, name: str) -> ModelSLO:
+        """Stage ``name`` as a model of the cluster (what ``faro_serve.scaled`` takes)."""
+        for m in self.stage_models():
+            if m.name == name:
+                return m
+        raise KeyError(f"pipeline {self.name!r} has no stage {name!r} (stages: "
+                       f"{', '.join(self.stage_names)})")
 
     def stage(self, name: str) -> Stage:
         for s in self.stages:
@@ -169,6 +190,7 @@ class PipelineSLO(BaseModel):
         out = []
         for s in self.stages:
             extra = dict(s.model_extra or {})
+            extra.setdefault("app", self.app_name)
             out.append(ModelSLO(name=s.name, slo_ms=s.slo_ms if s.slo_ms is not None else split,
                                 percentile=self.percentile, priority=self.priority,
                                 pipeline=self.name, **extra))
@@ -180,11 +202,19 @@ def expand(models: Sequence[ModelSLO], pipelines: Iterable[PipelineSLO]) -> list
     a name is used twice."""
     out = list(models)
     seen = {m.name: "model" for m in out}
+    pipelines = list(pipelines)
+    for p in pipelines:
+        if p.name in seen:
+            raise ValueError(f"pipeline {p.name!r} has the name of a model: a pipeline's "
+                             f"name must differ from every model's and stage's")
     for p in pipelines:
         for m in p.stage_models():
             if m.name in seen:
                 raise ValueError(f"pipeline {p.name!r}: stage {m.name!r} has the name of "
                                  f"another {seen[m.name]}")
+            if m.name in {q.name for q in pipelines}:
+                raise ValueError(f"pipeline {p.name!r}: stage {m.name!r} has the name of a "
+                                 f"pipeline")
             seen[m.name] = f"stage (of pipeline {p.name!r})"
             out.append(m)
     return out

@@ -23,9 +23,10 @@ from ray import serve
 from starlette.responses import JSONResponse
 
 import faro_serve
-from faro_serve import SLO, Cluster
+from faro_serve import SLO, Cluster, Pipeline, Stage
 from faro_serve.serving.names import meter_name
-from user_apps.shop import (ClassifierAPI, Preprocess, Sentiment, Shop, TextClassifier, label)
+from user_apps.shop import (Caption, ClassifierAPI, Clean, Gallery, Preprocess, Sentiment, Shop, Tag,
+                            TextClassifier, label)
 
 from live_helpers import day_trace, fire, free_port, wait_for
 
@@ -36,7 +37,14 @@ CLF = SLO(name="clf", slo_ms=300, processing_ms=50, cpus=0.25, max_replicas=4)
 API = SLO(name="api", slo_ms=500, cpus=0.25, max_replicas=2)
 SENTIMENT = SLO(name="sentiment", app="shop", slo_ms=300, processing_ms=50, cpus=0.25, max_replicas=4)
 WIDE = SLO(name="wide", slo_ms=3000, cpus=0.25, concurrency=3, max_replicas=1)
+# a pipeline (issue 35): clean, then tag and (for half the queries) caption side by side;
+# one SLO end to end, measured at the ingress
+GALLERY = Pipeline(name="gallery", slo_ms=400, stages=[
+    Stage(name="clean", cpus=0.1, processing_ms=20, max_replicas=3),
+    Stage(name="tag", after=["clean"], cpus=0.1, processing_ms=80, max_replicas=6),
+    Stage(name="caption", after=["clean"], fraction=0.5, cpus=0.1, processing_ms=30, max_replicas=3)])
 MODELS = [CLF, API, SENTIMENT, WIDE]
+STAGES = [m.name for m in GALLERY.stage_models()]
 CLUSTER = Cluster(cpus=1.75, long_term_interval_s=20, window_s=120, cold_start_s=5,
                   reactive_interval_s=2, reactive_trigger_s=4)
 
@@ -52,6 +60,9 @@ def apps() -> dict:
         "shop": Shop.options(**light).bind(Preprocess.options(**light).bind(),
                                            faro_serve.scaled(Sentiment, SENTIMENT).bind()),
         "wide": faro_serve.scaled(TextClassifier.options(name="Wide"), WIDE).bind(delay_s=0.4),
+        "gallery": faro_serve.scaled(Gallery.options(**light), GALLERY).bind(
+            *(faro_serve.scaled(d, GALLERY, stage=n).bind()
+              for d, n in ((Clean, "clean"), (Tag, "tag"), (Caption, "caption")))),
     }
 
 
@@ -67,11 +78,11 @@ def live():
         os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
     serve.start(http_options={"host": "127.0.0.1", "port": http})
     dashboard = f"http://127.0.0.1:{dash}"
-    faro_serve.run(apps(), MODELS, CLUSTER, dashboard_url=dashboard, forecaster="fallback")
+    faro_serve.run(apps(), MODELS + [GALLERY], CLUSTER, dashboard_url=dashboard, forecaster="fallback")
     base = f"http://127.0.0.1:{http}"
     client = httpx.Client(base_url=base, timeout=60)
-    assert wait_for(lambda: set(status(client).get("models", {})) == {m.name for m in MODELS}, 120), \
-        status(client)
+    assert wait_for(lambda: set(status(client).get("models", {})) == {m.name for m in MODELS} | set(STAGES),
+                    120), status(client)
     yield {"client": client, "base": base, "dashboard": dashboard, "http": http}
     client.close()
     serve.shutdown()
@@ -191,6 +202,43 @@ def test_the_inner_deployment_of_a_composed_app_scales_on_handle_traffic(live, r
            f"target {st['target']}")
 
 
+def test_a_pipelines_stages_scale_on_handle_traffic_and_it_is_measured_end_to_end(live, report):
+    """24 queries/s through the gallery pipeline's ingress, half asking for a caption (the
+    fan-out): ``tag`` (80 ms, 12.5/s a replica) must grow to 2 or more; ``clean`` and ``caption`` are
+    reached through handles too. Every query is answered; the ingress's meter counts every
+    one and measures the end-to-end latency the status shows for the pipeline."""
+    before = meter("gallery", "Gallery")["arrivals_total"]
+    res, t0 = [], time.time()
+    bodies = (json.dumps({"text": "Good Day"}).encode(), json.dumps({"text": "good", "caption": 1}).encode())
+    loads = [threading.Thread(target=lambda b=b: res.extend(fire(live["base"], "/gallery", 360, 50, 12.0, b)),
+                              daemon=True) for b in bodies]
+    for t in loads:
+        t.start()
+    grew = wait_for(lambda: running("gallery", "Tag") >= 2, 60, every=1)
+    t_grew = time.time() - t0
+    for t in loads:
+        t.join(timeout=150)
+    st = status(live["client"])
+    assert grew, st["models"]["tag"]
+    codes = [r[0] for r in res]
+    assert len(res) == 720 and set(codes) <= {200, 503}, sorted(set(map(str, codes)))
+    assert running("gallery", "Gallery") == 1  # the ingress is the user's: measured, not scaled
+    pipe = st["pipelines"]["gallery"]
+    assert pipe["measured"] and pipe["stages"][0] == "clean" and pipe["slo_ms"] == 400
+    assert pipe["latency_ms"] is not None and pipe["latency_ms"] > 80, pipe  # clean + tag at least
+    # every query reached the ingress's meter, once (its routers report every second)
+    wait_for(lambda: meter("gallery", "Gallery")["arrivals_total"] - before >= 720, 20)
+    assert meter("gallery", "Gallery")["arrivals_total"] - before == 720
+    for stage in ("clean", "tag", "caption"):
+        assert st["models"][stage]["arrival_rate"] > 0 or st["models"][stage]["replicas"] >= 1
+    took = sorted(r[1] for r in res if r[0] == 200)
+    report(f"pipeline gallery (clean -> tag | caption x0.5) at 24/s: tag 2 replicas after "
+           f"{t_grew:.0f} s (targets clean {st['models']['clean']['target']}, tag "
+           f"{st['models']['tag']['target']}, caption {st['models']['caption']['target']}); "
+           f"{codes.count(200)} x 200, {codes.count(503)} x 503 of 720; client p50 "
+           f"{took[len(took) // 2]:.2f} s; ingress-measured e2e p99 {pipe['latency_ms']:.0f} ms")
+
+
 def test_a_trace_replayed_on_the_users_model_accounts_for_every_request(live, cli, tmp_path, report):
     """``faro-serve replay`` on the user's route and body: a burst past ``clf``'s 4 replicas
     (20, 60, 20 requests/s for 10 s each; 20/s per replica) in the contended cluster."""
@@ -302,6 +350,8 @@ def test_a_config_written_by_faro_serve_init_deploys_with_serve_deploy(live, tmp
      lambda r: r.json()["label"] == "positive" and 0.5 < r.json()["score"] <= 1),
     ("composed", "/reviews/score", {"text": "The plot was dull, and boring."},
      lambda r: r.json()["label"] == "negative" and r.json()["text"] == "the plot was dull and boring"),
+    ("pipeline", "/moderate", {"text": "A dull plot, buy now free http://x.example"},
+     lambda r: r.json()["label"] == "negative" and r.json()["spam"] is True),
 ])
 def test_the_examples_deploy_from_their_own_configs(live, tmp_path, example, path, body, check):
     """examples/*/config.yaml as a user runs them (``serve deploy``; here on the module's
@@ -320,6 +370,7 @@ def test_the_examples_deploy_from_their_own_configs(live, tmp_path, example, pat
     assert wait_for(lambda: c.post(path, json=body).status_code == 200, 120, every=2)
     r = c.post(path, json=body)
     assert check(r), r.text
-    model = doc["applications"][0]["args"]["models"][0]["name"]
+    args = doc["applications"][0]["args"]
+    model = (args.get("models") or args["pipelines"][0]["stages"])[0]["name"]
     assert wait_for(lambda: model in status(c).get("models", {}), 60), status(c)
     assert c.post(path, json={"nope": 1}).status_code in (400, 422)  # the user's own error

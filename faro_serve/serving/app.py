@@ -139,9 +139,11 @@ def deploy(models: Sequence[tuple[ModelSLO, dict]], cluster: ClusterSpec, *,
 
 
 def run_autoscaler(models: Sequence[ModelSLO], cluster: ClusterSpec, *, policy: str | None = None,
-                   blocking: bool = False, **autoscaler_options) -> None:
-    """Run the ``faro`` application over ``models`` (its args: :class:`AutoscalerConfig`)."""
+                   blocking: bool = False, pipelines: Sequence = (), **autoscaler_options) -> None:
+    """Run the ``faro`` application over ``models`` and ``pipelines`` (its args:
+    :class:`AutoscalerConfig`)."""
     config = {"cluster": cluster.model_dump(), "models": [m.model_dump() for m in models],
+              "pipelines": [p.model_dump(exclude_none=True) for p in pipelines],
               "policy": policy, **autoscaler_options}
     serve.run(autoscaler_app(config), name=AUTOSCALER_APP, route_prefix=f"/{AUTOSCALER_APP}",
               blocking=blocking)

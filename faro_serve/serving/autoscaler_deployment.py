@@ -64,10 +64,12 @@ class RayServeCluster:
         self.where: dict[str, tuple[str, str]] = {}  # model -> (application, deployment)
         self.absent: dict[str, str] = {}  # model -> why it is not running (last look)
 
-    def locate(self, models) -> None:
+    def locate(self, models, pipelines=()) -> None:
         """Where each model runs: its SLO's ``app`` and ``deployment`` (faro-serve's own
-        model applications: the model's name and ``Model``)."""
+        model applications: the model's name and ``Model``); and each pipeline's ingress,
+        under the pipeline's name (its meter measures the pipeline end to end)."""
         where = {m.name: (m.app_name, m.deployment_name) for m in models}
+        where.update({p.name: (p.app_name, p.ingress) for p in pipelines if p.ingress is not None})
         if where != self.where:
             self.where, self._handles = where, {}
 
@@ -300,11 +302,11 @@ class FaroAutoscaler:
             cluster = self.loop.cluster if self.loop else RayServeCluster(cfg.dashboard_url)
             if self.loop and self.loop.cfg.dashboard_url != cfg.dashboard_url:
                 cluster = RayServeCluster(cfg.dashboard_url)
-            cluster.locate(cfg.models)
+            cluster.locate(cfg.all_models, cfg.pipelines)
             history = open_history(cfg, self.loop.keeper.store if self.loop and self.loop.keeper else None)
             self.loop = AutoscalerLoop(cfg, cluster, forecaster, previous=self.loop, store=self.store,
                                        history=history)
-        log.info("autoscaler configured: policy %s, %d models", self.loop.policy.name, len(cfg.models))
+        log.info("autoscaler configured: policy %s, %d models", self.loop.policy.name, len(cfg.all_models))
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="faro-autoscaler", daemon=True)
             self.thread.start()

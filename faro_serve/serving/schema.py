@@ -120,7 +120,7 @@ def check_resources(cfg: AutoscalerConfig, apps: list[ModelAppArgs], source: str
     mismatch strands or overbooks CPUs. Called wherever a whole serve config is loaded (the
     demo, ``faro-serve kuberay``); the autoscaler checks what the meters report too
     (``faro_serve/front_report.py``)."""
-    slo = {m.name: m for m in cfg.models}
+    slo = {m.name: m for m in cfg.all_models}
     for app in apps:
         if app.name not in slo:
             continue

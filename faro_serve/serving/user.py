@@ -14,7 +14,12 @@
   which the autoscaler reads and controls;
 * the replica count is Faro's (the external scaling API): Ray's autoscaling is turned off.
 
-``run(apps, models, cluster)`` deploys the applications and the autoscaler over them.
+``scaled(Stage, pipeline, stage="name")`` scales a pipeline's stage (issue 35) exactly so;
+``scaled(Ingress, pipeline)`` meters the deployment that takes the pipeline's queries (its
+router measures arrivals and end-to-end latency) and leaves its replicas as the user set them.
+
+``run(apps, models, cluster)`` deploys the applications and the autoscaler over them
+(``models`` may hold pipelines beside single models).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from ray.serve.deployment import Application, Deployment
 from starlette.requests import Request
 
 from ..config import ClusterSpec, ConfigError, ModelSLO
+from ..pipelines import PipelineSLO
 from .direct import Meter
 from .guard import Dropped, ReplicaGuard, run_user  # noqa: F401 (Dropped re-exported)
 from .names import QUIET, meter_name
@@ -114,7 +120,7 @@ class ScaledDeployment:
 
     def __init__(self, deployment: Deployment, model: str, *, cpus: float = 1.0, gpus: float = 0.0,
                  resources: Mapping[str, float] | None = None, concurrency: int = 1,
-                 queue_limit: int = 50, initial_replicas: int = 1):
+                 queue_limit: int = 50, initial_replicas: int | None = 1):
         cls = deployment.func_or_class
         if isinstance(cls, str) or not inspect.isclass(cls):
             raise ConfigError(f"{deployment.name}: Faro scales deployment classes; this deployment "
@@ -126,10 +132,12 @@ class ScaledDeployment:
             actor["resources"] = {**actor.get("resources", {}), **resources}
         router = RequestRouterConfig(request_router_class=ProxyQueueRouter, request_router_kwargs={
             "meter": meter_name(deployment.name), "concurrency": concurrency})
-        self._deployment = deployment.options(
-            func_or_class=_faro_class(cls, model, concurrency), num_replicas=initial_replicas,
-            autoscaling_config=None, max_ongoing_requests=concurrency + 1,
-            max_queued_requests=queue_limit, request_router_config=router, ray_actor_options=actor)
+        options = dict(func_or_class=_faro_class(cls, model, concurrency),
+                       max_ongoing_requests=concurrency + 1, max_queued_requests=queue_limit,
+                       request_router_config=router, ray_actor_options=actor)
+        if initial_replicas is not None:  # Faro scales it (a pipeline's ingress: the user)
+            options.update(num_replicas=initial_replicas, autoscaling_config=None)
+        self._deployment = deployment.options(**options)
 
     @property
     def name(self) -> str:
@@ -153,14 +161,29 @@ def _check_deployment(deployment, where: str) -> Deployment:
     return deployment
 
 
-def scaled(deployment, slo: ModelSLO, *, queue_limit: int = 50,
-           initial_replicas: int | None = None) -> ScaledDeployment:
+def scaled(deployment, slo: "ModelSLO | PipelineSLO", *, stage: str | None = None,
+           queue_limit: int = 50, initial_replicas: int | None = None) -> ScaledDeployment:
     """``deployment`` (a ``@serve.deployment`` class) with Faro attached; ``slo`` names the
     model (``slo.name``), its resources per replica and its concurrency. Bind the result as
-    the deployment itself: ``scaled(Classifier, slo).bind(path="model.pt")``."""
+    the deployment itself: ``scaled(Classifier, slo).bind(path="model.pt")``.
+
+    With a :class:`~faro_serve.pipelines.PipelineSLO`: ``stage="det"`` scales that stage
+    (as a model); without ``stage``, ``deployment`` is the pipeline's ingress, metered
+    (arrivals, end-to-end latency) but not scaled: it keeps its own replicas, resources and
+    ``max_ongoing_requests`` (give it room: each query holds a slot while its stages run)."""
     _check_deployment(deployment, repr(getattr(deployment, "name", getattr(deployment, "__name__", deployment))))
+    if isinstance(slo, PipelineSLO):
+        if stage is None:
+            return _ingress(deployment, slo, queue_limit)
+        try:
+            slo = slo.stage_model(stage)
+        except KeyError as err:
+            raise ConfigError(err.args[0]) from None
+    elif stage is not None:
+        raise ConfigError(f"stage={stage!r} needs a pipeline (faro_serve.Pipeline), not a model's SLO")
     if not isinstance(slo, ModelSLO):
-        raise ConfigError(f"slo must be a faro_serve.SLO (got {type(slo).__name__})")
+        raise ConfigError(f"slo must be a faro_serve.SLO or faro_serve.Pipeline (got "
+                          f"{type(slo).__name__})")
     if slo.deployment is not None and slo.deployment != deployment.name:
         raise ConfigError(f"model {slo.name!r}: its SLO names deployment {slo.deployment!r} but "
                           f"the deployment is {deployment.name!r}")
@@ -171,16 +194,49 @@ def scaled(deployment, slo: ModelSLO, *, queue_limit: int = 50,
                             queue_limit=queue_limit, initial_replicas=initial)
 
 
+def _ingress(deployment: Deployment, pipeline: PipelineSLO, queue_limit: int) -> ScaledDeployment:
+    """A pipeline's ingress, metered under the pipeline's name and left at its own scaling."""
+    if pipeline.ingress is not None and pipeline.ingress != deployment.name:
+        raise ConfigError(f"pipeline {pipeline.name!r}: its ingress is {pipeline.ingress!r} but "
+                          f"the deployment is {deployment.name!r}")
+    _SCALED[pipeline.name] = deployment.name
+    actor = deployment.ray_actor_options or {}
+    return ScaledDeployment(deployment, pipeline.name, cpus=float(actor.get("num_cpus", 1.0)),
+                            gpus=float(actor.get("num_gpus", 0.0)), resources=actor.get("resources"),
+                            concurrency=max(1, int(deployment.max_ongoing_requests)),
+                            queue_limit=queue_limit, initial_replicas=None)
+
+
+def _located(pipeline: PipelineSLO) -> PipelineSLO:
+    """``pipeline`` with its ingress and stage deployments as scaled() was given them."""
+    doc = pipeline.model_dump(exclude_none=True)
+    for s in doc["stages"]:
+        if "deployment" not in s and s["name"] in _SCALED:
+            s["deployment"] = _SCALED[s["name"]]
+    if "ingress" not in doc and pipeline.name in _SCALED:
+        doc["ingress"] = _SCALED[pipeline.name]
+    return PipelineSLO.model_validate(doc)
+
+
 def run(apps: Mapping[str, Application], models: Sequence[ModelSLO], cluster: ClusterSpec, *,
         policy: str | None = None, route_prefixes: Mapping[str, str] | None = None,
         **autoscaler_options) -> None:
     """Deploy ``apps`` (application name -> bound application, each at ``/<name>`` unless
     ``route_prefixes`` says otherwise, external scaling on) and the autoscaler over
     ``models``. Each model's ``app`` names its application (default: its name) and its
-    ``deployment`` the Serve deployment (default: the one :func:`scaled` was given for it)."""
+    ``deployment`` the Serve deployment (default: the one :func:`scaled` was given for it).
+    ``models`` may hold :class:`~faro_serve.pipelines.PipelineSLO` s: their stages are
+    scaled, their ingress measured (each as :func:`scaled` was given them)."""
+    pipelines = [_located(p) for p in models if isinstance(p, PipelineSLO)]
     models = [m if m.deployment or m.name not in _SCALED
-              else m.model_copy(update={"deployment": _SCALED[m.name]}) for m in models]
-    for m in models:
+              else m.model_copy(update={"deployment": _SCALED[m.name]})
+              for m in models if not isinstance(m, PipelineSLO)]
+    everything = models + [m for p in pipelines for m in p.stage_models()]
+    for p in pipelines:
+        if p.app_name not in apps and p.ingress is not None:
+            raise ConfigError(f"pipeline {p.name!r} runs in application {p.app_name!r}, which "
+                              f"is not among the applications given ({', '.join(apps) or 'none'})")
+    for m in everything:
         if m.deployment is None:
             raise ConfigError(f"model {m.name!r}: no deployment was scaled() under this name; "
                               "give the SLO's deployment (the name of its Serve deployment)")
@@ -194,11 +250,11 @@ def run(apps: Mapping[str, Application], models: Sequence[ModelSLO], cluster: Cl
     from .autoscaler_deployment import ray_capacity
 
     try:  # Serve would wait for ever for replicas that cannot be placed: say it now
-        check_minimums_fit(models, capped_capacity(cluster, ray_capacity()))
+        check_minimums_fit(everything, capped_capacity(cluster, ray_capacity()))
     except ValueError as err:
         raise ConfigError(f"cannot deploy: {err} (Ray's cluster, capped by the config)") from None
     for app_name, app in apps.items():
         prefix = (route_prefixes or {}).get(app_name, f"/{app_name}")
         serve.run(app, name=app_name, route_prefix=prefix, external_scaler_enabled=True,
                   blocking=False)
-    run_autoscaler(models, cluster, policy=policy, **autoscaler_options)
+    run_autoscaler(models, cluster, policy=policy, pipelines=pipelines, **autoscaler_options)

@@ -119,3 +119,49 @@ def plain_function(request: Request) -> str:
 
 
 NOT_A_DEPLOYMENT = TextClassifier.func_or_class
+
+
+# A pipeline (issue 35), as a user composes one: the ingress cleans the text, then labels it
+# and, when asked, captions it at the same time (a fan-out). Faro is told its shape in the
+# tests' Pipeline declaration; this code does not know of faro-serve.
+
+
+@serve.deployment
+class Clean:
+    async def run(self, text: str) -> str:
+        await asyncio.sleep(0.02)
+        return " ".join(text.lower().split())
+
+
+@serve.deployment
+class Tag:
+    """The slow stage: 80 ms a query."""
+
+    async def run(self, text: str) -> dict:
+        await asyncio.sleep(0.08)
+        return label(text)
+
+
+@serve.deployment
+class Caption:
+    async def run(self, text: str) -> str:
+        await asyncio.sleep(0.03)
+        return text[:12]
+
+
+@serve.deployment
+class Gallery:
+    def __init__(self, clean, tag, caption):
+        self.clean, self.tag, self.caption = clean, tag, caption
+
+    async def __call__(self, request: Request):
+        body = await request.json()
+        try:
+            cleaned = await self.clean.run.remote(body["text"])
+            calls = [self.tag.run.remote(cleaned)]
+            if body.get("caption"):
+                calls.append(self.caption.run.remote(cleaned))
+            done = await asyncio.gather(*calls)
+        except Exception as err:  # e.g. Faro dropped it at a stage
+            return JSONResponse({"error": type(err).__name__}, status_code=503)
+        return {**done[0], **({"caption": done[1]} if len(done) > 1 else {})}
