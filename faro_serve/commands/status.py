@@ -75,6 +75,8 @@ def run(args) -> int:
                       _fmt(m.get("predicted_utility"), ".3f"), f"{m.get('drop_rate', 0):.1%}",
                       m.get("predictor") or loaded or "-", style=style)
     console().print(table)
+    for line in pipeline_lines(st.get("pipelines")):
+        print(line)
     for name, err in (st.get("front_errors") or {}).items():  # left out of the plan this tick
         print(f"{name}: not planned: {err}")
     if not st.get("enabled", True):
@@ -87,6 +89,21 @@ def run(args) -> int:
         for line in explain(decisions):
             print(line)
     return 0
+
+
+def pipeline_lines(pipes: dict | None) -> list[str]:
+    """One line per pipeline: its stages, its entry rate and end-to-end latency (measured
+    at its ingress) against its SLO."""
+    out = []
+    for name, p in (pipes or {}).items():
+        lat = p.get("latency_ms")
+        seen = (f"{lat:.0f} ms end to end (utility {p.get('observed_utility')})" if lat is not None
+                else "end to end not measured" + ("" if p.get("ingress") else
+                                                  " (no ingress: faro_serve.scaled(Ingress, pipeline))"))
+        rate = p.get("arrival_rate")
+        out.append(f"pipeline {name}: stages {', '.join(p.get('stages', []))}; SLO {p['slo_ms']:g} ms "
+                   f"p{p['percentile']:g}; {'-' if rate is None else f'{rate:.2f}'}/s; {seen}")
+    return out
 
 
 def retrain_lines(rt: dict | None) -> list[str]:
