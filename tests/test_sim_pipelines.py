@@ -3,6 +3,9 @@ is measured end to end, what policies observe, and the pipeline suite's quick ru
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -192,3 +195,51 @@ def test_counts_need_a_row_per_pipeline():
         simulate(np.ones((1, 3)), [ModelSLO(name="m", slo_ms=600.0)], pol,
                  SimConfig(capacity_cpus=10), pipelines=[p])
 
+
+def test_pipeline_suite_quick_runs(tmp_path):
+    from bench.pipeline_suite import main
+
+    out = tmp_path / "suite.md"
+    rows = main(["--quick", "--minutes", "8", "--seeds", "1", "--policies",
+                 "fairshare,oracle,no-such-policy", "--out", str(out)])
+    assert {r["policy"] for r in rows} == {"fairshare", "oracle"}
+    text = out.read_text()
+    assert "no-such-policy" in text and "skipped" in text
+    assert "e2e SLO violations" in text
+
+
+def _trace(path, jobs, minutes=6, rate=240):
+    with open(path, "w") as f:
+        f.write("day,sample,minute,job,requests\n")
+        for d in (1, 2):
+            for j in jobs:
+                for m in range(minutes):
+                    f.write(f"{d},0,{m},{j},{rate}\n")
+    return path
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "pipeline_sim.yaml"
+
+
+def test_simulate_command_runs_a_config_with_pipelines(cli, tmp_path):
+    trace = _trace(tmp_path / "t.csv", ["resnet", "detect-classify", "tag-caption"])
+    out = tmp_path / "out.json"
+    code, stdout, err = cli("simulate", "--trace", str(trace), "--day", "2", "--sample", "0",
+                            "--config", str(EXAMPLE), "--policy", "fairshare", "--json", str(out))
+    assert code == 0, err
+    res = json.loads(out.read_text())
+    assert res["capacity"] == 16  # the config's cluster
+    assert set(res["jobs"]) == {"resnet", "detect-classify", "tag-caption"}
+    assert set(res["stages"]) == {"detect", "classify", "embed", "caption", "tag"}
+    assert res["jobs"]["detect-classify"]["requests"] == pytest.approx(240 * 6, rel=0.1)
+    assert res["stages"]["tag"]["requests"] == pytest.approx(0.4 * res["stages"]["embed"]["requests"], rel=0.15)
+    assert "pipeline, end to end" in stdout and "pipeline stages" in stdout
+
+
+def test_simulate_config_names_the_pipeline_missing_from_the_trace(cli, tmp_path):
+    trace = _trace(tmp_path / "t.csv", ["resnet", "detect-classify"])
+    code, _, err = cli("simulate", "--trace", str(trace), "--day", "2", "--sample", "0",
+                       "--config", str(EXAMPLE), "--policy", "fairshare")
+    assert code == 2
+    assert "pipeline 'tag-caption' has no job 'tag-caption'" in err
+    assert "queries at the entry" in err
