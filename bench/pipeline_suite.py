@@ -3,7 +3,7 @@
 The scenario (faro_serve.sim.pipeline_scenario.suite_scenario): three single ResNet34 jobs
 (720 ms p99) and three pipelines (a chain of 2, a chain of 3, a fan-out with a branch at 40 %)
 whose queries come from jobs of the Faro trace (Azure Functions 2019 and the Twitter stream),
-on a contended cluster (40 replicas in Faro's paper units would not be; 30 is), 3 seeds.
+on a contended cluster of 30 replicas (chosen on day 8), 3 seeds.
 Reported slice: day 10 sample 0 (the existing suite's); the capacity was chosen on day 8
 sample 0 and nothing is tuned on day 10. ``--quick``: the first 30 minutes, one seed.
 

@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from faro_serve.config import ModelSLO
+from faro_serve.metrics import MinuteTable, Summary, minute_table, summarize
 from faro_serve.pipelines import PipelineSLO
 
 from ..distributions import PAPER_PROCESSING, TimeDist
@@ -402,3 +403,54 @@ class PipelineSet:
     @property
     def stage_names(self) -> list[str]:
         return [n for r in self.runs for n in r.order]
+
+
+class StageMeter:
+    """The stages' own rows: each stage's requests (arrival at the stage, latency there)
+    summarised against its own ``slo_ms``, with the same metric code as the jobs."""
+
+    def __init__(self, names: list[str], spec: Mapping[str, ModelSLO], n_min: int, keep: bool):
+        self.names, self.n_min, self.keep = list(names), n_min, keep
+        self.table = MinuteTable.empty(self.names, n_min)
+        self.slo_s = np.array([spec[n].slo_ms / 1e3 for n in self.names])
+        self.pct = np.array([spec[n].percentile for n in self.names])
+        self.parts: list[tuple] = []
+
+    def add(self, parts) -> None:
+        sizes = [p[0].size for p in parts]
+        if sum(sizes) == 0:
+            return
+        sidx = np.repeat(np.arange(len(self.names)), sizes)
+        arr, lat, drp = (np.concatenate([p[k] for p in parts]) for k in range(3))
+        self.table = self.table.merge(minute_table(self.names, sidx, arr, lat, drp, self.slo_s,
+                                                   self.n_min, self.pct))
+        if self.keep:
+            self.parts.append((sidx, arr, lat, drp))
+
+    def result(self) -> dict:
+        """SimResult's stage fields."""
+        return dict(stage_table=self.table, stage_summary=summarize(self.table, self.slo_s),
+                    stage_records=join_records(self.parts, "stage") if self.keep else None)
+
+
+def join_records(parts, key: str) -> dict[str, np.ndarray]:
+    """Record parts ``(index, arrival, latency, dropped)`` as one dict of arrays."""
+    cols = list(zip(*parts)) if parts else [
+        [np.empty(0, int)], [np.empty(0)], [np.empty(0)], [np.empty(0, bool)]]
+    return dict(zip((key, "arrival_s", "latency_s", "dropped"), (np.concatenate(c) for c in cols)))
+
+
+def stage_rows(table: MinuteTable | None, summary: Summary | None,
+               replica_minutes: Mapping[str, float]) -> dict[str, dict]:
+    """Per stage: its summary row, replica-minutes and the median over minutes of its
+    SLO-percentile latency at the stage (ms)."""
+    if table is None:
+        return {}
+    st = summary.to_dict()["jobs"] if summary else {}
+    out = {}
+    for i, n in enumerate(table.names):
+        v = table.p_served[i]
+        v = v[np.isfinite(v)]
+        out[n] = {**st.get(n, {}), "replica_minutes": round(replica_minutes[n], 3),
+                  "latency_ms_median_minute": round(float(np.median(v)) * 1e3, 3) if v.size else None}
+    return out

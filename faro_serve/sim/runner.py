@@ -41,7 +41,7 @@ from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, TimeDist
 from ..measures import LOOK_BACK_S
 from ..pipelines import PipelineSLO
 from ..resources import Capacity, demand, usage
-from .pipelines import PipelineSet, StageState, check_pipelines
+from .pipelines import PipelineSet, StageMeter, StageState, check_pipelines, join_records, stage_rows
 from .pipelines import stage_processing as stage_processing_of
 from .state import ModelState
 from .workload import Workload
@@ -149,18 +149,8 @@ class SimResult:
             out["pipelines"] = list(self.pipelines)
             rm = self.replica_minutes()
             out["replica_minutes"] = round(sum(rm.values()), 3)
-            st = self.stage_summary.to_dict()["jobs"] if self.stage_summary else {}
-            out["stages"] = {n: {**st.get(n, {}), "replica_minutes": round(rm[n], 3),
-                                 "latency_ms_median_minute": _median_ms(self.stage_table, n)}
-                             for n in self.stage_table.names} if self.stage_table else {}
+            out["stages"] = stage_rows(self.stage_table, self.stage_summary, rm)
         return out
-
-
-def _median_ms(table: MinuteTable, name: str) -> float | None:
-    """The median over minutes with served requests of a row's SLO-percentile latency (ms)."""
-    v = table.p_served[table.names.index(name)]
-    v = v[np.isfinite(v)]
-    return round(float(np.median(v)) * 1e3, 3) if v.size else None
 
 
 def simulate(counts: np.ndarray, models: Sequence[ModelSLO], policy: Policy, cfg: SimConfig,
@@ -279,11 +269,8 @@ class _Run:
                 self.pipelines, {n: self.states[n] for n in self.model_names[self.n_single:]},
                 stage_processing_of(self.pipelines, base, stage_processing), cfg.router_overhead,
                 cfg.seed, cfg.draw, self.work.counts[self.n_single:], warmup_history[self.n_single:])
-            self.stage_names = self.pipes.stage_names
-            self.stage_table = MinuteTable.empty(self.stage_names, self.n_min)
-            self.stage_slo_s = np.array([self.spec[n].slo_ms / 1e3 for n in self.stage_names])
-            self.stage_pct = np.array([self.spec[n].percentile for n in self.stage_names])
-            self.stage_parts: list[tuple] = []
+            self.stage_meter = StageMeter(self.pipes.stage_names, self.spec, self.n_min,
+                                          cfg.keep_records)
 
     def advance(self, t0: float, t1: float) -> None:
         """Every model's queue and replicas over ``[t0, t1)``; then the pipelines, whose
@@ -378,7 +365,7 @@ class _Run:
         if self.pipes is not None:
             e2e, stages = self.pipes.take_settled(upto)
             parts += e2e
-            self._flush_stages(stages)
+            self.stage_meter.add(stages)
         sizes = [p[0].size for p in parts]
         if sum(sizes) == 0:
             return
@@ -389,34 +376,16 @@ class _Run:
         if self.cfg.keep_records:
             self.rec_parts.append((midx, arr, lat, drp))
 
-    def _flush_stages(self, parts) -> None:
-        sizes = [p[0].size for p in parts]
-        if sum(sizes) == 0:
-            return
-        sidx = np.repeat(np.arange(len(self.stage_names)), sizes)
-        arr, lat, drp = (np.concatenate([p[k] for p in parts]) for k in range(3))
-        self.stage_table = self.stage_table.merge(minute_table(
-            self.stage_names, sidx, arr, lat, drp, self.stage_slo_s, self.n_min, self.stage_pct))
-        if self.cfg.keep_records:
-            self.stage_parts.append((sidx, arr, lat, drp))
-
-    def _records(self, parts, key: str):
-        cols = list(zip(*parts)) if parts else [
-            [np.empty(0, int)], [np.empty(0)], [np.empty(0)], [np.empty(0, bool)]]
-        return dict(zip((key, "arrival_s", "latency_s", "dropped"), (np.concatenate(c) for c in cols)))
 
     def finish(self) -> SimResult:
         """Drain (no more arrivals; the replicas left serve the queues) and summarise."""
         self.advance(self.end, 1e18)
         self.flush(True)
-        records = self._records(self.rec_parts, "model") if self.cfg.keep_records else None
+        records = join_records(self.rec_parts, "model") if self.cfg.keep_records else None
         extra = {}
         if self.pipes is not None:
             extra = dict(model_names=self.model_names, pipelines=[p.name for p in self.pipelines],
-                         stage_table=self.stage_table,
-                         stage_summary=summarize(self.stage_table, self.stage_slo_s),
-                         stage_records=(self._records(self.stage_parts, "stage")
-                                        if self.cfg.keep_records else None))
+                         **self.stage_meter.result())
         return SimResult(policy=self.policy.name, names=self.names, capacity_cpus=self.cfg.capacity_cpus,
                          seed=self.cfg.seed, table=self.table, summary=summarize(self.table, self.slo_s),
                          wall_s=time.perf_counter() - self.t_wall, tick_times=self.tick_times,
