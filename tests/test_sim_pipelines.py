@@ -117,6 +117,20 @@ def test_fan_out_latency_is_the_slowest_branch():
     assert long_.mean() == pytest.approx(0.5, abs=0.05)
 
 
+def test_a_join_waits_for_its_last_branch():
+    """a -> {b, c} -> d: d starts when the slower of b and c is done; every query visits d."""
+    p = PipelineSLO(name="diamond", slo_ms=1000.0, stages=[
+        dict(name="a", processing_ms=100.0), dict(name="b", after=["a"], processing_ms=50.0),
+        dict(name="c", after=["a"], processing_ms=200.0, fraction=0.5),
+        dict(name="d", after=["b", "c"], processing_ms=100.0)])
+    res, _ = run([], [p], [120.0], minutes=10, initial=8)
+    lat = job(res, "diamond")["latency_s"]
+    via_c = np.isclose(lat, 0.1 + 0.2 + 0.1)
+    assert (via_c | np.isclose(lat, 0.1 + 0.05 + 0.1)).all()
+    assert via_c.mean() == pytest.approx(0.5, abs=0.06)
+    assert stage(res, "d")["arrival_s"].size == lat.size
+
+
 def test_drop_at_the_second_stage_drops_the_query():
     res, _ = run([], [chain()], [120.0], minutes=10, initial=4, drops={"chain-s1": 0.5})
     r, b = job(res, "chain"), stage(res, "chain-s1")
