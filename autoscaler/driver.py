@@ -28,7 +28,7 @@ from faro_serve.config import ModelSLO
 from faro_serve.front_report import FrontReport, decode_front_report, read_reports
 from faro_serve.resources import Capacity, as_capacity, demand, usage
 
-from .policy import Decision, ModelObservation, Observation
+from .policy import Decision, ModelObservation, Observation, PipelineObservation
 from .setting import Setting, field_map, largest_batch  # noqa: F401 (largest_batch re-exported)
 
 log = logging.getLogger("faro_serve.autoscaler")
@@ -118,7 +118,8 @@ class FrontSnapshot:
 def observe(now: float, capacity_cpus: float | Capacity, capacity_memory_gb: float | None,
             snapshots: Mapping[str, FrontSnapshot], running: Mapping[str, int],
             settings: Mapping[str, Setting], future: dict[str, np.ndarray] | None = None,
-            slo_s: Mapping[str, float] | None = None) -> Observation:
+            slo_s: Mapping[str, float] | None = None,
+            pipelines: Mapping[str, PipelineObservation] | None = None) -> Observation:
     """The policy's observation of the models in ``snapshots`` (in their order).
 
     ``running``: replicas serving now; ``settings``: the settings in force (their replicas
@@ -126,7 +127,8 @@ def observe(now: float, capacity_cpus: float | Capacity, capacity_memory_gb: flo
     arrivals, which only the simulator has; ``slo_s``: each model's SLO, which turns the
     queued requests' waits into remaining budgets. A batch size or thread count the front
     reports wins over the one set (it is what the replicas run). The capacity: a
-    :class:`~faro_serve.resources.Capacity`, or CPUs and memory as two scalars."""
+    :class:`~faro_serve.resources.Capacity`, or CPUs and memory as two scalars.
+    ``pipelines``: each pipeline's end-to-end view (its stages are models of ``snapshots``)."""
     models = {}
     for n, s in snapshots.items():
         budgets = None
@@ -142,7 +144,8 @@ def observe(now: float, capacity_cpus: float | Capacity, capacity_memory_gb: flo
             threads=int(s.threads or 1), batch_size=int(s.batch_size or 1), mean_batch=s.mean_batch)
     cap = as_capacity(capacity_cpus, capacity_memory_gb)
     return Observation(now=float(now), capacity_cpus=cap.cpus, capacity_memory_gb=cap.memory_gb,
-                       models=models, future_arrivals_per_min=future, capacity=cap)
+                       models=models, future_arrivals_per_min=future, capacity=cap,
+                       pipelines=dict(pipelines or {}))
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,14 @@ def register(sub) -> None:
     p = sub.add_parser("simulate", help="run one policy on a trace in the matched simulator",
                        description=__doc__.split("\n\n", 1)[1])
     add_scenario_args(p)
-    p.add_argument("--capacity", type=float, required=True, help="replicas (1 CPU, 1 GiB each)")
+    p.add_argument("--capacity", type=float, help="replicas (1 CPU, 1 GiB each); with --config, "
+                   "its cluster's cpus by default")
+    p.add_argument("--config", metavar="YAML",
+                   help="simulate a faro-serve config's models and pipelines (their SLOs, "
+                        "processing times, bounds, its cluster's settings) instead of one "
+                        "paper job per trace job: the trace needs a job named as each single "
+                        "model and each pipeline (its queries at the entry); --slo-ms, "
+                        "--percentile and --processing-ms are then the config's")
     p.add_argument("--policy", default="faro-fairsum",
                    help="policy name, e.g. faro-fairsum, oracle, mark, aiad (a wrong name lists "
                         "all), a plug-in's name, or an import path my_pkg.policies:MyPolicy")
@@ -145,6 +152,10 @@ def run(args) -> int:
         policy_factory(args.policy)  # a bad name or import path fails before the trace loads
     except ValueError as err:
         raise UsageError(str(err)) from None
+    if args.config:
+        return run_config(args)
+    if args.capacity is None:
+        raise UsageError("give --capacity (or --config, whose cluster's cpus it defaults to)")
     if args.capacity <= 0:
         raise UsageError(f"--capacity must be > 0 (got {args.capacity:g})")
     sc = scenario_from_args(args)
@@ -180,6 +191,45 @@ def run(args) -> int:
     return 0
 
 
+def run_config(args) -> int:
+    """``simulate --config``: a config's single models and pipelines on the trace's jobs of
+    the same names (faro_serve.sim.pipeline_scenario)."""
+    from ..config import load_document, parse_config
+    from ..sim.pipeline_scenario import PipelineScenario
+    from ..sim.suite import uses_forecaster
+
+    for flag, given in (("--jobs", args.jobs), ("--rescale", args.rescale), ("--n-jobs", args.n_jobs),
+                        ("--batch-profile", args.batch_profile), ("--step-at", args.step_at),
+                        ("--gpus-per-replica", args.gpus_per_replica)):
+        if given:
+            raise UsageError(f"{flag} is not taken with --config (the config says which models "
+                             f"and pipelines run, and how)")
+    cfg = parse_config(load_document(args.config), args.config)
+    capacity = cfg.cluster.cpus if args.capacity is None else args.capacity
+    if capacity <= 0:
+        raise UsageError(f"--capacity must be > 0 (got {capacity:g})")
+    sc = PipelineScenario.from_config(
+        cfg, args.trace, day=args.day, sample=args.sample, minutes=args.minutes,
+        warmup_minutes=args.warmup_minutes, processing_dist=args.processing_dist,
+        overhead_dist=args.overhead_dist, cold_start_s=args.cold_start_s,
+        queue_limit=args.queue_limit)
+    sc.distributions()  # a bad distribution fails before the trace loads
+    loaded = sc.load()
+    fc, kind = forecaster_from_args(args) if uses_forecaster(args.policy) else (None, "none")
+    res = sc.run(args.policy, capacity, args.seed, forecaster=fc, loaded=loaded)
+    out = res.to_dict() | {"forecaster": kind}
+    if args.json:
+        text = json.dumps(out, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    if args.json != "-":
+        print_result(res, sc)
+    return 0
+
+
 def step_report(names, records, models, step_s: float) -> dict:
     """The surge metrics (faro_serve.recovery) of a run's request records."""
     from ..recovery import surge_report
@@ -207,13 +257,32 @@ def print_result(res, sc) -> None:
     table = Table(title=f"{res.policy} on {len(res.names)} jobs, capacity {res.capacity_cpus:g}, seed {res.seed}")
     for col in ("job", "requests", "dropped", "SLO viol.", "lost utility", "mean replicas"):
         table.add_column(col, justify="left" if col == "job" else "right", no_wrap=True)
-    mean_reps = res.targets.mean(axis=0)
+    cols = res.model_names or res.names
+    mean_reps = dict(zip(cols, res.targets.mean(axis=0)))
+    stages_of = {}
+    if res.pipelines:  # a pipeline's replicas: its stages'
+        for m in sc.all_models():
+            if m.pipeline:
+                stages_of.setdefault(m.pipeline, []).append(m.name)
     for i, n in enumerate(res.names):
-        table.add_row(n, f"{int(s.job_requests[i]):,}", f"{int(s.job_dropped[i]):,}",
+        reps = sum(mean_reps[x] for x in stages_of[n]) if n in stages_of else mean_reps[n]
+        table.add_row(n + (" (pipeline, end to end)" if n in stages_of else ""),
+                      f"{int(s.job_requests[i]):,}", f"{int(s.job_dropped[i]):,}",
                       f"{s.job_slo_violation_rate[i]:.2%}", f"{s.job_lost_utility[i]:.3f}",
-                      f"{mean_reps[i]:.1f}")
+                      f"{reps:.1f}")
     con = Console()
     con.print(table)
+    if res.stage_summary is not None:
+        st = Table(title="pipeline stages (each against its own slo_ms; not jobs of the cluster objective)")
+        for col in ("stage", "requests", "dropped", "median minute SLO-pct latency ms",
+                    "replica-minutes"):
+            st.add_column(col, justify="left" if col == "stage" else "right", no_wrap=True)
+        rows = res.to_dict()["stages"]
+        for n, r in rows.items():
+            lat = r["latency_ms_median_minute"]
+            st.add_row(n, f"{r['requests']:,}", f"{r['dropped']:,}",
+                       "-" if lat is None else f"{lat:.0f}", f"{r['replica_minutes']:.0f}")
+        con.print(st)
     con.print(f"lost cluster utility {s.lost_cluster_utility:.3f} (effective {s.lost_effective_utility:.3f}) | "
               f"cluster SLO violation rate {s.cluster_slo_violation_rate:.2%} | "
               f"{res.table.minutes} min, {int(s.job_requests.sum()):,} requests | wall {res.wall_s:.1f} s")

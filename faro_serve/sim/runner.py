@@ -39,7 +39,10 @@ from faro_serve.metrics import MinuteTable, Summary, minute_table, summarize
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, TimeDist
 from ..measures import LOOK_BACK_S
+from ..pipelines import PipelineSLO
 from ..resources import Capacity, demand, usage
+from .pipelines import PipelineSet, StageMeter, StageState, check_pipelines, join_records, stage_rows
+from .pipelines import stage_processing as stage_processing_of
 from .state import ModelState
 from .workload import Workload
 
@@ -77,6 +80,9 @@ class SimConfig:
     seed: int = 0
     draw: int = 0  # > 0: same counts, another draw of the per-request randomness (workload.Workload)
     keep_records: bool = False  # keep every request record (tests, live comparison)
+    # cut time at least this often (s) besides minute starts and ticks (None: only there);
+    # the kernels are exact at any cut, so this only checks that (sim/pipelines.py)
+    max_step_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.capacity_cpus > 0:
@@ -93,6 +99,8 @@ class SimConfig:
             raise ValueError(f"client timeout must be > 0 s (got {self.client_timeout_s:g})")
         if self.look_back_s <= 0:
             raise ValueError("look-back must be > 0 s")
+        if self.max_step_s is not None and not self.max_step_s > 0:
+            raise ValueError(f"max step must be > 0 s (got {self.max_step_s:g})")
 
     @property
     def capacity(self) -> Capacity:
@@ -115,6 +123,20 @@ class SimResult:
     serving: np.ndarray  # (ticks, models) replicas serving at each tick
     decisions: dict[str, int] = field(default_factory=dict)  # decision kind -> count
     records: dict[str, np.ndarray] | None = None  # model, arrival_s, latency_s, dropped
+    # with pipelines: ``names`` are the jobs (single models, then pipelines: their rows are
+    # end to end) and ``model_names`` the columns of targets/serving (single models, then
+    # stages); the stages' own rows (their latency at the stage) are ``stage_summary``
+    model_names: list[str] | None = None
+    pipelines: list[str] = field(default_factory=list)
+    stage_table: MinuteTable | None = None
+    stage_summary: Summary | None = None
+    stage_records: dict[str, np.ndarray] | None = None  # stage, arrival_s, latency_s, dropped
+    tick_s: float = 10.0
+
+    def replica_minutes(self) -> dict[str, float]:
+        """Target replicas (starting ones included) x minutes, per model and stage."""
+        cols = self.model_names or self.names
+        return {n: float(self.targets[:, i].sum() * self.tick_s / 60.0) for i, n in enumerate(cols)}
 
     def to_dict(self, per_job: bool = True) -> dict:
         out = {"policy": self.policy, "capacity": self.capacity_cpus, "seed": self.seed,
@@ -123,24 +145,37 @@ class SimResult:
                "dropped": int(self.summary.job_dropped.sum()), "decisions": dict(self.decisions)}
         if per_job:
             out["jobs"] = self.summary.to_dict()["jobs"]
+        if self.pipelines:
+            out["pipelines"] = list(self.pipelines)
+            rm = self.replica_minutes()
+            out["replica_minutes"] = round(sum(rm.values()), 3)
+            out["stages"] = stage_rows(self.stage_table, self.stage_summary, rm)
         return out
 
 
 def simulate(counts: np.ndarray, models: Sequence[ModelSLO], policy: Policy, cfg: SimConfig,
-             warmup_history: np.ndarray | None = None, future_minutes: int | None = None) -> SimResult:
-    """Run ``policy`` on per-minute ``counts`` (jobs x minutes, in ``models`` order).
+             warmup_history: np.ndarray | None = None, future_minutes: int | None = None,
+             pipelines: Sequence[PipelineSLO] = (),
+             stage_processing: dict[str, TimeDist] | None = None) -> SimResult:
+    """Run ``policy`` on per-minute ``counts`` (jobs x minutes: ``models`` in order, then
+    one row per pipeline, its queries at the entry).
 
     ``warmup_history`` (jobs x minutes) is arrival history from before the run (e.g. the
     previous day's end), prepended to what the policy sees but not simulated.
+    ``pipelines``: their stages are models of the cluster too (``policy`` must be built
+    over ``models`` and the stages, ``make_policy(..., pipelines=...)``); queries move as
+    ``faro_serve.sim.pipelines`` says. ``stage_processing``: a stage's simulated processing
+    time (default: ``cfg.processing`` scaled to the stage's ``processing_ms``).
     """
-    run = _Run(counts, models, policy, cfg, warmup_history, future_minutes)
+    run = _Run(counts, models, policy, cfg, warmup_history, future_minutes, pipelines,
+               stage_processing)
     # Event instants: minute starts (load the minute) and ticks (observe + decide).
     minute_starts = 60.0 * np.arange(run.n_min)
+    extra = [] if cfg.max_step_s is None else [np.arange(0.0, run.end, cfg.max_step_s)]
     t_prev = 0.0
-    for t in np.unique(np.concatenate([minute_starts, run.tick_times, [run.end]])):
+    for t in np.unique(np.concatenate([minute_starts, run.tick_times, [run.end], *extra])):
         if t > t_prev:
-            for s in run.states.values():
-                s.run(t_prev, t)
+            run.advance(t_prev, t)
             t_prev = t
         if t >= run.end:
             break
@@ -155,14 +190,21 @@ class _Run:
     """One simulation's state: set up from the arguments of :func:`simulate`, advanced by
     :meth:`load_minute` and :meth:`tick`, summarised by :meth:`finish`."""
 
-    def __init__(self, counts, models, policy: Policy, cfg: SimConfig, warmup_history, future_minutes):
+    def __init__(self, counts, models, policy: Policy, cfg: SimConfig, warmup_history, future_minutes,
+                 pipelines=(), stage_processing=None):
         self.t_wall = time.perf_counter()
-        self.models = list(models)
-        self.names = [m.name for m in self.models]
+        self.pipelines = list(pipelines)
+        self.n_single = len(models)
+        # every model the policy scales (single models, then stages) and the jobs measured
+        # (single models, then pipelines)
+        self.models = list(models) + check_pipelines(models, self.pipelines)
+        self.model_names = [m.name for m in self.models]
+        self.names = [m.name for m in models] + [p.name for p in self.pipelines]
         self.policy, self.cfg = policy, cfg
         counts = np.asarray(counts, dtype=float)
-        if counts.ndim != 2 or counts.shape[0] != len(self.models):
-            raise ValueError(f"counts must be (models={len(self.models)}, minutes), got {counts.shape}")
+        if counts.ndim != 2 or counts.shape[0] != len(self.names):
+            what = f"models={self.n_single}" + (f" + pipelines={len(self.pipelines)}" if self.pipelines else "")
+            raise ValueError(f"counts must be ({what}, minutes), got {counts.shape}")
         self.n_min = counts.shape[1]
         if self.n_min == 0:
             raise ValueError("the trace has no minutes")
@@ -173,15 +215,17 @@ class _Run:
         if over:
             raise ValueError(f"the initial replicas ({sum(init)}) need {'; '.join(over)}")
         procs = list(cfg.processing) if isinstance(cfg.processing, tuple) else cfg.processing
+        if isinstance(procs, list) and self.pipelines:  # the pipeline rows' draws are unused
+            procs = procs + [procs[0]] * (len(self.names) - len(procs))
         self.work = Workload(counts, procs, cfg.router_overhead, seed=cfg.seed, draw=cfg.draw)
         tick = float(policy.tick_s)
         look_ticks = int(math.ceil(cfg.look_back_s / tick)) + 1
-        self.states = {m.name: ModelState(m.name, i, cfg.queue_limit, look_ticks, cfg.replica_hold_s,
-                                          cfg.client_timeout_s, cfg.cancel_timed_out,
-                                          1.0 if m.batching is None else m.batching.share(m.cpus),
-                                          cfg.queue_per_replica,
-                                          int(cfg.capacity_cpus // m.cpus) + 1, m.concurrency)
-                       for i, m in enumerate(self.models)}
+        self.states = {m.name: (ModelState if i < self.n_single else StageState)(
+            m.name, i, cfg.queue_limit, look_ticks, cfg.replica_hold_s, cfg.client_timeout_s,
+            cfg.cancel_timed_out, 1.0 if m.batching is None else m.batching.share(m.cpus),
+            cfg.queue_per_replica, int(cfg.capacity_cpus // m.cpus) + 1, m.concurrency)
+            for i, m in enumerate(self.models)}
+        self.singles = list(self.states.values())[:self.n_single]
         for s, r in zip(self.states.values(), init):
             s.scale_to(r, 0.0, 0.0)
         # every model's setting in force (autoscaler.setting); models with variants start
@@ -195,13 +239,14 @@ class _Run:
                 self.states[m.name].switch_variant(
                     0.0, v.processing_ms / (m.processing_ms or v.processing_ms),
                     1.0 if v.batching is None else v.batching.share(m.cpus), 0.0)
-        self.slo_s = np.array([m.slo_ms / 1e3 for m in self.models])
-        self.pct = np.array([m.percentile for m in self.models])
+        singles, pipes = self.models[:self.n_single], self.pipelines
+        self.slo_s = np.array([m.slo_ms / 1e3 for m in singles] + [p.slo_ms / 1e3 for p in pipes])
+        self.pct = np.array([m.percentile for m in singles] + [p.percentile for p in pipes])
         if warmup_history is None:
-            warmup_history = np.zeros((len(self.models), 0))
+            warmup_history = np.zeros((len(self.names), 0))
         warmup_history = np.asarray(warmup_history, dtype=float)
-        if warmup_history.ndim != 2 or warmup_history.shape[0] != len(self.models):
-            raise ValueError("warm-up history must be (models, minutes)")
+        if warmup_history.ndim != 2 or warmup_history.shape[0] != len(self.names):
+            raise ValueError("warm-up history must be (jobs, minutes): models, then pipelines")
         self.history = np.concatenate([warmup_history, self.work.counts.astype(float)], axis=1)
         self.n_warm = warmup_history.shape[1]
         if future_minutes is None:
@@ -217,13 +262,33 @@ class _Run:
         self.last_tick_t = 0.0
         self.k_tick = 0
         self.m_next = 0
+        self.pipes = None
+        if self.pipelines:
+            base = cfg.processing if isinstance(cfg.processing, TimeDist) else None
+            self.pipes = PipelineSet(
+                self.pipelines, {n: self.states[n] for n in self.model_names[self.n_single:]},
+                stage_processing_of(self.pipelines, base, stage_processing), cfg.router_overhead,
+                cfg.seed, cfg.draw, self.work.counts[self.n_single:], warmup_history[self.n_single:])
+            self.stage_meter = StageMeter(self.pipes.stage_names, self.spec, self.n_min,
+                                          cfg.keep_records)
+
+    def advance(self, t0: float, t1: float) -> None:
+        """Every model's queue and replicas over ``[t0, t1)``; then the pipelines, whose
+        stages take their arrivals from their parents, parents first."""
+        for s in self.singles:
+            s.run(t0, t1)
+        if self.pipes is not None:
+            self.pipes.run(t0, t1)
 
     def load_minute(self) -> None:
         """The next minute's requests join each model's buffer; every 5 minutes the settled
         ones go to the metrics."""
         batch = self.work.minute(self.m_next)
-        for s, sl in zip(self.states.values(), batch.job_slices()):
+        slices = batch.job_slices()
+        for s, sl in zip(self.singles, slices):
             s.append(batch.arrival[sl], batch.proc[sl], batch.overhead[sl], batch.u[sl])
+        for k, sl in enumerate(slices[self.n_single:]):
+            self.pipes.load(k, batch.arrival[sl])
         self.m_next += 1
         if self.m_next % 5 == 0:
             self.flush(False)
@@ -239,14 +304,20 @@ class _Run:
             running[n] = self.serving_log[self.k_tick, i] = s.serving(t)
             lat, proc, _ = s.observe(t, self.cfg.look_back_s, self.spec[n].percentile)
             snaps[n] = FrontSnapshot(
-                arrivals_per_min=self.history[i, :self.n_warm + minute_now],
+                arrivals_per_min=(self.history[i, :self.n_warm + minute_now] if i < self.n_single
+                                  else self.pipes.stage_history(n, minute_now)),
                 arrival_rate=n_arr / dt if dt > 0 else 0.0,
                 latency_ms=None if math.isnan(lat) else lat * 1e3,
                 processing_ms=None if math.isnan(proc) else proc * 1e3,
                 queue_length=float(s.nq), mean_in_flight=area / dt if dt > 0 else 0.0)
         future = {n: self.work.counts[i, minute_now:minute_now + self.future_minutes].astype(float)
-                  for i, n in enumerate(self.names)}
-        obs = observe(t, self.cfg.capacity, None, snaps, running, self.settings, future)
+                  for i, n in enumerate(self.names[:self.n_single])}
+        pobs = None
+        if self.pipes is not None:
+            future.update(self.pipes.future(minute_now, self.future_minutes))
+            pobs = self.pipes.observations(t, dt, minute_now, self.cfg.look_back_s)
+        obs = observe(t, self.cfg.capacity, None, snaps, running, self.settings, future,
+                      pipelines=pobs)
         dec = self.policy.decide(obs)
         if dec is not None:
             done = apply_decision(dec, self.settings, self.models, self.cfg.capacity,
@@ -284,32 +355,39 @@ class _Run:
                           self.cfg.cold_start_s if v.load_s is None else v.load_s)
 
     def flush(self, final: bool) -> None:
-        states = list(self.states.values())
-        upto = self.n_min if final else min(s.settled_until_minute() for s in states)
+        states = self.singles
+        upto = self.n_min if final else min((s.settled_until_minute() for s in states), default=self.n_min)
+        if self.pipes is not None:  # (also moves the pipelines' frontiers)
+            upto = min(upto, self.pipes.settled_until_minute())
+            if final:
+                upto = self.n_min
         parts = [s.take_settled(upto) for s in states]
+        if self.pipes is not None:
+            e2e, stages = self.pipes.take_settled(upto)
+            parts += e2e
+            self.stage_meter.add(stages)
         sizes = [p[0].size for p in parts]
         if sum(sizes) == 0:
             return
-        midx = np.repeat(np.arange(len(self.models)), sizes)
+        midx = np.repeat(np.arange(len(sizes)), sizes)
         arr, lat, drp = (np.concatenate([p[k] for p in parts]) for k in range(3))
         self.table = self.table.merge(minute_table(self.names, midx, arr, lat, drp, self.slo_s,
                                                    self.n_min, self.pct))
         if self.cfg.keep_records:
             self.rec_parts.append((midx, arr, lat, drp))
 
+
     def finish(self) -> SimResult:
         """Drain (no more arrivals; the replicas left serve the queues) and summarise."""
-        for s in self.states.values():
-            s.run(self.end, 1e18)
+        self.advance(self.end, 1e18)
         self.flush(True)
-        records = None
-        if self.cfg.keep_records:
-            cols = list(zip(*self.rec_parts)) if self.rec_parts else [
-                [np.empty(0, int)], [np.empty(0)], [np.empty(0)], [np.empty(0, bool)]]
-            records = dict(zip(("model", "arrival_s", "latency_s", "dropped"),
-                               (np.concatenate(c) for c in cols)))
+        records = join_records(self.rec_parts, "model") if self.cfg.keep_records else None
+        extra = {}
+        if self.pipes is not None:
+            extra = dict(model_names=self.model_names, pipelines=[p.name for p in self.pipelines],
+                         **self.stage_meter.result())
         return SimResult(policy=self.policy.name, names=self.names, capacity_cpus=self.cfg.capacity_cpus,
                          seed=self.cfg.seed, table=self.table, summary=summarize(self.table, self.slo_s),
                          wall_s=time.perf_counter() - self.t_wall, tick_times=self.tick_times,
                          targets=self.targets_log, serving=self.serving_log, decisions=self.kinds,
-                         records=records)
+                         records=records, tick_s=float(self.policy.tick_s), **extra)
