@@ -5,7 +5,7 @@ Live: a local Ray cluster on this machine; the pipeline ``shop`` (``detect`` -> 
 and ``detect`` -> ``explain`` for 40 % of the queries: a chain and a fan-out) built of
 sleeping stages (``deployments/pipeline.py``) behind an ingress that walks the DAG through
 handles, and two single models of the same kind, every one scaled by a faro-serve policy
-(``faro_serve.run``). Three jobs of ``faro10_days1-10.csv`` (day 9, from minute 300: a slice
+(``faro_serve.run``). Three jobs of ``faro10_days1-10.csv`` (day 9, from minute 301: a slice
 the simulator's other checks did not use) replayed open-loop to ``/shop``, ``/m1``, ``/m2``;
 processing times and SLOs x ``--slowdown`` with rates / it, as ``faro-serve validate`` does,
 so the machine's own overheads weigh less. Every request's status and latency recorded; the
@@ -153,7 +153,9 @@ def live_run(args, pipe, models, proc, tr) -> dict:
         cal = calibrate(base, pipe, models)
         ingress = serve.get_deployment_handle(meter_name("Ingress"), app_name=pipe.app_name)
         before = ingress.metrics.remote(reset_mean=False).result(timeout_s=30)["arrivals_total"]
-        sched = build_schedule(tr, [pipe.app_name] + [m.name for m in models], 1.0, 1.0, args.seed)
+        # rows as the simulator takes them (single models, then the pipeline), so both draw
+        # the same per-minute counts from the seed
+        sched = build_schedule(tr, [m.name for m in models] + [pipe.app_name], 1.0, 1.0, args.seed)
         t0 = time.time()
         rec = asyncio.run(send_schedule(sched, base, path="/{model}", body=b"x", timeout_s=60.0,
                                         max_in_flight=400))
@@ -163,8 +165,10 @@ def live_run(args, pipe, models, proc, tr) -> dict:
     finally:
         serve.shutdown()
         ray.shutdown()
-    sent_pipe = int(sum(1 for i, s in zip(sched.model, rec.status) if i == 0 and s != "not_sent"))
-    return {"schedule": sched, "records": rec, "calibration": cal, "wall_s": wall,
+    j = sched.names.index(pipe.app_name)
+    sent_pipe = int(sum(1 for i, s in zip(sched.model, rec.status) if i == j and s != "not_sent"))
+    return {"schedule": sched, "expected": np.asarray(tr.counts, float), "records": rec,
+            "calibration": cal, "wall_s": wall,
             "ingress_arrivals": after - before, "sent_to_pipeline": sent_pipe}
 
 
@@ -193,7 +197,7 @@ def main(argv=None) -> int:
     ap.add_argument("--minutes", type=int, default=12)
     ap.add_argument("--start", type=int, default=301)
     ap.add_argument("--day", type=int, default=9)
-    ap.add_argument("--jobs", default="job3,job5,job8", help="pipeline entry, m1, m2")
+    ap.add_argument("--jobs", default="job5,job8,job3", help="trace jobs of m1, m2 and the pipeline's entry")
     ap.add_argument("--rate-scale", type=float, default=1.0)
     ap.add_argument("--slowdown", type=float, default=2.0)
     ap.add_argument("--capacity", type=float, default=9.0)
@@ -202,6 +206,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--no-sim", action="store_true", help="the live run only")
+    ap.add_argument("--draws", type=int, default=3, help="simulator draws (median reported)")
     args = ap.parse_args(argv)
     from faro_serve.traces import load_trace
 
@@ -213,7 +218,7 @@ def main(argv=None) -> int:
     sim = {} if args.no_sim else simulate_same(args, pipe, models, proc, run)
     doc = {"args": vars(args), "machine": f"{os.cpu_count()} cores", "live": live, "sim": sim,
            "calibration": {k: float(np.median(v)) if v else None for k, v in run["calibration"].items()}}
-    for name in [pipe.app_name] + [m.name for m in models]:
+    for name in [m.name for m in models] + [pipe.app_name]:
         lv, sv = live[name]["p99_ms"], sim.get(name, {}).get("p99_ms")
         doc.setdefault("p99_ratio_live_over_sim", {})[name] = None if not (lv and sv) else lv / sv
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -224,8 +229,43 @@ def main(argv=None) -> int:
 
 
 def simulate_same(args, pipe, models, proc, run) -> dict:
-    """The matched simulation of the live run (filled in with the pipeline simulator)."""
-    raise NotImplementedError
+    """The matched simulation of the live run: the same counts (the schedule's seed), models,
+    pipeline, stage processing times and policy; the router overhead a lognormal fitted to
+    the single models' measured overhead (each stage visit draws one), clients giving up
+    after the replay's 60 s. Per job: the p50/p99 of served requests and SLO violations,
+    the median over ``--draws`` draws of the per-request randomness."""
+    from autoscaler import make_policy
+    from faro_serve.pipelines import expand
+    from faro_serve.sim.runner import SimConfig, simulate
+    from faro_serve.validation.compare import fit_overhead
+
+    cluster = cluster_spec(args)
+    ovh = fit_overhead(np.asarray(run["calibration"]["model_s"]))
+    slos = {pipe.app_name: pipe.slo_ms} | {m.name: m.slo_ms for m in models}
+    per: dict[str, list[dict]] = {}
+    for draw in range(args.draws):
+        pol = make_policy(args.policy, expand(models, [pipe]), cluster, None, pipelines=[pipe])
+        cfg = SimConfig(capacity_cpus=args.capacity, cold_start_s=args.cold_start_s,
+                        processing=tuple(proc[m.name] for m in models), router_overhead=ovh,
+                        client_timeout_s=60.0, seed=args.seed, draw=draw, keep_records=True)
+        # the expected counts: the simulator draws the schedule's own counts from the seed
+        res = simulate(run["expected"], models, pol, cfg, pipelines=[pipe],
+                       stage_processing={n: proc[n] for n in pipe.stage_names})
+        rec = res.records
+        for j, name in enumerate(res.names):
+            mine = rec["model"] == j
+            lat = rec["latency_s"][mine & ~rec["dropped"].astype(bool)] * 1e3
+            per.setdefault(name, []).append({
+                "requests": int(mine.sum()), "ok": int(lat.size),
+                "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+                "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
+                "slo_violation": float(np.mean(lat > slos[name])) if lat.size else None})
+    out = {}
+    for name, runs in per.items():
+        out[name] = {k: (float(np.median([r[k] for r in runs])) if all(r[k] is not None for r in runs)
+                         else None) for k in runs[0]}
+    out["router_overhead"] = str(ovh)
+    return out
 
 
 if __name__ == "__main__":

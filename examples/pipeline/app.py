@@ -9,7 +9,7 @@ The faro-serve lines: the ``Pipeline`` declaration (the same as in config.yaml) 
 ``faro_serve.scaled(...)`` around the ingress (measured end to end, not scaled) and each
 stage (scaled by Faro, its queue and measurements where the ingress calls it).
 
-    curl -X POST http://127.0.0.1:8000/moderate -d '{"text": "a wonderful film"}'
+    curl -X POST http://127.0.0.1:8000/moderate/check -d '{"text": "a wonderful film"}'
 """
 
 # (no `from __future__ import annotations`: Serve's FastAPI views read string annotations
@@ -58,7 +58,7 @@ class Moderate:
     def __init__(self, clean, sentiment, spam):
         self.clean, self.sentiment, self.spam = clean, sentiment, spam
 
-    @api.post("/")
+    @api.post("/check")
     async def moderate(self, review: Review) -> dict:
         cleaned = await self.clean.run.remote(review.text)
         long = len(cleaned.split()) >= LONG
