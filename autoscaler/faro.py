@@ -45,6 +45,7 @@ from forecasting.base import Forecast, Forecaster
 
 from .common import (DEFAULT_PROCESSING_MS, Timers, fallback_for, faro_policy_name, fcfs_decision,
                      forecast_or_fallback)
+from .faro_pipelines import PipelineAware
 from .policy import Decision, ModelPlan, Observation, Policy, grant_in_order
 from .replan import band_of, best_move, donor_ok, move_problem, prune_changes, relevel, surprise
 
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 REPLAN_SEED = 1_000_003  # re-plans' forecasts draw from seeds of their own
 
 
-class FaroPolicy(Policy):
+class FaroPolicy(PipelineAware, Policy):
     """Hybrid long-term predictive + short-term reactive Faro autoscaler."""
 
     state_fields = ("last_long_term", "violating", "surge_hold", "decisions", "band", "recent",
@@ -155,9 +156,9 @@ class FaroPolicy(Policy):
         self.last_long_term = obs.now
         self.violating.since.clear()
         self.moved.clear()
-        fc = self.forecast(obs)
+        samples, predictor = self.forecast_samples(obs)
         self.decisions += 1
-        return self._plan(obs, fc.by_model(), fc.predictor, "long_term")
+        return self._plan(obs, samples, predictor, "long_term")
 
     def _procs(self, obs: Observation) -> dict[str, float]:
         """Per model the processing time (ms) of one request alone: measured, else the prior."""
@@ -176,7 +177,7 @@ class FaroPolicy(Policy):
         procs = self._procs(obs)
         current = {n: o.target_replicas for n, o in obs.models.items()}
         alloc = plan(self.models, samples, current, self.cluster, processing_ms=procs,
-                     capacity=obs.capacity)
+                     capacity=obs.capacity, pipelines=self.pipelines)
         self.band = {n: band_of(samples[n]) for n in samples}
         info = {
             "objective": alloc.objective, "objective_value": round(alloc.objective_value, 6),
@@ -194,6 +195,8 @@ class FaroPolicy(Policy):
                                 "latency_ms": round(d.latency_ms, 2) if math.isfinite(d.latency_ms) else None}
                        for d in alloc.decisions},
         }
+        if alloc.pipelines:
+            info["pipelines"] = self.pipeline_info(alloc)
         plan_ = {d.name: ModelPlan(d.replicas, d.utility,
                                    d.latency_ms if math.isfinite(d.latency_ms) else None,
                                    predictor.get(d.name, "?")) for d in alloc.decisions}
@@ -216,14 +219,16 @@ class FaroPolicy(Policy):
     def short_term(self, obs: Observation) -> Decision | None:
         """One more replica, within free capacity, for each model over its SLO for the
         trigger period (oldest violation first); never fewer."""
-        for n, o in obs.models.items():
+        for n, o in self.judged(obs):
             over = o.latency_ms is not None and o.latency_ms > self.slo[n].slo_ms
             # while a surge's replicas are still coming, the trigger waits
             self.violating.update(n, over and obs.now >= self.surge_hold.get(n, -math.inf), obs.now)
+        self.watch_pipelines(obs)
         due = [n for n in sorted(self.violating.since, key=self.violating.since.get)
                if self.violating.held(n, obs.now, self.cluster.reactive_trigger_s)]
         for n in due:  # restart the timer: the next step needs another full trigger period
             self.violating.restart(n, obs.now)
+        due = self.resolve_due(obs, due)  # a pipeline: its bottleneck stage
         if self.cluster.replan:
             d = self.replan(obs, due)
             if d is not None:
@@ -278,9 +283,7 @@ class FaroPolicy(Policy):
             return None
         band_before = dict(self.band)
         # a seed of its own: the long-term plans draw the same samples with re-plans or not
-        fc = self.forecast(obs, seed=REPLAN_SEED + int(obs.now))
-        samples = fc.by_model()
-        predictor = dict(fc.predictor)
+        samples, predictor = self.forecast_samples(obs, seed=REPLAN_SEED + int(obs.now))
         for n, w in why.items():
             rate = self.fresh_rate(n)
             if rate is None:
