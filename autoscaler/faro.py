@@ -6,15 +6,11 @@
 * Short-term, every tick (10 s): a model whose observed percentile latency has broken its
   SLO for ``reactive_trigger_s`` (30 s) gets one more replica, only within free capacity,
   never a scale-down (the long-term part owns downscaling).
-* Surge (ours, after Knative's panic mode; ``surge``, on by default): every tick, a model
-  whose arrival rate over the last tick is ``surge_factor`` (2) times both what its target
-  replicas serve within the SLO (M/D/c) and its last completed minute's rate gets at once
-  the replicas that rate and its queue need, within free capacity, on top of whatever else
-  the tick decides. It only ever adds, and it acts again only when the rate doubles over
-  what the new target serves: a steady or noisy load never makes it oscillate, and a model
-  an overloaded plan keeps short on purpose is not a surge. It covers what the 30 s
-  trigger and a five-minute plan are too slow for: a step in load, and the first minutes
-  of a deployment, before there is history to forecast from.
+* Surge (ours, after Knative's panic mode; ``surge``, on by default): a model whose last
+  tick's rate is ``surge_factor`` (2) x both what its target replicas serve within the SLO
+  and its last minute's rate gets at once the replicas that rate and its queue need, within
+  free capacity; it only adds, and acts again only when the rate doubles over what the new
+  target serves (``surge_need``): a step in load, or a deployment's first minutes.
 * Re-plan on surprise (ours, issue 31; ``replan``, off by default): between the plans, a
   model whose rate over the last ``replan_trigger_s`` leaves the last plan's forecast band
   (p10..p90, widened), or (``replan_latency``) that is over its SLO for the trigger period,
@@ -25,6 +21,8 @@
   loss costs the cluster objective least, when the objective gains over the time left to
   the next plan; the donor stays within its SLO with one fewer, and no replica moves back
   before the next plan.
+* Pipelines (issue 35; ``autoscaler.faro_pipelines``): with pipelines attached, each is
+  planned as one job over its end-to-end SLO, and judged reactively end to end.
 
 The oracle variant plans with the true future arrivals (simulator only): the same
 optimiser without forecast error, the bound the others are measured against.
@@ -77,12 +75,10 @@ class FaroPolicy(PipelineAware, Policy):
         self.last_replan = -math.inf
         self.moved: dict[str, str] = {}  # model -> "in" / "out": moved since the last plan
 
-    # -- forecasting -------------------------------------------------------------------
     def forecast(self, obs: Observation, seed: int | None = None) -> Forecast:
         seed = self.decisions if seed is None else seed
         return forecast_or_fallback(self.forecaster, self.fallback, obs, self.n_samples, seed)
 
-    # -- decisions ---------------------------------------------------------------------
     def decide(self, obs: Observation) -> Decision | None:
         self._remember_rates(obs)
         if obs.now - self.last_long_term >= self.cluster.long_term_interval_s:
@@ -91,12 +87,9 @@ class FaroPolicy(PipelineAware, Policy):
             return self.with_surge(obs, self.short_term(obs))
         return self.with_surge(obs, None)
 
-    # -- surge response ----------------------------------------------------------------
     def surge_need(self, obs: Observation) -> dict[str, int]:
-        """Models whose last tick's arrival rate is at least ``surge_factor`` x both the rate
-        their target replicas serve within the SLO (M/D/c) and the last completed minute's
-        rate, with the replicas that rate and the queue behind it need: enough to drain the
-        queue within one more tick."""
+        """Surging models (module docstring) with the replicas their rate and queue need:
+        enough to drain the queue within one more tick."""
         out = {}
         for n, o in obs.models.items():
             m = self.slo[n]

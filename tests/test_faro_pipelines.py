@@ -154,3 +154,19 @@ def test_drops_are_the_entry_stages_and_reach_every_stage():
     a = plan(p.stage_models(), {"pipe": 40.0}, {"a": 1, "b": 4}, cl, pipelines=[p])
     assert a.drop_rates["b"] == 0.0 and a.pipelines[0].drop_rate == a.drop_rates["a"]
     assert sum(a.replicas.values()) <= 5
+
+
+def test_grouped_planning_keeps_a_pipelines_stages_in_one_group():
+    p = chain()
+    singles = [ModelSLO(name=f"m{k}", slo_ms=200, processing_ms=50, cpus=1) for k in range(4)]
+    models = singles + p.stage_models()
+    fc = {**{m.name: 10.0 for m in singles}, "pipe": 40.0}
+    cur = {**{m.name: 2 for m in singles}, "a": 1, "b": 6}
+    cl = ClusterSpec(cpus=20, groups=3)
+    prob = make_problem(models, fc, cur, cl, pipelines=[p])
+    groups = prob.unit_groups(3, np.random.default_rng(0))
+    assert sorted(i for g in groups for i in g) == list(range(6))
+    assert any({4, 5} <= set(g) for g in groups)  # a and b together
+    a = plan(models, fc, cur, cl, pipelines=[p])
+    assert a.groups == 3 and a.cpus_used <= 20
+    assert a.pipelines[0].latency_ms <= p.slo_ms and a.replicas["b"] > a.replicas["a"]

@@ -207,4 +207,6 @@ def shrink(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
             else:
                 x[i] += 1
                 break
+    if not prob.separable:  # pipelines: trades between a pipeline's stages (pipeline_problem)
+        x = prob.trade_down(x, d)
     return x

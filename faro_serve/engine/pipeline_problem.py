@@ -223,6 +223,35 @@ class PipelineProblem(Problem):
             return -spread + self.fair_tiebreak * (vu.sum() + v_new - vu[u]) / m
         return total - self.gamma * spread
 
+    def trade_down(self, x: np.ndarray, d: np.ndarray, max_rounds: int = 64) -> np.ndarray:
+        """Shrink's complement for pipelines: one stage gives up 2 or 3 replicas for one
+        more on another stage of its pipeline, while the objective stays unchanged and the
+        resources used fall (shrink removes one replica at a time, so it cannot find a
+        cheaper split that needs a trade between stages)."""
+        x = np.asarray(x, float).copy()
+        cur = self.value(x, d)
+        same = lambda v: abs(v - cur) <= 1e-12 * max(1.0, abs(cur))
+        weight = self.need.sum(axis=1)  # a replica's resources, summed (to rank the trades)
+        for _ in range(max_rounds):
+            best, best_save = None, 1e-12
+            for t in self.terms:
+                for i in t.idx:
+                    for j in t.idx:
+                        for k in (2, 3):
+                            save = k * weight[i] - weight[j]
+                            if i == j or x[i] - k < self.lo[i] or x[j] + 1 > self.hi[j] \
+                                    or save <= best_save:
+                                continue
+                            y = x.copy()
+                            y[i] -= k
+                            y[j] += 1
+                            if self.fits(y) and same(self.value(y, d)):
+                                best, best_save = y, save
+            if best is None:
+                return x
+            x = best
+        return x
+
     def subset(self, idx, cap_cpus, cap_mem, gamma, extra_caps=None) -> "Problem":
         """The variables ``idx`` alone (a group): pipelines wholly inside stay terms (the
         planner keeps a pipeline's stages in one group)."""
