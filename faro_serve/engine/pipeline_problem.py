@@ -21,6 +21,7 @@ Pure numpy/Numba, no Ray.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +52,53 @@ def stage_latency_table(rates: np.ndarray, keep: np.ndarray, p: float, q: float,
     return out
 
 
+@njit(cache=True)
+def step_utilities(inv: np.ndarray, xs: np.ndarray, d: float, drop_grid: np.ndarray,
+                   paths: np.ndarray, slo: float, alpha: float) -> np.ndarray:
+    """Per window step, the mean over the forecast samples of the relaxed utility of the
+    end-to-end estimate at continuous stage replicas ``xs`` and entry drop ``d``.
+
+    ``inv`` is (stages, drops, samples, steps, counts) of 1 / latency: a stage's latency
+    between whole counts is interpolated harmonically (1/latency linear, so an unstable
+    count, inf, is 0), then linearly between drop-grid points."""
+    k, n_d, n_s, n_t, n_c = inv.shape
+    n_p = paths.shape[0]
+    lo = np.empty(k, np.int64)
+    w = np.empty(k)
+    for i in range(k):
+        x = min(max(xs[i], 0.0), n_c - 1.0)
+        lo[i] = min(int(math.floor(x)), max(n_c - 2, 0))
+        w[i] = x - lo[i]
+    di, wd = 0, 0.0
+    if n_d > 1:
+        dd = min(max(d, 0.0), 1.0)
+        while di < n_d - 2 and drop_grid[di + 1] <= dd:
+            di += 1
+        span = drop_grid[di + 1] - drop_grid[di]
+        wd = min((dd - drop_grid[di]) / span, 1.0) if span > 0 else 0.0
+    out = np.zeros(n_t)
+    lat = np.empty(k)
+    for t in range(n_t):
+        for s in range(n_s):
+            for i in range(k):
+                hi = min(lo[i] + 1, n_c - 1)
+                v = (1.0 - w[i]) * inv[i, di, s, t, lo[i]] + w[i] * inv[i, di, s, t, hi]
+                if n_d > 1:
+                    v2 = (1.0 - w[i]) * inv[i, di + 1, s, t, lo[i]] + w[i] * inv[i, di + 1, s, t, hi]
+                    v = (1.0 - wd) * v + wd * v2
+                lat[i] = 1.0 / v if v > 0.0 else np.inf
+            e2e = 0.0
+            for pp in range(n_p):
+                tot = 0.0
+                for i in range(k):
+                    if paths[pp, i] > 0.0:
+                        tot += lat[i]
+                e2e = max(e2e, tot)
+            if np.isfinite(e2e):
+                out[t] += 1.0 if e2e <= slo else (slo / e2e) ** alpha
+    return out / n_s
+
+
 @dataclass
 class PipelineTerm:
     """One pipeline as the objective sees it: its stages' variables and latency tables."""
@@ -66,6 +114,7 @@ class PipelineTerm:
     current: np.ndarray  # the stages' current replicas
     new_fraction: np.ndarray  # per step, the share after the cold start (window.py)
     drop_grid: np.ndarray
+    inv: np.ndarray | None = None  # 1 / lat, made at the first evaluation
 
     def stage_latency(self, xs: np.ndarray, d: float) -> np.ndarray:
         """(stages, samples, steps) latencies at continuous replicas ``xs`` and drop ``d``:
@@ -95,11 +144,11 @@ class PipelineTerm:
         return compose(np.moveaxis(self.stage_latency(xs, d), 0, -1), self.paths)
 
     def _step_utility(self, xs: np.ndarray, d: float) -> np.ndarray:
-        lat = self.e2e(xs, d)
-        with np.errstate(divide="ignore"):
-            u = np.where(np.isfinite(lat), np.minimum(
-                (self.slo_s / np.maximum(lat, 1e-300)) ** self.alpha, 1.0), 0.0)
-        return u.mean(axis=0)  # per step, over the samples
+        if self.inv is None:
+            with np.errstate(divide="ignore"):
+                self.inv = np.ascontiguousarray(1.0 / self.lat)
+        return step_utilities(self.inv, np.asarray(xs, float), float(d), self.drop_grid,
+                              self.paths, self.slo_s, self.alpha)
 
     def utility(self, xs: np.ndarray, d: float) -> float:
         """Window utility: the cold start holds scale-ups at the current replicas for the
