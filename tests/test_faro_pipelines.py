@@ -170,3 +170,15 @@ def test_grouped_planning_keeps_a_pipelines_stages_in_one_group():
     a = plan(models, fc, cur, cl, pipelines=[p])
     assert a.groups == 3 and a.cpus_used <= 20
     assert a.pipelines[0].latency_ms <= p.slo_ms and a.replicas["b"] > a.replicas["a"]
+
+
+def test_oracle_plans_a_pipeline_from_its_true_future():
+    p = chain()
+    m = ModelSLO(name="m", slo_ms=200, processing_ms=50, cpus=1)
+    models = [m] + p.stage_models()
+    obs = _obs(0.0, p, {"m": 2, "a": 1, "b": 6}, rate=10.0, cap=30)  # history: 10/s ...
+    obs.future_arrivals_per_min = {"m": np.full(7, 600.0), "pipe": np.full(7, 60 * 60.0)}  # ... 60/s
+    d = make_policy("oracle", models, ClusterSpec(cpus=30), pipelines=[p]).decide(obs)
+    assert d.info["models"]["b"]["forecast_mean_rps"] == pytest.approx(60.0)
+    assert d.info["models"]["b"]["predictor"] == "oracle (pipeline pipe)"
+    assert d.replicas["b"] >= min_replicas_for_slo(60.0, 0.1, 0.24, 0.99)[0]

@@ -25,7 +25,8 @@ from .window import NO_DROP, cold_start_fractions
 class PipelineDecision:
     name: str
     slo_ms: float
-    latency_ms: float  # end-to-end estimate at the window's mean forecast (inf: unstable)
+    latency_ms: float  # end-to-end estimate from the stages' latencies averaged over the
+    # forecast samples and steps (inf: a stage unstable)
     utility: float  # predicted window utility of the pipeline (one job of the objective)
     effective_utility: float
     drop_rate: float  # at the entry stage

@@ -163,8 +163,8 @@ class PipelineTerm:
         return float(((1 - f) * old + f * new).mean())
 
     def split(self, xs: np.ndarray, d: float) -> tuple[np.ndarray, float]:
-        """Each stage's latency at the window's mean forecast and its share of the
-        end-to-end estimate (the SLO split the plan implies)."""
+        """Each stage's latency averaged over the forecast samples and steps, and its share
+        of the end-to-end estimate composed from them (the SLO split the plan implies)."""
         lat = self.stage_latency(xs, d).mean(axis=(1, 2))
         return lat, shares(lat, self.paths)
 
