@@ -7,7 +7,7 @@ and no policy module imports the registry to register itself.
 
 from __future__ import annotations
 
-from . import baselines, seeds, sponge
+from . import baselines, faro_split, seeds, sponge
 from .common import faro_policy_name
 from .faro import FaroPolicy, OraclePolicy
 
@@ -36,6 +36,8 @@ FARO = tuple((name, _faro(obj, name), _FARO + _OBJECTIVE_SUMMARY[obj], False)
              for name, obj in FARO_OBJECTIVES.items()) + (
     ("oracle", lambda models, cluster, forecaster=None: OraclePolicy(models, cluster),
      "Faro-FairSum planning with the true future arrivals (simulator only): the bound", False),
+    ("faro-split", faro_split.build, "Faro-FairSum blind to pipelines: each stage a model "
+     "with a fixed share of its pipeline's SLO (equal split by default): the baseline", False),
 )
 
 #: every built-in policy; the registry keeps them in this order

@@ -6,15 +6,11 @@
 * Short-term, every tick (10 s): a model whose observed percentile latency has broken its
   SLO for ``reactive_trigger_s`` (30 s) gets one more replica, only within free capacity,
   never a scale-down (the long-term part owns downscaling).
-* Surge (ours, after Knative's panic mode; ``surge``, on by default): every tick, a model
-  whose arrival rate over the last tick is ``surge_factor`` (2) times both what its target
-  replicas serve within the SLO (M/D/c) and its last completed minute's rate gets at once
-  the replicas that rate and its queue need, within free capacity, on top of whatever else
-  the tick decides. It only ever adds, and it acts again only when the rate doubles over
-  what the new target serves: a steady or noisy load never makes it oscillate, and a model
-  an overloaded plan keeps short on purpose is not a surge. It covers what the 30 s
-  trigger and a five-minute plan are too slow for: a step in load, and the first minutes
-  of a deployment, before there is history to forecast from.
+* Surge (ours, after Knative's panic mode; ``surge``, on by default): a model whose last
+  tick's rate is ``surge_factor`` (2) x both what its target replicas serve within the SLO
+  and its last minute's rate gets at once the replicas that rate and its queue need, within
+  free capacity; it only adds, and acts again only when the rate doubles over what the new
+  target serves (``surge_need``): a step in load, or a deployment's first minutes.
 * Re-plan on surprise (ours, issue 31; ``replan``, off by default): between the plans, a
   model whose rate over the last ``replan_trigger_s`` leaves the last plan's forecast band
   (p10..p90, widened), or (``replan_latency``) that is over its SLO for the trigger period,
@@ -25,6 +21,8 @@
   loss costs the cluster objective least, when the objective gains over the time left to
   the next plan; the donor stays within its SLO with one fewer, and no replica moves back
   before the next plan.
+* Pipelines (issue 35; ``autoscaler.faro_pipelines``): with pipelines attached, each is
+  planned as one job over its end-to-end SLO, and judged reactively end to end.
 
 The oracle variant plans with the true future arrivals (simulator only): the same
 optimiser without forecast error, the bound the others are measured against.
@@ -45,6 +43,7 @@ from forecasting.base import Forecast, Forecaster
 
 from .common import (DEFAULT_PROCESSING_MS, Timers, fallback_for, faro_policy_name, fcfs_decision,
                      forecast_or_fallback)
+from .faro_pipelines import PipelineAware
 from .policy import Decision, ModelPlan, Observation, Policy, grant_in_order
 from .replan import band_of, best_move, donor_ok, move_problem, prune_changes, relevel, surprise
 
@@ -53,7 +52,7 @@ log = logging.getLogger(__name__)
 REPLAN_SEED = 1_000_003  # re-plans' forecasts draw from seeds of their own
 
 
-class FaroPolicy(Policy):
+class FaroPolicy(PipelineAware, Policy):
     """Hybrid long-term predictive + short-term reactive Faro autoscaler."""
 
     state_fields = ("last_long_term", "violating", "surge_hold", "decisions", "band", "recent",
@@ -76,12 +75,10 @@ class FaroPolicy(Policy):
         self.last_replan = -math.inf
         self.moved: dict[str, str] = {}  # model -> "in" / "out": moved since the last plan
 
-    # -- forecasting -------------------------------------------------------------------
     def forecast(self, obs: Observation, seed: int | None = None) -> Forecast:
         seed = self.decisions if seed is None else seed
         return forecast_or_fallback(self.forecaster, self.fallback, obs, self.n_samples, seed)
 
-    # -- decisions ---------------------------------------------------------------------
     def decide(self, obs: Observation) -> Decision | None:
         self._remember_rates(obs)
         if obs.now - self.last_long_term >= self.cluster.long_term_interval_s:
@@ -90,12 +87,9 @@ class FaroPolicy(Policy):
             return self.with_surge(obs, self.short_term(obs))
         return self.with_surge(obs, None)
 
-    # -- surge response ----------------------------------------------------------------
     def surge_need(self, obs: Observation) -> dict[str, int]:
-        """Models whose last tick's arrival rate is at least ``surge_factor`` x both the rate
-        their target replicas serve within the SLO (M/D/c) and the last completed minute's
-        rate, with the replicas that rate and the queue behind it need: enough to drain the
-        queue within one more tick."""
+        """Surging models (module docstring) with the replicas their rate and queue need:
+        enough to drain the queue within one more tick."""
         out = {}
         for n, o in obs.models.items():
             m = self.slo[n]
@@ -155,9 +149,9 @@ class FaroPolicy(Policy):
         self.last_long_term = obs.now
         self.violating.since.clear()
         self.moved.clear()
-        fc = self.forecast(obs)
+        samples, predictor = self.forecast_samples(obs)
         self.decisions += 1
-        return self._plan(obs, fc.by_model(), fc.predictor, "long_term")
+        return self._plan(obs, samples, predictor, "long_term")
 
     def _procs(self, obs: Observation) -> dict[str, float]:
         """Per model the processing time (ms) of one request alone: measured, else the prior."""
@@ -176,7 +170,7 @@ class FaroPolicy(Policy):
         procs = self._procs(obs)
         current = {n: o.target_replicas for n, o in obs.models.items()}
         alloc = plan(self.models, samples, current, self.cluster, processing_ms=procs,
-                     capacity=obs.capacity)
+                     capacity=obs.capacity, pipelines=self.pipelines)
         self.band = {n: band_of(samples[n]) for n in samples}
         info = {
             "objective": alloc.objective, "objective_value": round(alloc.objective_value, 6),
@@ -194,6 +188,8 @@ class FaroPolicy(Policy):
                                 "latency_ms": round(d.latency_ms, 2) if math.isfinite(d.latency_ms) else None}
                        for d in alloc.decisions},
         }
+        if alloc.pipelines:
+            info["pipelines"] = self.pipeline_info(alloc)
         plan_ = {d.name: ModelPlan(d.replicas, d.utility,
                                    d.latency_ms if math.isfinite(d.latency_ms) else None,
                                    predictor.get(d.name, "?")) for d in alloc.decisions}
@@ -216,14 +212,16 @@ class FaroPolicy(Policy):
     def short_term(self, obs: Observation) -> Decision | None:
         """One more replica, within free capacity, for each model over its SLO for the
         trigger period (oldest violation first); never fewer."""
-        for n, o in obs.models.items():
+        for n, o in self.judged(obs):
             over = o.latency_ms is not None and o.latency_ms > self.slo[n].slo_ms
             # while a surge's replicas are still coming, the trigger waits
             self.violating.update(n, over and obs.now >= self.surge_hold.get(n, -math.inf), obs.now)
+        self.watch_pipelines(obs)
         due = [n for n in sorted(self.violating.since, key=self.violating.since.get)
                if self.violating.held(n, obs.now, self.cluster.reactive_trigger_s)]
         for n in due:  # restart the timer: the next step needs another full trigger period
             self.violating.restart(n, obs.now)
+        due = self.resolve_due(obs, due)  # a pipeline: its bottleneck stage
         if self.cluster.replan:
             d = self.replan(obs, due)
             if d is not None:
@@ -278,9 +276,7 @@ class FaroPolicy(Policy):
             return None
         band_before = dict(self.band)
         # a seed of its own: the long-term plans draw the same samples with re-plans or not
-        fc = self.forecast(obs, seed=REPLAN_SEED + int(obs.now))
-        samples = fc.by_model()
-        predictor = dict(fc.predictor)
+        samples, predictor = self.forecast_samples(obs, seed=REPLAN_SEED + int(obs.now))
         for n, w in why.items():
             rate = self.fresh_rate(n)
             if rate is None:

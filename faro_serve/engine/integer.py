@@ -39,7 +39,7 @@ def repair(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
         can = x > prob.lo
         if not can.any():
             raise ValueError("minimum replicas exceed the cluster capacity")
-        vals = prob.single_change_values(_values(prob, x, d), _values(prob, x - 1, d))
+        vals = prob.single_change_values(_values(prob, x, d), prob.single_values(x, x - 1, d))
         vals[~can] = -np.inf
         x[int(np.argmax(vals))] -= 1
     return x
@@ -58,7 +58,7 @@ def fill(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
         if not room.any():
             return x
         v = _values(prob, x, d)
-        v_up = _values(prob, np.minimum(x + 1, prob.hi), d)
+        v_up = prob.single_values(x, np.minimum(x + 1, prob.hi), d)
         cur = prob.value(x, d)
         vals = prob.single_change_values(v, v_up)
         vals[~room] = -np.inf
@@ -77,7 +77,7 @@ def water_fill(prob: Problem, d: np.ndarray) -> np.ndarray:
     x = prob.lo.copy()
     while True:
         v = _values(prob, x, d)
-        gain = _values(prob, np.minimum(x + 1, prob.hi), d) - v
+        gain = prob.single_values(x, np.minimum(x + 1, prob.hi), d) - v
         ok = _room(prob, x) & (gain > 1e-12)
         if not ok.any():
             return x
@@ -91,6 +91,8 @@ def level_start(prob: Problem, d: np.ndarray, max_levels: int = 256) -> np.ndarr
     integer optimum (an optimum x* dominates the allocation built from its own minimum).
     Levels come from the tables (at most ``max_levels`` of them, evenly spread).
     """
+    if not prob.separable:  # a job's value is not one table row (pipeline_problem.py)
+        return None
     lo, hi = prob.lo.astype(int), prob.hi.astype(int)
     table = prob.tables[:, 0, :]
     cols = np.arange(table.shape[1])
@@ -125,8 +127,8 @@ def polish(prob: Problem, x: np.ndarray, d: np.ndarray, max_moves: int = 64,
     cur = prob.value(x, d)
     for _ in range(max_moves):
         v = _values(prob, x, d)
-        up = prob.single_change_values(v, _values(prob, np.minimum(x + 1, prob.hi), d))
-        down = prob.single_change_values(v, _values(prob, np.maximum(x - 1, prob.lo), d))
+        up = prob.single_change_values(v, prob.single_values(x, np.minimum(x + 1, prob.hi), d))
+        down = prob.single_change_values(v, prob.single_values(x, np.maximum(x - 1, prob.lo), d))
         up[x >= prob.hi] = -np.inf
         down[x <= prob.lo] = -np.inf
         receivers = np.argsort(-up)[:width]
@@ -205,4 +207,6 @@ def shrink(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
             else:
                 x[i] += 1
                 break
+    if not prob.separable:  # pipelines: trades between a pipeline's stages (pipeline_problem)
+        x = prob.trade_down(x, d)
     return x

@@ -21,6 +21,8 @@ from ..resources import CPU, MEMORY, Capacity, demand, usage
 from .integer import fill, polish, shrink
 from .batched_latency import latency_batched
 from .latency import ESTIMATORS
+from .pipeline_plan import entry_drops, pipeline_decisions, pipeline_problem, stage_forecasts, units
+from .pipeline_problem import PipelineProblem
 from .problem import JobInput, Problem, build_problem
 from .solver import solve
 from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
@@ -39,6 +41,7 @@ class ModelDecision:
     processing_ms: float
     slo_ms: float
     batch_size: int = 1  # the largest batch a replica should take (1: the model does not batch)
+    pipeline: str | None = None  # the pipeline this model is a stage of (utility: the pipeline's)
 
 
 @dataclass
@@ -52,6 +55,8 @@ class Allocation:
     cpus_used: float
     memory_used_gb: float
     notes: list[str] = field(default_factory=list)
+    # one per pipeline planned end to end (pipeline_plan.PipelineDecision); none without
+    pipelines: list = field(default_factory=list)
 
     @property
     def replicas(self) -> dict[str, int]:
@@ -213,8 +218,12 @@ def _solve_grouped(full: Problem, jobs: list[JobInput], n_groups: int, cluster: 
     """
     n = len(jobs)
     rng = np.random.default_rng(cluster.seed)
-    order = rng.permutation(n)
-    groups = [sorted(order[k::n_groups].tolist()) for k in range(n_groups)]
+    if isinstance(full, PipelineProblem):  # a pipeline's stages stay in one group
+        groups = full.unit_groups(n_groups, rng)
+        n_groups = len(groups)
+    else:
+        order = rng.permutation(n)
+        groups = [sorted(order[k::n_groups].tolist()) for k in range(n_groups)]
     top = _problem([_group_job([jobs[i] for i in g], k) for k, g in enumerate(groups)],
                    cluster, cap,
                    float(n_groups) if cluster.gamma is None else cluster.gamma)
@@ -237,20 +246,31 @@ def _solve_grouped(full: Problem, jobs: list[JobInput], n_groups: int, cluster: 
 
 
 def make_problem(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: ClusterSpec, *,
-                 processing_ms=None, capacity: Capacity | None = None) -> Problem:
+                 processing_ms=None, capacity: Capacity | None = None,
+                 pipelines: Sequence = ()) -> Problem:
     """The un-grouped :class:`Problem` ``plan`` optimises (for tests, benchmarks, analysis);
     ``capacity``: what is available now, capped by the configured one (as in ``plan``)."""
     models = list(models)
+    pipelines = list(pipelines)
+    if pipelines:
+        forecasts = stage_forecasts(models, forecasts, pipelines)
     jobs = _jobs(models, forecasts, current_replicas, processing_ms, cluster)
     cap = Capacity.of_cluster(cluster)
     if capacity is not None:
         cap = cap.capped_by(capacity)
-    return _problem(jobs, cluster, cap, cluster.resolved_gamma(len(jobs)))
+    if not pipelines:
+        return _problem(jobs, cluster, cap, cluster.resolved_gamma(len(jobs)))
+    prob = _problem(entry_drops(jobs, pipelines), cluster, cap,
+                    cluster.resolved_gamma(units(models, pipelines)))
+    return pipeline_problem(prob, pipelines, alpha=cluster.alpha, rho_max=cluster.rho_max,
+                            estimator=cluster.estimator, window_s=cluster.window_s,
+                            cold_start_s=cluster.cold_start_s)
 
 
 def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: ClusterSpec, *,
          processing_ms=None, capacity_cpus: float | None = None,
-         capacity_memory_gb: float | None = None, capacity: Capacity | None = None) -> Allocation:
+         capacity_memory_gb: float | None = None, capacity: Capacity | None = None,
+         pipelines: Sequence = ()) -> Allocation:
     """Decide every model's replicas and drop rate for the next window.
 
     ``forecasts``: per model (mapping by name, or a sequence in model order) a rate in
@@ -260,6 +280,9 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
     ``capacity`` (every resource) or ``capacity_cpus``/``capacity_memory_gb``: the capacity
     available now (e.g. from the Ray cluster), capped by the configured one. Raises
     ValueError on inconsistent input.
+    ``pipelines`` (:class:`~faro_serve.pipelines.PipelineSLO`, their stages among ``models``):
+    each is one job of the objective, planned end to end (pipeline_plan.py); ``forecasts``
+    may then give a pipeline's entry rates under its name (a stage's: entry x fraction).
     """
     t0 = time.perf_counter()
     models = list(models)
@@ -270,18 +293,32 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
     if capacity is not None:
         cap = cap.capped_by(capacity)
     check_minimums_fit(models, cap)
+    pipelines = list(pipelines)
+    if pipelines:
+        forecasts = stage_forecasts(models, forecasts, pipelines)
     jobs = _jobs(models, forecasts, current_replicas, processing_ms, cluster)
     n = len(jobs)
     n_groups = cluster.resolved_groups(n)
     gamma = cluster.resolved_gamma(n)
+    if pipelines:
+        jobs = entry_drops(jobs, pipelines)
+        gamma = cluster.resolved_gamma(units(models, pipelines))
+
+    def problem() -> Problem:
+        prob = _problem(jobs, cluster, cap, gamma)
+        if not pipelines:
+            return prob
+        return pipeline_problem(prob, pipelines, alpha=cluster.alpha, rho_max=cluster.rho_max,
+                                estimator=cluster.estimator, window_s=cluster.window_s,
+                                cold_start_s=cluster.cold_start_s)
     notes: list[str] = []
     evals = 0
     if n_groups <= 1:
-        prob = _problem(jobs, cluster, cap, gamma)
+        prob = problem()
         x, d, evals = solve(prob, do_shrink=cluster.shrink, backend=cluster.solver)
         probs = [(prob, list(range(n)), x, d)]
     else:
-        full = _problem(jobs, cluster, cap, gamma)
+        full = problem()
         x, d, evals, sizes = _solve_grouped(full, jobs, n_groups, cluster, cap)
         probs = [(full, list(range(n)), x, d)]
         notes.append(f"hierarchical: {n_groups} groups of {min(sizes)}-{max(sizes)} models")
@@ -302,6 +339,15 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
     eu = phi(drops) * utils
     value = cluster_objective(cluster.objective, eu if cluster.objective in PENALTY_OBJECTIVES else utils,
                               np.array([j.priority for j in jobs]), gamma, cluster.fair_tiebreak)
+    pipe_decisions = []
+    if pipelines:
+        prob = probs[0][0]
+        value = prob.value(reps.astype(float), drops)  # each pipeline counted once
+        pipe_decisions = pipeline_decisions(prob, reps, drops, pipelines)
+        for pd in pipe_decisions:  # a stage's effective utility is its pipeline's
+            for sname in pd.stages:
+                eu[[j.name for j in jobs].index(sname)] = pd.effective_utility
+    stage_of = {sn: p.name for p in pipelines for sn in p.stage_names}
     est = ESTIMATORS[cluster.estimator]
     decisions = []
     for i, j in enumerate(jobs):
@@ -313,7 +359,8 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
             name=j.name, replicas=int(reps[i]), current=int(j.current), drop_rate=round(float(drops[i]), 4),
             utility=float(utils[i]), effective_utility=float(eu[i]), latency_ms=float(lat) * 1e3,
             arrival_rate=float(j.rates.mean()), processing_ms=j.proc_s * 1e3, slo_ms=j.slo_s * 1e3,
-            batch_size=int(batches[i])))
+            batch_size=int(batches[i]), pipeline=stage_of.get(j.name)))
     return Allocation(objective=cluster.objective, objective_value=float(value), decisions=decisions,
                       solve_ms=(time.perf_counter() - t0) * 1e3, groups=n_groups, evaluations=evals,
-                      cpus_used=cpus_used, memory_used_gb=mem_used, notes=notes)
+                      cpus_used=cpus_used, memory_used_gb=mem_used, notes=notes,
+                      pipelines=pipe_decisions)

@@ -63,6 +63,8 @@ class Problem:
     batch_tables: np.ndarray | None = None
     # caps on the jobs' ``extra`` resources (GPU, custom); a resource not named is not binding
     extra_caps: dict[str, float] = field(default_factory=dict)
+    #: a job's value is its own table row alone (pipeline_problem.PipelineProblem: not so)
+    separable = True
     lo: np.ndarray = field(init=False)
     hi: np.ndarray = field(init=False)
     cpus: np.ndarray = field(init=False)
@@ -104,6 +106,11 @@ class Problem:
         """U, or EU = phi(d) U for the penalty objectives: what the objective aggregates."""
         u = self.utilities(x, d)
         return phi(d) * u if self.penalty else u
+
+    def single_values(self, x: np.ndarray, x_new: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """Per job, the value (as :meth:`job_values`) when job ``i`` alone takes ``x_new[i]``
+        replicas: what the integer post-processing scores single changes with."""
+        return self.job_values(x_new, d)
 
     def value(self, x: np.ndarray, d: np.ndarray) -> float:
         """The relaxed cluster objective (to maximise)."""
