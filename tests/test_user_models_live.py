@@ -363,6 +363,10 @@ def test_the_examples_deploy_from_their_own_configs(live, tmp_path, example, pat
     doc["applications"][0]["args"].update({"dashboard_url": live["dashboard"], "forecaster": "fallback"})
     cfg = tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump(doc))
+    # the module's applications deployed from Python stay through a `serve deploy`: free
+    # their CPUs (Ray has 2 here) for the example's replicas
+    for name in set(serve.status().applications) - {a["name"] for a in doc["applications"]}:
+        serve.delete(name)
     out = subprocess.run([str(Path(sys.executable).parent / "serve"), "deploy", str(cfg), "-a",
                           live["dashboard"]], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
