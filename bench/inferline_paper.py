@@ -1,0 +1,164 @@
+"""InferLine's planner against the coarse-grained baselines, as in the paper (SoCC '20,
+section 7.1, Figs. 6 and 7a): cost of the configuration and its SLO miss rate on the live
+part of a real trace.
+
+Setup, after section 6: a per-minute trace (one job of ``../shared/traces``, Twitter by
+default, like the paper's Social Media workload) rescaled to ``--peak`` queries/s and
+expanded to Poisson arrivals within each minute (CV^2 = 1, as the paper's Gamma
+sampling); the first 25 % is the planning sample, the remaining 75 % the live workload. The
+pipeline is Social-Media-like, on CPUs (this project's cluster): ``ingest`` fans out to an
+image classifier (``resnet``, batches) and a language identifier (``langid``), which sends
+30 % of the queries on to a translation model (``nmt``, batches). End-to-end SLO at P99.
+
+* InferLine: ``engine.inferline_plan.plan`` on the sample (replicas, batch, 1 or 2 CPUs
+  per replica of a batching stage).
+* Coarse-grained (the paper's baseline, from AutoScale): the whole pipeline is one unit
+  (one replica of every stage at its own CPUs) that serves a batch of ``B`` queries in
+  ``T(B)`` = the longest path of the stages' times at their share of the batch; ``B`` =
+  the largest power of two with ``2 T(B) <= SLO`` (a query may wait for the batch in
+  service, then its own: "the maximum batch size capable of meeting the SLO"); units =
+  ceil(rate / (B / T(B))) with rate = the sample's mean (CG-Mean) or its peak over a
+  sliding window of the SLO's width (CG-Peak).
+
+Every configuration is then run through the same Estimator (``engine.pipeline_des``) on
+the live arrivals: P99 latency and the share of queries over the SLO. Cost = CPUs
+reserved. Deterministic given ``--seed``. Runs in seconds (``--quick``: a shorter window).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "faro10_days1-10.csv"
+
+
+def social_media(slo_ms: float = 1000.0):
+    from faro_serve.config import Batching
+    from faro_serve.pipelines import PipelineSLO
+
+    return PipelineSLO(name="social", slo_ms=slo_ms, percentile=99.0, stages=[
+        {"name": "ingest", "processing_ms": 10, "max_replicas": 200},
+        {"name": "resnet", "after": ["ingest"], "processing_ms": 150, "max_replicas": 200,
+         "batching": Batching(gamma=0.75, eps=0.25, max_batch_size=16).model_dump()},
+        {"name": "langid", "after": ["ingest"], "processing_ms": 20, "max_replicas": 200},
+        {"name": "nmt", "after": ["langid"], "fraction": 0.3, "processing_ms": 250,
+         "max_replicas": 200, "batching": Batching(gamma=0.6, eps=0.4, max_batch_size=16).model_dump()},
+    ])
+
+
+def arrivals(trace: Path, job: str, day: int, start: int, minutes: int, peak: float,
+             seed: int) -> np.ndarray:
+    from autoscaler.inferline_pipeline import sample_arrivals
+    from faro_serve.traces import load_trace
+
+    tr = load_trace(trace, days=str(day), sample=0, jobs=[job])
+    c = tr.counts[0]
+    c = c * (60.0 * peak / c.max())  # the day's busiest minute = peak queries/s
+    return sample_arrivals(c[start:start + minutes], seed)
+
+
+def coarse(pipeline, profs, sample: np.ndarray, slo_s: float):
+    """The coarse-grained unit: (batch B, its time T(B), the unit's CPUs) and the units for
+    the mean and for the peak (sliding window of the SLO's width) rate of the sample."""
+    times = _unit_times(pipeline, profs, 16)
+    cpus = {m.name: m.cpus for m in pipeline.stage_models()}
+    b = max(bb for bb in (1, 2, 4, 8, 16) if 2 * times[bb - 1] <= slo_s or bb == 1)
+    t = float(times[b - 1])
+    thru = b / t
+    span = sample.max() - sample.min()
+    mean = sample.size / span
+    j = np.searchsorted(sample, sample + slo_s, side="left")
+    peak = float((j - np.arange(sample.size)).max()) / slo_s
+    unit_cpus = sum(cpus.values())
+    return b, t, unit_cpus, {"CG-Mean": math.ceil(mean / thru), "CG-Peak": math.ceil(peak / thru)}
+
+
+def run(args) -> list[dict]:
+    from faro_serve.engine.inferline_plan import plan, profiles
+    from faro_serve.engine.pipeline_des import StageSpec, simulate
+
+    pipe = social_media(args.slo_ms)
+    slo = pipe.slo_ms / 1e3
+    arr = arrivals(Path(args.trace), args.job, args.day, args.start, args.minutes, args.peak, args.seed)
+    cut = 60.0 * round(args.minutes * 0.25)
+    sample, live = arr[arr < cut], arr[arr >= cut]
+    profs = profiles(pipe, cpu_factors=(1.0, 2.0))
+    t0 = time.perf_counter()
+    il = plan(profs, sample, slo, pipe.percentile, seed=args.seed)
+    plan_s = time.perf_counter() - t0
+    if not il.feasible:
+        raise SystemExit(f"InferLine's planner: infeasible ({il.reason})")
+    rows = []
+    specs = [p.spec for p in profs]
+    cfg = [il.configs[s.name] for s in specs]
+    run_il = simulate(live, specs, [c.replicas for c in cfg], [c.batch for c in cfg],
+                      [p.times[c.cpus] for p, c in zip(profs, cfg)], seed=args.seed)
+    rows.append({"system": "InferLine", "cost": il.cost,
+                 "config": " ".join(f"{s.name}:{c.replicas}x b{c.batch} {c.cpus:g}c" for s, c in zip(specs, cfg)),
+                 "p99_ms": run_il.percentile(99) * 1e3,
+                 "miss": float(np.mean(run_il.latency_s > slo))})
+    b, t, unit_cpus, units = coarse(pipe, profs, sample, slo)
+    for name, u in units.items():
+        r = simulate(live, [StageSpec("unit")], [u], [b], [_unit_times(pipe, profs, b)], seed=args.seed)
+        rows.append({"system": name, "cost": u * unit_cpus, "config": f"{u} units x b{b} ({t * 1e3:.0f} ms)",
+                     "p99_ms": r.percentile(99) * 1e3, "miss": float(np.mean(r.latency_s > slo))})
+    for r in rows:
+        r["x_cost"] = r["cost"] / rows[0]["cost"]
+    rows.append({"plan_s": plan_s, "evaluations": il.evaluations, "sample": sample.size,
+                 "live": live.size})
+    return rows
+
+
+def _unit_times(pipe, profs, b: int) -> np.ndarray:
+    """T(k) for k = 1..b: the coarse unit's time for a batch of k (see ``coarse``)."""
+    order = [p.spec.name for p in profs]
+    by = {p.spec.name: p for p in profs}
+    cpus = {m.name: m.cpus for m in pipe.stage_models()}
+    out = []
+    for kk in range(1, b + 1):
+        done: dict[str, float] = {}
+        for n in order:
+            p = by[n]
+            k = max(1, math.ceil(kk * p.spec.fraction))
+            t = p.times[cpus[n]]
+            dt = t[k - 1] if len(t) >= k else k * t[0]
+            done[n] = dt + max((done[order[i]] for i in p.spec.parents), default=0.0)
+        out.append(max(done.values()))
+    return np.array(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trace", default=str(TRACE))
+    p.add_argument("--job", default="job9", help="trace job (job9: the Twitter stream)")
+    p.add_argument("--day", type=int, default=10)
+    p.add_argument("--start", type=int, default=120, help="first minute of the window (120: the day's busy part)")
+    p.add_argument("--minutes", type=int, default=120)
+    p.add_argument("--peak", type=float, default=50.0, help="the day's busiest minute, queries/s")
+    p.add_argument("--slo-ms", type=float, default=1000.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="40 minutes instead of --minutes")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.minutes = 40
+    *rows, meta = run(args)
+    print(f"trace {Path(args.trace).name} {args.job} day {args.day} minutes {args.start}.."
+          f"{args.start + args.minutes} peak {args.peak:g}/s, SLO {args.slo_ms:g} ms P99; "
+          f"sample {meta['sample']} queries (first 25 %), live {meta['live']}; planner "
+          f"{meta['evaluations']} DES runs in {meta['plan_s']:.1f} s")
+    print(f"| system | CPUs | x InferLine | live P99 ms | live miss % | configuration |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['system']} | {r['cost']:g} | {r['x_cost']:.2f} | {r['p99_ms']:.0f} | "
+              f"{100 * r['miss']:.2f} | {r['config']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
