@@ -55,6 +55,30 @@ def test_des_matches_the_simulator_kernel_query_for_query(ra, rb, bb):
         assert run.stages["b"].mean_batch > 1.2
 
 
+def test_des_replica_schedule_matches_the_kernel_with_a_replica_added_midway():
+    """A tuner's decisions as a schedule: one replica, a second from t = 100 s (the
+    simulator's way: a new replica is free from the end of its cold start). Same latencies
+    as the kernel; the same schedule held constant equals plain replicas."""
+    rng = np.random.default_rng(5)
+    arr = np.sort(rng.uniform(0, 300, 2700))  # 9/s against one replica's 8/s (b = 2)
+    share = SHAPE.share(1.0)
+    bt = 0.2 * (share * np.arange(1, 3) + 1 - share)
+    n = arr.size
+    start, lat, status = np.zeros(n), np.zeros(n), np.zeros(n, np.int64)
+    advance(0.0, 1e9, arr, np.full(n, 0.2), np.zeros(n), np.ones(n), start, lat, status, 0, n,
+            np.zeros(n + 1, np.int64), 0, 0, np.array([0.0, 100.0]), np.zeros(2), 0.0,
+            10 ** 9, 0.0, np.inf, True, 2, share, 1.0)
+    run = simulate(arr, [StageSpec("a")], [1], [2], [bt],
+                   schedules=[(np.array([0.0, 100.0]), np.array([1, 2]))])
+    assert np.allclose(run.latency_s, lat, atol=1e-9)
+    early, late = run.latency_s[arr < 100], run.latency_s[arr > 270]
+    assert early.max() > 5 * late.max()  # the queue built before, drained after
+    const = simulate(arr, [StageSpec("a")], [2], [2], [bt])
+    same = simulate(arr, [StageSpec("a")], [7], [2], [bt],
+                    schedules=[(np.array([0.0, 50.0]), np.array([2, 2]))])
+    assert np.array_equal(const.latency_s, same.latency_s)
+
+
 def test_des_conditional_visits_and_fan_out():
     """A -> {B (all), C (30 %)}: C sees about 30 % of the queries, and a query's latency is
     its slowest visited branch."""

@@ -68,47 +68,68 @@ class PipelineRun:
 
 
 @njit(cache=True)
-def stage_queue(ready: np.ndarray, replicas: int, batch: int, batch_time: np.ndarray,
-                hold: float = 0.0):
-    """One stage: FIFO queue, ``replicas`` servers, batches of up to ``batch``.
+def _avail(j: int, t: float, on: np.ndarray, off: np.ndarray, ptr: np.ndarray) -> float:
+    """The earliest time >= ``t`` at which replica ``j`` is up (``t`` never decreases per
+    replica, so the interval pointer only moves forward); inf when it never is again."""
+    while ptr[j] < on.shape[1] and off[j, ptr[j]] <= t:
+        ptr[j] += 1
+    if ptr[j] == on.shape[1]:
+        return np.inf
+    return max(t, on[j, ptr[j]])
 
-    ``ready`` sorted ascending (the times requests reach the stage); ``batch_time[k - 1]``
-    the seconds a batch of ``k`` takes. Returns ``(start, finish, batch_of)`` per request
-    in the same order. The same rule as the simulator's kernel (module docstring)."""
+
+@njit(cache=True)
+def stage_queue_sched(ready: np.ndarray, batch: int, batch_time: np.ndarray, hold: float,
+                      on: np.ndarray, off: np.ndarray):
+    """:func:`stage_queue` with replicas that come and go: replica ``j`` starts batches only
+    inside its intervals ``[on[j, i], off[j, i])`` (inf-padded); a batch started runs to
+    its end (a replica removed drains, as Ray's graceful shutdown). A queued batch takes
+    only the requests arrived by its start."""
     n = ready.shape[0]
+    R = on.shape[0]
     start = np.empty(n)
     finish = np.empty(n)
     size = np.empty(n, dtype=np.int64)
-    free_at = np.full(replicas, -np.inf)
+    free_at = np.full(R, -np.inf)
+    ptr = np.zeros(R, dtype=np.int64)
     qh = 0  # the queue is the sorted requests qh .. i-1
     i = 0
     while qh < n:
         ta = ready[i] if i < n else np.inf
         while qh < i:  # replicas that free before the next arrival take the queue's head
-            k = 0
-            for j in range(1, replicas):
-                if free_at[j] < free_at[k]:
+            k = -1
+            f = np.inf
+            for j in range(R):
+                a = _avail(j, max(free_at[j], ready[qh]), on, off, ptr)
+                if a < f:
+                    f = a
                     k = j
-            f = free_at[k]
-            if f > ta:
+            if k < 0 or f > ta:
                 break
-            m = min(batch, i - qh)
-            s = max(f, ready[qh + m - 1])
-            end = s + batch_time[m - 1]
+            m = 0
+            while m < batch and qh + m < i and ready[qh + m] <= f:
+                m += 1
+            end = f + batch_time[m - 1]
             for j in range(qh, qh + m):
-                start[j] = s
+                start[j] = f
                 finish[j] = end
                 size[j] = m
             free_at[k] = end + hold
             qh += m
         if i >= n:
+            if qh < n:  # no replica will ever come up: the rest never finish
+                for j in range(qh, n):
+                    start[j] = np.inf
+                    finish[j] = np.inf
+                    size[j] = 1
             break
-        if qh == i:  # queue empty: a free replica takes the arrival alone
-            k = 0
-            for j in range(1, replicas):
-                if free_at[j] < free_at[k]:
-                    k = j
-            if free_at[k] <= ta:
+        if qh == i:  # queue empty: a replica up and free at ta takes it alone
+            k = -1
+            for j in range(R):
+                if _avail(j, max(free_at[j], ta), on, off, ptr) <= ta:
+                    if k < 0 or free_at[j] < free_at[k]:
+                        k = j
+            if k >= 0:
                 start[i] = ta
                 finish[i] = ta + batch_time[0]
                 size[i] = 1
@@ -116,6 +137,57 @@ def stage_queue(ready: np.ndarray, replicas: int, batch: int, batch_time: np.nda
                 qh += 1
         i += 1
     return start, finish, size
+
+
+@njit(cache=True)
+def stage_queue(ready: np.ndarray, replicas: int, batch: int, batch_time: np.ndarray,
+                hold: float = 0.0):
+    """One stage: FIFO queue, ``replicas`` servers, batches of up to ``batch``.
+
+    ``ready`` sorted ascending (the times requests reach the stage); ``batch_time[k - 1]``
+    the seconds a batch of ``k`` takes. Returns ``(start, finish, batch_of)`` per request
+    in the same order. The same rule as the simulator's kernel (module docstring)."""
+    on = np.full((replicas, 1), -np.inf)
+    off = np.full((replicas, 1), np.inf)
+    return stage_queue_sched(ready, batch, batch_time, hold, on, off)
+
+
+def intervals(times: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A replica-count schedule (``counts[i]`` replicas from ``times[i]`` on; before the
+    first time, ``counts[0]``) as per-replica up intervals ``(on, off)``, inf-padded:
+    replica ``j`` is up while the count exceeds ``j``."""
+    times = np.asarray(times, float)
+    counts = np.asarray(counts, int)
+    R = max(int(counts.max()), 1)
+    ivs: list[list[tuple[float, float]]] = [[] for _ in range(R)]
+    for j in range(R):
+        up = None
+        for i, (t, c) in enumerate(zip(times, counts)):
+            t0 = -np.inf if i == 0 else t
+            if c > j and up is None:
+                up = t0
+            elif c <= j and up is not None:
+                ivs[j].append((up, t0))
+                up = None
+        if up is not None:
+            ivs[j].append((up, np.inf))
+    M = max(1, max(len(v) for v in ivs))
+    on, off = np.full((R, M), np.inf), np.full((R, M), np.inf)
+    for j, v in enumerate(ivs):
+        for i, (a, b) in enumerate(v):
+            on[j, i], off[j, i] = a, b
+    return on, off
+
+
+def _mean_count(sched, arr: np.ndarray) -> float:
+    """Time-weighted mean replica count of a schedule over the trace's span."""
+    times, counts = (np.asarray(x, float) for x in sched)
+    if arr.size < 2:
+        return float(counts[0])
+    lo, hi = float(arr.min()), float(arr.max())
+    edges = np.clip(np.append(times, hi), lo, hi)
+    edges[0] = lo
+    return float(np.sum(counts * np.diff(edges)) / max(hi - lo, 1e-9))
 
 
 def visit_matrix(stages: Sequence[StageSpec], n: int, seed: int = 0) -> np.ndarray:
@@ -136,13 +208,16 @@ def visit_matrix(stages: Sequence[StageSpec], n: int, seed: int = 0) -> np.ndarr
 
 def simulate(arrivals: np.ndarray, stages: Sequence[StageSpec], replicas: Sequence[int],
              batch: Sequence[int], batch_time: Sequence[np.ndarray], *, seed: int = 0,
-             hold: float = 0.0, visits: np.ndarray | None = None) -> PipelineRun:
+             hold: float = 0.0, visits: np.ndarray | None = None,
+             schedules: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None) -> PipelineRun:
     """Every query of ``arrivals`` (seconds, any order) through the pipeline.
 
     Per stage ``s`` (topological order, parents before children): ``replicas[s]``,
     ``batch[s]`` (largest batch, 1 = none) and ``batch_time[s][k - 1]`` (seconds for a batch
     of ``k``, at least ``batch[s]`` entries). ``visits`` overrides the drawn visit matrix
-    (the planner draws it once and reuses it for every configuration it compares)."""
+    (the planner draws it once and reuses it for every configuration it compares).
+    ``schedules[s]`` = ``(times, counts)``: stage ``s``'s replicas over time (a tuner's
+    decisions, :func:`intervals`), in place of ``replicas[s]``."""
     arr = np.asarray(arrivals, float)
     n, S = arr.size, len(stages)
     for s, st in enumerate(stages):
@@ -164,15 +239,21 @@ def simulate(arrivals: np.ndarray, stages: Sequence[StageSpec], replicas: Sequen
         order = np.argsort(ready, kind="stable")
         r_sorted = ready[order]
         bt = np.asarray(batch_time[s], float)[: batch[s]]
-        st_s, fin_s, size = stage_queue(r_sorted, int(replicas[s]), int(batch[s]), bt, hold)
+        sched = schedules[s] if schedules is not None else None
+        if sched is None:
+            st_s, fin_s, size = stage_queue(r_sorted, int(replicas[s]), int(batch[s]), bt, hold)
+        else:
+            on, off = intervals(*sched)
+            st_s, fin_s, size = stage_queue_sched(r_sorted, int(batch[s]), bt, hold, on, off)
         finish[s, idx[order]] = fin_s
         m = idx.size
+        reps = float(replicas[s]) if sched is None else _mean_count(sched, arr)
         if m:
             busy = float(np.sum(bt[size - 1] / size))  # each batch's time once
             stats[st.name] = StageStats(
                 visits=int(m), mean_wait_s=float(np.mean(st_s - r_sorted)),
                 mean_batch=float(m / np.sum(1.0 / size)),
-                utilisation=busy / (replicas[s] * max(span, float(bt[0]))),
+                utilisation=busy / (max(reps, 1e-9) * max(span, float(bt[0]))),
                 p99_s=float(np.percentile(fin_s - r_sorted, 99)))
         else:
             stats[st.name] = StageStats(0, 0.0, 0.0, 0.0, 0.0)
