@@ -84,10 +84,14 @@ def plan_pipelines(pol, obs: Observation, due: bool, wanted: dict, order: list,
         lam = float(hist.sum()) / (60.0 * hist.size)
         rho = {s: min(max(lam * p.stage(s).fraction / (max(n[s], 1) * stage_mu(stages[s], mods[s], b[s])),
                           0.05), 0.95) for s in stages}
-        full = now - pol.started >= 60.0 * h - 1e-9
-        env = (envelope_of(pol.pticks[p.name], now - 60.0 * h, pol.windows(), pol.tick_s) if full
-               else [float(hist.max()) / 60.0] * len(pol.windows()))
-        pol.pstate[p.name] = {"rho": rho, "batch": b, "env": env, "changed": now}
+        # the sample's envelope from its ticks; before 15 minutes of them (the start), no
+        # lower than the peak minute's rate at any window (single models: that peak alone)
+        env = envelope_of(pol.pticks[p.name], now - 60.0 * h, pol.windows(), pol.tick_s)
+        if now - pol.started < 60.0 * h - 1e-9:
+            peak = float(hist.max()) / 60.0
+            env = [max(peak, env[i]) if i < len(env) else peak for i in range(len(pol.windows()))]
+        pol.pstate[p.name] = {"rho": rho, "batch": b, "env": env, "changed": now,
+                              "n": {s: max(int(n[s]), 1) for s in stages}}
         wanted.update(n)
         order.extend(s for s in p.order() if s not in order)
         batches.update({s: b[s] for s in stages if stages[s].batching is not None})
@@ -107,15 +111,18 @@ def tune_pipelines(pol, obs: Observation, planned: set[str], wanted: dict, up: l
         if st is None or p.name in planned:
             continue
         live = envelope_of(pol.pticks[p.name], now - pol.envelope_s, pol.windows(), pol.tick_s)
-        over = [r for r, s in zip(live, st["env"]) if r > s]
+        # the envelope the stages are provisioned for now: the sample's, shrunk by the
+        # least provisioned stage after a scale-down (see the policy's docstring)
+        f = min(1.0, min(obs.models[n].target_replicas / st["n"][n] for n in p.stage_names))
+        over = [r for r, s in zip(live, st["env"]) if r > s * f]
         r_max = max(over) if over else 0.0
         rho, b = st["rho"], st["batch"]
-        raised = []
+        raised, k_up = [], {}
         for n in p.order():
             m, o = pol.slo[n], obs.models[n]
-            k = math.ceil(r_max * p.stage(n).fraction / (stage_mu(m, o, b[n]) * rho[n]) - 1e-9)
-            if over and k > o.target_replicas:
-                wanted[n] = m.clamp(k)
+            k_up[n] = math.ceil(r_max * p.stage(n).fraction / (stage_mu(m, o, b[n]) * rho[n]) - 1e-9)
+            if over and k_up[n] > o.target_replicas:
+                wanted[n] = m.clamp(k_up[n])
                 raised.append(n)
         up.extend(raised)
         if over:
@@ -127,6 +134,7 @@ def tune_pipelines(pol, obs: Observation, planned: set[str], wanted: dict, up: l
         rho_p = min(rho.values())
         for n in p.order():
             m, o = pol.slo[n], obs.models[n]
-            k = m.clamp(math.ceil(lam_new * p.stage(n).fraction / (stage_mu(m, o, b[n]) * rho_p) - 1e-9))
+            k = math.ceil(lam_new * p.stage(n).fraction / (stage_mu(m, o, b[n]) * rho_p) - 1e-9)
+            k = m.clamp(max(k, k_up[n]))  # not below what Algorithm 3 would restore next tick
             if k < o.target_replicas:
                 wanted[n] = k

@@ -202,3 +202,21 @@ def test_sample_arrivals_are_poisson_within_each_minute_and_seeded():
     a = sample_arrivals(np.array([3, 0, 5]), 1)
     assert a.size == 8 and np.all(np.diff(a) >= 0) and a[:3].max() < 60 <= a[3:].min()
     assert np.array_equal(a, sample_arrivals(np.array([3, 0, 5]), 1))
+
+
+def test_tuner_restores_the_plan_when_traffic_returns_after_a_scale_down():
+    """After a quiet spell scales B down, traffic back at the sample's rate (not above its
+    envelope) brings B back to the planned count: the threshold follows the provisioning
+    (the policy's [gap] note; the paper's literal Algorithm 3 would wait for a rate above
+    the sample's)."""
+    p = _pipeline()
+    pol = make_policy("inferline", p.stage_models(), ClusterSpec(cpus=64), pipelines=[p])
+    n = {"A": 1, "B": 1, **pol.decide(_obs(0, 20.0, {"A": 1, "B": 1})).replicas}
+    cur = dict(n)
+    for t in range(10, 300, 10):
+        d = pol.decide(_obs(t, 5.0, cur))
+        if d is not None:
+            cur.update(d.replicas)
+    assert cur["B"] < n["B"]
+    back = pol.decide(_obs(300, 20.0, cur))
+    assert back is not None and back.replicas["B"] == n["B"]
