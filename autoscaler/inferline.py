@@ -219,7 +219,7 @@ class InferLineTunerPolicy(Policy):
             self._tune_single(obs, wanted, up)
             tune_pipelines(self, obs, planned, wanted, up, info)
             info = {"up": up, **info}
-            order = up
+            order = up + [n for n in order if n not in up]  # + a pipeline's first plan
             kind = "reactive"
         if not wanted and not batches:
             return None

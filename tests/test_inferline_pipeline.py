@@ -220,3 +220,13 @@ def test_tuner_restores_the_plan_when_traffic_returns_after_a_scale_down():
     assert cur["B"] < n["B"]
     back = pol.decide(_obs(300, 20.0, cur))
     assert back is not None and back.replicas["B"] == n["B"]
+
+
+def test_a_pipeline_without_history_is_planned_once_its_first_minute_exists():
+    """No minute of entry queries yet: no plan, no change. The first minute, even between
+    two scheduled plans, plans the pipeline and its increases are granted."""
+    p = _pipeline()
+    pol = make_policy("inferline", p.stage_models(), ClusterSpec(cpus=64), pipelines=[p])
+    assert pol.decide(_obs(0, 20.0, {"A": 1, "B": 1}, minutes=0)) is None
+    d = pol.decide(_obs(60, 20.0, {"A": 1, "B": 1}, minutes=1))
+    assert d is not None and d.replicas["B"] > 1 and "p" in pol.pstate
