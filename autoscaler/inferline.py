@@ -63,7 +63,9 @@ class InferLineTunerPolicy(Policy):
     [gap] the live envelope spans ``envelope_s`` (120 s), the scale-down rate 30 s: a burst
     seen 40 s ago would bring back, next tick, replicas the scale-down just removed (seen
     in bench/inferline_paper.py: a stage flapping 1-2 every 10-20 s), so a stage is not
-    scaled below Algorithm 3's count for the current envelope. Before 15 minutes of ticks
+    scaled below Algorithm 3's count for the current envelope, nor below the share of its
+    plan that keeps the threshold (next) above the live envelope (else the lowered
+    threshold re-triggers: resnet flapped 12-16 at 150 queries/s). Before 15 minutes of ticks
     the sample envelope is at least the peak minute's rate at every window. [gap] after a
     scale-down the stages no longer handle the sample, yet Algorithm 3 only reacts above
     the sample's envelope: a rise back to the sample's rate went unseen (measured: a spike

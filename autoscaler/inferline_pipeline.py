@@ -132,9 +132,12 @@ def tune_pipelines(pol, obs: Observation, planned: set[str], wanted: dict, up: l
         recent = [c for t, c in pol.pticks[p.name] if t > now - pol.down_window_s]
         lam_new = max(recent) / pol.tick_s if recent else 0.0
         rho_p = min(rho.values())
+        g = max((r / e for r, e in zip(live, st["env"]) if e > 0), default=0.0)
         for n in p.order():
             m, o = pol.slo[n], obs.models[n]
             k = math.ceil(lam_new * p.stage(n).fraction / (stage_mu(m, o, b[n]) * rho_p) - 1e-9)
-            k = m.clamp(max(k, k_up[n]))  # not below what Algorithm 3 would restore next tick
+            # not below what Algorithm 3 would restore next tick: the count whose share of
+            # the plan keeps the threshold above the live envelope (g), nor below k_up
+            k = m.clamp(max(k, k_up[n], math.ceil(g * st["n"][n] - 1e-9)))
             if k < o.target_replicas:
                 wanted[n] = k
