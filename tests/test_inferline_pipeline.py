@@ -230,3 +230,24 @@ def test_a_pipeline_without_history_is_planned_once_its_first_minute_exists():
     assert pol.decide(_obs(0, 20.0, {"A": 1, "B": 1}, minutes=0)) is None
     d = pol.decide(_obs(60, 20.0, {"A": 1, "B": 1}, minutes=1))
     assert d is not None and d.replicas["B"] > 1 and "p" in pol.pstate
+
+
+@pytest.mark.parametrize("rate", [6.0, 8.0, 10.0, 12.0, 14.0])
+def test_tuner_does_not_flap_under_steady_traffic(rate):
+    """Planned at 20 queries/s, then a lower rate with a busy tick every 100 s: the stages
+    settle, no stage goes down and then up again (a scale-down never lowers the threshold
+    under the live envelope)."""
+    p = _pipeline()
+    pol = make_policy("inferline", p.stage_models(), ClusterSpec(cpus=64), pipelines=[p])
+    cur = {"A": 1, "B": 1, **pol.decide(_obs(0, 20.0, {"A": 1, "B": 1})).replicas}
+    moves = {"A": [], "B": []}
+    # one busy tick every 100 s: the 120 s envelope still holds it when the 30 s rate of
+    # the scale-down no longer does
+    for i, t in enumerate(range(10, 900, 10)):
+        d = pol.decide(_obs(t, rate * (1.6 if i % 10 == 0 else 1.0), cur))
+        for n, r in (d.replicas.items() if d is not None else ()):
+            moves[n].append(r - cur[n])
+            cur[n] = r
+    for n, m in moves.items():
+        signs = [x > 0 for x in m]
+        assert signs == sorted(signs, reverse=True), (n, m)  # ups (bursts) before downs only
