@@ -9,7 +9,7 @@ import logging
 import numpy as np
 
 from faro_serve.config import ModelSLO
-from faro_serve.engine.latency import latency_mdc
+from faro_serve.engine.latency import latency_mdc, min_replicas_for_slo
 from forecasting.base import FallbackForecaster, Forecast, Forecaster
 
 from .policy import Decision, Observation, Policy, grant_in_order
@@ -50,6 +50,19 @@ def max_rate_one_replica(p: float, slo: float, q: float, concurrency: int = 1) -
         else:
             hi = mid
     return lo
+
+
+def replicas_for_slo(lam: float, p: float, slo: float, q: float, m: ModelSLO) -> int:
+    """Fewest replicas meeting the SLO at ``lam`` (engine M/D/c), clamped to the model's bounds
+    (Swayam's n_B, InferLine's single-model plan)."""
+    if slo <= p or lam * p >= m.max_replicas * m.concurrency:
+        return m.max_replicas
+    try:
+        n, _ = min_replicas_for_slo(max(lam, 0.0), p, slo, q, "mdc", limit=m.max_replicas,
+                                    concurrency=m.concurrency)
+    except ValueError:
+        return m.max_replicas
+    return m.clamp(n)
 
 
 class Timers:

@@ -1,4 +1,5 @@
-"""The comparison systems' autoscalers as policies: Swayam, InferLine's tuner, INFaaS.
+"""The comparison systems' autoscalers as policies: Swayam, INFaaS and (from
+``autoscaler/inferline.py``, re-exported here) InferLine.
 
 Condensed from ``seed-notes.md``; each "[gap]" the papers leave open is decided here, in the
 class docstring, and is a constructor parameter. All three scale every job on its own and
@@ -18,26 +19,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
-from faro_serve.engine.latency import min_replicas_for_slo
 from faro_serve.engine.variants import options as variant_options
 from faro_serve.engine.variants import scale_down as variant_scale_down
 from faro_serve.engine.variants import scale_up as variant_scale_up
 from faro_serve.engine.variants import select as variant_select
 
-from .common import fcfs_decision, max_rate_one_replica, processing_s, saturation_rate
+from .common import fcfs_decision, processing_s, replicas_for_slo as _replicas_for, saturation_rate
+from .inferline import InferLineTunerPolicy  # noqa: F401  (moved; the old import path works)
 from .policy import Decision, Observation, Policy
-
-
-def _replicas_for(lam: float, p: float, slo: float, q: float, m: ModelSLO) -> int:
-    """Fewest replicas meeting the SLO at ``lam`` (engine M/D/c), clamped to the model's bounds."""
-    if slo <= p or lam * p >= m.max_replicas * m.concurrency:
-        return m.max_replicas
-    try:
-        n, _ = min_replicas_for_slo(max(lam, 0.0), p, slo, q, "mdc", limit=m.max_replicas,
-                                    concurrency=m.concurrency)
-    except ValueError:
-        return m.max_replicas
-    return m.clamp(n)
 
 
 class SwayamPolicy(Policy):
@@ -119,151 +108,6 @@ class SwayamPolicy(Policy):
             return None
         order = sorted((n for n in wanted if n in self.rising_since), key=self.rising_since.get)
         return fcfs_decision(self, obs, wanted, order, "reactive", {"n_B": info})
-
-
-class InferLineTunerPolicy(Policy):
-    """InferLine's high-frequency tuner (SoCC '20), one single-model pipeline per job.
-
-    Traffic envelope: for windows ``dT_i`` doubling from the smallest observable one up to
-    60 s, ``r_i`` = the most arrivals in any window of that width, per second. Scale up when
-    an ``r_i`` of the recent ``envelope_s`` (120 s) exceeds the planner's sample envelope:
-    ``k = ceil(r_max / (mu rho))`` (s_m = 1, one model per pipeline), ``mu = concurrency /
-    processing time``. Scale down only when nothing changed for 15 s, to
-    ``ceil(lambda_new / (mu rho))`` with ``lambda_new`` the highest rate of the last 30 s.
-
-    [gap] smallest window: the router reports counts per tick, so the envelope starts at the
-    tick (10 s, then 20, 40, 60 s) instead of the service time, and the 30 s scale-down rate
-    uses 10 s windows instead of 5 s; burstiness below 10 s is invisible here (Poisson
-    within a minute in the simulator, which the planner's queueing sizing absorbs).
-    [gap] planner: InferLine's low-frequency planner searches batch size and hardware with a
-    discrete-event simulation; with one model, batch 1 and one CPU type only the replica
-    count is left, so the planner here sizes it with the engine's M/D/c estimator. Every
-    ``replan_s`` (1800 s) it takes the last ``plan_history_min`` (15) minutes as the sample:
-    the sample envelope is built from its tick counts exactly as the live one (so the two
-    compare like with like), ``n`` = fewest replicas meeting the SLO at the sample's 60 s
-    peak rate, ``rho = mean rate / (n mu)`` (the slack it kept), and it sets ``n`` replicas.
-    Before 15 minutes of ticks exist (the start) the sample is the per-minute history's peak
-    at every window, or, with no history, rho = one replica's utilisation at the SLO (M/D/1)
-    and no replica change; such a provisional plan is redone once the 15 minutes exist.
-    """
-
-    name = "inferline"
-    state_fields = ("last_plan", "provisional", "started", "last_change", "ticks", "rho", "sample_env")
-
-    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *,
-                 replan_s: float = 1800.0, plan_history_min: int = 15, envelope_s: float = 120.0,
-                 down_guard_s: float = 15.0, down_window_s: float = 30.0, max_window_s: float = 60.0):
-        super().__init__(models, cluster)
-        self.replan_s = replan_s
-        self.plan_history_min = plan_history_min
-        self.envelope_s = envelope_s
-        self.down_guard_s = down_guard_s
-        self.down_window_s = down_window_s
-        self.max_window_s = max_window_s
-        self.last_plan = -math.inf
-        self.provisional = True
-        self.started = None
-        self.last_change: dict[str, float] = {}
-        self.ticks: dict[str, deque] = {m.name: deque() for m in self.models}
-        self.rho: dict[str, float] = {}
-        self.sample_env: dict[str, list[float]] = {}
-
-    def windows(self) -> list[int]:
-        """Envelope windows in ticks: 1, 2, 4, ... and the largest, ``max_window_s``."""
-        out, k = [], 1
-        while k * self.tick_s <= self.max_window_s + 1e-9:
-            out.append(k)
-            k *= 2
-        last = int(self.max_window_s // self.tick_s)
-        if last > 0 and (not out or out[-1] != last):
-            out.append(last)
-        return out
-
-    def envelope(self, name: str, since: float) -> list[float]:
-        """Peak rate per window (windows longer than the data are left out)."""
-        counts = np.array([c for t, c in self.ticks[name] if t > since])
-        rates = []
-        for k in self.windows():
-            if counts.size < k:
-                break
-            rates.append(float(np.convolve(counts, np.ones(k), mode="valid").max()) / (k * self.tick_s))
-        return rates
-
-    def plan(self, obs: Observation) -> dict[str, int]:
-        now = obs.now
-        self.last_plan = now
-        full = self.started is not None and now - self.started >= 60.0 * self.plan_history_min - 1e-9
-        self.provisional = not full
-        out = {}
-        for m in self.models:
-            o = obs.models[m.name]
-            p = processing_s(m, o.processing_ms)
-            slo, q = m.slo_ms / 1e3, m.percentile / 100.0
-            n_win = len(self.windows())
-            if full:
-                env = self.envelope(m.name, now - 60.0 * self.plan_history_min)
-                counts = [c for t, c in self.ticks[m.name] if t > now - 60.0 * self.plan_history_min]
-                mean = float(np.mean(counts)) / self.tick_s
-                peak = env[-1]
-            else:
-                hist = np.asarray(o.arrivals_per_min, float)[-self.plan_history_min:] / 60.0
-                if hist.size == 0:
-                    r1 = max_rate_one_replica(p, slo, q, m.concurrency)
-                    self.rho[m.name] = r1 * p / m.concurrency
-                    self.sample_env[m.name] = [math.inf] * n_win
-                    out[m.name] = o.target_replicas
-                    continue
-                mean, peak = float(hist.mean()), float(hist.max())
-                env = [peak] * n_win
-            n = _replicas_for(peak, p, slo, q, m)
-            # rho = lambda / (n mu), mu = k / p: one replica's saturation rate
-            self.rho[m.name] = min(max(mean * p / (n * m.concurrency), 0.05), 0.95)
-            self.sample_env[m.name] = env
-            out[m.name] = n
-        return out
-
-    def decide(self, obs: Observation) -> Decision | None:
-        now = obs.now
-        if self.started is None:
-            self.started = now
-        keep = max(self.envelope_s, 60.0 * self.plan_history_min)
-        for m in self.models:
-            q = self.ticks[m.name]
-            if now > self.started:
-                q.append((now, obs.models[m.name].arrival_rate * self.tick_s))
-            while q and q[0][0] <= now - keep:
-                q.popleft()
-        due_full = self.provisional and now - self.started >= 60.0 * self.plan_history_min - 1e-9
-        if now - self.last_plan >= self.replan_s or due_full:
-            wanted = self.plan(obs)
-            for n in wanted:
-                self.last_change[n] = now
-            return fcfs_decision(self, obs, wanted, [m.name for m in self.models], "long_term",
-                                 {"rho": {n: round(r, 3) for n, r in self.rho.items()}})
-        wanted, up = {}, []
-        for m in self.models:
-            o = obs.models[m.name]
-            mu = saturation_rate(m, o.processing_ms)
-            rho = self.rho[m.name]
-            live = self.envelope(m.name, now - self.envelope_s)
-            over = [r for r, s in zip(live, self.sample_env[m.name]) if r > s]
-            k_up = math.ceil(max(over) / (mu * rho) - 1e-9) if over else 0
-            if k_up > o.target_replicas:
-                wanted[m.name] = m.clamp(k_up)
-                up.append(m.name)
-            elif now - self.last_change.get(m.name, -math.inf) > self.down_guard_s:
-                recent = [c for t, c in self.ticks[m.name] if t > now - self.down_window_s]
-                lam_new = max(recent) / self.tick_s if recent else 0.0
-                k = m.clamp(math.ceil(lam_new / (mu * rho) - 1e-9))
-                if k < o.target_replicas:
-                    wanted[m.name] = k
-        if not wanted:
-            return None
-        dec = fcfs_decision(self, obs, wanted, up, "reactive", {"up": up})
-        if dec is not None:
-            for n in dec.replicas:
-                self.last_change[n] = now
-        return dec
 
 
 class INFaaSPolicy(Policy):
