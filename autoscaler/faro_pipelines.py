@@ -5,9 +5,9 @@
   forecasts a model's; a stage's forecast is the entry's times its ``fraction``, and the
   planner counts each pipeline as one job over its end-to-end SLO (engine.pipeline_plan),
   choosing the stages' replicas, hence the SLO split, jointly.
-* The reactive step watches a pipeline's end-to-end latency against its SLO, not its
-  stages' own (equal-split) targets; a pipeline over its SLO for the trigger period gets
-  one more replica on its bottleneck stage: the one with the largest share of the
+* The reactive step watches a pipeline's end-to-end latency against its SLO besides its
+  stages' own targets (as faro-split does); a pipeline over its SLO for the trigger period
+  gets one more replica on its bottleneck stage: the one with the largest share of the
   end-to-end estimate at the stages' current rates and target replicas.
 * Surge, moves and re-plans treat stages as models.
 
@@ -68,12 +68,11 @@ class PipelineAware:
         return samples, predictor
 
     def judged(self, obs: Observation):
-        """The models the reactive step judges by their own SLO (not the stages of a
-        pipeline: their pipeline is judged end to end)."""
-        if not self.pipelines:
-            return obs.models.items()
-        staged = self.staged()
-        return [(n, o) for n, o in obs.models.items() if n not in staged]
+        """The models the reactive step judges by their own target: every one, stages
+        included (a stage by its ``slo_ms``, the equal split unless given): a stage that
+        falls behind its share is helped at once, as faro-split would, while its pipeline
+        is watched end to end besides (:meth:`watch_pipelines`)."""
+        return obs.models.items()
 
     def watch_pipelines(self, obs: Observation) -> None:
         """Update each pipeline's over-the-SLO timer from its end-to-end latency."""

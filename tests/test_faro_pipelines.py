@@ -107,10 +107,12 @@ def test_reactive_step_adds_to_the_bottleneck_stage_on_the_end_to_end_slo():
                          pipelines=[p])
     t = {"m": 2, "a": 1, "b": 6}
     policy.decide(_obs(0.0, p, t))
-    # the stages over their own (equal-split) targets while the pipeline meets its SLO:
-    # nothing to do
-    for now in (10.0, 20.0, 30.0, 40.0):
+    # the stages over their own (equal-split) targets for 30 s while the pipeline meets its
+    # SLO: each gets a replica, as with faro-split (a stage falling behind is helped at once)
+    for now in (10.0, 20.0, 30.0):
         assert policy.decide(_obs(now, p, t, pipe_latency=200.0, stage_latency=180.0)) is None
+    d = policy.decide(_obs(40.0, p, t, pipe_latency=200.0, stage_latency=180.0))
+    assert d.kind == "reactive" and dict(d.replicas) == {"a": 2, "b": 7}
     # the pipeline over its SLO for 30 s: one more replica for b (most of the estimate)
     for now in (50.0, 60.0, 70.0):
         assert policy.decide(_obs(now, p, t, pipe_latency=400.0)) is None
