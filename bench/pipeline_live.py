@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import pickle
 import time
 from pathlib import Path
 
@@ -207,13 +208,21 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--no-sim", action="store_true", help="the live run only")
     ap.add_argument("--draws", type=int, default=3, help="simulator draws (median reported)")
+    ap.add_argument("--resimulate", action="store_true", help="simulate the saved live run "
+                    "(<out>.pkl) again, without running live")
     args = ap.parse_args(argv)
     from faro_serve.traces import load_trace
 
     pipe, models, proc = setup(args.slowdown)
-    tr = load_trace(str(TRACE), days=args.day, sample=0, jobs=args.jobs.split(","))
-    tr = tr.window(args.start, args.start + args.minutes).scale(args.rate_scale / args.slowdown)
-    run = live_run(args, pipe, models, proc, tr)
+    saved = Path(args.out).with_suffix(".pkl")
+    if args.resimulate:  # the saved live run, simulated again (a changed simulator)
+        run = pickle.loads(saved.read_bytes())
+    else:
+        tr = load_trace(str(TRACE), days=args.day, sample=0, jobs=args.jobs.split(","))
+        tr = tr.window(args.start, args.start + args.minutes).scale(args.rate_scale / args.slowdown)
+        run = live_run(args, pipe, models, proc, tr)
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_bytes(pickle.dumps(run))
     live = summarize_live(run, pipe, models)
     sim = {} if args.no_sim else simulate_same(args, pipe, models, proc, run)
     doc = {"args": vars(args), "machine": f"{os.cpu_count()} cores", "live": live, "sim": sim,
@@ -239,13 +248,19 @@ def simulate_same(args, pipe, models, proc, run) -> dict:
     from faro_serve.sim.runner import SimConfig, simulate
     from faro_serve.validation.compare import fit_overhead
 
+    from faro_serve.validation.compare import scale_up_lags
+
     cluster = cluster_spec(args)
     ovh = fit_overhead(np.asarray(run["calibration"]["model_s"]))
+    # the cold start the live run showed (target raised -> replicas serving, median over
+    # every model and stage), as `faro-serve validate` takes it; the configured one without
+    lags = scale_up_lags(run["records"].status_polls, [m.name for m in expand(models, [pipe])])
+    cold = float(np.median(lags)) if len(lags) >= 3 else args.cold_start_s
     slos = {pipe.app_name: pipe.slo_ms} | {m.name: m.slo_ms for m in models}
     per: dict[str, list[dict]] = {}
     for draw in range(args.draws):
         pol = make_policy(args.policy, expand(models, [pipe]), cluster, None, pipelines=[pipe])
-        cfg = SimConfig(capacity_cpus=args.capacity, cold_start_s=args.cold_start_s,
+        cfg = SimConfig(capacity_cpus=args.capacity, cold_start_s=cold,
                         processing=tuple(proc[m.name] for m in models), router_overhead=ovh,
                         client_timeout_s=60.0, seed=args.seed, draw=draw, keep_records=True)
         # the expected counts: the simulator draws the schedule's own counts from the seed
@@ -265,6 +280,8 @@ def simulate_same(args, pipe, models, proc, run) -> dict:
         out[name] = {k: (float(np.median([r[k] for r in runs])) if all(r[k] is not None for r in runs)
                          else None) for k in runs[0]}
     out["router_overhead"] = str(ovh)
+    out["cold_start_s"] = cold
+    out["scale_up_lags_s"] = [round(x, 1) for x in sorted(lags)]
     return out
 
 
