@@ -152,6 +152,7 @@ def live_run(args, pipe, models, proc, tr) -> dict:
         assert wait_for(lambda: set(httpx.get(f"{base}/faro/status", timeout=5).json().get(
             "models", {})) >= names, 180), "the autoscaler did not see every model"
         cal = calibrate(base, pipe, models)
+        time.sleep(3)  # the routers report every second: the calibration's queries counted first
         ingress = serve.get_deployment_handle(meter_name("Ingress"), app_name=pipe.app_name)
         before = ingress.metrics.remote(reset_mean=False).result(timeout_s=30)["arrivals_total"]
         # rows as the simulator takes them (single models, then the pipeline), so both draw
