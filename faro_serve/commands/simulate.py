@@ -177,18 +177,24 @@ def run(args) -> int:
     out = res.to_dict() | {"forecaster": kind}
     if args.step_at is not None:
         out["surge"] = step_report(res.names, res.records, sc.models(res.names), args.step_at)
-    if args.json:
-        text = json.dumps(out, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+    write_json(args.json, out)
     if args.json != "-":
         print_result(res, sc)
         if args.step_at is not None:
             print_step(out["surge"])
     return 0
+
+
+def write_json(where: str | None, out: dict) -> None:
+    """``--json``: the result to a file, or to stdout for ``-``."""
+    if not where:
+        return
+    text = json.dumps(out, indent=2)
+    if where == "-":
+        print(text)
+    else:
+        with open(where, "w") as f:
+            f.write(text + "\n")
 
 
 def run_config(args) -> int:
@@ -218,13 +224,7 @@ def run_config(args) -> int:
     fc, kind = forecaster_from_args(args) if uses_forecaster(args.policy) else (None, "none")
     res = sc.run(args.policy, capacity, args.seed, forecaster=fc, loaded=loaded)
     out = res.to_dict() | {"forecaster": kind}
-    if args.json:
-        text = json.dumps(out, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+    write_json(args.json, out)
     if args.json != "-":
         print_result(res, sc)
     return 0
