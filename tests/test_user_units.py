@@ -191,3 +191,33 @@ def test_a_class_without_call_keeps_none_and_its_methods_are_guarded():
     cls = _faro_class(Worker, "w", 1)
     assert "__call__" not in cls.__dict__
     assert asyncio.run(cls(_faro_meter=None).predict(1)) == 2
+
+
+def test_a_pipeline_scales_its_stages_meters_its_ingress_and_names_a_wrong_stage():
+    """``scaled`` with a pipeline: a stage gets its model's resources and Faro's scaling; the
+    ingress keeps its own replicas and concurrency, metered under the pipeline's name;
+    ``run`` would plan the stages where scaled() put them."""
+    from faro_serve import Pipeline, Stage
+    from faro_serve.serving.user import _located
+    from user_apps.shop import Clean, Gallery, Tag
+
+    p = Pipeline(name="gal", slo_ms=400, stages=[Stage(name="clean", cpus=0.1),
+                                                 Stage(name="tag", after=["clean"], cpus=0.2)])
+    tag = faro_serve.scaled(Tag, p, stage="tag")
+    assert tag.model == "tag" and tag.cpus == 0.2
+    assert tag._deployment.num_replicas == 1 and tag._deployment.max_ongoing_requests == 2
+    faro_serve.scaled(Clean, p, stage="clean")
+    ingress = faro_serve.scaled(Gallery.options(max_ongoing_requests=100, num_replicas=2,
+                                                ray_actor_options={"num_cpus": 0.05}), p)
+    assert ingress.model == "gal" and ingress.cpus == 0.05
+    assert ingress._deployment.num_replicas == 2  # the user's, not Faro's
+    assert ingress._deployment.max_ongoing_requests == 101  # its 100 + the one held
+    located = _located(p)
+    assert located.ingress == "Gallery"
+    assert {m.name: m.deployment for m in located.stage_models()} == {"clean": "Clean", "tag": "Tag"}
+    with pytest.raises(ConfigError, match=r"pipeline 'gal' has no stage 'tagg' \(stages: clean, tag\)"):
+        faro_serve.scaled(Tag, p, stage="tagg")
+    with pytest.raises(ConfigError, match="needs a pipeline"):
+        faro_serve.scaled(Tag, faro_serve.SLO(name="t", slo_ms=100), stage="tag")
+    with pytest.raises(ConfigError, match="its ingress is 'Api' but the deployment is 'Gallery'"):
+        faro_serve.scaled(Gallery, p.model_copy(update={"ingress": "Api"}))
