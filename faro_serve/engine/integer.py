@@ -7,6 +7,8 @@
 * :func:`polish`: move replicas between jobs while the objective improves (ours).
 * :func:`tune_drops`: drop rates snap to the best point of the tabulated grid.
 * :func:`shrink`: the paper's shrink pass, right-sizing jobs.
+* :func:`balance`: each pipeline's replicas re-split among its stages (pipeline_balance.py),
+  which one-variable steps cannot do where a pipeline's utility is flat in each stage.
 
 Single-job changes are scored for all jobs at once with
 :meth:`Problem.single_change_values`, so each step costs O(jobs), not O(jobs) objective
@@ -91,8 +93,8 @@ def level_start(prob: Problem, d: np.ndarray, max_levels: int = 256) -> np.ndarr
     integer optimum (an optimum x* dominates the allocation built from its own minimum).
     Levels come from the tables (at most ``max_levels`` of them, evenly spread).
     """
-    if not prob.separable:  # a job's value is not one table row (pipeline_problem.py)
-        return None
+    if not prob.separable:  # pipelines: a pipeline's value is not one table row
+        return prob.level_start(d, max_levels)
     lo, hi = prob.lo.astype(int), prob.hi.astype(int)
     table = prob.tables[:, 0, :]
     cols = np.arange(table.shape[1])
@@ -183,6 +185,12 @@ def tune_drops(prob: Problem, x: np.ndarray, d: np.ndarray, passes: int = 2) -> 
     return d
 
 
+def balance(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Pipelines only (the identity otherwise): the best split of each pipeline's replicas
+    among its stages, where the objective does not fall (``PipelineProblem.balance``)."""
+    return x if prob.separable else prob.balance(x, d)
+
+
 def shrink(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
     """Paper section 4.3: right-size jobs, giving back replicas one at a time.
 
@@ -207,6 +215,6 @@ def shrink(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
             else:
                 x[i] += 1
                 break
-    if not prob.separable:  # pipelines: trades between a pipeline's stages (pipeline_problem)
-        x = prob.trade_down(x, d)
+    if not prob.separable:  # pipelines: trades between a pipeline's stages (pipeline_problem),
+        x = prob.balance(prob.trade_down(x, d), d)  # then the healthiest split of what is left
     return x

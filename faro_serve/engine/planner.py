@@ -18,7 +18,7 @@ import numpy as np
 
 from ..config import ClusterSpec, ModelSLO, check_minimums_fit
 from ..resources import CPU, MEMORY, Capacity, demand, usage
-from .integer import fill, polish, shrink
+from .integer import balance, fill, polish, shrink
 from .batched_latency import latency_batched
 from .latency import ESTIMATORS
 from .pipeline_plan import entry_drops, pipeline_decisions, pipeline_problem, stage_forecasts, units
@@ -239,7 +239,7 @@ def _solve_grouped(full: Problem, jobs: list[JobInput], n_groups: int, cluster: 
         evals += ev
         x[g] = xg
         d[g] = dg
-    x = polish(full, fill(full, x, d), d, max_moves=4 * n)
+    x = balance(full, polish(full, fill(full, balance(full, x, d), d), d, max_moves=4 * n), d)
     if cluster.shrink:
         x = shrink(full, x, d)
     return x.astype(int), d, evals, [len(g) for g in groups]

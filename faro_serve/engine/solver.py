@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, minimize
 
-from .integer import fill, level_start, polish, repair, shrink, tune_drops, water_fill
+from .integer import balance, fill, level_start, polish, repair, shrink, tune_drops, water_fill
 from .problem import Problem
 
 DROP_SCALE = 10.0  # drop-rate variables are scaled so COBYLA's rhobeg of 2 is a 0.2 step
@@ -142,9 +142,11 @@ def solve(prob: Problem, *, do_shrink: bool = True, do_polish: bool = True,
         lev = level_start(prob, d)
         if lev is not None:
             candidates.append(fill(prob, lev, d))
+    if not prob.separable:  # a pipeline's stages: the best split of what it holds, then fill
+        candidates = [fill(prob, balance(prob, c, d), d) for c in candidates]
     x = max(candidates, key=lambda c: prob.value(c, d))
     if do_polish and prob.n > 1:
-        x = polish(prob, x, d)
+        x = balance(prob, polish(prob, x, d), d)
     if prob.penalty:
         d = tune_drops(prob, x, d)
         x = fill(prob, x, d)
