@@ -1,26 +1,32 @@
-"""The best split of a pipeline's own replicas among its stages (issue 35; docs/pipelines.md).
+"""How a pipeline's replicas are split among its stages in a plan (issue 35; docs/pipelines.md).
 
 Why: the integer post-processing (integer.py) changes one variable at a time, and a
-pipeline's utility is flat in each stage when another stage is overloaded (its end-to-end
-estimate is infinite whatever the first one gets) or when the pipeline already meets its
-SLO. There, shrink and the stage trades keep the objective "unchanged" while they wreck the
-split: plans such as detect 1 / classify 7 for a query rate that needs 3 / 5 came out of a
-contended peak (simulated, day 8 of the pipeline suite, planning with the true future), and
-every stage replica of such a plan is wasted.
+pipeline's utility is flat in each stage when another stage is short (its end-to-end
+estimate is infinite whatever the first one gets) or when it already meets its SLO. Two
+failures followed, both seen in the pipeline suite (day 8, planning with the true future):
 
-:func:`best_split` searches every split of the resources the pipeline holds (the stages'
-counts within their bounds, no resource used beyond what the stages use now) and ranks them
+* Under the fairness objectives the integer starts could not lift a pipeline (no single
+  stage's replica raises it), so the solver stayed at a start that levelled every job down
+  to the pipeline's poor value: 0.45 of objective on 17 replicas where 4, 4, 4 / 2, 3 meets
+  every SLO (tests/test_pipeline_balance.py). :func:`level_start` is integer.level_start
+  with pipelines: for a floor level each pipeline takes its cheapest split reaching it,
+  from :func:`split_menu`, every split worth considering with its utility and cost.
+* Shrink and the stage trades keep the objective "unchanged" while they wreck a split
+  (detect 1 / classify 7 where 3 / 5 is needed). :func:`best_split` searches every split of
+  the resources the pipeline holds (the stages' counts within their bounds, no resource
+  beyond what the stages use now) and ranks them
 
-1. by the pipeline's window utility (the objective's own term, cold start included);
-2. then by its *health*: the mean over forecast samples and window steps of the end-to-end
-   estimate, each capped at ``HEALTH_CAP`` x the SLO (an overloaded stage counts the cap),
-   so among splits of equal utility the one nearest to meeting the SLO, and least
-   overloaded, wins;
-3. then by the resources used (fewer), then by the replicas moved from the current split.
+  1. by the pipeline's window utility (the objective's own term, cold start included);
+  2. then by its *health*: the mean over forecast samples and window steps of the
+     end-to-end estimate, each capped at ``HEALTH_CAP`` x the SLO (an overloaded stage
+     counts the cap), so among splits of equal utility the one nearest to meeting the SLO,
+     and least overloaded, wins;
+  3. then by the resources used (fewer), then by the replicas moved from the current split.
 
-The search is exhaustive over the first stages with the last one taking what is left, at
-most ``MAX_SPLITS`` candidates (then the stages' counts grow greedily instead, by the
-largest health gain per replica). Pure numpy, no Ray.
+  Exhaustive over the first stages with the last one taking what is left, at most
+  ``MAX_SPLITS`` candidates (beyond, the stages grow greedily by the largest health gain).
+
+Pure numpy, no Ray.
 """
 
 from __future__ import annotations
@@ -133,3 +139,45 @@ def split_menu(term, lo: np.ndarray, hi: np.ndarray, need: np.ndarray, caps: np.
     util = np.array([term.utility(y, d) for y in ys])
     cost = ((ys @ need) / np.maximum(caps, 1e-12)).sum(axis=1)
     return ys, util, cost
+
+
+def level_start(prob, d: np.ndarray, max_levels: int = 256) -> np.ndarray | None:
+    """integer.level_start with pipelines: for a floor level L every single model gets
+    the fewest replicas reaching L and every pipeline its cheapest split reaching L
+    (:func:`split_menu`); the best L wins. The max-min start the fairness
+    objectives need: without it, one-stage steps cannot lift a pipeline whose other
+    stage is short, and the solver levels every job down to a pipeline's poor value.
+    None when a pipeline has too many splits to list."""
+    lo, hi = prob.lo.astype(int), prob.hi.astype(int)
+    menus = []
+    for t in prob.terms:
+        menu = split_menu(t, prob.lo[t.idx], prob.hi[t.idx], prob.need[t.idx], prob.caps,
+                          float(d[t.drop_var]))
+        if menu is None:
+            return None
+        menus.append(menu)
+    s = prob.single_idx
+    table = prob.tables[s, 0, :]
+    cols = np.arange(table.shape[1])
+    valid = (cols[None, :] >= lo[s, None]) & (cols[None, :] <= hi[s, None])
+    levels = np.unique(np.round(np.concatenate([table[valid]] + [m[1] for m in menus]), 12))
+    if levels.size > max_levels:
+        levels = levels[np.linspace(0, levels.size - 1, max_levels).astype(int)]
+    best, best_val = None, -np.inf
+    for lev in levels:
+        x = np.zeros(prob.n)
+        ok = valid & (table >= lev - 1e-12)
+        if not ok.any(axis=1).all():
+            break
+        x[s] = ok.argmax(axis=1)
+        reach = [np.flatnonzero(m[1] >= lev - 1e-12) for m in menus]
+        if any(r.size == 0 for r in reach):
+            break
+        for t, (ys, _, cost), r in zip(prob.terms, menus, reach):
+            x[t.idx] = ys[r[np.argmin(cost[r])]]
+        if not prob.fits(x):
+            break
+        v = prob.value(x, d)
+        if v > best_val:
+            best, best_val = x, v
+    return best
