@@ -10,7 +10,8 @@
   tick's rate is ``surge_factor`` (2) x both what its target replicas serve within the SLO
   and its last minute's rate gets at once the replicas that rate and its queue need, within
   free capacity; it only adds, and acts again only when the rate doubles over what the new
-  target serves (``surge_need``): a step in load, or a deployment's first minutes.
+  target serves (``surge_need``): a step in load, or a deployment's first minutes. A plan's
+  targets are judged so too: a plan does not cut a surging model below that need.
 * Re-plan on surprise (ours, issue 31; ``replan``, off by default): between the plans, a
   model whose rate over the last ``replan_trigger_s`` leaves the last plan's forecast band
   (p10..p90, widened), or (``replan_latency``) that is over its SLO for the trigger period,
@@ -87,9 +88,10 @@ class FaroPolicy(PipelineAware, Policy):
             return self.with_surge(obs, self.short_term(obs))
         return self.with_surge(obs, None)
 
-    def surge_need(self, obs: Observation) -> dict[str, int]:
+    def surge_need(self, obs: Observation, targets: dict[str, int] | None = None) -> dict[str, int]:
         """Surging models (module docstring) with the replicas their rate and queue need:
-        enough to drain the queue within one more tick."""
+        enough to drain the queue within one more tick. ``targets``: the replicas to judge
+        (default: the current targets; with_surge passes a decision's)."""
         out = {}
         for n, o in obs.models.items():
             m = self.slo[n]
@@ -97,7 +99,8 @@ class FaroPolicy(PipelineAware, Policy):
                 continue
             p = (o.processing_ms or m.processing_ms or DEFAULT_PROCESSING_MS) / 1e3
             slo, q = m.slo_ms / 1e3, m.percentile / 100
-            served = max_rate_for_slo(max(o.target_replicas, 1), p, slo, q, self.cluster.estimator,
+            target = o.target_replicas if targets is None else targets.get(n, o.target_replicas)
+            served = max_rate_for_slo(max(target, 1), p, slo, q, self.cluster.estimator,
                                       self.cluster.rho_max, concurrency=m.concurrency)
             # a surge is a change: a model the plan keeps short on purpose in an overloaded
             # cluster is not surging (its rate was already there a minute ago)
@@ -121,7 +124,9 @@ class FaroPolicy(PipelineAware, Policy):
             return decision
         current = {n: o.target_replicas for n, o in obs.models.items()}
         after = {**current, **(decision.replicas if decision else {})}
-        need = {n: r for n, r in self.surge_need(obs).items() if r > after[n]}
+        # judged at the decision's targets: a plan whose forecast lags a step in load (the
+        # minute history does not hold it yet) does not cut what the rate seen now needs
+        need = {n: r for n, r in self.surge_need(obs, after).items() if r > after[n]}
         if not need:
             return decision
         order = sorted(need, key=lambda n: after[n] / need[n])

@@ -76,6 +76,22 @@ def test_surge_joins_a_long_term_plan_made_the_same_tick():
     assert sum(d.replicas.values()) <= 12
 
 
+def test_a_plan_whose_forecast_lags_does_not_undo_a_surge():
+    """The next long-term plan comes while the minute history still shows the old rate (a
+    deployment's first minute, seen live in bench.pipeline_live: a plan cut a surging stage
+    from 2 replicas to 1 at 7 queries/s). Judged at the plan's targets, the surge keeps what
+    the rate seen now needs."""
+    pol = make_policy("faro-fairsum", MODELS, ClusterSpec(cpus=12))
+    pol.decide(observe(0.0, 0.8 * R1))
+    need = pol.decide(observe(10.0, 5 * R1)).replicas["a"]
+    d = pol.decide(observe(300.0, 5 * R1, target_a=need))  # history: 0.8 x R1 per minute
+    assert d.kind == "long_term" and d.replicas["a"] >= need, d.replicas
+    assert d.info["surge"]["a"]["to"] >= need
+    # once the history holds the new rate, the plan itself provides for it
+    d = pol.decide(observe(600.0, 5 * R1, target_a=need, before_a=5 * R1))
+    assert d.kind == "long_term" and "surge" not in d.info and d.replicas["a"] >= need - 1
+
+
 def _step_run(surge: bool, cold_start_s=10.0, step_min=10, minutes=16):
     counts = np.zeros((2, minutes))
     counts[0] = 0.8 * R1 * 60
