@@ -13,7 +13,8 @@ LOOK_BACK_S = 30.0
 
 ARRIVAL_RATE_S = 10.0
 """The arrival rate a snapshot reports: requests/s over this many whole seconds, one
-autoscaler tick at the default ``reactive_interval_s``."""
+autoscaler tick at the default ``reactive_interval_s``; the simulator keeps this window at
+any tick (``sim/rates.py``)."""
 
 REPORT_S = 1.0
 """How often the proxy's router and each model replica report to the model's meter

@@ -231,6 +231,19 @@ def test_cold_start_lags_are_drawn_per_scale_up_and_seeded():
         SimConfig(capacity_cpus=1, cold_start_lags=())
 
 
+def test_the_simulated_arrival_rate_is_the_live_meters_ten_second_window():
+    """faro_serve.measures.ARRIVAL_RATE_S: with 5 s ticks a step from 0 to 6/s shows as 3/s
+    at its first tick and 6/s at the next (the live meter's 10 s, the seconds before the
+    start idle); with 10 s ticks (the default) or longer, the last tick's count over it."""
+    from faro_serve.sim.rates import TickRates
+
+    r = TickRates()
+    assert [r.rate("a", 5.0, n) for n in (30, 30, 30, 0)] == [3.0, 6.0, 6.0, 3.0]
+    assert [r.rate("b", 10.0, n) for n in (60, 20)] == [6.0, 2.0]
+    assert r.rate("c", 30.0, 90) == 3.0 and r.rate("c", 0.0, 5) == 0.0
+    assert [r.rate("d", 4.0, n) for n in (8, 8, 8, 8)] == [0.8, 1.6, 2.0, 2.0]  # 12 s span / 12
+
+
 def test_tail_drop_at_the_queue_limit_and_drop_rates():
     m = one_model(100.0)
     cfg = SimConfig(capacity_cpus=1, processing=TimeDist("const", (0.1,)), router_overhead=NO_OVERHEAD,

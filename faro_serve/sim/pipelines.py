@@ -44,6 +44,7 @@ from faro_serve.pipelines import PipelineSLO
 
 from ..distributions import PAPER_PROCESSING, TimeDist
 from .kernels import DONE
+from .rates import TickRates
 from .state import ModelState
 
 
@@ -340,6 +341,7 @@ class PipelineSet:
         self.runs = [PipelineRun(p, k, stage_states, processing, overhead, seed, draw, n_min)
                      for k, p in enumerate(self.pipelines)]
         self.counts, self.warm = counts, warm
+        self.rates = TickRates()  # the live meters' arrival-rate window
         self.of_stage = {n: (k, r.col[n]) for k, r in enumerate(self.runs) for n in r.order}
         self.slo_s = np.array([p.slo_ms / 1e3 for p in self.pipelines])
         self.pct = np.array([p.percentile for p in self.pipelines])
@@ -388,7 +390,7 @@ class PipelineSet:
             n = r.end_tick()
             out[p.name] = PipelineObservation(
                 name=p.name, arrivals_per_min=np.concatenate([self.warm[k], self.counts[k, :minute_now]]).astype(float),
-                arrival_rate=n / dt if dt > 0 else 0.0,
+                arrival_rate=self.rates.rate(p.name, dt, n),
                 latency_ms=None if math.isnan(lat) else lat * 1e3)
         return out
 

@@ -43,6 +43,7 @@ from ..pipelines import PipelineSLO
 from ..resources import Capacity, demand, usage
 from .pipelines import PipelineSet, StageMeter, StageState, check_pipelines, join_records, stage_rows
 from .pipelines import stage_processing as stage_processing_of
+from .rates import TickRates
 from .state import ModelState
 from .workload import Workload
 
@@ -226,6 +227,7 @@ class _Run:
             procs = procs + [procs[0]] * (len(self.names) - len(procs))
         self.work = Workload(counts, procs, cfg.router_overhead, seed=cfg.seed, draw=cfg.draw)
         self._lag_rng = np.random.default_rng([cfg.seed, cfg.draw, 0xC01D])
+        self.rates = TickRates()  # the live meters' arrival-rate window (sim/rates.py)
         tick = float(policy.tick_s)
         look_ticks = int(math.ceil(cfg.look_back_s / tick)) + 1
         self.states = {m.name: (ModelState if i < self.n_single else StageState)(
@@ -314,7 +316,7 @@ class _Run:
             snaps[n] = FrontSnapshot(
                 arrivals_per_min=(self.history[i, :self.n_warm + minute_now] if i < self.n_single
                                   else self.pipes.stage_history(n, minute_now)),
-                arrival_rate=n_arr / dt if dt > 0 else 0.0,
+                arrival_rate=self.rates.rate(n, dt, n_arr),
                 latency_ms=None if math.isnan(lat) else lat * 1e3,
                 processing_ms=None if math.isnan(proc) else proc * 1e3,
                 queue_length=float(s.nq), mean_in_flight=area / dt if dt > 0 else 0.0)
