@@ -49,7 +49,7 @@ def _candidates(lo: np.ndarray, hi: np.ndarray, need: np.ndarray, budget: np.nda
     """Stage counts within [lo, hi] using at most ``budget`` of every resource, the last
     stage as many as fit (None when more than MAX_SPLITS)."""
     m = lo.size
-    free = lambda y: budget - y @ need
+
     def top(s):  # at most what the whole budget buys of stage s
         pos = need[s] > 1e-12
         fit = int(np.floor(np.min(budget[pos] / need[s][pos]) + 1e-9)) if pos.any() else int(hi[s])
@@ -60,7 +60,7 @@ def _candidates(lo: np.ndarray, hi: np.ndarray, need: np.ndarray, budget: np.nda
     out = []
     for head in itertools.product(*ranges):
         y = np.array(list(head) + [lo[-1]], float)
-        room = free(y)
+        room = budget - y @ need
         if np.any(room < -1e-9):
             continue
         last = need[-1]
