@@ -209,9 +209,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--no-sim", action="store_true", help="the live run only")
     ap.add_argument("--draws", type=int, default=3, help="simulator draws (median reported)")
-    ap.add_argument("--sim-cold-start", choices=("median", "lags"), default="median",
-                    help="the simulator's cold start: the live scale-up lags' median (as "
-                    "validate), or each scale-up drawing one of them")
     ap.add_argument("--resimulate", action="store_true", help="simulate the saved live run "
                     "(<out>.pkl) again, without running live")
     args = ap.parse_args(argv)
@@ -260,13 +257,11 @@ def simulate_same(args, pipe, models, proc, run) -> dict:
     # every model and stage), as `faro-serve validate` takes it; the configured one without
     lags = scale_up_lags(run["records"].status_polls, [m.name for m in expand(models, [pipe])])
     cold = float(np.median(lags)) if len(lags) >= 3 else args.cold_start_s
-    # --sim-cold-start lags: each simulated scale-up draws one of the live lags instead
-    drawn = tuple(lags) if args.sim_cold_start == "lags" and len(lags) >= 3 else None
     slos = {pipe.app_name: pipe.slo_ms} | {m.name: m.slo_ms for m in models}
     per: dict[str, list[dict]] = {}
     for draw in range(args.draws):
         pol = make_policy(args.policy, expand(models, [pipe]), cluster, None, pipelines=[pipe])
-        cfg = SimConfig(capacity_cpus=args.capacity, cold_start_s=cold, cold_start_lags=drawn,
+        cfg = SimConfig(capacity_cpus=args.capacity, cold_start_s=cold,
                         processing=tuple(proc[m.name] for m in models), router_overhead=ovh,
                         client_timeout_s=60.0, seed=args.seed, draw=draw, keep_records=True)
         # the expected counts: the simulator draws the schedule's own counts from the seed
@@ -287,7 +282,6 @@ def simulate_same(args, pipe, models, proc, run) -> dict:
                          else None) for k in runs[0]}
     out["router_overhead"] = str(ovh)
     out["cold_start_s"] = cold
-    out["cold_start"] = "each scale-up draws a live lag" if drawn else "the live lags' median"
     out["scale_up_lags_s"] = [round(x, 1) for x in sorted(lags)]
     return out
 

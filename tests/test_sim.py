@@ -194,43 +194,6 @@ def test_cold_start_delays_new_replicas():
     assert rec["latency_s"][rec["arrival_s"] < 60].max() > 10.0
 
 
-class StepUp(Policy):
-    """One more replica every ``every_s`` seconds."""
-
-    name = "step-up"
-
-    def __init__(self, models, cluster, every_s=100.0):
-        super().__init__(models, cluster)
-        self.every_s, self.n = every_s, 1
-
-    def decide(self, obs):
-        if obs.now > 0 and obs.now % self.every_s == 0:
-            self.n += 1
-            return Decision({"m": self.n})
-        return None
-
-
-def _lags(lags, seed=0):
-    """Seconds from each scale-up to its replica serving (ticks are 10 s)."""
-    m = one_model(100.0)
-    cfg = SimConfig(capacity_cpus=20, processing=TimeDist("const", (0.1,)), router_overhead=NO_OVERHEAD,
-                    cold_start_s=60.0, cold_start_lags=lags, seed=seed)
-    res = simulate(np.full((1, 20), 60.0), m, StepUp(m, ClusterSpec(cpus=20)), cfg)
-    t, tg, sv = res.tick_times, res.targets[:, 0], res.serving[:, 0]
-    ups = [k for k in range(1, t.size) if tg[k] > tg[k - 1]]
-    return [float(t[np.flatnonzero((t >= t[k]) & (sv >= tg[k]))[0]] - t[k]) for k in ups]
-
-
-def test_cold_start_lags_are_drawn_per_scale_up_and_seeded():
-    """A live run's measured lags as the simulator's cold start: each scale-up draws one."""
-    got = _lags((20.0, 50.0))
-    assert len(got) >= 10 and set(got) == {20.0, 50.0}
-    assert _lags((20.0, 50.0)) == got and _lags((20.0, 50.0), seed=1) != got
-    assert set(_lags((30.0,))) == {30.0} and set(_lags(None)) == {60.0}
-    with pytest.raises(ValueError, match="cold start lags"):
-        SimConfig(capacity_cpus=1, cold_start_lags=())
-
-
 def test_the_simulated_arrival_rate_is_the_live_meters_ten_second_window():
     """faro_serve.measures.ARRIVAL_RATE_S: with 5 s ticks a step from 0 to 6/s shows as 3/s
     at its first tick and 6/s at the next (the live meter's 10 s, the seconds before the

@@ -59,9 +59,6 @@ class SimConfig:
     capacity_gpus: float | None = None
     capacity_resources: dict[str, float] | None = None
     cold_start_s: float = 60.0
-    # each scale-up's cold start drawn from these seconds (e.g. the lags a live run measured,
-    # validation.compare.scale_up_lags), seeded by seed and draw; None: cold_start_s always
-    cold_start_lags: tuple[float, ...] | None = None
     queue_limit: int = 50
     # requests each serving replica holds beyond the one it serves, counted against no queue
     # limit: Ray Serve's max_ongoing_requests - 1 (a plain replica that serves one at a time
@@ -93,10 +90,6 @@ class SimConfig:
             raise ValueError(f"capacity must be > 0 (got {self.capacity_cpus:g})")
         if self.cold_start_s < 0 or not math.isfinite(self.cold_start_s):
             raise ValueError(f"cold start must be a finite number >= 0 (got {self.cold_start_s:g})")
-        if self.cold_start_lags is not None and (
-                not self.cold_start_lags
-                or not all(math.isfinite(x) and x >= 0 for x in self.cold_start_lags)):
-            raise ValueError("cold start lags must be a non-empty list of finite seconds >= 0")
         if self.queue_limit < 0:
             raise ValueError(f"queue limit must be >= 0 (got {self.queue_limit})")
         if self.queue_per_replica < 0:
@@ -226,7 +219,6 @@ class _Run:
         if isinstance(procs, list) and self.pipelines:  # the pipeline rows' draws are unused
             procs = procs + [procs[0]] * (len(self.names) - len(procs))
         self.work = Workload(counts, procs, cfg.router_overhead, seed=cfg.seed, draw=cfg.draw)
-        self._lag_rng = np.random.default_rng([cfg.seed, cfg.draw, 0xC01D])
         self.rates = TickRates()  # the live meters' arrival-rate window (sim/rates.py)
         tick = float(policy.tick_s)
         look_ticks = int(math.ceil(cfg.look_back_s / tick)) + 1
@@ -333,7 +325,7 @@ class _Run:
             done = apply_decision(dec, self.settings, self.models, self.cfg.capacity,
                                   policy=self.policy.name, now=t)
             for n, r in done.changes:  # decreases first
-                self.states[n].scale_to(r, t, self._cold_start(r > self.states[n].target))
+                self.states[n].scale_to(r, t, self.cfg.cold_start_s)
             for n, new in done.changed.items():
                 self._carry_out(n, new, t)
             self.settings = done.settings
@@ -341,13 +333,6 @@ class _Run:
         self.targets_log[self.k_tick] = [s.target for s in self.states.values()]
         self.last_tick_t = t
         self.k_tick += 1
-
-    def _cold_start(self, scale_up: bool) -> float:
-        """A scale-up's cold start: drawn from ``cold_start_lags`` when given."""
-        lags = self.cfg.cold_start_lags
-        if not scale_up or lags is None:
-            return self.cfg.cold_start_s
-        return float(lags[self._lag_rng.integers(len(lags))])
 
     def _carry_out(self, name: str, new: Setting, t: float) -> None:
         """The fields of ``new`` beside replicas, on the simulated model: its router's drop
