@@ -45,16 +45,19 @@ def health(term, xs: np.ndarray, d: float) -> float:
     return float(np.minimum(np.nan_to_num(e2e, nan=HEALTH_CAP, posinf=HEALTH_CAP), HEALTH_CAP).mean())
 
 
+def _affords(budget: np.ndarray, need: np.ndarray, default: int) -> int:
+    """How many replicas of resource row ``need`` ``budget`` buys (``default`` when the
+    replica needs none of the resources)."""
+    pos = need > 1e-12
+    return int(np.floor(np.min(budget[pos] / need[pos]) + 1e-9)) if pos.any() else int(default)
+
+
 def _candidates(lo: np.ndarray, hi: np.ndarray, need: np.ndarray, budget: np.ndarray):
     """Stage counts within [lo, hi] using at most ``budget`` of every resource, the last
     stage as many as fit (None when more than MAX_SPLITS)."""
     m = lo.size
-
-    def top(s):  # at most what the whole budget buys of stage s
-        pos = need[s] > 1e-12
-        fit = int(np.floor(np.min(budget[pos] / need[s][pos]) + 1e-9)) if pos.any() else int(hi[s])
-        return max(min(int(hi[s]), fit), int(lo[s]))
-    ranges = [range(int(lo[s]), top(s) + 1) for s in range(m - 1)]
+    ranges = [range(int(lo[s]), max(min(int(hi[s]), _affords(budget, need[s], hi[s])), int(lo[s])) + 1)
+              for s in range(m - 1)]
     if np.prod([len(r) for r in ranges], dtype=float) > MAX_SPLITS:
         return None
     out = []
@@ -63,10 +66,7 @@ def _candidates(lo: np.ndarray, hi: np.ndarray, need: np.ndarray, budget: np.nda
         room = budget - y @ need
         if np.any(room < -1e-9):
             continue
-        last = need[-1]
-        pos = last > 1e-12
-        extra = int(np.floor(np.min(room[pos] / last[pos]) + 1e-9)) if pos.any() else int(hi[-1] - lo[-1])
-        y[-1] = min(lo[-1] + extra, hi[-1])
+        y[-1] = min(lo[-1] + _affords(room, need[-1], hi[-1] - lo[-1]), hi[-1])
         out.append(y)
     return out
 
@@ -126,9 +126,7 @@ def split_menu(term, lo: np.ndarray, hi: np.ndarray, need: np.ndarray, caps: np.
     lat = term.lat[:, 0].mean(axis=(1, 2))  # (stages, counts): latency over samples x steps
     ranges = []
     for s in range(lo.size):
-        pos = need[s] > 1e-12
-        fit = int(np.floor(np.min(caps[pos] / need[s][pos]) + 1e-9)) if pos.any() else int(hi[s])
-        top = min(int(hi[s]), fit, lat.shape[1] - 1)
+        top = min(int(hi[s]), _affords(caps, need[s], hi[s]), lat.shape[1] - 1)
         row = lat[s]
         sat = np.flatnonzero(np.isfinite(row) & (row <= 1.01 * row[top]))
         top = min(top, int(sat[0])) if sat.size else top
