@@ -207,6 +207,33 @@ def test_the_simulated_arrival_rate_is_the_live_meters_ten_second_window():
     assert [r.rate("d", 4.0, n) for n in (8, 8, 8, 8)] == [0.8, 1.6, 2.0, 2.0]  # 12 s span / 12
 
 
+class RecordRates(Policy):
+    """Changes nothing; records the arrival rate each 5 s tick observes."""
+
+    name = "record-rates"
+
+    def __init__(self, models, cluster):
+        super().__init__(models, cluster)
+        self.tick_s, self.seen = 5.0, {}
+
+    def decide(self, obs):
+        self.seen[obs.now] = obs.models["m"].arrival_rate
+        return None
+
+
+def test_a_step_in_load_reaches_the_simulated_policy_as_the_live_meters_see_it():
+    """0 then 10 requests/s from minute 1, 5 s ticks: the policy sees 5/s at 65 s (the live
+    meter's 10 s window holds 5 s of load) and 10/s from 70 s; the last tick's count alone
+    would show 10/s at 65 s already."""
+    m = one_model(10.0)
+    pol = RecordRates(m, ClusterSpec(cpus=2))
+    cfg = SimConfig(capacity_cpus=2, processing=TimeDist("const", (0.01,)), router_overhead=NO_OVERHEAD)
+    simulate(np.array([[0.0, 600.0, 600.0]]), m, pol, cfg)
+    assert pol.seen[60.0] == 0.0
+    assert pol.seen[65.0] == pytest.approx(5.0, abs=1.0)
+    assert pol.seen[70.0] == pytest.approx(10.0, abs=1.5) and pol.seen[90.0] == pytest.approx(10.0, abs=1.5)
+
+
 def test_tail_drop_at_the_queue_limit_and_drop_rates():
     m = one_model(100.0)
     cfg = SimConfig(capacity_cpus=1, processing=TimeDist("const", (0.1,)), router_overhead=NO_OVERHEAD,
