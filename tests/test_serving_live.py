@@ -226,6 +226,10 @@ def test_recovers_from_killed_replica_and_killed_autoscaler(live, tmp_path):
     load = threading.Thread(target=lambda: results.extend(
         fire(live["base"], "/synth-a/predict", 200, 50, 5.0)), daemon=True)
     load.start()
+    # the state the kill interrupts holds this autoscaler's own plan (the decision log can
+    # still list one of the replaced app's replica: a fixed 5 s wait once found 0 decisions)
+    assert wait_for(lambda: (live["client"].get("/faro/state").json().get("policy") or {})
+                    .get("fields", {}).get("decisions", 0) >= 1, 60)
     time.sleep(5)
     saved = live["client"].get("/faro/state").json()
     assert saved["policy"]["policy"] == "faro-fairsum" and saved["policy"]["fields"]["decisions"] >= 1
