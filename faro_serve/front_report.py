@@ -94,6 +94,10 @@ class FrontReport:
     threads: int | None = None
     mean_batch: float | None = None
     variant: str | None = None  # a task with variants: the one(s) its replicas serve
+    # the direct path: proxies whose routers report (one per node with EveryNode), and the
+    # most requests one replica held at once since the meter started (the bound: docs/multinode.md)
+    routers: int | None = None
+    replica_held_max: int | None = None
 
     def wire(self) -> dict:
         """The JSON form: every field, ``v`` first, sequences as lists."""
@@ -138,6 +142,7 @@ _CHECKS = {
     "replica_memory_gb": optional(number), "network_ms": optional(number),
     "queued_ages_s": optional(numbers), "batch_size": optional(integer),
     "threads": optional(integer), "mean_batch": optional(number), "variant": optional(text),
+    "routers": optional(integer), "replica_held_max": optional(integer),
 }
 assert set(_CHECKS) == {f.name for f in fields(FrontReport)}, "a field of FrontReport lacks its check"
 

@@ -263,3 +263,29 @@ def test_batching_and_variant_app_args_are_checked(args, message):
     ok = parse_model_args({"name": "t", "model": {"kind": "synthetic"}, "initial_variant": "a",
                            "variants": {"b": {"kind": "vision", "arch": "resnet50"}}, "max_batch_size": 8})
     assert ok.variants["b"].arch == "resnet50" and ok.max_batch_size == 8
+
+
+def test_proxy_queue_with_another_proxy_counts_a_refusal_once_and_looks_elsewhere():
+    """Two proxies: the other proxy's router filled replica a. Ray's strict bound makes a
+    refuse; Ray reports its queue length, cancels the attempt (a completion callback) and
+    asks again. The request is one arrival and one answer, and the retry goes to b."""
+    async def run():
+        router, reps = _router()
+        router._replicas = {r.replica_id: r for r in reps}  # what update_replicas keeps
+        pr = _request("r0")
+        first = (await router.choose_replicas(reps[:1], pr))[0][0]  # only a offered: a
+        assert first.replica_id == "a"
+        router.on_new_queue_len_info("a", 2)  # a holds the other proxy's two: refused
+        router.on_request_completed("a", "r0")  # the cancelled attempt
+        assert router.in_flight() == {} and router.report().events == (Arrival(100.0),)
+        again = (await router.choose_replicas(reps, pr))[0][0]
+        assert again.replica_id == "b"  # a counts as full for about a service time
+        router.on_new_queue_len_info("b", 1)  # accepted: b holds ours alone
+        router.on_request_routed(pr, "b", None)
+        assert router._loads(reps) == {"a": 2, "b": 1}
+        router.on_request_completed("b", "r0")
+        assert [type(e) for e in router.report().events] == [Answered]  # one answer
+        await asyncio.sleep(router._service_s + 0.01)
+        assert router._loads(reps) == {"a": 0, "b": 0}  # the other proxy's are done by now
+
+    asyncio.run(run())

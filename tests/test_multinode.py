@@ -1,10 +1,16 @@
-"""faro-serve across two Ray nodes, and losing one (beyond one machine; paper section 5).
+"""faro-serve across two Ray nodes with a proxy on each, and losing one (paper section 5;
+docs/multinode.md).
 
 Two real Ray nodes on this machine (``ray start --head`` and ``ray start --address``, one CPU
-each, free ports, a private temp dir so no other Ray on the machine is affected): the models'
-replicas land on both nodes, the autoscaler's capacity is both nodes' CPUs, and after the
-second node dies (its raylet and every process it started are killed) the service keeps
-answering and the capacity drops to one node.
+each, free ports, a private temp dir so no other Ray on the machine is affected), Serve
+started with ``proxy_location: EveryNode``: the worker's proxy listens on a port of its own
+(Ray's ``RAY_SERVE_WORKER_PROXY_HTTP_PORT``, for proxies that share a machine). The models'
+replicas land on both nodes; requests sent through both proxies at once are all answered,
+each model's meter counts exactly the arrivals sent, both routers report, and no replica
+ever held more than ``PIPELINE`` requests; the autoscaler's capacity is both nodes' CPUs.
+Then the worker dies (its raylet and every process it started are killed) under load: the
+head's proxy keeps serving, losing at most the requests in flight on the lost node, and the
+capacity drops to one node.
 
 Each node runs ``ray start --block`` in its own session, so teardown ends exactly the
 processes this test started, by process id (never ``ray stop``, which stops every Ray on the
@@ -17,12 +23,9 @@ the RayService fields KubeRay requires.
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
+import asyncio
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -32,66 +35,9 @@ import pytest
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from live_helpers import free_port
-
-VENV_BIN = Path(sys.executable).parent
-RAY = str(VENV_BIN / "ray")
-
-
-def node_ports() -> list[str]:
-    """Every port a node opens, free and explicit: two nodes share this machine."""
-    return ["--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
-            "--metrics-export-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),
-            "--dashboard-agent-grpc-port", str(free_port()), "--runtime-env-agent-port", str(free_port())]
-
-
-def session_pids(sid: int) -> list[int]:
-    """Processes of session ``sid`` (a node's ``ray start --block`` and all it started)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[3]) == sid and fields[0] != "Z":  # fields: state ppid pgrp session
-            out.append(int(d.name))
-    return out
-
-
-def kill_session(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the node's ``ray start`` (it stops its children), then SIGKILL what is left."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    for pid in session_pids(proc.pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def wait_for(cond, timeout: float, every: float = 1.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            v = cond()
-        except (httpx.HTTPError, ValueError, KeyError):
-            v = None
-        if v:
-            return v
-        time.sleep(every)
-    return None
-
+from bench import ray_nodes
+from bench.ray_nodes import kill_session, wait_for
+from faro_serve.serving.proxy_queue import PIPELINE
 
 DEPLOY = textwrap.dedent("""
     import sys
@@ -102,7 +48,7 @@ DEPLOY = textwrap.dedent("""
 
     gcs, http, dash = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     ray.init(address=gcs, log_to_driver=False)
-    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": http})
+    serve.start(proxy_location="EveryNode", http_options={"host": "127.0.0.1", "port": http})
     models = [(ModelSLO(name=n, slo_ms=720, processing_ms=50, cpus=0.25, max_replicas=4),
                {"model": {"kind": "synthetic", "processing": "const:0.05"}, "initial_replicas": 3})
               for n in ("mn-a", "mn-b")]
@@ -117,41 +63,41 @@ DEPLOY = textwrap.dedent("""
 
 @pytest.fixture
 def two_nodes():
-    tmp = tempfile.mkdtemp(prefix="fmn", dir="/tmp")  # short: Ray's socket paths have a length limit
-    gcs, dash, http = free_port(), free_port(), free_port()
-    # Token authentication off for this private cluster: the test's clients carry no token.
-    env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    common = ["--block", "--num-cpus=1", "--node-ip-address=127.0.0.1", f"--temp-dir={tmp}",
-              "--object-store-memory=200000000", "--disable-usage-stats"]
-    procs: list[subprocess.Popen] = []
+    with ray_nodes.two_nodes() as n:
+        yield {"head": n.head, "worker": n.worker, "gcs": n.gcs, "dashboard": n.dashboard,
+               "http": n.http, "http2": n.http2, "env": n.env, "tmp": n.tmp}
 
-    def start(args, log):
-        p = subprocess.Popen([RAY, "start", *common, *args, *node_ports()], start_new_session=True,
-                             stdout=open(Path(tmp) / log, "w"), stderr=subprocess.STDOUT, env=env)
-        procs.append(p)
-        return p
 
-    try:
-        head = start(["--head", f"--port={gcs}", f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1",
-                      "--include-dashboard=true", f"--ray-client-server-port={free_port()}"], "head.log")
-        base_dash = f"http://127.0.0.1:{dash}"
-        assert wait_for(lambda: httpx.get(f"{base_dash}/api/version", timeout=2, trust_env=False)
-                        .status_code == 200, 60), (Path(tmp) / "head.log").read_text()[-2000:]
-        worker = start([f"--address=127.0.0.1:{gcs}"], "worker.log")
-        from ray.util.state import list_nodes
+async def _load(bases: list[str], models: tuple[str, ...], per: int, clients: int,
+                stop: asyncio.Event | None = None) -> list[tuple[str, str, int | str, float]]:
+    """``clients`` concurrent clients per (proxy, model), each sending until ``per`` requests
+    went through that pair (or ``stop`` is set): (proxy, model, status or error, time answered)."""
+    out: list = []
 
-        assert wait_for(lambda: len([n for n in list_nodes(address=base_dash) if n.state == "ALIVE"]) == 2, 60), \
-            (Path(tmp) / "worker.log").read_text()[-2000:]
-        yield {"head": head, "worker": worker, "gcs": f"127.0.0.1:{gcs}", "dashboard": base_dash,
-               "http": f"http://127.0.0.1:{http}", "env": env, "tmp": tmp}
-    finally:
-        for p in reversed(procs):
-            kill_session(p)
-        shutil.rmtree(tmp, ignore_errors=True)
+    async def one_pair(base, model):
+        left = [per]
+        async with httpx.AsyncClient(base_url=base, timeout=30, trust_env=False) as c:
+            async def client():
+                while left[0] > 0 and not (stop and stop.is_set()):
+                    left[0] -= 1
+                    try:
+                        code = (await c.post(f"/{model}/predict")).status_code
+                    except httpx.HTTPError as err:
+                        code = type(err).__name__
+                        await asyncio.sleep(0.2)  # a proxy gone: do not spin
+                    out.append((base, model, code, time.time()))
+            await asyncio.gather(*(client() for _ in range(clients)))
+
+    await asyncio.gather(*(one_pair(b, m) for b in bases for m in models))
+    return out
+
+
+def _meter(client: httpx.Client, model: str) -> dict:
+    return client.get(f"/{model}/metrics").json()
 
 
 @pytest.mark.slow
-def test_serves_across_two_nodes_and_survives_losing_one(two_nodes, report):
+def test_two_proxies_serve_count_and_bound_and_survive_losing_a_node(two_nodes, report):
     from ray.util.state import list_actors, list_nodes
 
     n = two_nodes
@@ -160,6 +106,7 @@ def test_serves_across_two_nodes_and_survives_losing_one(two_nodes, report):
                          env=n["env"], capture_output=True, text=True, timeout=150)
     assert dep.returncode == 0 and "deployed" in dep.stdout, dep.stderr[-3000:]
     client = httpx.Client(base_url=n["http"], timeout=30, trust_env=False)
+    models = ("mn-a", "mn-b")
 
     nodes = {x.node_id: x for x in list_nodes(address=n["dashboard"])}
     worker_id = next(i for i, x in nodes.items() if not x.is_head_node)
@@ -173,23 +120,67 @@ def test_serves_across_two_nodes_and_survives_losing_one(two_nodes, report):
     assert placed, replicas()
     on_nodes = {a.node_id for a in placed}
     assert on_nodes == set(nodes), {a.class_name: a.node_id for a in placed}
-    for m in ("mn-a", "mn-b"):
-        assert client.post(f"/{m}/predict").status_code == 200
+    # both proxies answer (the worker's starts with the first replicas on its node)
+    for base in (n["http"], n["http2"]):
+        assert wait_for(lambda: all(httpx.post(f"{base}/{m}/predict", timeout=10, trust_env=False)
+                                    .status_code == 200 for m in models), 60), base
 
     # the autoscaler's capacity is both nodes' CPUs
     st = wait_for(lambda: (lambda s: s if s.get("capacity_cpus") == 2 else None)(client.get("/faro/status").json()), 60)
     assert st, client.get("/faro/status").text
 
-    # lose the second node: its raylet and everything it started
+    # load through both proxies at once: 8 clients per proxy and model, 16 on 3 replicas
+    # of each model, so both proxies' routers contend for every replica
+    def settled(m):  # the meter's count once the routers' reports (every second) are in
+        first = _meter(client, m)["arrivals_total"]
+        time.sleep(2.5)
+        return _meter(client, m)["arrivals_total"], first
+
+    before = {m: settled(m)[0] for m in models}  # the read above adds one arrival each
+    per = 120
+    sent = asyncio.run(_load([n["http"], n["http2"]], models, per, clients=8))
+    codes = {}
+    for base, m, code, _ in sent:
+        codes[(base, m, code)] = codes.get((base, m, code), 0) + 1
+    assert all(code == 200 for _, _, code, _ in sent), codes
+    assert len(sent) == 2 * 2 * per
+    time.sleep(2.5)
+    for m in models:
+        snap = _meter(client, m)
+        # every request sent through either proxy, plus the one read that counted `before`
+        assert snap["arrivals_total"] - before[m] == 2 * per + 1, (m, snap["arrivals_total"], before[m])
+        assert snap["routers"] == 2, snap  # each proxy's router reports its own queue
+        assert 1 <= snap["replica_held_max"] <= PIPELINE, snap  # the bound, whoever sent them
+    held = {m: _meter(client, m)["replica_held_max"] for m in models}
+
+    # lose the worker node under load through both proxies
     lost = [a.class_name for a in placed if a.node_id == worker_id]
-    kill_session(n["worker"], grace_s=0)
-    t_kill = time.time()
+    stop = asyncio.Event()
+    t_kill = [0.0]
+
+    async def load_and_kill():
+        task = asyncio.create_task(_load([n["http"], n["http2"]], models, 10_000, clients=2, stop=stop))
+        await asyncio.sleep(5)
+        t_kill[0] = time.time()
+        await asyncio.to_thread(kill_session, n["worker"], 0)
+        await asyncio.sleep(20)
+        stop.set()
+        return await task
+
+    during = asyncio.run(load_and_kill())
+    head_after = [(code, t) for base, _, code, t in during if base == n["http"] and t >= t_kill[0]]
+    head_before = [code for base, _, code, t in during if base == n["http"] and t < t_kill[0]]
+    assert head_before and all(c == 200 for c in head_before)
+    failed = [c for c, _ in head_after if c != 200]
+    # the head's proxy lost at most what was in flight on the lost node's replicas
+    assert len(failed) <= PIPELINE * len(lost), (failed, len(lost))
+    assert sum(1 for c, _ in head_after if c == 200) > 0  # and kept serving
     assert wait_for(lambda: any(x.node_id == worker_id and x.state == "DEAD"
                                 for x in list_nodes(address=n["dashboard"])), 90)
 
-    # the service keeps answering: every model gets 200s again within a bounded time
+    # every model answers through the head's proxy within a bounded time
     def all_ok():
-        return all(client.post(f"/{m}/predict").status_code == 200 for m in ("mn-a", "mn-b") for _ in range(3))
+        return all(client.post(f"/{m}/predict").status_code == 200 for m in models for _ in range(3))
 
     assert wait_for(all_ok, 90, every=2), "no 200s after losing the worker node"
     t_ok = time.time()
@@ -198,9 +189,10 @@ def test_serves_across_two_nodes_and_survives_losing_one(two_nodes, report):
     assert st, client.get("/faro/status").text
     survivors = replicas()
     assert survivors and {a.node_id for a in survivors} == {nid for nid in nodes if nid != worker_id}
-    report(f"multinode: replicas on both nodes ({len(lost)} of 6 on the worker), capacity 2 -> 1; "
-           f"serving again {t_ok - t_kill:.0f} s after the node was killed; {len(survivors)} replicas left; "
-           f"test {time.time() - t0:.0f} s")
+    report(f"multinode, two proxies: {len(sent)} requests through both, all 200, meters counted each; "
+           f"most held by one replica {held} (bound {PIPELINE}); worker killed under load: head proxy "
+           f"failed {len(failed)} of {len(head_after)} after the kill ({len(lost)} replicas lost); "
+           f"all models 200 again {t_ok - t_kill[0]:.0f} s after; test {time.time() - t0:.0f} s")
 
 
 # ---------------------------------------------------------------- faro-serve kuberay

@@ -63,6 +63,7 @@ class DirectModel:
                              f"batches (predict_batch); {model_cls.__name__} does not")
         self.batch_size = 1
         self.threads: int | None = None
+        self.held = self.held_peak = 0  # requests in this replica now, most since the last report
         self._batched.set_max_batch_size(1)
         self._gate = EDFGate(1)  # serve.batch alone batches only what arrives together (edf_gate.py)
         # Processed, Dropped, NetworkTime events (messages.py) to the meter, once a second;
@@ -109,6 +110,14 @@ class DirectModel:
               description="Body: JPEG/PNG bytes, or JSON {\"image\": base64}. 503 when the "
                           "autoscaler drops the request or the queue is full.")
     async def predict(self, request: Request):
+        self.held += 1  # what the proxies' routers put here: PIPELINE at most (docs/multinode.md)
+        self.held_peak = max(self.held_peak, self.held)
+        try:
+            return await self._predict(request)
+        finally:
+            self.held -= 1
+
+    async def _predict(self, request: Request):
         self.reporter.start()
         arrived, net_s = time.time(), 0.0
         net = request.headers.get(NETWORK_HEADER)
@@ -155,7 +164,8 @@ class DirectModel:
 
     def _report_fields(self) -> dict:
         batching = self.max_batch > 1
-        return {"batch_size": self.batch_size if batching else None,
+        peak, self.held_peak = self.held_peak, self.held
+        return {"held_peak": peak, "batch_size": self.batch_size if batching else None,
                 "threads": self.threads if batching else None,
                 "variant": self.model.current if hasattr(self.model, "switch") else None}
 
@@ -185,6 +195,7 @@ class Meter(FrontControl):
         self._variants: dict[str, tuple[float, str]] = {}  # replica -> (time, variant in force)
         self._network: deque[tuple[float, float]] = deque(maxlen=MAX_EVENTS)  # (time, network s)
         self.refused = 0  # reports refused (malformed): logged, then the next one is read
+        self.held_max: int | None = None  # most requests one replica held at once (its reports)
 
     def ingest(self, source: str, raw: dict) -> dict:
         """Merge one report (messages.py: a router's or a replica's); the answer is a
@@ -220,6 +231,8 @@ class Meter(FrontControl):
         if isinstance(report, RouterReport):
             self._queues[source] = (now, report)
         else:
+            if report.held_peak is not None:
+                self.held_max = max(self.held_max or 0, report.held_peak)
             if report.batch_size is not None:
                 self._batching[source] = (now, report.batch_size, report.threads)
             if report.variant is not None:
@@ -257,9 +270,10 @@ class Meter(FrontControl):
     def _queue_state(self) -> dict:
         now = time.time()
         fresh = [q for t, q in self._queues.values() if now - t < REPORT_STALE_S]
-        out = {"waiting": sum(q.waiting for q in fresh),
+        out = {"waiting": sum(q.waiting for q in fresh),  # each proxy's router keeps a queue
                "dispatched": sum(q.dispatched for q in fresh),
-               "dispatch_capacity": max((q.replicas for q in fresh), default=0)}
+               "dispatch_capacity": max((q.replicas for q in fresh), default=0),
+               "routers": len(fresh), "replica_held_max": self.held_max}
         if self._batching:  # a batching model: what Sponge needs (queued waits, batch, threads)
             wall = time.time()
             net = self._recent_network(now)

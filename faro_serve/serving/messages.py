@@ -127,12 +127,14 @@ class ReplicaReport:
     batch_size: int | None = None  # a batching replica: the batch size in force
     threads: int | None = None
     variant: str | None = None  # a task with variants: the one it serves
+    held_peak: int | None = None  # most requests it held at once since the last report
 
     TYPE = "replica"
 
     def wire(self) -> dict:
         return {"v": VERSION, "type": self.TYPE, "events": [e.wire() for e in self.events],
-                "batch_size": self.batch_size, "threads": self.threads, "variant": self.variant}
+                "batch_size": self.batch_size, "threads": self.threads, "variant": self.variant,
+                "held_peak": self.held_peak}
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +218,7 @@ _MESSAGES = {
         "waiting_since": optional(numbers)}),
     ReplicaReport.TYPE: (ReplicaReport, "replica report", {
         "events": _events, "batch_size": optional(integer), "threads": optional(integer),
-        "variant": optional(text)}),
+        "variant": optional(text), "held_peak": optional(integer)}),
     MeterAnswer.TYPE: (MeterAnswer, "meter answer", {
         "drop_rate": number, "batch_in_force": integer, "batch_size": optional(integer),
         "threads": optional(integer), "variant": optional(text), "refused": optional(text)}),

@@ -13,6 +13,14 @@ trip to the proxy and back (the *replica hold*, 15 ms on this machine without it
 no replica with room waits for a completion instead of sleeping in Ray's retry backoff.
 Ray's ``max_queued_requests`` bounds the queue (tail-drop).
 
+With a proxy on every node (``proxy_location: EveryNode``) each proxy runs a router of its
+own, with its own queue and its own counts: it does not see what the others sent. The
+replica's ``max_ongoing_requests`` (Ray's strict bound: a replica at it refuses, and Ray asks
+the router again) keeps :data:`PIPELINE` a hard bound whichever proxies sent the requests;
+the queue length every replica answers with tells the router what the others hold there
+(:meth:`ProxyQueueRouter.on_new_queue_len_info`), counted for about one service time, so a
+refused replica is not asked again at once (docs/multinode.md, "A proxy on every node").
+
 The router also measures what only the proxy sees: when each request arrived (Ray's
 ``created_at``) and when its answer left, i.e. the end-to-end latency. It reports these
 events about once a second to the model's front control plane (``direct.Meter``), where
@@ -24,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import socket
 import threading
 import time
 from collections import deque
@@ -64,11 +74,22 @@ class ProxyQueueRouter(InFlightRouter):
         self._sent_at: dict[str, float] = {}  # request id -> when it was given its replica
         self._batch = 1  # the batch size in force (the meter's answer): PIPELINE batches a replica
         self._batch_model = False  # its replicas take more than PIPELINE: report queued arrivals
+        # other proxies' requests on a replica, as its last queue length showed them:
+        # replica id -> (count, monotonic time it stops counting)
+        self._others: dict = {}
+        self._service_s = 0.05  # a request's time on a replica (sent -> completed), smoothed
+        self._told: dict = {}  # replica id -> (its last queue length, ours there then)
+        self._accepted: set[str] = set()  # request ids a replica accepted (timed to completion)
+        self._strict = False  # replicas answer each send with their queue length (Ray's strict bound)
 
     # -- routing -------------------------------------------------------------------------
     def update_replicas(self, replicas: list[RunningReplica]):
         super().update_replicas(replicas)
         self._sent_at = {r: t for r, t in self._sent_at.items() if r in self._given}
+        self._accepted &= set(self._given)
+        alive = {r.replica_id for r in replicas}
+        self._others = {rid: v for rid, v in self._others.items() if rid in alive}
+        self._told = {rid: v for rid, v in self._told.items() if rid in alive}
         self._wake(all_=True)  # new replicas: every waiting call looks again
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
@@ -88,8 +109,10 @@ class ProxyQueueRouter(InFlightRouter):
             self._arrived[req] = [pending_request.created_at, time.monotonic()]
             self._event(Arrival(pending_request.created_at))
         best = self.pick(candidate_replicas)
-        if best is None:
-            await self._wait_for_a_free_replica()
+        if best is None:  # wait for a completion here, or for others' requests to be done
+            until = min((t for _, t in self._others.values()), default=None)
+            await self._wait_for_a_free_replica(REPLICA_POLL_S if until is None else
+                                                min(REPLICA_POLL_S, max(0.002, until - time.monotonic())))
             return []  # Ray asks again at once, with the replicas as they are now
         self._give(best, pending_request)
         self._sent_at[req] = time.monotonic()
@@ -100,13 +123,14 @@ class ProxyQueueRouter(InFlightRouter):
         one with room whose oldest request was sent first, i.e. is expected to finish
         first; None when all are full."""
         k = self._concurrency
-        free = [r for r in candidates if self._load.get(r.replica_id, 0) < k]
+        load = self._loads(candidates)
+        free = [r for r in candidates if load[r.replica_id] < k]
         if free:
-            least = min(self._load.get(r.replica_id, 0) for r in free)
-            return random.choice([r for r in free if self._load.get(r.replica_id, 0) == least])
+            least = min(load[r.replica_id] for r in free)
+            return random.choice([r for r in free if load[r.replica_id] == least])
         bound = PIPELINE * self._batch if k == 1 else k + 1
         room = [r for r in candidates
-                if self._load.get(r.replica_id, 0) < min(bound, r.max_ongoing_requests)]
+                if load[r.replica_id] < min(bound, r.max_ongoing_requests)]
         if not room:
             return None
         oldest: dict = {}
@@ -114,6 +138,49 @@ class ProxyQueueRouter(InFlightRouter):
             t = self._sent_at.get(req, 0.0)
             oldest[rid] = min(t, oldest.get(rid, t))
         return min(room, key=lambda r: oldest.get(r.replica_id, 0.0))
+
+    def _loads(self, candidates: list[RunningReplica]) -> dict:
+        """Requests on each replica: this router's, plus what other proxies' routers hold
+        there as long as the replica's last queue length still counts."""
+        now = time.monotonic()
+        out = {}
+        for r in candidates:
+            n = self._load.get(r.replica_id, 0)
+            other = self._others.get(r.replica_id)
+            if other is not None:
+                if other[1] > now:
+                    n += other[0]
+                else:
+                    del self._others[r.replica_id]
+            out[r.replica_id] = n
+        return out
+
+    def on_new_queue_len_info(self, replica_id, num_ongoing_requests: int):
+        """Every send under Ray's strict bound comes back with the replica's queue length:
+        what it holds beyond this router's requests, other proxies sent. At its bound it
+        most likely refused this one (ours there then count it): taken as a refusal until
+        :meth:`on_request_routed` says it was accepted (Ray calls the two back to back)."""
+        super().on_new_queue_len_info(replica_id, num_ongoing_requests)
+        self._strict = True  # Ray's strict bound is on: acceptance comes as on_request_routed
+        n, ours = int(num_ongoing_requests), self._load.get(replica_id, 0)
+        self._told[replica_id] = (n, ours)
+        rep = self.curr_replicas.get(replica_id)
+        if rep is not None and n >= rep.max_ongoing_requests:
+            self._count_others(replica_id, max(1, n - (ours - 1)))
+
+    def on_request_routed(self, pending_request, replica_id, result):
+        """Accepted: the replica's count includes this request, as ours there does."""
+        super().on_request_routed(pending_request, replica_id, result)
+        self._accepted.add(pending_request.metadata.internal_request_id)
+        told = self._told.pop(replica_id, None)
+        if told is not None:
+            self._count_others(replica_id, told[0] - told[1])
+
+    def _count_others(self, replica_id, n: int) -> None:
+        if n > 0:  # they finish within about a service time: count them that long
+            self._others[replica_id] = (n, time.monotonic() + self._service_s)
+        else:
+            self._others.pop(replica_id, None)
 
     def _forget(self, req: str) -> None:
         super()._forget(req)
@@ -137,8 +204,20 @@ class ProxyQueueRouter(InFlightRouter):
                     return
 
     def on_request_completed(self, replica_id, internal_request_id):
+        sent = self._sent_at.get(internal_request_id)
+        if self._strict and internal_request_id not in self._accepted:
+            # refused (another proxy filled the replica): Ray asks again for this request,
+            # which still waits here; uncount it from that replica, nothing was answered
+            given = self._given.get(internal_request_id)
+            if given is not None and given[0] == replica_id:
+                self._forget(internal_request_id)
+            return
         if not self._completed(replica_id, internal_request_id):  # a refused earlier attempt
             return
+        if internal_request_id in self._accepted:
+            self._accepted.discard(internal_request_id)
+            if sent is not None:
+                self._service_s += 0.1 * (min(time.monotonic() - sent, 10.0) - self._service_s)
         arrived = self._arrived.pop(internal_request_id, None)
         if arrived is not None:
             now = time.time()
@@ -191,7 +270,8 @@ class ProxyQueueRouter(InFlightRouter):
             self._reporter.start()
 
     def _report_loop(self) -> None:
-        meter, source, warned, refused = None, f"router-{id(self):x}", False, None
+        # unique across proxies: each proxy's router reports its own queue
+        meter, source, warned, refused = None, f"router-{socket.gethostname()}-{os.getpid()}-{id(self):x}", False, None
         while True:
             time.sleep(REPORT_S)
             if not ray.is_initialized():  # a driver that called the model and shut Ray down:
