@@ -21,6 +21,8 @@ def explain(records: list[dict]) -> list[str]:
         if "models" in info:  # a plan: forecast, estimate, utility per model
             out.append(f"  objective {info.get('objective')} = {info.get('objective_value')} "
                        f"(solved in {info.get('solve_ms')} ms)")
+            if info.get("fallback"):
+                out.append(f"  planner fell back: {info['fallback']}")
             b = info.get("bound") or {}
             if b:
                 why = []

@@ -193,6 +193,8 @@ class FaroPolicy(PipelineAware, Policy):
                                 "latency_ms": round(d.latency_ms, 2) if math.isfinite(d.latency_ms) else None}
                        for d in alloc.decisions},
         }
+        if alloc.fallback:  # the plan ran past ClusterSpec.plan_deadline_s (issue 36)
+            info["fallback"] = alloc.fallback
         if alloc.pipelines:
             info["pipelines"] = self.pipeline_info(alloc)
         plan_ = {d.name: ModelPlan(d.replicas, d.utility,

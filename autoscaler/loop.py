@@ -46,6 +46,12 @@ MISSING_GRACE_S = 60.0
 STATE_VERSION = 2  # 2: settings per model (issue 33); 1 kept parallel maps
 
 
+def history_length(n_models: int) -> int:
+    """Decision records kept in memory (GET /faro/decisions): each holds every model (~1.3 MB
+    at 1,000 models, issue 36), so 500 up to 100 models, 50,000 model entries beyond, >= 20."""
+    return max(20, min(500, 50_000 // max(n_models, 1)))
+
+
 class ClusterAdapter(Protocol):
     def capacity(self) -> Capacity | tuple[float, float | None]:
         """What the cluster has for models now, read every tick (nodes join and leave): a
@@ -106,7 +112,8 @@ class AutoscalerLoop:
         # rate, and what a policy set of batch size, threads and variant (autoscaler.setting)
         self.settings: dict[str, Setting] = {n: s for n, s in previous.settings.items()
                                              if n in self.slo} if previous else {}
-        self.history: deque = previous.history if previous else deque(maxlen=500)
+        self.history: deque = deque(previous.history if previous else (),
+                                    maxlen=history_length(len(self.models)))
         self.last: dict = {}
         self.last_plan: dict = previous.last_plan if previous else {}
         self.ticks = 0

@@ -44,6 +44,14 @@ class ClusterSpec(BaseModel):
     rho_max: float = Field(0.95, gt=0, lt=1, description="relaxation knob of M/D/c")
     groups: int | None = Field(None, ge=1, description="hierarchical groups G; default 1 "
                                "below 50 models, 10 from 50")
+    group_max: int = Field(20, ge=2, description="a group of more models than this is "
+                           "itself solved in groups of about 10 (ours, issue 36: at 1,000 "
+                           "models G = 10 would leave 100 models to each COBYLA)")
+    plan_deadline_s: float | None = Field(10.0, gt=0, description="time budget of one plan: "
+                                          "past it the remaining COBYLA solves are skipped "
+                                          "(integer starts only) and the decision says so "
+                                          "(Allocation.fallback)"
+                                          "; None: no deadline")
     estimator: Estimator = "mdc"
     long_term_interval_s: float = Field(300.0, gt=0)
     window_s: float = Field(420.0, gt=0)

@@ -3,9 +3,10 @@
 The live autoscaler and the simulator both call exactly this. It turns SLOs, forecasts
 (samples x window steps of request rates) and the current replicas into an
 :class:`Allocation`: per-model replicas and drop rates, with predicted latency and utility.
-With ``G > 1`` groups it solves the hierarchical problem of section 3.4: random groups act
-as single jobs (summed rates, mean processing time), then each group's share is split
-among its models by the same solver.
+With ``G > 1`` groups it solves the hierarchical problem of section 3.4 (hierarchy.py):
+random groups act as single jobs (summed rates, mean processing time), then each group's
+share is split among its models by the same solver; large groups nest. A plan past
+``ClusterSpec.plan_deadline_s`` falls back to cheaper steps and says so (``fallback``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ import numpy as np
 
 from ..config import ClusterSpec, ModelSLO, check_minimums_fit
 from ..resources import CPU, MEMORY, Capacity, demand, usage
-from .integer import balance, fill, polish, shrink
 from .batched_latency import latency_batched
+from .hierarchy import Deadline, make, solve_grouped
 from .latency import ESTIMATORS
 from .pipeline_plan import entry_drops, pipeline_decisions, pipeline_problem, stage_forecasts, units
-from .pipeline_problem import PipelineProblem
-from .problem import JobInput, Problem, build_problem
+from .problem import JobInput, Problem
 from .solver import solve
 from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
 
@@ -55,6 +55,8 @@ class Allocation:
     cpus_used: float
     memory_used_gb: float
     notes: list[str] = field(default_factory=list)
+    # what the deadline (ClusterSpec.plan_deadline_s) cut short; None: the plan is complete
+    fallback: str | None = None
     # one per pipeline planned end to end (pipeline_plan.PipelineDecision); none without
     pipelines: list = field(default_factory=list)
 
@@ -127,122 +129,19 @@ def _jobs(models, forecasts, current, processing_ms, cluster) -> list[JobInput]:
         if c < 0:
             raise ValueError(f"current replicas of {m.name!r} is negative ({c})")
         bt = m.batching
-        jobs.append(JobInput(name=m.name, rates=normalise_rates(f, m.name), proc_s=p_ms / 1e3,
+        rates = normalise_rates(f, m.name)
+        jobs.append(JobInput(name=m.name, rates=rates, proc_s=p_ms / 1e3,
                              slo_s=m.slo_ms / 1e3, quantile=m.percentile / 100.0,
                              priority=m.priority, cpus=m.cpus, memory_gb=m.memory_gb,
                              min_replicas=m.min_replicas, max_replicas=m.max_replicas,
-                             current=c, can_drop=m.allow_drop,
+                             # no traffic forecast, nothing to drop (COBYLA would leave
+                             # the flat drop variable wherever its steps took it)
+                             current=c, can_drop=m.allow_drop and bool(np.any(rates > 0)),
                              batch_share=1.0 if bt is None else bt.share(m.cpus),
                              max_batch=1 if bt is None else bt.max_batch_size,
                              concurrency=m.concurrency,
                              extra={r: a for r, a in demand(m).items() if r not in (CPU, MEMORY)}))
     return jobs
-
-
-def _extra_caps(jobs: list[JobInput], cap: Capacity) -> dict[str, float]:
-    """The caps on the GPUs and custom resources the jobs need (infinite: not binding)."""
-    return {r: cap[r] for j in jobs for r in j.extra}
-
-
-def _problem(jobs, cluster: ClusterSpec, cap: Capacity, gamma) -> Problem:
-    return build_problem(jobs, cap_cpus=cap.cpus, cap_mem=cap.memory_gb, kind=cluster.objective,
-                         gamma=gamma, alpha=cluster.alpha, rho_max=cluster.rho_max,
-                         estimator=cluster.estimator, window_s=cluster.window_s,
-                         cold_start_s=cluster.cold_start_s, fair_tiebreak=cluster.fair_tiebreak,
-                         extra_caps=_extra_caps(jobs, cap))
-
-
-def _group_job(members: list[JobInput], k: int) -> JobInput:
-    """A group as one job (paper 3.4): summed rates, mean processing time.
-
-    Resources per replica are averaged weighted by minimum replicas, so the group's minimum
-    needs exactly what its members' minimums need. The group does not batch (members'
-    batching is weighed in their own solve and the cross-group pass). Its
-    replicas serve the least concurrency ``k`` of its members; a member of concurrency
-    ``k_m`` counts ``p k / k_m`` per request, so its replicas keep their throughput.
-    """
-    shapes = {m.rates.shape for m in members}
-    n_s = max(s[0] for s in shapes)
-    n_t = max(s[1] for s in shapes)
-    try:
-        rates = sum(np.broadcast_to(m.rates, (n_s, n_t)) for m in members)
-    except ValueError:
-        raise ValueError("grouped models need forecasts of compatible shapes "
-                         f"(got {sorted(shapes)})") from None
-    mins = np.array([m.min_replicas for m in members], float)
-    conc = min(m.concurrency for m in members)
-    extras = {r for m in members for r in m.extra}
-    return JobInput(name=f"group{k}", rates=np.array(rates),
-                    proc_s=float(np.mean([m.proc_s * conc / m.concurrency for m in members])),
-                    slo_s=float(np.mean([m.slo_s for m in members])),
-                    quantile=max(m.quantile for m in members),
-                    priority=float(sum(m.priority for m in members)),
-                    cpus=float(mins @ [m.cpus for m in members] / mins.sum()),
-                    memory_gb=float(mins @ [m.memory_gb for m in members] / mins.sum()),
-                    min_replicas=int(mins.sum()),
-                    max_replicas=sum(m.max_replicas for m in members),
-                    current=sum(m.current for m in members),
-                    can_drop=any(m.can_drop for m in members), concurrency=conc,
-                    extra={r: float(mins @ [m.extra.get(r, 0.0) for m in members] / mins.sum())
-                           for r in sorted(extras)})
-
-
-def _group_budgets(top: Problem, gx: np.ndarray) -> np.ndarray:
-    """Each group's budget of every binding resource (groups x ``top.resource_names``): the
-    whole capacity, shared in proportion to the group-level allocation's CPUs.
-
-    A group solved as one pooled queue needs fewer replicas than its members' separate
-    queues do, so handing out only the group-level counts would starve members while
-    capacity sits idle. Budgets never fall below a group's minimums; each member solve then
-    shrinks to what its models need.
-    """
-    min_cpu = top.lo * top.cpus
-    want_cpu = gx * top.cpus
-    share = (want_cpu - min_cpu) / max((want_cpu - min_cpu).sum(), 1e-12)
-    mins = top.lo[:, None] * top.need
-    return mins + np.maximum(top.caps - mins.sum(axis=0), 0.0)[None, :] * share[:, None]
-
-
-def _solve_grouped(full: Problem, jobs: list[JobInput], n_groups: int, cluster: ClusterSpec,
-                   cap: Capacity):
-    """The hierarchical solve (paper section 3.4), then one pass over the whole cluster.
-
-    Random groups are solved as single jobs to share the capacity, then each group's
-    models within its share. The shares are fixed before any group is solved, so a group
-    whose pooled queue under-states its members' needs can starve a model while another
-    group leaves capacity idle. The cross-group pass therefore runs the ungrouped path's
-    integer machinery on all models at once: leftover capacity goes to the largest gain in
-    the cluster objective, replicas move between models of different groups while that
-    gains, and only then does shrink right-size. Each step costs O(models), so grouping
-    keeps its speed-up over solving all models in one COBYLA.
-    """
-    n = len(jobs)
-    rng = np.random.default_rng(cluster.seed)
-    if isinstance(full, PipelineProblem):  # a pipeline's stages stay in one group
-        groups = full.unit_groups(n_groups, rng)
-        n_groups = len(groups)
-    else:
-        order = rng.permutation(n)
-        groups = [sorted(order[k::n_groups].tolist()) for k in range(n_groups)]
-    top = _problem([_group_job([jobs[i] for i in g], k) for k, g in enumerate(groups)],
-                   cluster, cap,
-                   float(n_groups) if cluster.gamma is None else cluster.gamma)
-    gx, _, evals = solve(top, do_shrink=False, backend=cluster.solver)
-    budgets = _group_budgets(top, gx.astype(float))
-    x = np.zeros(n)
-    d = np.zeros(n)
-    for k, g in enumerate(groups):
-        b = dict(zip(top.resource_names, budgets[k].tolist()))
-        sub = full.subset(g, b.pop(CPU), b.pop(MEMORY, None),
-                          float(len(g)) if cluster.gamma is None else cluster.gamma, extra_caps=b)
-        xg, dg, ev = solve(sub, do_shrink=False, backend=cluster.solver)
-        evals += ev
-        x[g] = xg
-        d[g] = dg
-    x = balance(full, polish(full, fill(full, balance(full, x, d), d), d, max_moves=4 * n), d)
-    if cluster.shrink:
-        x = shrink(full, x, d)
-    return x.astype(int), d, evals, [len(g) for g in groups]
 
 
 def make_problem(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: ClusterSpec, *,
@@ -259,8 +158,8 @@ def make_problem(models: Sequence[ModelSLO], forecasts, current_replicas, cluste
     if capacity is not None:
         cap = cap.capped_by(capacity)
     if not pipelines:
-        return _problem(jobs, cluster, cap, cluster.resolved_gamma(len(jobs)))
-    prob = _problem(entry_drops(jobs, pipelines), cluster, cap,
+        return make(jobs, cluster, cap, cluster.resolved_gamma(len(jobs)))
+    prob = make(entry_drops(jobs, pipelines), cluster, cap,
                     cluster.resolved_gamma(units(models, pipelines)))
     return pipeline_problem(prob, pipelines, alpha=cluster.alpha, rho_max=cluster.rho_max,
                             estimator=cluster.estimator, window_s=cluster.window_s,
@@ -305,7 +204,7 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
         gamma = cluster.resolved_gamma(units(models, pipelines))
 
     def problem() -> Problem:
-        prob = _problem(jobs, cluster, cap, gamma)
+        prob = make(jobs, cluster, cap, gamma)
         if not pipelines:
             return prob
         return pipeline_problem(prob, pipelines, alpha=cluster.alpha, rho_max=cluster.rho_max,
@@ -313,15 +212,24 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
                                 cold_start_s=cluster.cold_start_s)
     notes: list[str] = []
     evals = 0
+    deadline = Deadline(cluster.plan_deadline_s, start=t0)
     if n_groups <= 1:
         prob = problem()
-        x, d, evals = solve(prob, do_shrink=cluster.shrink, backend=cluster.solver)
+        left = deadline.left()
+        x, d, evals = solve(prob, do_shrink=cluster.shrink, backend=cluster.solver, maxtime=left)
+        deadline.solves, deadline.skipped = 1, int(left == 0.0)
+        deadline.stopped = int(bool(left) and deadline.passed)
         probs = [(prob, list(range(n)), x, d)]
     else:
         full = problem()
-        x, d, evals, sizes = _solve_grouped(full, jobs, n_groups, cluster, cap)
+        x, d, evals, sizes = solve_grouped(full, n_groups, cluster, cap, deadline, jobs)
         probs = [(full, list(range(n)), x, d)]
-        notes.append(f"hierarchical: {n_groups} groups of {min(sizes)}-{max(sizes)} models")
+        notes.append(f"hierarchical: {n_groups} groups of {min(sizes)}-{max(sizes)} models"
+                     + (f" (groups above {cluster.group_max} nested)"
+                        if max(sizes) > cluster.group_max and not pipelines else ""))
+    fallback = deadline.note()
+    if fallback:
+        notes.append(fallback)
     reps = np.zeros(n, dtype=int)
     drops = np.zeros(n)
     utils = np.zeros(n)
@@ -363,4 +271,4 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
     return Allocation(objective=cluster.objective, objective_value=float(value), decisions=decisions,
                       solve_ms=(time.perf_counter() - t0) * 1e3, groups=n_groups, evaluations=evals,
                       cpus_used=cpus_used, memory_used_gb=mem_used, notes=notes,
-                      pipelines=pipe_decisions)
+                      fallback=fallback, pipelines=pipe_decisions)

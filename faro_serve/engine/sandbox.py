@@ -89,21 +89,23 @@ def _start() -> subprocess.Popen:
     return child
 
 
-def relaxed(prob, rhobeg: float, maxeval: int | None, timeout_s: float | None = None):
-    """``solve_relaxed(prob, rhobeg, "nlopt-inline", maxeval)`` in the child process; None when it
-    did not answer within ``timeout_s`` (default :func:`deadline_s`; the child is then
-    killed) or could not run."""
+def relaxed(prob, rhobeg: float, maxeval: int | None, timeout_s: float | None = None,
+            maxtime: float | None = None):
+    """``solve_relaxed(prob, rhobeg, "nlopt-inline", maxeval, maxtime)`` in the child
+    process; None when it did not answer within ``timeout_s`` (default :func:`deadline_s`,
+    or ``maxtime`` + 1 s where that is shorter; the child is then killed) or could not run."""
     import time
 
     global _child, _owner, stalls
-    timeout_s = deadline_s(prob.n) if timeout_s is None else timeout_s
+    if timeout_s is None:
+        timeout_s = deadline_s(prob.n) if maxtime is None else min(deadline_s(prob.n), maxtime + 1.0)
     with _lock:
         try:
             if _owner != os.getpid():  # forked: the inherited child belongs to the parent
                 _child, _owner = None, os.getpid()
             if _child is None or _child.poll() is not None:
                 _child = _start()
-            _write(_child.stdin, (prob, rhobeg, maxeval))
+            _write(_child.stdin, (prob, rhobeg, maxeval, maxtime))
             status, value = _read(_child.stdout.fileno(), time.monotonic() + timeout_s)
         except TimeoutError:
             stalls += 1

@@ -1,5 +1,5 @@
 """The solver's child process (``python -m faro_serve.engine.sandbox_child``), started by
-``sandbox.py``: it answers (problem, rhobeg, maxeval) with NLopt's relaxed solution. Apart
+``sandbox.py``: it answers (problem, rhobeg, maxeval, maxtime) with NLopt's relaxed solution. Apart
 from ``sandbox.py`` because it runs the solver, whose "nlopt" backend calls the sandbox:
 one module for each direction, so the two do not import each other."""
 
@@ -13,7 +13,7 @@ from .solver import solve_relaxed
 
 
 def _serve() -> None:
-    """The child: answer (problem, rhobeg, maxeval) with NLopt's relaxed solution."""
+    """The child: answer (problem, rhobeg, maxeval, maxtime) with NLopt's relaxed solution."""
     # the channel is a private copy of fd 1; fd 1 itself (Python's and any C library's
     # stdout) goes to stderr, so nothing else can write into the channel
     out = os.fdopen(os.dup(1), "wb")
@@ -23,11 +23,12 @@ def _serve() -> None:
     fd = sys.stdin.buffer.fileno()
     while True:
         try:
-            prob, rhobeg, maxeval = _read(fd, None)
+            prob, rhobeg, maxeval, maxtime = _read(fd, None)
         except EOFError:  # the parent went away
             return
         try:
-            _write(out, ("ok", solve_relaxed(prob, rhobeg=rhobeg, backend="nlopt-inline", maxeval=maxeval)))
+            _write(out, ("ok", solve_relaxed(prob, rhobeg=rhobeg, backend="nlopt-inline",
+                                                 maxeval=maxeval, maxtime=maxtime)))
         except Exception as err:  # noqa: BLE001 - reported to the parent, which falls back
             _write(out, ("error", repr(err)))
 

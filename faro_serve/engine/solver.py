@@ -41,7 +41,7 @@ def _linear_rows(prob: Problem, fx: np.ndarray, x0: np.ndarray, n_drop: int):
     return rows, caps
 
 
-def _cobyla_nlopt(fun, v0, lb, ub, a, b, rhobeg, maxeval):
+def _cobyla_nlopt(fun, v0, lb, ub, a, b, rhobeg, maxeval, maxtime=None):
     import nlopt
 
     best = [np.inf, v0.copy()]
@@ -61,6 +61,8 @@ def _cobyla_nlopt(fun, v0, lb, ub, a, b, rhobeg, maxeval):
     opt.set_initial_step(rhobeg)
     opt.set_xtol_abs(0.02)
     opt.set_maxeval(maxeval)
+    if maxtime is not None:
+        opt.set_maxtime(max(maxtime, 1e-3))
     try:
         opt.optimize(v0.copy())
     except (nlopt.RoundoffLimited, RuntimeError, ValueError):
@@ -68,7 +70,7 @@ def _cobyla_nlopt(fun, v0, lb, ub, a, b, rhobeg, maxeval):
     return best[1]
 
 
-def _cobyla_scipy(fun, v0, lb, ub, a, b, rhobeg, maxeval):
+def _cobyla_scipy(fun, v0, lb, ub, a, b, rhobeg, maxeval, maxtime=None):  # no time limit
     res = minimize(fun, v0, method="COBYLA", bounds=Bounds(lb, ub),
                    constraints=[LinearConstraint(a, -np.inf, b)],
                    options={"rhobeg": rhobeg, "tol": 0.02, "maxiter": maxeval})
@@ -80,7 +82,7 @@ BACKENDS = {"nlopt-inline": _cobyla_nlopt, "scipy": _cobyla_scipy}
 
 
 def solve_relaxed(prob: Problem, rhobeg: float = 2.0, backend: str = "nlopt",
-                  maxeval: int | None = None):
+                  maxeval: int | None = None, maxtime: float | None = None):
     """Continuous optimum of the relaxed objective with COBYLA. Returns ``(x, d, evaluations)``.
 
     ``backend`` "nlopt" runs Powell's COBYLA compiled (NLopt); "scipy" runs
@@ -88,13 +90,23 @@ def solve_relaxed(prob: Problem, rhobeg: float = 2.0, backend: str = "nlopt",
     port (PRIMA) costing about 1 ms per iteration: same algorithm, ~20x slower here.
     "nlopt" runs in a child process with a deadline (``sandbox.py``: NLopt's COBYLA can
     spin forever) and falls back to "scipy" when it stalls; "nlopt-inline" runs it here.
+    ``maxtime`` (seconds, the planner's deadline): NLopt stops there with the best feasible
+    point so far; at 0, or where NLopt did not answer before it, the start point is
+    returned (no evaluations), so the integer starts of :func:`solve` decide.
     """
+    if maxtime is not None and maxtime <= 0.0:
+        return start_point(prob), np.zeros(prob.n), 0
     if backend == "nlopt":
+        import time
+
         from . import sandbox
 
-        got = sandbox.relaxed(prob, rhobeg, maxeval)
+        t0 = time.perf_counter()
+        got = sandbox.relaxed(prob, rhobeg, maxeval, maxtime=maxtime)
         if got is not None:
             return got
+        if maxtime is not None and time.perf_counter() - t0 >= maxtime:  # none left for PRIMA
+            return start_point(prob), np.zeros(prob.n), 0
         backend = "scipy"  # NLopt stalled (or its process could not run): PRIMA's COBYLA
     n = prob.n
     free = prob.hi > prob.lo
@@ -124,15 +136,17 @@ def solve_relaxed(prob: Problem, rhobeg: float = 2.0, backend: str = "nlopt",
     # COBYLA costs grow ~cubically with the variables; past a few hundred evaluations the
     # integer starts of integer.py matter more than further relaxed progress.
     budget = maxeval if maxeval is not None else min(100 + 30 * v0.size, 800)
-    v = BACKENDS[backend](neg_value, v0, lb, ub, a, b, rhobeg, budget)
+    v = BACKENDS[backend](neg_value, v0, lb, ub, a, b, rhobeg, budget, maxtime)
     x, d = unpack(v)
     return np.clip(x, prob.lo, prob.hi), np.clip(d, 0.0, 1.0), count[0]
 
 
 def solve(prob: Problem, *, do_shrink: bool = True, do_polish: bool = True,
-          rhobeg: float = 2.0, backend: str = "nlopt") -> tuple[np.ndarray, np.ndarray, int]:
-    """Integer replicas and drop rates for ``prob``. Returns ``(x, d, evaluations)``."""
-    xc, dc, nfev = solve_relaxed(prob, rhobeg=rhobeg, backend=backend)
+          rhobeg: float = 2.0, backend: str = "nlopt",
+          maxtime: float | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Integer replicas and drop rates for ``prob``. Returns ``(x, d, evaluations)``.
+    ``maxtime``: seconds the relaxed solve may take (the planner's deadline; 0: skip it)."""
+    xc, dc, nfev = solve_relaxed(prob, rhobeg=rhobeg, backend=backend, maxtime=maxtime)
     d = np.where(prob.can_drop, dc, 0.0)
     rounded = fill(prob, repair(prob, np.clip(np.floor(xc + 1e-6), prob.lo, prob.hi), d), d)
     # Rounding a relaxed optimum can land far from the integer optimum when the objective
