@@ -60,14 +60,20 @@ class NHitsForecaster:
     hands it to :class:`FallbackForecaster` instead, as does an empty history.
     """
 
-    def __init__(self, model: Any, loss: str, meta: Mapping[str, Any] | None = None):
+    def __init__(self, model: Any, loss: str, meta: Mapping[str, Any] | None = None, *,
+                 script: Any = None, input_size: int | None = None, horizon: int | None = None):
+        """``model``: the neuralforecast ``NHITS``; or None with ``script``, its forward pass
+        traced (:mod:`forecasting.scripted`, torch alone), and ``input_size``/``horizon``."""
         if loss not in PREDICTORS:
             raise ValueError(f"unknown N-HiTS loss {loss!r} (expected one of {', '.join(PREDICTORS)})")
-        self.model = model.eval()
+        if model is None and (script is None or input_size is None or horizon is None):
+            raise ValueError("without the model, give its traced forward (script), input_size and horizon")
+        self.model = None if model is None else model.eval()
+        self.script = script
         self.loss = loss
         self.name = PREDICTORS[loss]
-        self.input_size = int(model.input_size)
-        self.horizon = int(model.h)
+        self.input_size = int(model.input_size if model is not None else input_size)
+        self.horizon = int(model.h if model is not None else horizon)
         self.meta: dict[str, Any] = dict(meta or {})
         # Intra-op threads for the forward pass: one is fastest for this small MLP and does
         # not stall when the autoscaler shares the cores (None: torch's global setting).
@@ -86,6 +92,13 @@ class NHitsForecaster:
         x = np.asarray(windows, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != self.input_size:
             raise ValueError(f"windows must be (models, {self.input_size}), got {x.shape}")
+        if self.model is None:  # the traced forward: the same computation, torch alone
+            from .scripted import run
+
+            with torch_threads(self.threads), torch.inference_mode():
+                k = np.ones_like(x) if masks is None else np.asarray(masks, dtype=np.float32)
+                mu, sigma = run(self.script, torch.from_numpy(x), torch.from_numpy(k))
+            return mu.double().numpy(), sigma.double().numpy()
         m = self.model
         with torch_threads(self.threads), torch.inference_mode():
             y = torch.from_numpy(x).unsqueeze(-1)                 # [B, L, 1]

@@ -193,7 +193,24 @@ def test_save_load_round_trip(trained):
     loaded = load_forecaster(d)
     np.testing.assert_array_equal(np.random.get_state()[1], state)  # caller's RNG untouched
     hist = synthetic(120, seed=8)
-    np.testing.assert_array_equal(loaded.predict(hist, seed=42).samples, fc.predict(hist, seed=42).samples)
+    assert loaded.model is None and (d / "nhits.pt").is_file()  # the traced forward, torch alone
+    np.testing.assert_allclose(loaded.predict(hist, seed=42).samples, fc.predict(hist, seed=42).samples,
+                               rtol=1e-5, atol=1e-6)
+    full = load_forecaster(d, script=False)  # the weights, through neuralforecast
+    np.testing.assert_array_equal(full.predict(hist, seed=42).samples, fc.predict(hist, seed=42).samples)
+
+
+def test_a_corrupt_traced_forward_loads_the_weights_and_says_so(trained, tmp_path, caplog):
+    import shutil
+
+    fc, d = trained
+    copy = tmp_path / "fc"
+    shutil.copytree(d, copy)
+    (copy / "nhits.pt").write_bytes(b"not a TorchScript archive")
+    loaded = load_forecaster(copy)
+    assert loaded.model is not None and "cannot load the traced forward" in caplog.text
+    hist = synthetic(60, seed=8)
+    np.testing.assert_array_equal(loaded.predict(hist, seed=1).samples, fc.predict(hist, seed=1).samples)
 
 
 def test_predict_is_fast_for_ten_jobs(trained):

@@ -41,8 +41,15 @@ def shipped():
 
 
 def _broken_neuralforecast(monkeypatch):
-    """As on a machine whose neuralforecast does not import: the import raises ImportError."""
+    """As on a machine whose neuralforecast does not import, and whose traced forward pass
+    cannot load either: both raise."""
+    import forecasting.scripted
+
     monkeypatch.setitem(sys.modules, "neuralforecast.models", None)
+
+    def broken(path):
+        raise RuntimeError("PytorchStreamReader failed reading zip archive")
+    monkeypatch.setattr(forecasting.scripted, "load", broken)
 
 
 def _plan_labels(fc, history) -> dict[str, str]:
@@ -61,7 +68,9 @@ def test_the_shipped_forecaster_is_small_and_trained_on_both_families_before_the
     assert d == ROOT / "faro_serve" / "data" / "forecaster"
     meta = read_meta(d)
     assert meta["loss"] == "normal" and (meta["input_size"], meta["horizon"]) == (15, 7)
-    assert sum(f.stat().st_size for f in d.iterdir()) < 1_000_000  # was 2.4 MB at width 256
+    assert (d / "nhits.safetensors").stat().st_size < 1_000_000  # was 2.4 MB at width 256
+    # plus its forward pass traced (forecasting/scripted.py): the same weights once more
+    assert sum(f.stat().st_size for f in d.iterdir()) < 1_500_000
     minutes = meta["train_minutes"]
     faro = {s: m for s, m in minutes.items() if s.startswith("faro10_days1-10/")}
     azure = {s: m for s, m in minutes.items() if s.startswith("azure12_days8-12/")}
@@ -85,6 +94,31 @@ def test_by_default_the_shipped_nhits_serves_a_model_it_never_saw(shipped):
     assert not np.array_equal(a.samples, fc.predict(history, 64, seed=8).samples)
     assert a.predictor == {"never-seen": "nhits-normal", "idle-one": "nhits-normal"}
     assert 2.5 < np.median(a.samples[0]) < 10  # about 300 requests/min = 5 requests/s
+
+
+def test_the_shipped_forecaster_forecasts_with_torch_alone_as_its_weights_do():
+    """The autoscaler loads the traced forward pass: neuralforecast (and Lightning, Ray Tune,
+    pandas) are never imported, and the forecasts are the network's own."""
+    code = ("import sys, numpy as np\n"
+            "from forecasting.shipped import default_forecaster\n"
+            "fc, why = default_forecaster()\n"
+            "f = fc.predict({'x': np.arange(40.0) * 10}, 8, seed=1)\n"
+            "print(why, fc.model is None, sorted(m for m in ('neuralforecast', 'pytorch_lightning',"
+            " 'pandas') if m in sys.modules), f.samples.shape)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "nhits-normal (shipped) True [] (1, 8, 7)"
+    from forecasting.io import load_forecaster
+
+    traced, weights = load_forecaster(shipped_dir()), load_forecaster(shipped_dir(), script=False)
+    assert traced.model is None and weights.model is not None
+    rng = np.random.default_rng(36)
+    for n in (1, 63, 64, 65, 300):  # the trace runs in chunks of 64 windows, the last padded
+        w = rng.uniform(0, 2000, (n, 15))
+        k = (rng.random((n, 15)) > 0.2).astype(float)
+        for masks in (None, k):
+            np.testing.assert_allclose(traced.predict_params(w, masks), weights.predict_params(w, masks),
+                                       rtol=1e-5, atol=1e-3)
 
 
 # -- choosing ----------------------------------------------------------------------------------
