@@ -23,6 +23,10 @@ def explain(records: list[dict]) -> list[str]:
                        f"(solved in {info.get('solve_ms')} ms)")
             if info.get("fallback"):
                 out.append(f"  planner fell back: {info['fallback']}")
+            g = info.get("overload_guard")
+            if g:  # autoscaler/guard.py
+                out.append(f"  overload guard: the observed rates need {g['need_cpus']} CPUs of "
+                           f"{g['capacity_cpus']}; kept {', '.join(g['kept'])} at what their rates need")
             b = info.get("bound") or {}
             if b:
                 why = []

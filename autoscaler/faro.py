@@ -45,6 +45,7 @@ from forecasting.base import Forecast, Forecaster
 from .common import (DEFAULT_PROCESSING_MS, Timers, fallback_for, faro_policy_name, fcfs_decision,
                      forecast_or_fallback)
 from .faro_pipelines import PipelineAware
+from .guard import guard_cuts
 from .policy import Decision, ModelPlan, Observation, Policy, grant_in_order
 from .replan import band_of, best_move, donor_ok, move_problem, prune_changes, relevel, surprise
 
@@ -83,7 +84,7 @@ class FaroPolicy(PipelineAware, Policy):
     def decide(self, obs: Observation) -> Decision | None:
         self._remember_rates(obs)
         if obs.now - self.last_long_term >= self.cluster.long_term_interval_s:
-            return self.with_surge(obs, self.long_term(obs))
+            return self.with_surge(obs, guard_cuts(self.long_term(obs), obs, self.slo, self.cluster))
         if self.reactive:
             return self.with_surge(obs, self.short_term(obs))
         return self.with_surge(obs, None)

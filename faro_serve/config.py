@@ -89,6 +89,11 @@ class ClusterSpec(BaseModel):
                         "objective gains and the donor stays within its SLO with one fewer")
     move_min_gain: float = Field(0.01, ge=0, description="the least gain of the cluster "
                                  "objective (window utilities) that pays for a move")
+    overload_guard: float | None = Field(1.25, gt=0, description="under heavy overload (the "
+                                         "replicas the observed rates need over this x the "
+                                         "capacity) a long-term plan of a fairness objective may "
+                                         "not cut a model below what its observed rate needs "
+                                         "(ours, autoscaler/guard.py); None: off")
     fair_tiebreak: float = Field(1e-3, ge=0, description="weight of mean utility added to "
                                  "'fair' so equally fair allocations prefer more utility")
     shrink: bool = Field(True, description="run the shrink pass (paper section 4.3)")
