@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import max_rate_for_slo, min_replicas_for_slo
+from faro_serve.resources import demand, usage
 
 from .common import DEFAULT_PROCESSING_MS
 from .policy import Decision, Observation
@@ -82,7 +83,8 @@ def guard_cuts(decision: Decision | None, obs: Observation, slo: Mapping[str, Mo
     if not kept:
         return decision
     tgt = {n: decision.replicas.get(n, o.target_replicas) for n, o in obs.models.items()}
-    while sum(tgt[n] * slo[n].cpus for n in tgt) > obs.capacity_cpus + 1e-9:
+    dem = {n: demand(slo[n]) for n in tgt}
+    while not obs.capacity.fits(usage(tgt, dem)):  # every resource: CPUs, memory, GPUs, custom
         ups = [(tgt[n] - obs.models[n].target_replicas, n) for n in tgt if tgt[n] > obs.models[n].target_replicas]
         if ups:
             n = max(ups)[1]  # the plan's largest increase gives one back

@@ -77,3 +77,19 @@ def test_the_sum_objective_is_left_alone():
         got = guard_cuts(Decision({"a": 1, "b": 3, "c": 2}, info={}), heavy, MODELS,
                          ClusterSpec(cpus=6, objective=objective))
         assert got.replicas == {"a": 1, "b": 3, "c": 2}
+
+
+def test_the_replicas_given_back_fit_every_resource_not_only_cpus():
+    """b's replicas take 4 GiB each, the cluster 12 GiB: a keeps 3 replicas (1 GiB each), and
+    b gives back until the memory fits too, though the CPUs would fit sooner."""
+    models = {"a": ModelSLO(name="a", slo_ms=720, processing_ms=154, memory_gb=1.0),
+              "b": ModelSLO(name="b", slo_ms=720, processing_ms=154, memory_gb=4.0),
+              "c": ModelSLO(name="c", slo_ms=720, processing_ms=154, memory_gb=1.0)}
+    cluster = ClusterSpec(cpus=8, memory_gb=12)
+    obs = Observation(0.0, 8, 12, {n: ModelObservation(n, t, t, np.full(20, 18.0 * 60), arrival_rate=18.0)
+                                   for n, t in {"a": 3, "b": 1, "c": 3}.items()})
+    got = guard_cuts(Decision({"a": 1, "b": 3, "c": 3}, info={}), obs, models, cluster)
+    assert got.replicas["a"] == 3
+    mem = sum(got.replicas[n] * models[n].memory_gb for n in models)
+    assert mem <= 12 and sum(got.replicas.values()) <= 8
+    assert got.replicas["b"] == 1  # 3 + 4 x 2 + 3 = 14 GiB would not fit; 3 + 4 + 3 = 10 does
