@@ -329,8 +329,12 @@ def test_the_user_policy_runs_live_and_keeps_its_state_over_a_restart(tmp_path):
         ray.kill(ray.get_actor(actor.name, namespace="serve"), no_restart=True)
         st = wait_for(lambda: (s := get("status")).get("restored") and s, 90)
         assert st and st["restored"]["from"].startswith("the state saved"), st
-        now = get("state")
-        before, after = saved["policy"]["fields"]["decisions"], now["policy"]["fields"]["decisions"]
+        before = saved["policy"]["fields"]["decisions"]
+        # restored at once; it carries on counting from its next tick (a fresh-clone run read
+        # the state between the restore and that tick once: 21 and 21)
+        now = wait_for(lambda: (s := get("state")).get("policy", {}).get("fields", {}).get(
+            "decisions", 0) > before and s, 60) or get("state")
+        after = now["policy"]["fields"]["decisions"]
         assert now["start"] == saved["start"] and after > before, (saved, now)
     finally:
         serve.shutdown()
