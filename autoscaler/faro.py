@@ -38,14 +38,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
-from faro_serve.engine import max_rate_for_slo, min_replicas_for_slo, plan
+from faro_serve.engine import max_rate_for_slo, plan
 from faro_serve.resources import CPU, fits_in, resource_names, usage
 from forecasting.base import Forecast, Forecaster
 
 from .common import (DEFAULT_PROCESSING_MS, Timers, fallback_for, faro_policy_name, fcfs_decision,
                      forecast_or_fallback)
 from .faro_pipelines import PipelineAware
-from .guard import guard_cuts
+from .guard import guard_cuts, replicas_needed
 from .policy import Decision, ModelPlan, Observation, Policy, grant_in_order
 from .replan import band_of, best_move, donor_ok, move_problem, prune_changes, relevel, surprise
 
@@ -108,14 +108,7 @@ class FaroPolicy(PipelineAware, Policy):
             before = float(o.arrivals_per_min[-1]) / 60.0 if len(o.arrivals_per_min) else 0.0
             if o.arrival_rate < self.cluster.surge_factor * max(served, before):
                 continue
-            lam = o.arrival_rate + o.queue_length / self.tick_s
-            try:
-                need, _ = min_replicas_for_slo(lam, p, slo, q, self.cluster.estimator,
-                                               self.cluster.rho_max, limit=m.max_replicas,
-                                               concurrency=m.concurrency)
-            except ValueError:  # not even max_replicas meet the SLO at this rate
-                need = m.max_replicas
-            out[n] = need
+            out[n] = replicas_needed(o.arrival_rate + o.queue_length / self.tick_s, p, m, self.cluster)
         return out
 
     def with_surge(self, obs: Observation, decision: Decision | None) -> Decision | None:

@@ -39,20 +39,22 @@ def _rate_and_time(o, m: ModelSLO) -> tuple[float, float]:
     return max(o.arrival_rate, last), (o.processing_ms or m.processing_ms or DEFAULT_PROCESSING_MS) / 1e3
 
 
+def replicas_needed(lam: float, p: float, m: ModelSLO, cluster: ClusterSpec) -> int:
+    """Replicas that meet ``m``'s SLO at ``lam`` requests/s of ``p`` s each (M/D/c), at most
+    its maximum (also when not even that meets it). The surge rule asks the same."""
+    try:
+        k, _ = min_replicas_for_slo(lam, p, m.slo_ms / 1e3, m.percentile / 100, cluster.estimator,
+                                    cluster.rho_max, limit=m.max_replicas, concurrency=m.concurrency)
+    except ValueError:  # not even max_replicas meet the SLO at this rate
+        k = m.max_replicas
+    return k
+
+
 def observed_need(obs: Observation, slo: Mapping[str, ModelSLO], cluster: ClusterSpec) -> dict[str, int]:
     """Replicas each model needs to meet its SLO at its observed rate (at least its minimum,
     at most its maximum)."""
-    out = {}
-    for n, o in obs.models.items():
-        m = slo[n]
-        lam, p = _rate_and_time(o, m)
-        try:
-            k, _ = min_replicas_for_slo(lam, p, m.slo_ms / 1e3, m.percentile / 100, cluster.estimator,
-                                        cluster.rho_max, limit=m.max_replicas, concurrency=m.concurrency)
-        except ValueError:  # not even max_replicas meet the SLO at this rate
-            k = m.max_replicas
-        out[n] = max(k, m.min_replicas)
-    return out
+    return {n: max(replicas_needed(*_rate_and_time(o, slo[n]), slo[n], cluster), slo[n].min_replicas)
+            for n, o in obs.models.items()}
 
 
 def guard_cuts(decision: Decision | None, obs: Observation, slo: Mapping[str, ModelSLO],
