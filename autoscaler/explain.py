@@ -2,7 +2,8 @@
 decision log): for a plan the forecast band, each model's estimated p99 at the chosen
 replicas and its utility, the objective and what bound it (paper sections 4.2-4.3); for a
 reactive step what triggered it (section 4.4); for a re-plan (issue 31) which model left its
-forecast band, and for a move which replica went where and what it gained. ``faro-serve
+forecast band, for a surge plan what the surge could not get in turn, and for a move which
+replica went where and what it gained. ``faro-serve
 status --explain`` and the demo's report print these lines."""
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def explain(records: list[dict]) -> list[str]:
                        f"{rp.get('gain')} on the objective"
                        + (f"; changes undone as not worth it: {', '.join(rp['undone'])}"
                           if rp.get("undone") else ""))
+        sp = info.get("surge_plan")
+        if sp:  # autoscaler/surge.py
+            out.append("  surge plan: the surging models' needs did not fit the free capacity (in turn "
+                       f"they would have got {sp.get('greedy')}): the whole cluster planned at the "
+                       "rates seen now" + (f"; new, no minute of history: {', '.join(sp['new'])}"
+                                           if sp.get("new") else ""))
         for mv in info.get("moves") or ():
             out.append(f"  move: one replica {mv.get('from')} -> {mv.get('to')} (full cluster; "
                        f"objective +{mv.get('gain')}; {mv.get('from')} within its SLO with one fewer "

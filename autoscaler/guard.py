@@ -57,6 +57,15 @@ def observed_need(obs: Observation, slo: Mapping[str, ModelSLO], cluster: Cluste
             for n, o in obs.models.items()}
 
 
+def heavy_overload(obs: Observation, slo: Mapping[str, ModelSLO], cluster: ClusterSpec) -> bool:
+    """Whether the observed rates need ``overload_guard`` x the cluster's CPUs or more (False
+    when the guard is off)."""
+    if cluster.overload_guard is None:
+        return False
+    need = observed_need(obs, slo, cluster)
+    return sum(need[n] * slo[n].cpus for n in need) >= cluster.overload_guard * obs.capacity_cpus
+
+
 def guard_cuts(decision: Decision | None, obs: Observation, slo: Mapping[str, ModelSLO],
                cluster: ClusterSpec) -> Decision | None:
     """``decision`` (a long-term plan) with its cuts limited under heavy overload: a model the

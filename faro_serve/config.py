@@ -65,17 +65,25 @@ class ClusterSpec(BaseModel):
     surge_factor: float = Field(2.0, gt=1, description="how many times the rate the target "
                                 "replicas serve the last tick's rate must reach before the "
                                 "surge rule acts")
-    replan: bool = Field(False, description="re-plan on surprise (ours, issue 31): between "
+    surge_new: bool = Field(True, description="a model with no minute of history yet (a new "
+                            "deployment) surges as soon as its rate exceeds what its target "
+                            "replicas serve within the SLO (issue 31, cold start)")
+    surge_plan: bool = Field(True, description="when the surging models' needs do not all fit "
+                             "in the free capacity, plan the whole cluster at the rates seen "
+                             "now instead of granting them in turn (at most once per "
+                             "replan_gap_s, and at a new deployment's start)")
+    replan: bool = Field(True, description="re-plan on surprise (ours, issue 31): between "
                          "the long-term plans, re-solve the whole cluster when a model's rate "
                          "leaves its forecast band for replan_trigger_s, or (replan_latency) "
-                         "its latency breaks the SLO for reactive_trigger_s")
+                         "its latency breaks the SLO for reactive_trigger_s; never under heavy "
+                         "overload (the observed need over overload_guard x the capacity)")
     replan_margin: float = Field(0.25, ge=0, description="the forecast band p10..p90 is "
                                  "widened by this share before a rate outside it is a surprise")
     replan_trigger_s: float = Field(30.0, gt=0, description="the rate averaged over this "
                                     "long must be outside the band")
     replan_gap_s: float = Field(60.0, ge=0, description="no re-plan within this long of the "
                                 "last plan or re-plan (hysteresis)")
-    replan_latency: bool = Field(False, description="a model over its SLO for "
+    replan_latency: bool = Field(True, description="a model over its SLO for "
                                  "reactive_trigger_s also triggers a re-plan")
     replan_down: bool = Field(False, description="a rate below the band triggers a re-plan "
                               "too (by default only a rate above it does)")

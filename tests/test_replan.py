@@ -110,12 +110,32 @@ def test_hysteresis_no_replan_within_the_gap():
     assert d.kind == "replan" and list(d.info["replan"]["trigger"]) == ["b"]  # a's band moved
 
 
-def test_off_by_default_and_no_replan_state_without_it():
-    assert ClusterSpec(cpus=8).replan is False
-    policy = make_policy("faro-fairsum", [ModelSLO(name="a", **SLO)], ClusterSpec(cpus=8))
-    policy.decide(obs(0.0, {"a": 1.0}, {"a": 2}))
-    d = policy.decide(obs(70.0, {"a": 30.0}, {"a": 2}, history={"a": 1.0}))
-    assert d is None or d.kind != "replan"
+def test_on_by_default_and_off_when_switched_off():
+    assert ClusterSpec(cpus=8).replan is True and ClusterSpec(cpus=8).replan_latency is True
+    for on in (True, False):
+        policy = make_policy("faro-fairsum", [ModelSLO(name="a", **SLO), ModelSLO(name="b", **SLO)],
+                             ClusterSpec(cpus=8, replan=on))
+        policy.decide(obs(0.0, {"a": 1.0, "b": 1.0}, {"a": 2, "b": 2}))
+        kinds = [getattr(policy.decide(obs(t, {"a": 16.0, "b": 1.0}, {"a": 2, "b": 2},
+                                           history={"a": 1.0, "b": 1.0})), "kind", None)
+                 for t in (70.0, 80.0, 90.0, 100.0)]  # a's rate far above its band
+        assert ("replan" in kinds) is on, kinds
+
+
+def test_no_replan_under_heavy_overload():
+    """Needing twice the cluster, no share meets the SLOs: no re-plan (the long-term plan and
+    its overload guard decide); with the guard off, the same surprise re-plans. (The surge
+    rule is off: a 20x step would be a surge plan, tests/test_surge.py.)"""
+    def last(guard):
+        policy = make_policy("faro-fairsum", [ModelSLO(name=n, **SLO) for n in "abc"],
+                             ClusterSpec(cpus=8, overload_guard=guard, surge=False))
+        base = {"a": 3.0, "b": 3.0, "c": 3.0}
+        policy.decide(obs(0.0, base, {"a": 3, "b": 3, "c": 2}))
+        return [getattr(policy.decide(obs(t, {**base, "a": 60.0}, {"a": 3, "b": 3, "c": 2},
+                                          history=base)), "kind", None)
+                for t in (70.0, 80.0, 90.0, 100.0)]
+    assert "replan" not in last(1.25)
+    assert "replan" in last(None)
 
 
 def test_surprise_band_and_relevel():
@@ -244,7 +264,7 @@ def test_simulated_step_out_of_the_band_replans_within_one_tick_of_the_trigger()
     r1 = 3.08  # what one replica serves within the SLO
     counts = np.tile(np.array([[r1 * 60], [r1 * 60]]), (1, 12))
     counts[0, 7:] = 4 * r1 * 60  # at 420 s, between the plans of 300 and 600 s
-    res, seen = _sim(counts, replan=True, surge=False)
+    res, seen = _sim(counts, replan=True, replan_latency=False, surge=False)
     replans = [t for t, k in seen if k == "replan"]
     assert replans and 420.0 < replans[0] <= 420.0 + 30.0 + 10.0  # trigger held + one tick
     assert all(b - a >= 60.0 for a, b in zip(replans, replans[1:]))  # the gap
