@@ -38,6 +38,23 @@ class CapacityExceeded(RuntimeError):
     """A policy asked for more replicas than the cluster holds."""
 
 
+STARTUP_MINUTES = 2  # below this many completed minutes the open one is added
+OPEN_MINUTE_MIN_S = 10.0  # once it is this old
+
+
+def with_open_minute(completed, open_count: float, elapsed_s: float,
+                     min_elapsed_s: float = OPEN_MINUTE_MIN_S,
+                     startup_minutes: int = STARTUP_MINUTES) -> np.ndarray:
+    """A model's arrival history as policies see it: the completed minutes, and right after a
+    start (fewer than ``startup_minutes`` of them) the open minute extrapolated to a full
+    minute once it is ``min_elapsed_s`` old, so that the first decisions see the load. The
+    live driver and the simulator both call this."""
+    hist = np.asarray(completed, float)
+    if hist.size < startup_minutes and elapsed_s >= min_elapsed_s:
+        hist = np.append(hist, open_count * 60.0 / elapsed_s)
+    return hist
+
+
 @dataclass(frozen=True)
 class FrontSnapshot:
     """What a model's router measured, as of one decision tick."""
@@ -62,25 +79,21 @@ class FrontSnapshot:
     told: Setting | None = None  # the setting the front was told and enforces (live only)
 
     @classmethod
-    def from_front(cls, front: Mapping, min_elapsed_s: float = 10.0,
-                   startup_minutes: int = 2, model: str | None = None) -> "FrontSnapshot":
+    def from_front(cls, front: Mapping, min_elapsed_s: float = OPEN_MINUTE_MIN_S,
+                   startup_minutes: int = STARTUP_MINUTES, model: str | None = None) -> "FrontSnapshot":
         """The live front's JSON (``FrontControl.metrics``), read strictly: a missing or
         ill-typed field raises :class:`~faro_serve.front_report.FrontReportError` naming
         it (and ``model``) rather than becoming a default."""
         return cls.from_report(decode_front_report(front, model), min_elapsed_s, startup_minutes)
 
     @classmethod
-    def from_report(cls, r: FrontReport, min_elapsed_s: float = 10.0,
-                    startup_minutes: int = 2) -> "FrontSnapshot":
-        """Its arrival history is the completed minutes, as the simulator gives its policies;
-        right after a start (fewer than ``startup_minutes`` of them) the open minute is
-        appended, extrapolated to a full minute once it is ``min_elapsed_s`` old, so that the
-        first decisions see the load."""
-        hist = list(r.arrivals_per_min)
-        elapsed = r.current_minute_elapsed_s
-        if len(hist) < startup_minutes and elapsed >= min_elapsed_s:
-            hist.append(r.current_minute_count * 60.0 / elapsed)
-        return cls(arrivals_per_min=np.asarray(hist, float), arrival_rate=r.arrival_rate,
+    def from_report(cls, r: FrontReport, min_elapsed_s: float = OPEN_MINUTE_MIN_S,
+                    startup_minutes: int = STARTUP_MINUTES) -> "FrontSnapshot":
+        """Its arrival history: :func:`with_open_minute` (the completed minutes, and the open
+        one extrapolated right after a start), as the simulator gives its policies."""
+        hist = with_open_minute(r.arrivals_per_min, r.current_minute_count,
+                                r.current_minute_elapsed_s, min_elapsed_s, startup_minutes)
+        return cls(arrivals_per_min=hist, arrival_rate=r.arrival_rate,
                    latency_ms=r.latency_ms, processing_ms=r.processing.mean_ms,
                    queue_length=r.queue_length, mean_in_flight=r.mean_in_flight,
                    percentile=r.percentile,

@@ -4,7 +4,7 @@
   rate is ``surge_factor`` (2) x both what its target replicas serve within the SLO and its
   last minute's rate gets at once the replicas that rate and its queue need, within free
   capacity; it only adds, and acts again only when the rate doubles over what the new target
-  serves. A model with no minute of history yet (a new deployment) has no last minute to
+  serves. A new deployment (``is_new``: its first minute or so) has no last minute to
   compare with: it surges as soon as its rate exceeds what its target serves. A plan's
   targets are judged so too: a plan does not cut a surging model below that need.
 * **Surge plan** (``ClusterSpec.surge_plan``, issue 31 item 4): when the surging models'
@@ -24,6 +24,7 @@ from __future__ import annotations
 from faro_serve.engine import max_rate_for_slo
 
 from .common import DEFAULT_PROCESSING_MS
+from .driver import STARTUP_MINUTES
 from .guard import guard_cuts, heavy_overload, replicas_needed
 from .policy import Decision, Observation, grant_in_order
 from .replan import relevel
@@ -32,8 +33,10 @@ SURGE_PLAN_SEED = 2_000_003  # surge plans' forecasts draw from seeds of their o
 
 
 def is_new(o) -> bool:
-    """A model with no complete minute of arrivals recorded (a new deployment)."""
-    return len(o.arrivals_per_min) == 0
+    """A new deployment: its history is at most the start's (``driver.with_open_minute``:
+    fewer than two minutes, the open one extrapolated), about its first 70 s. Its last
+    "minute" is then the rate now, so the surge rule cannot compare with it."""
+    return len(o.arrivals_per_min) < STARTUP_MINUTES
 
 
 class SurgeAware:

@@ -65,9 +65,10 @@ class ClusterSpec(BaseModel):
     surge_factor: float = Field(2.0, gt=1, description="how many times the rate the target "
                                 "replicas serve the last tick's rate must reach before the "
                                 "surge rule acts")
-    surge_new: bool = Field(True, description="a model with no minute of history yet (a new "
-                            "deployment) surges as soon as its rate exceeds what its target "
-                            "replicas serve within the SLO (issue 31, cold start)")
+    surge_new: bool = Field(True, description="a new deployment (history shorter than two "
+                            "minutes, about its first 70 s) surges as soon as its rate exceeds "
+                            "what its target replicas serve within the SLO, not twice it "
+                            "(issue 31, cold start)")
     surge_plan: bool = Field(True, description="when the surging models' needs do not all fit "
                              "in the free capacity, plan the whole cluster at the rates seen "
                              "now instead of granting them in turn (at most once per "

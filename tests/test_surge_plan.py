@@ -91,6 +91,32 @@ def test_the_oracle_never_surge_plans():
     assert d is None or d.kind != "surge-plan"
 
 
+def test_the_simulator_shows_the_first_minutes_as_the_live_driver_does():
+    """Both call driver.with_open_minute: right after a start the open minute, extrapolated
+    once 10 s old, is the history (the live meters' completed minutes would be none)."""
+    from autoscaler.driver import with_open_minute
+    from faro_serve.sim.runner import SimConfig, simulate
+
+    assert with_open_minute([], 30, 5.0).size == 0  # too young
+    assert with_open_minute([], 30, 10.0).tolist() == [180.0]
+    assert with_open_minute([120.0], 30, 20.0).tolist() == [120.0, 90.0]
+    assert with_open_minute([120.0, 60.0], 30, 20.0).tolist() == [120.0, 60.0]
+    seen = {}
+    pol = make_policy("fairshare", MODELS[:1], ClusterSpec(cpus=4))
+    decide = pol.decide
+
+    def logged(o):
+        seen[o.now] = o.models["a"].arrivals_per_min.copy()
+        return decide(o)
+    pol.decide = logged
+    simulate(np.full((1, 4), 600.0), MODELS[:1], pol, SimConfig(capacity_cpus=4, seed=1))
+    assert seen[0.0].size == 0
+    assert seen[10.0].size == 1 and 300 < seen[10.0][0] < 900  # ~600/min from 10 s
+    assert seen[60.0].size == 1                                 # minute 0 done; 1 not yet 10 s old
+    assert seen[70.0].size == 2 and seen[70.0][0] == seen[60.0][0]
+    assert seen[120.0].size == 2 and seen[180.0].size == 3      # completed minutes only
+
+
 def test_simulated_new_deployment_loses_less_in_its_first_minutes():
     """A compare slice (day 9, minutes 310-340, 6 jobs, 16 replicas, slowed 3x, counts /3):
     every model starts new at one replica. The surge plan and the new models' surge lose less

@@ -11,7 +11,9 @@ start, removed ones leave at once, and drop rates are enforced at the router.
 
 Observation semantics (what a router front measures):
 * ``arrivals_per_min``: arrivals (dropped ones included) of every completed minute, after
-  an optional warm-up prefix (e.g. the previous day), oldest first;
+  an optional warm-up prefix (e.g. the previous day), oldest first; with fewer than two
+  minutes, the open one extrapolated once 10 s old, as the live driver does
+  (``autoscaler.driver.with_open_minute``);
 * ``arrival_rate``: arrivals over the last tick / tick length;
 * ``latency_ms``: SLO-percentile latency of requests completed in the look-back (30 s),
   dropped requests excluded (they get a 503 at once); None when none completed;
@@ -31,7 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoscaler.driver import CapacityExceeded, FrontSnapshot, apply_decision, observe  # noqa: F401 (re-exported)
+from autoscaler.driver import (CapacityExceeded, FrontSnapshot, apply_decision, observe,  # noqa: F401 (re-exported)
+                              with_open_minute)
 from autoscaler.policy import Policy
 from autoscaler.setting import Setting
 from faro_serve.config import ModelSLO
@@ -262,6 +265,8 @@ class _Run:
         self.table = MinuteTable.empty(self.names, self.n_min)
         self.rec_parts: list[tuple] = []
         self.last_tick_t = 0.0
+        self.open_minute = 0  # the minute whose arrivals open_count holds (with_open_minute)
+        self.open_count = np.zeros(len(self.models))
         self.k_tick = 0
         self.m_next = 0
         self.pipes = None
@@ -300,14 +305,23 @@ class _Run:
         dt = t - self.last_tick_t
         minute_now = int(t // 60.0)
         snaps, running = {}, {}
+        # the open minute's arrivals so far (a tick's arrivals belong to the minute its
+        # middle lies in; ticks divide minutes)
+        tick_minute = int((t - dt / 2) // 60.0)
+        if tick_minute != self.open_minute:
+            self.open_minute, self.open_count[:] = tick_minute, 0.0
         for i, (n, s) in enumerate(self.states.items()):
             s.loaded(t)
             n_arr, _, area = s.end_tick()
+            self.open_count[i] += n_arr
             running[n] = self.serving_log[self.k_tick, i] = s.serving(t)
             lat, proc, _ = s.observe(t, self.cfg.look_back_s, self.spec[n].percentile)
             snaps[n] = FrontSnapshot(
-                arrivals_per_min=(self.history[i, :self.n_warm + minute_now] if i < self.n_single
-                                  else self.pipes.stage_history(n, minute_now)),
+                arrivals_per_min=(with_open_minute(
+                    self.history[i, :self.n_warm + minute_now],
+                    self.open_count[i] if self.open_minute == minute_now else 0.0,
+                    t - 60.0 * minute_now) if i < self.n_single
+                    else self.pipes.stage_history(n, minute_now)),
                 arrival_rate=self.rates.rate(n, dt, n_arr),
                 latency_ms=None if math.isnan(lat) else lat * 1e3,
                 processing_ms=None if math.isnan(proc) else proc * 1e3,
