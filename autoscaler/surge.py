@@ -11,10 +11,10 @@
   needs do not all fit in what the cluster has free (a full cluster, or every model of a new
   deployment surging at once), granting them in turn gives the first ones all and the last
   nothing. Instead the whole cluster is planned at once by the engine, with each surging or
-  history-less model's forecast re-levelled to the rate it has now (its queue's drain
-  included), so the objective shares the capacity. At most one per ``replan_gap_s`` after
-  the last plan, and none under heavy overload (``guard.heavy_overload``); otherwise the
-  greedy grant as before.
+  new model's forecast re-levelled to the rate it has now (a surging one's queue drained
+  over a minute), so the objective shares the capacity. At most one per ``replan_gap_s``
+  after the last plan (unless that plan was blind: no model had history), and none under
+  heavy overload (``guard.heavy_overload``); otherwise the greedy grant as before.
 
 A mixin of :class:`~autoscaler.faro.FaroPolicy`: the same code live and in the simulator.
 """
@@ -25,7 +25,7 @@ from faro_serve.engine import max_rate_for_slo
 
 from .common import DEFAULT_PROCESSING_MS
 from .driver import STARTUP_MINUTES
-from .guard import guard_cuts, heavy_overload, replicas_needed
+from .guard import heavy_overload, replicas_needed
 from .policy import Decision, Observation, grant_in_order
 from .replan import relevel
 
@@ -126,8 +126,8 @@ class SurgeAware:
                 and not heavy_overload(obs, self.slo, c))
 
     def surge_plan(self, obs: Observation, need: dict[str, int], granted: dict[str, int]) -> Decision:
-        """Plan the whole cluster with the surging (``need``) and history-less models'
-        forecasts re-levelled to their rates now (``granted``: what the greedy grant would
+        """Plan the whole cluster with the surging (``need``) and new models' forecasts
+        re-levelled to their rates now (``granted``: what the greedy grant would
         have given, for the decision log)."""
         samples, predictor = self.forecast_samples(obs, seed=SURGE_PLAN_SEED + int(obs.now))
         levels = {}
@@ -139,7 +139,7 @@ class SurgeAware:
         for n, rate in levels.items():
             samples[n] = relevel(samples[n], rate)
             predictor[n] = f"{predictor.get(n, '?')} (re-levelled to {rate:.3f} req/s)"
-        d = guard_cuts(self._plan(obs, samples, predictor, "surge-plan"), obs, self.slo, self.cluster)
+        d = self._plan(obs, samples, predictor, "surge-plan")  # not overloaded: no guard
         self.last_replan = obs.now
         current = {n: o.target_replicas for n, o in obs.models.items()}
         self._hold(obs, [n for n, r in d.replicas.items() if r > current.get(n, r)])
