@@ -63,6 +63,9 @@ def explain(records: list[dict]) -> list[str]:
                        f"{rp.get('gain')} on the objective"
                        + (f"; changes undone as not worth it: {', '.join(rp['undone'])}"
                           if rp.get("undone") else ""))
+        for name in (rp.get("kept_saturated") or []) + ((info.get("surge_plan") or {}).get("kept_saturated") or []):
+            out.append(f"  kept: {name} is saturated (over its SLO or queued beyond its replicas): "
+                       "its measured rate is only what got in, so the plan does not cut it")
         sp = info.get("surge_plan")
         if sp:  # autoscaler/surge.py
             out.append("  surge plan: the surging models' needs did not fit the free capacity (in turn "

@@ -43,7 +43,7 @@ from forecasting.base import Forecast, Forecaster
 from .common import (DEFAULT_PROCESSING_MS, Timers, fallback_for, faro_policy_name, fcfs_decision,
                      forecast_or_fallback)
 from .faro_pipelines import PipelineAware
-from .guard import guard_cuts, heavy_overload
+from .guard import guard_cuts, heavy_overload, keep_saturated
 from .policy import Decision, ModelPlan, Observation, Policy
 from .surge import SurgeAware
 from .replan import band_of, best_move, donor_ok, move_problem, prune_changes, relevel, surprise
@@ -237,6 +237,7 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
             samples[n] = relevel(samples[n], rate)
             predictor[n] = f"{predictor.get(n, '?')} (re-levelled to {rate:.3f} req/s)"
         d = self._plan(obs, samples, predictor, "replan")
+        saturated = self._keep_saturated(d, obs)
         current = {n: o.target_replicas for n, o in obs.models.items()}
         kept, gain = prune_changes(self.models, c, samples, current, d.replicas, self._procs(obs),
                                    set(why), c.replan_min_gain, obs.capacity)
@@ -250,9 +251,17 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         for n in undone:
             d.set(n, replicas=kept[n])
             d.info["models"][n]["replicas"] = kept[n]
-        d.info["replan"] = {"trigger": why, "gain": round(gain, 4), "undone": undone}
+        d.info["replan"] = {"trigger": why, "gain": round(gain, 4), "undone": undone,
+                            "kept_saturated": saturated}
         self.violating.since.clear()
         return d
+
+    def _keep_saturated(self, d: Decision, obs: Observation) -> list[str]:
+        """:func:`guard.keep_saturated` on a re-plan or surge plan, its log kept in step."""
+        kept = keep_saturated(d, obs, self.slo)
+        for n in d.info.get("models", {}):
+            d.info["models"][n]["replicas"] = d.replicas.get(n, obs.models[n].target_replicas)
+        return kept
 
     def with_moves(self, obs: Observation, due: list[str], d: Decision | None) -> Decision | None:
         """For each ``due`` model the reactive step could not give a replica (oldest first),

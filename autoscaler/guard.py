@@ -66,6 +66,48 @@ def heavy_overload(obs: Observation, slo: Mapping[str, ModelSLO], cluster: Clust
     return sum(need[n] * slo[n].cpus for n in need) >= cluster.overload_guard * obs.capacity_cpus
 
 
+def fit_capacity(decision: Decision, obs: Observation, slo: Mapping[str, ModelSLO],
+                 keep: frozenset[str] = frozenset()) -> None:
+    """Give replicas back until ``decision`` fits every resource (CPUs, memory, GPUs, custom):
+    the largest increase first, then, with none left, the deepest cut goes one further
+    (never a model in ``keep``)."""
+    tgt = {n: decision.replicas.get(n, o.target_replicas) for n, o in obs.models.items()}
+    dem = {n: demand(slo[n]) for n in tgt}
+    while not obs.capacity.fits(usage(tgt, dem)):
+        ups = [(tgt[n] - obs.models[n].target_replicas, n) for n in tgt
+               if tgt[n] > obs.models[n].target_replicas]
+        if ups:
+            n = max(ups)[1]  # the plan's largest increase gives one back
+        else:
+            downs = [(tgt[n] - obs.models[n].target_replicas, n) for n in tgt
+                     if tgt[n] > slo[n].min_replicas and n not in keep]
+            if not downs:
+                break
+            n = min(downs)[1]  # nothing left to take back: the deepest cut goes one further
+        tgt[n] -= 1
+        decision.set(n, replicas=tgt[n])
+
+
+def keep_saturated(decision: Decision, obs: Observation, slo: Mapping[str, ModelSLO]) -> list[str]:
+    """A re-plan at the rates seen now does not cut a *saturated* model: one over its SLO now
+    or with more requests queued than it has replicas. Its measured rate is only what it was
+    let in (live, requests refused at the queue bound are never seen as arrivals), so a plan
+    at that rate under-counts it; keeping it where it is, the plan's increases elsewhere give
+    the replicas back. Returns the models kept."""
+    kept = []
+    for n, t1 in decision.replicas.items():
+        o = obs.models.get(n)
+        if o is None or t1 >= o.target_replicas:
+            continue
+        over = o.latency_ms is not None and o.latency_ms > slo[n].slo_ms
+        if over or o.queue_length > max(o.target_replicas, 1):
+            decision.set(n, replicas=o.target_replicas)
+            kept.append(n)
+    if kept:
+        fit_capacity(decision, obs, slo, frozenset(kept))
+    return kept
+
+
 def guard_cuts(decision: Decision | None, obs: Observation, slo: Mapping[str, ModelSLO],
                cluster: ClusterSpec) -> Decision | None:
     """``decision`` (a long-term plan) with its cuts limited under heavy overload: a model the
@@ -93,19 +135,7 @@ def guard_cuts(decision: Decision | None, obs: Observation, slo: Mapping[str, Mo
             kept.append(n)
     if not kept:
         return decision
-    tgt = {n: decision.replicas.get(n, o.target_replicas) for n, o in obs.models.items()}
-    dem = {n: demand(slo[n]) for n in tgt}
-    while not obs.capacity.fits(usage(tgt, dem)):  # every resource: CPUs, memory, GPUs, custom
-        ups = [(tgt[n] - obs.models[n].target_replicas, n) for n in tgt if tgt[n] > obs.models[n].target_replicas]
-        if ups:
-            n = max(ups)[1]  # the plan's largest increase gives one back
-        else:
-            downs = [(tgt[n] - obs.models[n].target_replicas, n) for n in tgt if tgt[n] > slo[n].min_replicas]
-            if not downs:
-                break
-            n = min(downs)[1]  # nothing left to take back: the deepest cut goes one further
-        tgt[n] -= 1
-        decision.set(n, replicas=tgt[n])
+    fit_capacity(decision, obs, slo)
     decision.info["overload_guard"] = {"kept": sorted(kept), "need_cpus": round(
         sum(need[n] * slo[n].cpus for n in need), 2), "capacity_cpus": obs.capacity_cpus}
     return decision

@@ -42,7 +42,7 @@ def is_new(o) -> bool:
 class SurgeAware:
     """The surge rule and the surge plan; needs ``slo``, ``cluster``, ``tick_s``, ``models``,
     ``violating``, ``surge_hold``, ``last_long_term``, ``last_replan``, ``planned_blind``,
-    ``forecast_samples`` and ``_plan`` (FaroPolicy)."""
+    ``forecast_samples``, ``_plan`` and ``_keep_saturated`` (FaroPolicy)."""
 
     def surge_rate(self, o) -> float:
         """The rate a surging model needs served (req/s): its arrivals now and its queue
@@ -140,6 +140,7 @@ class SurgeAware:
             samples[n] = relevel(samples[n], rate)
             predictor[n] = f"{predictor.get(n, '?')} (re-levelled to {rate:.3f} req/s)"
         d = self._plan(obs, samples, predictor, "surge-plan")  # not overloaded: no guard
+        saturated = self._keep_saturated(d, obs)
         self.last_replan = obs.now
         current = {n: o.target_replicas for n, o in obs.models.items()}
         self._hold(obs, [n for n, r in d.replicas.items() if r > current.get(n, r)])
@@ -147,5 +148,6 @@ class SurgeAware:
                                "from": current[n], "to": d.replicas.get(n, current[n])}
                            for n in need}
         d.info["surge_plan"] = {"greedy": granted, "new": sorted(n for n, o in obs.models.items()
-                                                                 if is_new(o))}
+                                                                 if is_new(o)),
+                                "kept_saturated": saturated}
         return d

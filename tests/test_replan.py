@@ -277,3 +277,22 @@ def test_simulated_flat_trace_neither_replans_nor_moves(level):
     off, _ = _sim(counts, replan=False, moves=False)
     assert not any(k in ("replan", "move", "reactive+move") for _, k in seen)
     assert np.array_equal(on.targets, off.targets)
+
+
+def test_a_replan_does_not_cut_a_saturated_model():
+    """Live, requests refused at the queue bound are never seen as arrivals, so a model over
+    its SLO (or queued beyond its replicas) measures less than its load: a re-plan keeps its
+    replicas and takes the difference back from its own increases (guard.keep_saturated)."""
+    from autoscaler.guard import keep_saturated
+    from autoscaler.policy import Decision
+
+    models = {n: ModelSLO(name=n, **SLO) for n in ("a", "b", "c")}
+    o = obs(60.0, {"a": 9.0, "b": 0.1, "c": 1.0}, {"a": 3, "b": 3, "c": 2},
+            latency={"b": 5000.0}, cpus=8)
+    d = Decision({"a": 5, "b": 1, "c": 2}, {}, "replan", {})
+    assert keep_saturated(d, o, models) == ["b"]
+    assert dict(d.replicas) == {"a": 3, "b": 3, "c": 2}  # a's increase gave b's two back
+    # within its SLO and not queued: the cut stands
+    o2 = obs(60.0, {"a": 9.0, "b": 0.1, "c": 1.0}, {"a": 3, "b": 3, "c": 2}, cpus=8)
+    d2 = Decision({"a": 5, "b": 1, "c": 2}, {}, "replan", {})
+    assert keep_saturated(d2, o2, models) == [] and d2.replicas["b"] == 1
