@@ -44,10 +44,19 @@ class SurgeAware:
     ``violating``, ``surge_hold``, ``last_long_term``, ``last_replan``, ``planned_blind``,
     ``forecast_samples``, ``_plan`` and ``_keep_saturated`` (FaroPolicy)."""
 
+    @staticmethod
+    def rate_now(o) -> float:
+        """A model's arrival rate now (req/s): the last tick's; for a new model at least its
+        open minute's so far (``with_open_minute``), which live counts from the meter's start
+        while the first tick's 10 s window may hold only the seconds since the load began."""
+        if is_new(o) and len(o.arrivals_per_min):
+            return max(o.arrival_rate, float(o.arrivals_per_min[-1]) / 60.0)
+        return o.arrival_rate
+
     def surge_rate(self, o) -> float:
         """The rate a surging model needs served (req/s): its arrivals now and its queue
         drained within one more tick."""
-        return o.arrival_rate + o.queue_length / self.tick_s
+        return self.rate_now(o) + o.queue_length / self.tick_s
 
     def surge_need(self, obs: Observation, targets: dict[str, int] | None = None) -> dict[str, int]:
         """Surging models (module docstring) with the replicas their rate and queue need:
@@ -56,7 +65,8 @@ class SurgeAware:
         out = {}
         for n, o in obs.models.items():
             m = self.slo[n]
-            if o.arrival_rate <= 0:
+            rate = self.rate_now(o)
+            if rate <= 0:
                 continue
             p = (o.processing_ms or m.processing_ms or DEFAULT_PROCESSING_MS) / 1e3
             slo, q = m.slo_ms / 1e3, m.percentile / 100
@@ -68,9 +78,9 @@ class SurgeAware:
             # has no minute before, so any excess over what it has is one
             before = float(o.arrivals_per_min[-1]) / 60.0 if len(o.arrivals_per_min) else 0.0
             if is_new(o) and self.cluster.surge_new:
-                if o.arrival_rate <= served:
+                if rate <= served:
                     continue
-            elif o.arrival_rate < self.cluster.surge_factor * max(served, before):
+            elif rate < self.cluster.surge_factor * max(served, before):
                 continue
             out[n] = replicas_needed(self.surge_rate(o), p, m, self.cluster)
         return out
@@ -96,7 +106,7 @@ class SurgeAware:
         if not added:
             return decision
         self._hold(obs, added)
-        info = {n: {"rate_rps": round(obs.models[n].arrival_rate, 3), "need": need[n],
+        info = {n: {"rate_rps": round(self.rate_now(obs.models[n]), 3), "need": need[n],
                     "from": after[n], "to": added[n]} for n in added}
         if decision is None:
             return Decision(added, {}, "surge", {"surge": info})
@@ -133,9 +143,9 @@ class SurgeAware:
         levels = {}
         for n, o in obs.models.items():
             if n in need:  # its queue drained over a minute, not one tick: a plan is for a window
-                levels[n] = o.arrival_rate + o.queue_length / 60.0
-            elif is_new(o) and o.arrival_rate > 0:
-                levels[n] = o.arrival_rate
+                levels[n] = self.rate_now(o) + o.queue_length / 60.0
+            elif is_new(o) and self.rate_now(o) > 0:
+                levels[n] = self.rate_now(o)
         for n, rate in levels.items():
             samples[n] = relevel(samples[n], rate)
             predictor[n] = f"{predictor.get(n, '?')} (re-levelled to {rate:.3f} req/s)"

@@ -143,3 +143,15 @@ def test_simulated_new_deployment_loses_less_in_its_first_minutes():
     finally:
         run.cluster_spec = spec
     assert lost[True] < lost[False]
+
+
+def test_a_new_model_is_judged_by_its_open_minute_when_the_tick_saw_less():
+    """Live, the first tick's 10 s window may hold only the seconds since the load began,
+    while the open minute is extrapolated from the meter's start: the higher one counts."""
+    pol = make_policy("faro-fairsum", MODELS, ClusterSpec(cpus=10))
+    pol.decide(observe(0.0, {n: 0.0 for n in NAMES}))
+    o = observe(10.0, {"a": 0.5 * R1, "b": 0.1, "c": 0.1, "d": 0.1})
+    a = o.models["a"]
+    o.models["a"] = ModelObservation("a", 1, 1, np.array([3 * R1 * 60.0]), arrival_rate=a.arrival_rate)
+    d = pol.decide(o)
+    assert d is not None and d.replicas["a"] == min_replicas_for_slo(3 * R1, 0.154, 0.72, 0.99)[0]
