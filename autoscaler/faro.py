@@ -10,11 +10,12 @@
   jumps far past what its replicas serve (or, new, past what it has) gets what it needs at
   once; when the surging models do not all fit, the whole cluster is planned again at the
   rates seen now.
-* Re-plan on surprise (ours, issue 31; ``replan``, off by default): between the plans, a
-  model whose rate over the last ``replan_trigger_s`` leaves the last plan's forecast band
-  (p10..p90, widened), or (``replan_latency``) that is over its SLO for the trigger period,
+* Re-plan on surprise (ours, issue 31; ``replan`` and ``replan_latency``, on by default):
+  between the plans, a model whose rate over the last ``replan_trigger_s`` leaves the last
+  plan's forecast band (p10..p90, widened), or that is over its SLO for the trigger period,
   makes the whole cluster be planned again at once, with a fresh forecast re-levelled to
-  the rates seen now; never within ``replan_gap_s`` of the last plan (``autoscaler.replan``).
+  the rates seen now; never within ``replan_gap_s`` of the last plan, never under heavy
+  overload, and never cutting a saturated model (``autoscaler.replan``, ``guard``).
 * Moves (ours, issue 31; ``moves``, on by default): a model over its SLO for the trigger
   period that the full cluster cannot give one more replica takes one from the model whose
   loss costs the cluster objective least, when the objective gains over the time left to
