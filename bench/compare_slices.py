@@ -42,7 +42,6 @@ OVERHEAD = "lognorm:0.5,0.008,0.003"  # docs/validation.md's measured router ove
 
 def simulate_slice(name: str, policy: str, spec: dict, draws: int, cold_start_s: float,
                    forecaster) -> dict:
-    from faro_serve.config import ClusterSpec
     from faro_serve.distributions import parse_dist
     from faro_serve.metrics import utility_from_latency
     from faro_serve.validation import run
@@ -51,19 +50,14 @@ def simulate_slice(name: str, policy: str, spec: dict, draws: int, cold_start_s:
     s = SLICES[name]
     wl = Workload(trace=TRACE, day=s["day"], sample=0, jobs=tuple(s["jobs"].split(",")),
                   start=s["start"], minutes=30, rate_scale=1 / 3, slowdown=3)
-    before = run.cluster_spec
-    run.cluster_spec = lambda cap: ClusterSpec(cpus=cap, **spec)
-    try:
-        lost, viol, first = [], [], []
-        for d in range(draws):
-            r = run.simulate_policy(policy, wl, s["capacity"], parse_dist(OVERHEAD), cold_start_s,
-                                    forecaster, draw=d)
-            lost.append(r.summary.lost_cluster_utility)
-            viol.append(r.summary.cluster_slo_violation_rate)
-            u = utility_from_latency(r.table.p_all, np.full(len(r.names), wl.slo_ms * wl.slowdown / 1e3))
-            first.append(float((1 - u[:, :5]).sum() / r.table.minutes))
-    finally:
-        run.cluster_spec = before
+    lost, viol, first = [], [], []
+    for d in range(draws):
+        r = run.simulate_policy(policy, wl, s["capacity"], parse_dist(OVERHEAD), cold_start_s,
+                                forecaster, draw=d, cluster=spec)
+        lost.append(r.summary.lost_cluster_utility)
+        viol.append(r.summary.cluster_slo_violation_rate)
+        u = utility_from_latency(r.table.p_all, np.full(len(r.names), wl.slo_ms * wl.slowdown / 1e3))
+        first.append(float((1 - u[:, :5]).sum() / r.table.minutes))
     return {"slice": name, "policy": policy, "lost": float(np.mean(lost)),
             "lost_draws": [round(x, 3) for x in lost], "slo_violations": float(np.mean(viol)),
             "first5_lost": float(np.mean(first))}

@@ -125,23 +125,17 @@ def test_simulated_new_deployment_loses_less_in_its_first_minutes():
     from faro_serve.metrics import utility_from_latency
     from faro_serve.validation.compare import Workload
     from faro_serve.validation.run import simulate_policy
-    import faro_serve.validation.run as run
 
     wl = Workload(trace="../shared/traces/faro10_days1-10.csv", day=9, sample=0,
                   jobs=("job9", "job0", "job3", "job1", "job6", "job5"), start=310, minutes=10,
                   rate_scale=1 / 3, slowdown=3)
     lost = {}
-    spec = run.cluster_spec
-    try:
-        for on in (True, False):
-            run.cluster_spec = lambda cap: ClusterSpec(cpus=cap, surge_plan=on, surge_new=on)
-            r = simulate_policy("faro-fairsum", wl, 16, parse_dist("lognorm:0.5,0.008,0.003"), 10.0)
-            u = utility_from_latency(r.table.p_all, np.full(len(r.names), 2.16))
-            lost[on] = float((1 - u[:, :5]).sum())
-            kinds = r.decisions
-            assert ("surge-plan" in kinds) is on
-    finally:
-        run.cluster_spec = spec
+    for on in (True, False):
+        r = simulate_policy("faro-fairsum", wl, 16, parse_dist("lognorm:0.5,0.008,0.003"), 10.0,
+                            cluster={"surge_plan": on, "surge_new": on})
+        u = utility_from_latency(r.table.p_all, np.full(len(r.names), 2.16))
+        lost[on] = float((1 - u[:, :5]).sum())
+        assert ("surge-plan" in r.decisions) is on
     assert lost[True] < lost[False]
 
 

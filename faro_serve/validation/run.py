@@ -24,7 +24,8 @@ from .compare import (NATIVE, RAY_SETTINGS, SIM_DRAWS, REPLAY_TIMEOUT_S, Workloa
 
 def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDist,
                     cold_start_s: float, forecaster=None, queue_limit: int = 50,
-                    hold_s: float = 0.0, client_timeout_s: float = REPLAY_TIMEOUT_S, draw: int = 0):
+                    hold_s: float = 0.0, client_timeout_s: float = REPLAY_TIMEOUT_S, draw: int = 0,
+                    cluster: dict | None = None):
     """The simulator on the live run's workload: the same slice, seed (so the same
     per-minute counts), models, policy settings, and this machine's overhead and cold start.
     Its clients give up after the replay's timeout. A Ray run is simulated as plain Ray
@@ -32,12 +33,14 @@ def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDi
     its ``max_queued_requests`` (``ray-native``: no limit; ``ray-tuned``: 50, plus the one
     waiting at each replica); faro-serve's front tail-drops at ``queue_limit`` and drops a
     request whose client left (``compare.sim_queue``). ``draw`` > 0: the same counts,
-    another draw of the per-request randomness (sim.workload.Workload)."""
+    another draw of the per-request randomness (sim.workload.Workload). ``cluster``: ClusterSpec
+    fields over the matched defaults, as ``run_policy`` takes live."""
     from autoscaler import make_policy
 
     tr = wl.load()
     models = wl.models(tr.names)
-    pol = make_policy(sim_policy(policy), models, cluster_spec(capacity), forecaster)
+    spec = cluster_spec(capacity).model_copy(update=cluster or {})
+    pol = make_policy(sim_policy(policy), models, spec, forecaster)
     cfg = SimConfig(capacity_cpus=capacity, cold_start_s=cold_start_s,
                     processing=wl.processing(), router_overhead=overhead,
                     replica_hold_s=hold_s, client_timeout_s=client_timeout_s,
