@@ -1,0 +1,70 @@
+"""Daily context (forecasting/daily.py, issue 32 item 5): the base forecast moved towards
+yesterday's same minutes, only with a day of history, seeded and never negative."""
+
+import numpy as np
+import pytest
+
+from forecasting.base import FallbackForecaster, Forecaster
+from forecasting.daily import DailyContext
+
+PERIOD = 60
+
+
+def periodic(days: float, base: float = 30.0, peak: float = 300.0) -> np.ndarray:
+    """Per-minute counts repeating every PERIOD minutes: flat, then a rise at minute 40."""
+    t = np.arange(int(days * PERIOD))
+    return np.where(t % PERIOD >= 40, peak, base).astype(float)
+
+
+def test_is_a_forecaster_and_rejects_bad_settings():
+    fc = DailyContext(FallbackForecaster(), period=PERIOD)
+    assert isinstance(fc, Forecaster)
+    assert (fc.input_size, fc.horizon) == (15, 7)
+    with pytest.raises(ValueError, match="period"):
+        DailyContext(FallbackForecaster(), period=1)
+    with pytest.raises(ValueError, match="weight"):
+        DailyContext(FallbackForecaster(), period=PERIOD, weight=1.5)
+
+
+def test_short_history_is_the_base_forecast():
+    base = FallbackForecaster()
+    fc = DailyContext(base, period=PERIOD, weight=0.5)
+    h = {"m": periodic(1.0)[:PERIOD + 10]}  # less than a day and the level window
+    a, b = fc.predict(h, 50, seed=3), base.predict(h, 50, seed=3)
+    np.testing.assert_array_equal(a.samples, b.samples)
+    assert a.predictor["m"] == b.predictor["m"]
+
+
+def test_a_rise_seen_yesterday_is_forecast_today():
+    """The fallback predictor (the last 15 minutes' mean..max) cannot see the daily rise at
+    minute 40; with yesterday's minutes at weight 1 the forecast mean is that rise."""
+    h = periodic(2.0)[:PERIOD + 37]  # now: minute 37 of the second day, the rise 3 minutes on
+    base = FallbackForecaster()
+    plain = base.predict({"m": h}, 200, seed=0).samples[0].mean(axis=0) * 60
+    daily = DailyContext(base, period=PERIOD, weight=1.0).predict({"m": h}, 200, seed=0)
+    mean = daily.samples[0].mean(axis=0) * 60
+    np.testing.assert_allclose(plain, 30.0)
+    np.testing.assert_allclose(mean, [30, 30, 30, 300, 300, 300, 300], rtol=1e-9)
+    assert daily.predictor["m"].endswith("+ daily")
+    half = DailyContext(base, period=PERIOD, weight=0.5).predict({"m": h}, 200, seed=0)
+    np.testing.assert_allclose(half.samples[0].mean(axis=0) * 60, [30, 30, 30, 165, 165, 165, 165])
+
+
+def test_yesterday_is_scaled_to_todays_level():
+    h = periodic(2.0)[:PERIOD + 37]
+    h[PERIOD:] *= 2.0  # today runs at twice yesterday's level
+    y = DailyContext(FallbackForecaster(), period=PERIOD).yesterday_means(h)
+    np.testing.assert_allclose(y, [60, 60, 60, 600, 600, 600, 600])
+
+
+def test_seeded_finite_non_negative_and_weight_zero_is_the_base():
+    rng = np.random.default_rng(0)
+    h = {f"m{i}": rng.poisson(50, size=2 * PERIOD).astype(float) for i in range(4)}
+    h["idle"] = np.zeros(2 * PERIOD)
+    fc = DailyContext(FallbackForecaster(), period=PERIOD, weight=0.25)
+    a, b = fc.predict(h, 40, seed=7), fc.predict(h, 40, seed=7)
+    np.testing.assert_array_equal(a.samples, b.samples)
+    assert np.isfinite(a.samples).all() and (a.samples >= 0).all()
+    np.testing.assert_array_equal(a.samples[-1], 0.0)  # nothing yesterday, nothing today
+    off = DailyContext(FallbackForecaster(), period=PERIOD, weight=0.0).predict(h, 40, seed=7)
+    np.testing.assert_array_equal(off.samples, FallbackForecaster().predict(h, 40, seed=7).samples)
