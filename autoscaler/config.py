@@ -10,6 +10,8 @@ from __future__ import annotations
 from pydantic import Field, ValidationError, model_validator
 
 from faro_serve.config import ConfigError, FaroConfig, format_validation_error
+from faro_serve.measures import HISTORY_MINUTES
+from forecasting.daily import DAY_MINUTES, DEFAULT_WEIGHT
 from forecasting.nhits import DEFAULT_SHORT_RULE, SHORT_RULES
 
 from .common import faro_policy_name
@@ -42,6 +44,12 @@ class AutoscalerConfig(FaroConfig):
                                      "holds back to judge the new forecaster against the current")
     short_history: str = Field(DEFAULT_SHORT_RULE, description="how N-HiTS forecasts a model with "
                                "less than its input window: " + ", ".join(SHORT_RULES))
+    daily_weight: float = Field(DEFAULT_WEIGHT, ge=0, le=1, description="how far N-HiTS's "
+                                "forecast moves towards yesterday's same minutes scaled to "
+                                "today's level, for a model with a day of history (needs "
+                                "history_dir; docs/forecasting.md, 'Daily context'); 0: off")
+    daily_period_minutes: int = Field(DAY_MINUTES, ge=2, description="the period of the "
+                                      "daily context: minutes in a day of the traffic")
     dashboard_url: str = Field("http://127.0.0.1:8265", description="Ray dashboard (external "
                                "scaling API)")
     decision_log: str | None = Field(None, description="JSON-lines file of every decision")
@@ -63,6 +71,18 @@ class AutoscalerConfig(FaroConfig):
 
     def policy_name(self) -> str:
         return self.policy or faro_policy_name(self.cluster.objective)
+
+    @property
+    def daily(self) -> tuple[int, float]:
+        """(period, weight) of the forecaster's daily context."""
+        return self.daily_period_minutes, self.daily_weight
+
+    def history_minutes(self) -> int:
+        """Minutes of arrival history each model's forecast is given: the meters' 4 hours, or
+        a day and an hour with the daily context (joined from the store)."""
+        if self.daily_weight <= 0:
+            return HISTORY_MINUTES
+        return max(HISTORY_MINUTES, self.daily_period_minutes + 60)
 
 
 def parse_autoscaler_config(data, source: str = "faro application args") -> AutoscalerConfig:

@@ -14,11 +14,13 @@ Ray-free, like every module of the policy layer.
 
 from __future__ import annotations
 
+from forecasting.daily import check_daily
 from forecasting.shipped import BUILTIN_NAMES, FALLBACK, SHIPPED, default_forecaster
 
 from .plugins import make_forecaster
 
-__all__ = ["BUILTIN_NAMES", "FALLBACK", "SHIPPED", "choose_forecaster", "is_builtin", "policy_forecasts"]
+__all__ = ["BUILTIN_NAMES", "FALLBACK", "SHIPPED", "choose_forecaster", "is_builtin", "policy_forecasts",
+           "set_daily"]
 
 FORECASTING = ("faro-", "mark")  # the built-in policies that plan with a forecaster
 
@@ -39,12 +41,21 @@ def is_builtin(spec: str | None) -> bool:
     return spec in BUILTIN_NAMES
 
 
+def set_daily(forecaster, daily: tuple[int, float] | None) -> None:
+    """Give an N-HiTS forecaster the daily context ``(period, weight)`` (forecasting/daily.py);
+    a plug-in forecaster is the user's and keeps what it does."""
+    if daily is not None and hasattr(forecaster, "daily_weight"):
+        check_daily(*daily)
+        forecaster.daily_period, forecaster.daily_weight = int(daily[0]), float(daily[1])
+
+
 def choose_forecaster(spec: str | None = None, directory: str | None = None,
-                      short_history: str | None = None):
+                      short_history: str | None = None, daily: tuple[int, float] | None = None):
     """``(forecaster, why)``: the forecaster of a name / import path (``spec``) or of a trained
     ``directory`` (not both), else the shipped one; ``why`` says which and why, e.g.
     ``nhits-normal (shipped)``, ``fallback: chosen``, ``nhits-normal (runs/fc)``, or a
-    plug-in's name or import path as given."""
+    plug-in's name or import path as given. ``daily``: the N-HiTS's daily context
+    ``(period, weight)`` (default: a day of 1,440 minutes, weight 0.25)."""
     if spec and directory:
         raise ValueError("give a forecaster (a name or an import path) or a trained forecaster "
                          "directory, not both")
@@ -54,7 +65,10 @@ def choose_forecaster(spec: str | None = None, directory: str | None = None,
         fc = load_forecaster(directory)
         if short_history is not None:
             fc.short_history = short_history
+        set_daily(fc, daily)
         return fc, f"{fc.name} ({directory})"
     if spec is None or is_builtin(spec):
-        return default_forecaster(spec, short_history)
+        fc, why = default_forecaster(spec, short_history)
+        set_daily(fc, daily)
+        return fc, why
     return make_forecaster(spec), spec

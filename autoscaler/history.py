@@ -66,12 +66,20 @@ class HistoryKeeper:
         self._cache: dict[str, tuple[int, np.ndarray]] = {}  # model -> (meter's first minute, prefix)
 
     @classmethod
-    def carry_on(cls, store: ArrivalStore | None, previous: "HistoryKeeper | None") -> "HistoryKeeper | None":
+    def carry_on(cls, store: ArrivalStore | None, previous: "HistoryKeeper | None",
+                 keep_minutes: int = HISTORY_MINUTES) -> "HistoryKeeper | None":
         """The keeper of a new loop: the previous loop's over the same store (its grids and
-        what it wrote carry on), a new one over another store, None without one."""
+        what it wrote carry on), a new one over another store, None without one;
+        ``keep_minutes``: the history each model's forecast is given (a day and more with
+        the forecaster's daily context)."""
         if store is None:
             return None
-        return previous if previous is not None and previous.store is store else cls(store)
+        if previous is None or previous.store is not store:
+            return cls(store, keep_minutes)
+        if previous.keep_minutes != keep_minutes:
+            previous.keep_minutes = keep_minutes
+            previous._cache.clear()
+        return previous
 
     def observe_safely(self, now: float, raw: Mapping[str, Mapping],
                        fronts: Mapping[str, FrontSnapshot]) -> dict[str, FrontSnapshot]:
@@ -126,14 +134,25 @@ class HistoryKeeper:
             return snap
         cached = self._cache.get(name)
         if cached is None or cached[0] != first:
-            stored = self.store.load(name, self.keep_minutes, end_minute=first)
-            nxt = float(snap.arrivals_per_min[0]) if snap.arrivals_per_min.size else None
-            cached = self._cache[name] = (first, fill_short_gaps(stored, self.max_gap_minutes, nxt))
+            cached = self._cache[name] = (first, self._prefix(name, snap, first, cached))
         prefix = cached[1][-need:] if need < cached[1].size else cached[1]
         self.joined[name] = int(prefix.size)
         if not prefix.size:
             return snap
         return dataclasses.replace(snap, arrivals_per_min=np.concatenate([prefix, snap.arrivals_per_min]))
+
+    def _prefix(self, name: str, snap: FrontSnapshot, first: int,
+                cached: tuple[int, np.ndarray] | None) -> np.ndarray:
+        """The store's minutes before ``first``, gaps filled: the cached prefix extended by
+        the minutes the meter's window has moved past since (one a minute: a day of context
+        is not read again every minute), or read whole when that is not possible."""
+        if cached is not None and 0 < first - cached[0] <= self.keep_minutes and cached[1].size:
+            delta = self.store.load(name, first - cached[0], end_minute=first)
+            if not np.isnan(delta).any():
+                return np.concatenate([cached[1], delta])[-self.keep_minutes:]
+        stored = self.store.load(name, self.keep_minutes, end_minute=first)
+        nxt = float(snap.arrivals_per_min[0]) if snap.arrivals_per_min.size else None
+        return fill_short_gaps(stored, self.max_gap_minutes, nxt)
 
     def status(self) -> dict:
         """For the loop's status: where the store is, what it refused, what was joined."""

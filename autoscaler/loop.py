@@ -32,6 +32,7 @@ from faro_serve.resources import MEMORY, Capacity, as_capacity
 
 from .config import AutoscalerConfig
 from .driver import FrontSnapshot, apply_decision, observe
+from .forecasters import set_daily
 from .history import HistoryKeeper
 from .pipeline_front import observe_pipelines, pipeline_records, sync_pipeline_fronts
 from .retrainer import Retrainer, retraining_on
@@ -104,6 +105,7 @@ class AutoscalerLoop:
         self.clock = clock
         self.store = store
         self.models = cfg.all_models  # single models, then every pipeline's stages
+        set_daily(forecaster, cfg.daily)  # an N-HiTS's daily context, as the args say
         self.policy = make_policy(cfg.policy_name(), self.models, cfg.cluster, forecaster,
                                   pipelines=cfg.pipelines)
         self.slo = {m.name: m for m in self.models}
@@ -117,7 +119,8 @@ class AutoscalerLoop:
         self.last: dict = {}
         self.last_plan: dict = previous.last_plan if previous else {}
         self.ticks = 0
-        self.keeper = HistoryKeeper.carry_on(history, previous.keeper if previous else None)
+        self.keeper = HistoryKeeper.carry_on(history, previous.keeper if previous else None,
+                                             cfg.history_minutes())
         self.retrainer = self._retrainer(previous)
         self.restored_settings: dict[str, Setting] = {}  # saved before a restart, by model
         self.front_errors: dict[str, str] = {}  # models whose report was refused this tick
@@ -158,6 +161,7 @@ class AutoscalerLoop:
         new = self.retrainer.poll(self.policy.forecaster)
         if new is not None:
             new.short_history = self.cfg.short_history
+            set_daily(new, self.cfg.daily)
             self.policy.forecaster = new
 
     @property

@@ -13,6 +13,7 @@ what is wrong, so command-line tools can print it and exit 2.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -53,14 +54,17 @@ class Trace:
         idx = [self.names.index(j) for j in jobs]
         return Trace(list(jobs), self.counts[idx].copy())
 
-    def rescale(self, low: float, high: float) -> "Trace":
-        """Map all counts linearly onto ``[low, high]`` requests per minute (shape kept)."""
+    def rescale(self, low: float, high: float, fit: np.ndarray | None = None) -> "Trace":
+        """Map all counts linearly onto ``[low, high]`` requests per minute (shape kept);
+        with ``fit``, the map that takes ``fit``'s range there (e.g. the replayed day's, applied
+        to its warm-up history too), never below 0."""
         if not 0 <= low <= high:
             raise TraceError(f"rescale range must satisfy 0 <= low <= high (got {low}, {high})")
         c = self.counts
-        lo, hi = float(c.min()), float(c.max())
+        ref = c if fit is None else np.asarray(fit, float)
+        lo, hi = float(ref.min()), float(ref.max())
         scaled = np.full_like(c, low) if hi <= lo else low + (c - lo) * (high - low) / (hi - lo)
-        return Trace(list(self.names), scaled)
+        return Trace(list(self.names), np.maximum(scaled, 0.0))
 
     def scale(self, factor: float) -> "Trace":
         """Multiply every count by ``factor`` (e.g. to fit a smaller machine)."""
@@ -214,12 +218,33 @@ def duplicate_jobs(trace: Trace, n_jobs: int, jitter: float = 0.1, max_shift: in
 
 def previous_day_tail(path: str | Path, day: int, sample: int | None, minutes: int,
                       jobs: list[str] | None = None) -> np.ndarray | None:
-    """The last ``minutes`` counts of day ``day - 1`` (same sample), or None when the file has
-    no such day: the arrival history a long-running system would have at the day's start."""
+    """The last ``minutes`` counts before day ``day`` (same sample): day ``day - 1``, and the
+    days before it when ``minutes`` is longer than a day, as far back as the file goes; None
+    when it has no such day: the arrival history a long-running system would have at the
+    day's start."""
     if minutes <= 0 or day <= 1:
         return None
-    try:
-        prev = load_trace(path, days=day - 1, sample=sample, jobs=jobs)
-    except TraceError:
+    parts, have, d = [], 0, day - 1
+    while have < minutes and d >= 1:
+        try:
+            prev = load_trace(path, days=d, sample=sample, jobs=jobs).counts
+        except TraceError:
+            break
+        if parts and prev.shape[0] != parts[0].shape[0]:
+            break
+        parts.insert(0, prev)
+        have += prev.shape[1]
+        d -= 1
+    if not parts:
         return None
-    return prev.counts[:, -minutes:].copy()
+    return np.concatenate(parts, axis=1)[:, -minutes:].copy()
+
+
+@functools.lru_cache(maxsize=64)
+def day_minutes(path: str, day: int | None, sample: int | None = None) -> int:
+    """Minutes (points) in day ``day`` of a trace file: a replayed day's length, the period
+    of its daily pattern (360 for the Faro workload, 1440 for Azure's); 1440 without a day
+    (JSON lines record wall-clock minutes)."""
+    if day is None:
+        return 1440
+    return int(load_trace(path, days=day, sample=sample).counts.shape[1])

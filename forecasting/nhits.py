@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .base import FallbackForecaster, Forecast
+from .daily import DAY_MINUTES, DEFAULT_WEIGHT, add_daily, check_daily
 from .history import check_history
 from .quiet import torch_threads
 
@@ -57,7 +58,9 @@ class NHitsForecaster:
     baseline): the point forecast repeated, a degenerate interval. A model with some history
     but less than ``input_size`` minutes is forecast by the network on a window completed by
     ``short_history`` (:data:`SHORT_RULES`, measured in docs/forecasting.md); ``"fallback"``
-    hands it to :class:`FallbackForecaster` instead, as does an empty history.
+    hands it to :class:`FallbackForecaster` instead, as does an empty history. A model with
+    a day of history (``daily_period`` minutes and the input window) has its forecast moved
+    towards yesterday's same minutes by ``daily_weight`` (:mod:`forecasting.daily`; 0: off).
     """
 
     def __init__(self, model: Any, loss: str, meta: Mapping[str, Any] | None = None, *,
@@ -80,6 +83,8 @@ class NHitsForecaster:
         self.threads: int | None = 1
         self.fallback = FallbackForecaster(self.input_size, self.horizon)
         self.short_history = DEFAULT_SHORT_RULE
+        self.daily_period = DAY_MINUTES  # a replayed trace's day is its own (the simulator sets it)
+        self.daily_weight = DEFAULT_WEIGHT
 
     # -- the network, called directly -------------------------------------------------
     def predict_params(self, windows: np.ndarray, masks: np.ndarray | None = None
@@ -150,7 +155,9 @@ class NHitsForecaster:
                 out[names.index(n)] = fb.samples[k]
                 predictor[n] = (f"{fb.predictor[n]}: no history" if hist[n].size == 0 else
                                 f"{fb.predictor[n]}: short history ({hist[n].size} of {size} minutes)")
-        return Forecast(names, out, {n: predictor[n] for n in names})
+        check_daily(self.daily_period, self.daily_weight)
+        return add_daily(Forecast(names, out, {n: predictor[n] for n in names}), hist,
+                         self.daily_period, self.daily_weight, size)
 
     def warm_up(self) -> None:
         """One throw-away forward pass so the first real call is not slower."""

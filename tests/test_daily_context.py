@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from forecasting.base import FallbackForecaster, Forecaster
+from forecasting.daily import DAY_MINUTES as DAY_MINUTES_LIVE
 from forecasting.daily import DailyContext
 
 PERIOD = 60
@@ -68,3 +69,46 @@ def test_seeded_finite_non_negative_and_weight_zero_is_the_base():
     np.testing.assert_array_equal(a.samples[-1], 0.0)  # nothing yesterday, nothing today
     off = DailyContext(FallbackForecaster(), period=PERIOD, weight=0.0).predict(h, 40, seed=7)
     np.testing.assert_array_equal(off.samples, FallbackForecaster().predict(h, 40, seed=7).samples)
+
+
+def write_trace(path, days: int = 3, minutes: int = 40):
+    """A trace file whose job ``j`` repeats daily: 2 requests a minute, 200 from minute 30."""
+    rows = ["day,sample,minute,job,requests"]
+    for d in range(1, days + 1):
+        for m in range(minutes):
+            rows.append(f"{d},0,{m},j,{200 if m >= 30 else 2}")
+    path.write_text("\n".join(rows) + "\n")
+    return str(path)
+
+
+def test_the_warm_up_spans_days_and_the_scenario_tells_the_forecaster_its_day(tmp_path):
+    from faro_serve.sim.scenario import Scenario, run_scenario
+    from faro_serve.traces import day_minutes, previous_day_tail
+
+    trace = write_trace(tmp_path / "t.csv")
+    assert day_minutes(trace, 3, 0) == 40
+    tail = previous_day_tail(trace, 3, 0, 50, ["j"])  # day 2, and the last 10 of day 1
+    assert tail.shape == (1, 50) and tail[0, 0] == 200 and tail[0, 10] == 2
+    assert previous_day_tail(trace, 2, 0, 500, ["j"]).shape == (1, 40)  # as far back as it goes
+    sc = Scenario(trace=trace, day=3, sample=0).validate()
+    assert sc.warmup() == 100  # a day and an hour: all the file has before day 3 is 80
+    names, counts, warm = sc.load()
+    assert warm.shape == (1, 80) and counts.shape == (1, 40)
+    fc = DailyContext(FallbackForecaster(), period=DAY_MINUTES_LIVE)
+    res = run_scenario(sc, "faro-fairsum", 8, seed=0, forecaster=fc)
+    assert fc.period == 40 and res.summary.job_requests.sum() > 0
+    with pytest.raises(ValueError, match="daily-weight"):
+        Scenario(trace=trace, day=3, sample=0, daily_weight=2.0).validate()
+
+
+def test_rescale_keeps_the_days_range_whatever_the_warm_up(tmp_path):
+    from faro_serve.sim.scenario import Scenario
+
+    trace = tmp_path / "t.csv"
+    rows = ["day,sample,minute,job,requests"] + [f"1,0,{m},j,1000" for m in range(10)] \
+        + [f"2,0,{m},j,{10 + m}" for m in range(10)]
+    trace.write_text("\n".join(rows) + "\n")
+    a = Scenario(trace=str(trace), day=2, sample=0, rescale=(1, 100), warmup_minutes=0).validate().load()
+    b = Scenario(trace=str(trace), day=2, sample=0, rescale=(1, 100)).validate().load()
+    np.testing.assert_allclose(a[1], b[1])  # the replayed day is the same
+    assert a[1].min() == 1 and a[1].max() == 100 and b[2].shape == (1, 10) and b[2].min() > 100

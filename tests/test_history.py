@@ -9,9 +9,11 @@ import sqlite3
 import numpy as np
 import pytest
 
+from autoscaler.forecasters import set_daily
 from autoscaler.history import HistoryKeeper, fill_short_gaps
 from autoscaler.loop import AutoscalerLoop
 from faro_serve.serving.schema import parse_autoscaler_config
+from faro_serve.measures import HISTORY_MINUTES
 from forecasting.nhits import DEFAULT_SHORT_RULE, SHORT_RULES
 from forecasting.store import FILE_NAME, ArrivalStore
 from forecasting.train import TrainConfig, train_forecaster
@@ -44,8 +46,9 @@ def config():
 class Cluster:
     """Meters started at ``meter_start`` (wall clock) counting ``per_min`` per minute."""
 
-    def __init__(self, meter_start: float):
+    def __init__(self, meter_start: float, keep: int | None = None):
         self.meter_start = meter_start
+        self.keep = keep  # minutes a meter holds (a real one: HISTORY_MINUTES)
         self.t = meter_start
         self.running = {"a": 1, "b": 1}
 
@@ -58,8 +61,9 @@ class Cluster:
     def front_metrics(self, names):
         age = self.t - self.meter_start
         done = int(age // 60)
+        held = range(0 if self.keep is None else max(done - self.keep, 0), done)
         return {n: front_report(n, now=self.t, arrivals_per_min=[per_min(n, self.minute(k))
-                                                                  for k in range(done)],
+                                                                  for k in held],
                                 current_minute_count=0, current_minute_elapsed_s=age - 60 * done,
                                 arrival_rate=per_min(n, 0) / 60, latency_ms=100.0)
                 for n in names}
@@ -81,6 +85,11 @@ class Spy:
     def __init__(self, fc):
         self.fc, self.seen = fc, []
         self.input_size, self.horizon = fc.input_size, fc.horizon
+
+    daily_period = property(lambda self: self.fc.daily_period,
+                            lambda self, v: setattr(self.fc, "daily_period", v))
+    daily_weight = property(lambda self: self.fc.daily_weight,
+                            lambda self, v: setattr(self.fc, "daily_weight", v))
 
     def predict(self, history, n_samples=100, seed=None):
         self.seen.append({n: np.asarray(h).copy() for n, h in history.items()})
@@ -251,3 +260,53 @@ def test_the_keeper_carries_on_over_the_same_store_only(tmp_path):
     k = HistoryKeeper(a)
     assert HistoryKeeper.carry_on(a, k) is k and HistoryKeeper.carry_on(b, k).store is b
     assert HistoryKeeper.carry_on(None, k) is None
+
+
+def daily_config(period: int, weight: float = 0.25):
+    cfg = config().model_dump()
+    cfg.update(daily_period_minutes=period, daily_weight=weight)
+    return parse_autoscaler_config(cfg)
+
+
+def test_history_length_follows_the_daily_context():
+    assert config().history_minutes() == 1440 + 60  # the default: a day and an hour
+    assert daily_config(300).history_minutes() == 360
+    assert daily_config(300, weight=0.0).history_minutes() == HISTORY_MINUTES
+    assert daily_config(60).history_minutes() == HISTORY_MINUTES  # the meters hold more
+
+
+def test_a_restarted_loop_forecasts_with_yesterday_from_the_store(tmp_path, nhits):
+    """A day of stored minutes (a 300-minute "day" here) reaches the forecaster through the
+    keeper, beyond the meters' history, and the forecast says it used the daily context;
+    after that the keeper reads one new minute a tick-minute, not the whole day again."""
+    store = ArrivalStore(tmp_path)
+    cluster = Cluster(T0 + 400 * 60, keep=2)  # meters holding 2 minutes: their window moves
+    start = cluster.minute(0)
+    for n in ("a", "b"):
+        store.append_many(n, [(60.0 * m, float(per_min(n, m))) for m in range(start - 400, start)])
+    reads = []
+    load = store.load
+    store.load = lambda model, minutes, end_minute=None: reads.append(minutes) or load(model, minutes, end_minute)
+    spy = Spy(nhits)
+    loop = AutoscalerLoop(daily_config(300), cluster, spy, clock=lambda: cluster.t, history=store)
+    assert loop.keeper.keep_minutes == 360 and spy.fc.daily_period == 300
+    cluster.t += 61.0
+    rec = loop.step()
+    seen = spy.seen[0]["a"]
+    assert seen.size == 360 and np.isfinite(seen).all()
+    want = [per_min("a", m) for m in range(start - 359, start)]
+    assert np.array_equal(seen[:-1], want)  # the store's minutes, in order, then the meter's
+    assert rec["models"]["a"]["predictor"] == "nhits-normal + daily"
+    assert reads == [360, 360]  # one whole read per model
+    reads.clear()
+    run(loop, cluster, 6 * 60)  # past the next long-term plan
+    assert reads and max(reads) == 1  # the meters' window moved a minute at a time: one row read
+    last = spy.seen[-1]["a"]  # a later plan's history: the day, contiguous, moved on
+    ends = [e for e in range(start + 1, start + 8)
+            if np.array_equal(last, [per_min("a", m) for m in range(e - 359, e + 1)])]
+    assert len(spy.seen) > 1 and ends
+    off = Spy(nhits)
+    AutoscalerLoop(daily_config(300, 0.0), cluster, off, clock=lambda: cluster.t,
+                   history=ArrivalStore(tmp_path)).step()
+    assert off.seen[0]["a"].size < 360
+    set_daily(nhits, (1440, 0.25))  # the module's fixture, as the other tests had it

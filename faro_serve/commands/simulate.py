@@ -26,8 +26,13 @@ def add_scenario_args(p) -> None:
     p.add_argument("--rescale", metavar="LOW,HIGH", help="map counts linearly onto LOW..HIGH requests/min")
     p.add_argument("--n-jobs", type=int, help="duplicate jobs (with jitter) up to N jobs")
     p.add_argument("--jitter", type=float, default=0.1, help="relative noise of duplicated jobs (0.1)")
-    p.add_argument("--warmup-minutes", type=int, default=60,
-                   help="arrival history from the previous day given to the policies (60; 0 = none)")
+    p.add_argument("--warmup-minutes", type=int, default=None,
+                   help="arrival history from before the day given to the policies (default: a "
+                        "day and an hour, the forecaster's daily context; 0 = none)")
+    p.add_argument("--daily-weight", type=float, default=None,
+                   help="how far the N-HiTS forecast moves towards yesterday's same minutes, for "
+                        "a job with a day of history (default 0.25; 0 = off; "
+                        "docs/forecasting.md, 'Daily context')")
     p.add_argument("--slo-ms", type=float, default=720.0, help="p99 latency SLO of every job (720)")
     p.add_argument("--percentile", type=float, default=99.0, help="SLO percentile (99)")
     p.add_argument("--processing-ms", type=float, default=154.0,
@@ -72,6 +77,7 @@ def scenario_from_args(args):
     return Scenario(trace=args.trace, day=args.day, sample=args.sample, jobs=jobs,
                     minutes=args.minutes, rescale=rescale, n_jobs=args.n_jobs, jitter=args.jitter,
                     warmup_minutes=args.warmup_minutes, slo_ms=args.slo_ms,
+                    **({} if args.daily_weight is None else {"daily_weight": args.daily_weight}),
                     percentile=args.percentile, processing_ms=args.processing_ms,
                     processing_dist=args.processing_dist, overhead_dist=args.overhead_dist,
                     cold_start_s=args.cold_start_s, queue_limit=args.queue_limit,
@@ -217,6 +223,7 @@ def run_config(args) -> int:
     sc = PipelineScenario.from_config(
         cfg, args.trace, day=args.day, sample=args.sample, minutes=args.minutes,
         warmup_minutes=args.warmup_minutes, processing_dist=args.processing_dist,
+        **({} if args.daily_weight is None else {"daily_weight": args.daily_weight}),
         overhead_dist=args.overhead_dist, cold_start_s=args.cold_start_s,
         queue_limit=args.queue_limit)
     sc.distributions()  # a bad distribution fails before the trace loads

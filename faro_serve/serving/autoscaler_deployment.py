@@ -226,13 +226,13 @@ def choose_forecaster(cfg: AutoscalerConfig):
     retrained = retrained_dir(cfg)
     if retrained is not None:  # what the autoscaler learnt before a restart (issue 32)
         try:
-            fc, why = choose(None, str(retrained), cfg.short_history)
+            fc, why = choose(None, str(retrained), cfg.short_history, cfg.daily)
             why = f"{fc.name} (retrained on this cluster's traffic: {retrained})"
             log.info("forecaster: %s", why)
             return fc, why
         except Exception as err:
             log.warning("cannot load the retrained forecaster in %s: %s; using the default", retrained, err)
-    fc, why = choose(cfg.forecaster, cfg.forecaster_dir, cfg.short_history)
+    fc, why = choose(cfg.forecaster, cfg.forecaster_dir, cfg.short_history, cfg.daily)
     log.info("forecaster: %s", why)
     return fc, why
 

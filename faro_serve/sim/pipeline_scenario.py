@@ -15,9 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoscaler import make_policy
+from autoscaler.forecasters import set_daily
 from faro_serve.config import ClusterSpec, FaroConfig, ModelSLO
 from faro_serve.pipelines import PipelineSLO, check_unique, expand
-from faro_serve.traces import Trace, TraceError, load_trace, previous_day_tail
+from faro_serve.traces import Trace, TraceError, day_minutes, load_trace, previous_day_tail
+from forecasting.daily import DEFAULT_WEIGHT, set_period
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
 from .pipelines import stage_processing
@@ -34,7 +36,8 @@ class PipelineScenario:
     sample: int | None = None
     start_minute: int = 0  # replay from this minute of the day
     minutes: int | None = None
-    warmup_minutes: int = 60
+    warmup_minutes: int | None = None  # None: a day and an hour (the daily context's input)
+    daily_weight: float = DEFAULT_WEIGHT  # the N-HiTS forecaster's daily context (0: off)
     processing_dist: str | None = None  # its shape, scaled to each model's processing_ms
     overhead_dist: str | None = None
     cold_start_s: float = 60.0
@@ -83,14 +86,13 @@ class PipelineScenario:
             counts = counts[:, :self.minutes]
         if counts.shape[1] == 0:
             raise TraceError(f"{self.trace}: no minutes from minute {self.start_minute}")
-        warm = np.zeros((len(names), 0))
-        if self.start_minute > 0:
-            full = tr.select(want).counts
-            warm = full[:, max(self.start_minute - self.warmup_minutes, 0):self.start_minute]
-        elif self.day is not None:
-            prev = previous_day_tail(self.trace, self.day, self.sample, self.warmup_minutes, want)
+        need = (self.warmup_minutes if self.warmup_minutes is not None
+                else day_minutes(self.trace, self.day, self.sample) + 60)
+        warm = tr.select(want).counts[:, max(self.start_minute - need, 0):self.start_minute]
+        if warm.shape[1] < need and self.day is not None:  # and the days before
+            prev = previous_day_tail(self.trace, self.day, self.sample, need - warm.shape[1], want)
             if prev is not None and prev.shape[0] == len(names):
-                warm = prev
+                warm = np.concatenate([prev, warm], axis=1)
         return names, Trace(names, counts).counts, warm
 
     def distributions(self):
@@ -119,6 +121,10 @@ class PipelineScenario:
         """Build the policy by name over the models and stages, told the pipelines, and
         simulate; ``loaded`` reuses a :meth:`load` result."""
         _, counts, warm = loaded if loaded is not None else self.load()
+        if forecaster is not None:  # the trace's day is the daily context's period
+            period = day_minutes(self.trace, self.day, self.sample)
+            set_period(forecaster, period)
+            set_daily(forecaster, (period, self.daily_weight))
         pol = make_policy(policy, self.all_models(), self.policy_cluster(capacity), forecaster,
                           pipelines=self.pipelines)
         proc, _ = self.distributions()

@@ -6,8 +6,11 @@ a 720 ms p99 SLO, a 154 ms processing prior, 1 CPU / 1 GiB per replica, starting
 replica; the simulated processing time the measured lognormal (scaled when another mean is
 asked for); cold start 60 s; router queue 50.
 
-The run's arrival history starts with a warm-up: the last ``warmup_minutes`` of the day
-before (same sample), when the file has it, as a long-running system would have seen.
+The run's arrival history starts with a warm-up: the last ``warmup_minutes`` before the day
+(same sample; by default a day and an hour, the daily context's input), when the file has
+them, as a long-running system would have seen. The forecaster is told the trace's day
+length (360 points for the Faro workload): its daily context (forecasting/daily.py) looks a
+replayed day back, not 1,440 minutes.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoscaler import make_policy
+from autoscaler.forecasters import set_daily
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
-from faro_serve.traces import Trace, TraceError, duplicate_jobs, load_trace, previous_day_tail
+from faro_serve.traces import (Trace, TraceError, day_minutes, duplicate_jobs, load_trace,
+                               previous_day_tail)
+from forecasting.daily import DEFAULT_WEIGHT, set_period
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
 from .runner import SimConfig, SimResult, simulate
@@ -34,7 +40,8 @@ class Scenario:
     rescale: tuple[float, float] | None = None  # requests per minute, low..high
     n_jobs: int | None = None  # duplicate jobs (with jitter) up to this many
     jitter: float = 0.1
-    warmup_minutes: int = 60
+    warmup_minutes: int | None = None  # None: a day and an hour (warmup())
+    daily_weight: float = DEFAULT_WEIGHT  # the N-HiTS forecaster's daily context (0: off)
     slo_ms: float = 720.0
     percentile: float = 99.0
     processing_ms: float = 154.0
@@ -52,7 +59,9 @@ class Scenario:
             raise ValueError(f"--minutes must be >= 1 (got {self.minutes})")
         if self.gpus_per_replica < 0 or (self.capacity_gpus is not None and self.capacity_gpus < 0):
             raise ValueError("--gpus-per-replica and --capacity-gpus must be >= 0")
-        if self.warmup_minutes < 0:
+        if not 0 <= self.daily_weight <= 1:
+            raise ValueError(f"--daily-weight must be within 0..1 (got {self.daily_weight:g})")
+        if self.warmup_minutes is not None and self.warmup_minutes < 0:
             raise ValueError(f"--warmup-minutes must be >= 0 (got {self.warmup_minutes})")
         if not self.processing_ms > 0:
             raise ValueError(f"--processing-ms must be > 0 (got {self.processing_ms:g})")
@@ -84,12 +93,12 @@ class Scenario:
         tr = load_trace(self.trace, days=self.day, sample=self.sample, jobs=jobs)
         warm = None
         if self.day is not None:
-            warm = previous_day_tail(self.trace, self.day, self.sample, self.warmup_minutes, jobs)
+            warm = previous_day_tail(self.trace, self.day, self.sample, self.warmup(), jobs)
         if warm is None or warm.shape[0] != len(tr.names):
             warm = np.zeros((len(tr.names), 0))
         both = Trace(tr.names, np.concatenate([warm, tr.counts], axis=1))
         if self.rescale is not None:
-            both = both.rescale(*self.rescale)
+            both = both.rescale(*self.rescale, fit=tr.counts)  # the day's range, whatever the warm-up
         if self.n_jobs is not None:
             both = duplicate_jobs(both, self.n_jobs, self.jitter, seed=0)
         n_warm = warm.shape[1]
@@ -100,6 +109,14 @@ class Scenario:
                                  f"{counts.shape[1]} minutes selected")
             counts = counts[:, :self.minutes]
         return both.names, counts, both.counts[:, :n_warm]
+
+    def day_minutes(self) -> int:
+        """The length of the trace's day (its daily period), 1440 without a day."""
+        return day_minutes(self.trace, self.day, self.sample)
+
+    def warmup(self) -> int:
+        """Minutes of history before the day: ``warmup_minutes``, else a day and an hour."""
+        return self.warmup_minutes if self.warmup_minutes is not None else self.day_minutes() + 60
 
     def models(self, names: list[str]) -> list[ModelSLO]:
         return [ModelSLO(name=n, slo_ms=self.slo_ms, percentile=self.percentile,
@@ -124,5 +141,8 @@ def run_scenario(sc: Scenario, policy: str, capacity: float, seed: int = 0, fore
     """Build the policy by name and simulate; ``loaded`` reuses a :meth:`Scenario.load` result."""
     names, counts, warm = loaded if loaded is not None else sc.load()
     models = sc.models(names)
+    if forecaster is not None:  # the trace's day is the daily context's period
+        set_period(forecaster, sc.day_minutes())
+        set_daily(forecaster, (sc.day_minutes(), sc.daily_weight))
     pol = make_policy(policy, models, sc.cluster(capacity), forecaster)
     return simulate(counts, models, pol, sc.sim_config(capacity, seed, keep_records), warmup_history=warm)
