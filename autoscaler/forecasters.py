@@ -14,7 +14,7 @@ Ray-free, like every module of the policy layer.
 
 from __future__ import annotations
 
-from forecasting.daily import check_daily
+from forecasting.daily import DailyContext, check_daily
 from forecasting.shipped import BUILTIN_NAMES, FALLBACK, SHIPPED, default_forecaster
 
 from .plugins import make_forecaster
@@ -42,11 +42,16 @@ def is_builtin(spec: str | None) -> bool:
 
 
 def set_daily(forecaster, daily: tuple[int, float] | None) -> None:
-    """Give an N-HiTS forecaster the daily context ``(period, weight)`` (forecasting/daily.py);
-    a plug-in forecaster is the user's and keeps what it does."""
-    if daily is not None and hasattr(forecaster, "daily_weight"):
-        check_daily(*daily)
+    """Give an N-HiTS forecaster the daily context ``(period, weight)`` (forecasting/daily.py):
+    the args' live, a replayed trace's day in the simulator. A plug-in forecaster is the
+    user's and keeps what it does; one wrapped in ``DailyContext`` is told the period only."""
+    if daily is None:
+        return
+    check_daily(*daily)
+    if hasattr(forecaster, "daily_weight"):
         forecaster.daily_period, forecaster.daily_weight = int(daily[0]), float(daily[1])
+    elif isinstance(forecaster, DailyContext):
+        forecaster.period = int(daily[0])
 
 
 def choose_forecaster(spec: str | None = None, directory: str | None = None,

@@ -12,7 +12,8 @@ and the step's samples are scaled by ``mean' / mean``: the spread keeps its shap
 to the mean and stays non-negative, and the weight bounds how far a glitch yesterday can
 move today's forecast. A model with less than a day and ``level_minutes`` of history keeps
 its forecast. :class:`~forecasting.nhits.NHitsForecaster` applies it (``daily_period``,
-``daily_weight``); :class:`DailyContext` gives it to any other forecaster. The weight, 0.25,
+``daily_weight``, set by ``autoscaler.forecasters.set_daily``); :class:`DailyContext` gives
+it to any other forecaster. The weight, 0.25,
 was chosen on training days only (``bench/daily_context.py``; docs/forecasting.md, "Daily
 context"). Ray-free.
 """
@@ -97,12 +98,3 @@ class DailyContext:
         fc = self.base.predict(history, n_samples=n_samples, seed=seed)
         return add_daily(fc, history, self.period, self.weight, self.level_minutes)
 
-
-def set_period(forecaster, period: int) -> None:
-    """Tell ``forecaster`` (an N-HiTS or a :class:`DailyContext`) the length of a day of the
-    series it forecasts: the simulator replays a trace whose day is not 1,440 minutes."""
-    check_daily(period, 0.0)
-    if hasattr(forecaster, "daily_period"):
-        forecaster.daily_period = int(period)
-    elif isinstance(forecaster, DailyContext):
-        forecaster.period = int(period)

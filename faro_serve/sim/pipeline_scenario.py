@@ -19,7 +19,7 @@ from autoscaler.forecasters import set_daily
 from faro_serve.config import ClusterSpec, FaroConfig, ModelSLO
 from faro_serve.pipelines import PipelineSLO, check_unique, expand
 from faro_serve.traces import Trace, TraceError, day_minutes, load_trace, previous_day_tail
-from forecasting.daily import DEFAULT_WEIGHT, set_period
+from forecasting.daily import DEFAULT_WEIGHT
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
 from .pipelines import stage_processing
@@ -122,9 +122,7 @@ class PipelineScenario:
         simulate; ``loaded`` reuses a :meth:`load` result."""
         _, counts, warm = loaded if loaded is not None else self.load()
         if forecaster is not None:  # the trace's day is the daily context's period
-            period = day_minutes(self.trace, self.day, self.sample)
-            set_period(forecaster, period)
-            set_daily(forecaster, (period, self.daily_weight))
+            set_daily(forecaster, (day_minutes(self.trace, self.day, self.sample), self.daily_weight))
         pol = make_policy(policy, self.all_models(), self.policy_cluster(capacity), forecaster,
                           pipelines=self.pipelines)
         proc, _ = self.distributions()

@@ -24,7 +24,7 @@ from autoscaler.forecasters import set_daily
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.traces import (Trace, TraceError, day_minutes, duplicate_jobs, load_trace,
                                previous_day_tail)
-from forecasting.daily import DEFAULT_WEIGHT, set_period
+from forecasting.daily import DEFAULT_WEIGHT
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
 from .runner import SimConfig, SimResult, simulate
@@ -142,7 +142,6 @@ def run_scenario(sc: Scenario, policy: str, capacity: float, seed: int = 0, fore
     names, counts, warm = loaded if loaded is not None else sc.load()
     models = sc.models(names)
     if forecaster is not None:  # the trace's day is the daily context's period
-        set_period(forecaster, sc.day_minutes())
         set_daily(forecaster, (sc.day_minutes(), sc.daily_weight))
     pol = make_policy(policy, models, sc.cluster(capacity), forecaster)
     return simulate(counts, models, pol, sc.sim_config(capacity, seed, keep_records), warmup_history=warm)
