@@ -315,6 +315,13 @@ def run_eval(args) -> int:
                 raise UsageError(f"{flag} {given} differs from the model's {have}")
         label = forecaster.name
     trace = load_trace(args.trace, days=args.days, sample=args.sample)
+    if args.days and hasattr(forecaster, "daily_weight"):  # the daily context's day is the trace's
+        from autoscaler.forecasters import set_daily
+
+        from ..traces import day_minutes, parse_days
+
+        period = day_minutes(args.trace, parse_days(args.days)[0], args.sample)
+        set_daily(forecaster, (period, forecaster.daily_weight))
     ev = rolling_evaluation(forecaster, trace.names, trace.counts, step=args.step,
                             n_samples=args.samples, seed=args.seed)
     result = {"forecaster": label, **{k: _round(v) for k, v in ev.summary().items()}}
