@@ -32,6 +32,7 @@ LABEL = " + daily"
 
 
 def check_daily(period: int, weight: float) -> None:
+    """A ValueError naming what is wrong with a daily context's period or weight."""
     if int(period) < 2:
         raise ValueError(f"daily context: period must be at least 2 minutes (got {period})")
     if not 0.0 <= float(weight) <= 1.0:
