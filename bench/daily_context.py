@@ -18,15 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from faro_serve.traces import load_trace
+from faro_serve.traces import day_minutes, load_trace
 from forecasting.daily import DailyContext
 from forecasting.shipped import load_shipped
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 FARO, AZURE = TRACES / "faro10_days1-10.csv", TRACES / "azure12_days8-12.csv"
-# (family, file, samples, points per day, days loaded, tuning days, held-out days)
-SETS = [("Faro 10 jobs", FARO, (0, 1, 2, 3), 360, range(6, 11), (7, 8), (9, 10)),
-        ("Azure 12 functions", AZURE, (None,), 1440, range(10, 13), (11,), (12,))]
+# (family, file, samples, days loaded, tuning days, held-out days)
+SETS = [("Faro 10 jobs", FARO, (0, 1, 2, 3), range(6, 11), (7, 8), (9, 10)),
+        ("Azure 12 functions", AZURE, (None,), range(10, 13), (11,), (12,))]
 
 
 def errors(fc, counts: np.ndarray, period: int, first_day: int, days, step: int = 5):
@@ -51,7 +51,8 @@ def table(weights: list[float]) -> str:
     base.daily_weight = 0.0  # the network alone: DailyContext adds the context measured here
     rows = ["| trace | days | " + " | ".join(f"w {w:g}: RMSE / cov. 90" for w in weights) + " |",
             "|---|---|" + "---:|" * len(weights)]
-    for family, path, samples, period, loaded, tune, held in SETS:
+    for family, path, samples, loaded, tune, held in SETS:
+        period = day_minutes(str(path), loaded[0], samples[0])  # 360 points for Faro, 1440 Azure
         for label, days in (("tuning", tune), ("held out", held)):
             cells = []
             for w in weights:

@@ -240,6 +240,15 @@ def previous_day_tail(path: str | Path, day: int, sample: int | None, minutes: i
     return np.concatenate(parts, axis=1)[:, -minutes:].copy()
 
 
+WARMUP_BEYOND_DAY = 60  # minutes of warm-up past a day: the daily context's level window and more
+
+
+def default_warmup(path: str | Path, day: int | None, sample: int | None, given: int | None) -> int:
+    """The simulator's warm-up history before ``day``: ``given``, else a day and an hour of
+    the trace's own day length (the daily context's input, forecasting/daily.py)."""
+    return given if given is not None else day_minutes(str(path), day, sample) + WARMUP_BEYOND_DAY
+
+
 @functools.lru_cache(maxsize=64)
 def day_minutes(path: str, day: int | None, sample: int | None = None) -> int:
     """Minutes (points) in day ``day`` of a trace file: a replayed day's length, the period

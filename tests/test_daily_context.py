@@ -112,3 +112,27 @@ def test_rescale_keeps_the_days_range_whatever_the_warm_up(tmp_path):
     b = Scenario(trace=str(trace), day=2, sample=0, rescale=(1, 100)).validate().load()
     np.testing.assert_allclose(a[1], b[1])  # the replayed day is the same
     assert a[1].min() == 1 and a[1].max() == 100 and b[2].shape == (1, 10) and b[2].min() > 100
+
+
+def test_the_shipped_nhits_applies_it_and_set_daily_configures_it():
+    """The N-HiTS the product ships moves its own forecast (not only the DailyContext
+    wrapper): at weight 1 each step's mean is yesterday's scaled minute; at 0 it is the
+    network's, unlabelled."""
+    from autoscaler.forecasters import set_daily
+    from forecasting.daily import yesterday_means
+    from forecasting.shipped import load_shipped
+
+    fc = load_shipped()
+    assert (fc.daily_period, fc.daily_weight) == (DAY_MINUTES_LIVE, 0.25)
+    h = periodic(2.0)[:PERIOD + 37]
+    set_daily(fc, (PERIOD, 1.0))
+    out = fc.predict({"m": h}, 50, seed=1)
+    np.testing.assert_allclose(out.samples[0].mean(axis=0) * 60,
+                               yesterday_means(h, PERIOD, fc.input_size, fc.horizon), rtol=1e-9)
+    assert out.predictor["m"] == "nhits-normal + daily"
+    set_daily(fc, (PERIOD, 0.0))
+    plain = fc.predict({"m": h}, 50, seed=1)
+    assert plain.predictor["m"] == "nhits-normal"
+    assert not np.allclose(plain.samples[0].mean(axis=0), out.samples[0].mean(axis=0))
+    with pytest.raises(ValueError, match="weight"):
+        set_daily(fc, (PERIOD, -0.1))

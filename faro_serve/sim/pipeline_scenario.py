@@ -18,7 +18,8 @@ from autoscaler import make_policy
 from autoscaler.forecasters import set_daily
 from faro_serve.config import ClusterSpec, FaroConfig, ModelSLO
 from faro_serve.pipelines import PipelineSLO, check_unique, expand
-from faro_serve.traces import Trace, TraceError, day_minutes, load_trace, previous_day_tail
+from faro_serve.traces import (Trace, TraceError, day_minutes, default_warmup, load_trace,
+                               previous_day_tail)
 from forecasting.daily import DEFAULT_WEIGHT
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
@@ -86,8 +87,7 @@ class PipelineScenario:
             counts = counts[:, :self.minutes]
         if counts.shape[1] == 0:
             raise TraceError(f"{self.trace}: no minutes from minute {self.start_minute}")
-        need = (self.warmup_minutes if self.warmup_minutes is not None
-                else day_minutes(self.trace, self.day, self.sample) + 60)
+        need = default_warmup(self.trace, self.day, self.sample, self.warmup_minutes)
         warm = tr.select(want).counts[:, max(self.start_minute - need, 0):self.start_minute]
         if warm.shape[1] < need and self.day is not None:  # and the days before
             prev = previous_day_tail(self.trace, self.day, self.sample, need - warm.shape[1], want)

@@ -22,8 +22,8 @@ import numpy as np
 from autoscaler import make_policy
 from autoscaler.forecasters import set_daily
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
-from faro_serve.traces import (Trace, TraceError, day_minutes, duplicate_jobs, load_trace,
-                               previous_day_tail)
+from faro_serve.traces import (Trace, TraceError, day_minutes, default_warmup, duplicate_jobs,
+                               load_trace, previous_day_tail)
 from forecasting.daily import DEFAULT_WEIGHT
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
@@ -116,7 +116,7 @@ class Scenario:
 
     def warmup(self) -> int:
         """Minutes of history before the day: ``warmup_minutes``, else a day and an hour."""
-        return self.warmup_minutes if self.warmup_minutes is not None else self.day_minutes() + 60
+        return default_warmup(self.trace, self.day, self.sample, self.warmup_minutes)
 
     def models(self, names: list[str]) -> list[ModelSLO]:
         return [ModelSLO(name=n, slo_ms=self.slo_ms, percentile=self.percentile,
