@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from faro_serve.validation.live import free_port
+from faro_serve.ports import free_port
 
 RAY = str(Path(sys.executable).parent / "ray")
 

@@ -5,18 +5,13 @@ of CPU per request at 300 open, which on 2 cores made the client, not the server
 bottleneck of a flood."""
 
 import asyncio
-import socket
 import time
 
 import numpy as np
 
+from faro_serve.ports import free_port  # noqa: F401  (the live tests import it from here)
 from faro_serve.replay.client import post_burst
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def local_serve(num_cpus: int = 2) -> tuple[str, str]:

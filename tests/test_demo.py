@@ -26,6 +26,7 @@ import yaml
 
 from faro_serve.demo import DEMO_MAP, DEMO_RATE_SCALE, DEMO_TRACE
 from faro_serve.demo.deployment import read_config, session_members
+from faro_serve.ports import free_port
 from faro_serve.replay.client import NOT_SENT, ReplayRecords
 from faro_serve.replay.loadgen import build_schedule, parse_map
 from faro_serve.traces import Trace, load_trace
@@ -33,11 +34,6 @@ from faro_serve.traces import Trace, load_trace
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "traces" / "faro10_days1-10.csv"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- the bundled slice
@@ -228,7 +224,7 @@ def test_a_config_that_is_not_a_serve_config_exits_2(cli, tmp_path):
 
 
 def test_nothing_listening_at_url_is_a_clear_error(cli, tmp_path):
-    code, _, err = cli("demo", "--url", f"http://127.0.0.1:{_free_port()}", "--out", str(tmp_path / "o"))
+    code, _, err = cli("demo", "--url", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "o"))
     assert code == 2 and "cannot reach" in err and len(err.strip().splitlines()) == 1
 
 
@@ -273,9 +269,9 @@ def test_a_port_in_use_stops_before_starting_anything(cli, tmp_path):
 def _config(tmp_path, models=None) -> Path:
     """serve_config.yaml with free HTTP and dashboard ports (and only ``models`` if given)."""
     doc = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    doc["http_options"]["port"] = _free_port()
+    doc["http_options"]["port"] = free_port()
     faro = doc["applications"][0]
-    faro["args"]["dashboard_url"] = f"http://127.0.0.1:{_free_port()}"
+    faro["args"]["dashboard_url"] = f"http://127.0.0.1:{free_port()}"
     faro["args"]["forecaster"] = "fallback"  # not about the forecaster: no N-HiTS to load
     if models:
         faro["args"]["models"] = [m for m in faro["args"]["models"] if m["name"] in models]

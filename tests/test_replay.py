@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
+from faro_serve.ports import free_port
 from faro_serve.replay.loadgen import build_schedule, check_url, parse_map, select_trace
 from faro_serve.traces import Trace, TraceError
 
@@ -313,11 +314,6 @@ SIM_KEYS = {"policy", "capacity", "seed", "lost_cluster_utility", "lost_effectiv
             "decisions", "jobs", "forecaster"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def serving():
@@ -327,7 +323,7 @@ def serving():
     from faro_serve.config import ClusterSpec, ModelSLO
     from faro_serve.serving.app import deploy
 
-    dash, http = _free_port(), _free_port()
+    dash, http = free_port(), free_port()
     ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
              dashboard_port=dash, log_to_driver=False)
     try:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..ports import free_port
+
 AUTOSCALER_IMPORT = "faro_serve.serving.app:autoscaler_app"
 
 
@@ -127,11 +129,6 @@ def read_config(path: str | Path) -> ServeTarget:
                        dashboard_port=dash.port, models=[m.name for m in cfg.models],
                        slos=list(cfg.models), capacity_cpus=float(cfg.cluster.cpus))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:

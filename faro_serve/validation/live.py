@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import socket
 import time
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ import httpx
 import numpy as np
 
 from ..config import ModelSLO
+from ..ports import free_port
 from ..replay.client import ReplayRecords, send_schedule
 from ..replay.loadgen import Schedule
 from ..replay.report import replay_result
@@ -33,11 +33,6 @@ from .compare import REPLAY_TIMEOUT_S, RAY_DEFAULTS
 
 log = logging.getLogger("faro_serve.validation")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(cond, timeout_s: float, what: str, every_s: float = 0.5):
