@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, model_validator
 from faro_serve.config import ConfigError, FaroConfig, format_validation_error
 from faro_serve.measures import HISTORY_MINUTES
 from forecasting.daily import DAY_MINUTES, DEFAULT_WEIGHT
+from forecasting.recurrence import DEFAULT_SHARE
 from forecasting.nhits import DEFAULT_SHORT_RULE, SHORT_RULES
 
 from .common import faro_policy_name
@@ -50,6 +51,10 @@ class AutoscalerConfig(FaroConfig):
                                 "history_dir; docs/forecasting.md, 'Daily context'); 0: off")
     daily_period_minutes: int = Field(DAY_MINUTES, ge=2, description="the period of the "
                                       "daily context: minutes in a day of the traffic")
+    recurrence_share: float = Field(DEFAULT_SHARE, ge=0, le=1, description="the share of "
+                                    "N-HiTS's forecast samples raised to a model's recurring "
+                                    "peak where its history shows a cycle (docs/forecasting.md, "
+                                    "'Recurring peaks'); 0: off")
     dashboard_url: str = Field("http://127.0.0.1:8265", description="Ray dashboard (external "
                                "scaling API)")
     decision_log: str | None = Field(None, description="JSON-lines file of every decision")

@@ -15,12 +15,13 @@ Ray-free, like every module of the policy layer.
 from __future__ import annotations
 
 from forecasting.daily import DailyContext, check_daily
+from forecasting.recurrence import check_share
 from forecasting.shipped import BUILTIN_NAMES, FALLBACK, SHIPPED, default_forecaster
 
 from .plugins import make_forecaster
 
 __all__ = ["BUILTIN_NAMES", "FALLBACK", "SHIPPED", "choose_forecaster", "is_builtin", "policy_forecasts",
-           "set_daily"]
+           "set_daily", "set_recurrence"]
 
 FORECASTING = ("faro-", "mark")  # the built-in policies that plan with a forecaster
 
@@ -54,13 +55,25 @@ def set_daily(forecaster, daily: tuple[int, float] | None) -> None:
         forecaster.period = int(daily[0])
 
 
+def set_recurrence(forecaster, share: float | None) -> None:
+    """Give an N-HiTS forecaster its recurring peaks' ``share`` (forecasting/recurrence.py);
+    a plug-in forecaster is the user's and keeps what it does."""
+    if share is None:
+        return
+    check_share(share)
+    if hasattr(forecaster, "recurrence_share"):
+        forecaster.recurrence_share = float(share)
+
+
 def choose_forecaster(spec: str | None = None, directory: str | None = None,
-                      short_history: str | None = None, daily: tuple[int, float] | None = None):
+                      short_history: str | None = None, daily: tuple[int, float] | None = None,
+                      recurrence: float | None = None):
     """``(forecaster, why)``: the forecaster of a name / import path (``spec``) or of a trained
     ``directory`` (not both), else the shipped one; ``why`` says which and why, e.g.
     ``nhits-normal (shipped)``, ``fallback: chosen``, ``nhits-normal (runs/fc)``, or a
     plug-in's name or import path as given. ``daily``: the N-HiTS's daily context
-    ``(period, weight)`` (default: a day of 1,440 minutes, weight 0.25)."""
+    ``(period, weight)`` (default: a day of 1,440 minutes, weight 0.25); ``recurrence``: the
+    share of its samples that gain a model's recurring peak (default 0.25)."""
     if spec and directory:
         raise ValueError("give a forecaster (a name or an import path) or a trained forecaster "
                          "directory, not both")
@@ -71,9 +84,11 @@ def choose_forecaster(spec: str | None = None, directory: str | None = None,
         if short_history is not None:
             fc.short_history = short_history
         set_daily(fc, daily)
+        set_recurrence(fc, recurrence)
         return fc, f"{fc.name} ({directory})"
     if spec is None or is_builtin(spec):
         fc, why = default_forecaster(spec, short_history)
         set_daily(fc, daily)
+        set_recurrence(fc, recurrence)
         return fc, why
     return make_forecaster(spec), spec

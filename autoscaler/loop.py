@@ -32,7 +32,7 @@ from faro_serve.resources import MEMORY, Capacity, as_capacity
 
 from .config import AutoscalerConfig
 from .driver import FrontSnapshot, apply_decision, observe
-from .forecasters import set_daily
+from .forecasters import set_daily, set_recurrence
 from .history import HistoryKeeper
 from .pipeline_front import observe_pipelines, pipeline_records, sync_pipeline_fronts
 from .retrainer import Retrainer, retraining_on
@@ -105,7 +105,8 @@ class AutoscalerLoop:
         self.clock = clock
         self.store = store
         self.models = cfg.all_models  # single models, then every pipeline's stages
-        set_daily(forecaster, cfg.daily)  # an N-HiTS's daily context, as the args say
+        set_daily(forecaster, cfg.daily)  # an N-HiTS's daily context and recurring peaks,
+        set_recurrence(forecaster, cfg.recurrence_share)  # as the args say
         self.policy = make_policy(cfg.policy_name(), self.models, cfg.cluster, forecaster,
                                   pipelines=cfg.pipelines)
         self.slo = {m.name: m for m in self.models}
@@ -162,6 +163,7 @@ class AutoscalerLoop:
         if new is not None:
             new.short_history = self.cfg.short_history
             set_daily(new, self.cfg.daily)
+            set_recurrence(new, self.cfg.recurrence_share)
             self.policy.forecaster = new
 
     @property

@@ -20,6 +20,7 @@ import numpy as np
 
 from .base import FallbackForecaster, Forecast
 from .daily import DAY_MINUTES, DEFAULT_WEIGHT, add_daily, check_daily
+from .recurrence import DEFAULT_SHARE, Recurrence, add_recurrence
 from .history import check_history
 from .quiet import torch_threads
 
@@ -61,6 +62,8 @@ class NHitsForecaster:
     hands it to :class:`FallbackForecaster` instead, as does an empty history. A model with
     a day of history (``daily_period`` minutes and the input window) has its forecast moved
     towards yesterday's same minutes by ``daily_weight`` (:mod:`forecasting.daily`; 0: off).
+    A model whose history shows a cycle has ``recurrence_share`` of its samples raised to
+    its recurring peak (:mod:`forecasting.recurrence`; 0: off).
     """
 
     def __init__(self, model: Any, loss: str, meta: Mapping[str, Any] | None = None, *,
@@ -85,6 +88,7 @@ class NHitsForecaster:
         self.short_history = DEFAULT_SHORT_RULE
         self.daily_period = DAY_MINUTES  # a replayed trace's day is its own (the simulator sets it)
         self.daily_weight = DEFAULT_WEIGHT
+        self.recurrence_share = DEFAULT_SHARE  # recurring peaks' share of the samples (0: off)
 
     # -- the network, called directly -------------------------------------------------
     def predict_params(self, windows: np.ndarray, masks: np.ndarray | None = None
@@ -156,8 +160,9 @@ class NHitsForecaster:
                 predictor[n] = (f"{fb.predictor[n]}: no history" if hist[n].size == 0 else
                                 f"{fb.predictor[n]}: short history ({hist[n].size} of {size} minutes)")
         check_daily(self.daily_period, self.daily_weight)
-        return add_daily(Forecast(names, out, {n: predictor[n] for n in names}), hist,
-                         self.daily_period, self.daily_weight, size)
+        fc = add_daily(Forecast(names, out, {n: predictor[n] for n in names}), hist,
+                       self.daily_period, self.daily_weight, size)
+        return add_recurrence(fc, hist, Recurrence(share=self.recurrence_share))
 
     def warm_up(self) -> None:
         """One throw-away forward pass so the first real call is not slower."""

@@ -152,7 +152,7 @@ def retrain(history: Mapping[str, np.ndarray], current: Forecaster, holdout: int
     if not train_part:
         raise ValueError(f"no model has {need} minutes before its {holdout} held-back minutes to train on")
     candidate = train(train_part, config)
-    for attr in ("short_history", "daily_period", "daily_weight"):  # judged as it would serve
+    for attr in ("short_history", "daily_period", "daily_weight", "recurrence_share"):  # as it would serve
         if hasattr(current, attr) and hasattr(candidate, attr):
             setattr(candidate, attr, getattr(current, attr))
     now = score(current, names, counts, seed=seed)

@@ -124,7 +124,11 @@ def test_predict_shapes_units_and_non_negative(trained):
     assert f.samples.shape == (5, 100, 7) and f.names == list(hist)
     assert (f.samples >= 0).all()
     assert f.quantiles().shape == (3, 5, 7)
-    assert set(f.predictor.values()) == {"nhits-normal"}
+    # the network's label; the seasonal series' own hourly cycle is named (forecasting/recurrence.py)
+    assert f.predictor["zero"] == "nhits-normal"
+    for name in synthetic(1, 0):
+        assert f.predictor[name] in {"nhits-normal"} | {f"nhits-normal + recurrence ({p} min)"
+                                                        for p in range(57, 64)}, f.predictor[name]
     # per-minute counts in, requests per SECOND out: the mean follows the true Poisson rate
     t = np.arange(200, 207)
     true_rate = np.array([lvl * (1 + 0.3 * np.sin(2 * np.pi * t / PERIOD + i)) / 60

@@ -129,7 +129,8 @@ def test_loop_writes_each_minute_once_and_a_restarted_loop_plans_from_the_store(
                            history=ArrivalStore(tmp_path))
     first = again.step()
     assert first["decision"]["kind"] == "long_term"
-    assert first["models"]["a"]["predictor"] == "nhits-normal"  # not the fallback
+    # not the fallback; the traffic's 7-minute cycle is seen (forecasting/recurrence.py)
+    assert first["models"]["a"]["predictor"] == "nhits-normal + recurrence (7 min)"
     # the store's minutes, restored; the old meters' last minute, never completed, is a
     # one-minute gap before the new meters' first, bridged with its neighbour
     seen = spy.seen[0]["a"]
@@ -296,7 +297,7 @@ def test_a_restarted_loop_forecasts_with_yesterday_from_the_store(tmp_path, nhit
     assert seen.size == 360 and np.isfinite(seen).all()
     want = [per_min("a", m) for m in range(start - 359, start)]
     assert np.array_equal(seen[:-1], want)  # the store's minutes, in order, then the meter's
-    assert rec["models"]["a"]["predictor"] == "nhits-normal + daily"
+    assert rec["models"]["a"]["predictor"] == "nhits-normal + daily + recurrence (7 min)"
     assert reads == [360, 360]  # one whole read per model
     reads.clear()
     run(loop, cluster, 6 * 60)  # past the next long-term plan

@@ -202,13 +202,19 @@ def stored_history(directory, minutes: int = 60) -> None:
     store.close()
 
 
+def network(label: str) -> str:
+    """The forecaster of a predictor label without what it adds (`` + recurrence (5 min)``:
+    the stored history's own 5-minute cycle, forecasting/recurrence.py)."""
+    return label.split(" + ")[0]
+
+
 def long_term_predictors(client, after: float) -> dict | None:
     """The predictor of every model in the first long-term plan made after ``after`` (wall
     clock; the decisions of an earlier configuration of the app may still be listed)."""
     for rec in client.get("/faro/decisions", params={"limit": 50}).json():
         d = rec.get("decision") or {}
         if d.get("kind") == "long_term" and rec["time"] > after:
-            return {n: m["predictor"] for n, m in d["info"]["models"].items()}
+            return {n: network(m["predictor"]) for n, m in d["info"]["models"].items()}
     return None
 
 

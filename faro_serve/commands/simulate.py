@@ -33,6 +33,10 @@ def add_scenario_args(p) -> None:
                    help="how far the N-HiTS forecast moves towards yesterday's same minutes, for "
                         "a job with a day of history (default 0.25; 0 = off; "
                         "docs/forecasting.md, 'Daily context')")
+    p.add_argument("--recurrence-share", type=float, default=None,
+                   help="the share of the N-HiTS forecast's samples raised to a job's recurring "
+                        "peak where its history shows a cycle (default 0.25; 0 = off; "
+                        "docs/forecasting.md, 'Recurring peaks')")
     p.add_argument("--slo-ms", type=float, default=720.0, help="p99 latency SLO of every job (720)")
     p.add_argument("--percentile", type=float, default=99.0, help="SLO percentile (99)")
     p.add_argument("--processing-ms", type=float, default=154.0,
@@ -78,6 +82,8 @@ def scenario_from_args(args):
                     minutes=args.minutes, rescale=rescale, n_jobs=args.n_jobs, jitter=args.jitter,
                     warmup_minutes=args.warmup_minutes, slo_ms=args.slo_ms,
                     **({} if args.daily_weight is None else {"daily_weight": args.daily_weight}),
+                    **({} if args.recurrence_share is None
+                       else {"recurrence_share": args.recurrence_share}),
                     percentile=args.percentile, processing_ms=args.processing_ms,
                     processing_dist=args.processing_dist, overhead_dist=args.overhead_dist,
                     cold_start_s=args.cold_start_s, queue_limit=args.queue_limit,
@@ -224,6 +230,7 @@ def run_config(args) -> int:
         cfg, args.trace, day=args.day, sample=args.sample, minutes=args.minutes,
         warmup_minutes=args.warmup_minutes, processing_dist=args.processing_dist,
         **({} if args.daily_weight is None else {"daily_weight": args.daily_weight}),
+        **({} if args.recurrence_share is None else {"recurrence_share": args.recurrence_share}),
         overhead_dist=args.overhead_dist, cold_start_s=args.cold_start_s,
         queue_limit=args.queue_limit)
     sc.distributions()  # a bad distribution fails before the trace loads

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoscaler import make_policy
-from autoscaler.forecasters import set_daily
+from autoscaler.forecasters import set_daily, set_recurrence
 from faro_serve.config import ClusterSpec, FaroConfig, ModelSLO
 from faro_serve.pipelines import PipelineSLO, check_unique, expand
 from faro_serve.traces import (Trace, TraceError, day_minutes, default_warmup, load_trace,
                                previous_day_tail)
 from forecasting.daily import DEFAULT_WEIGHT
+from forecasting.recurrence import DEFAULT_SHARE, check_share
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
 from .pipelines import stage_processing
@@ -39,6 +40,7 @@ class PipelineScenario:
     minutes: int | None = None
     warmup_minutes: int | None = None  # None: a day and an hour (the daily context's input)
     daily_weight: float = DEFAULT_WEIGHT  # the N-HiTS forecaster's daily context (0: off)
+    recurrence_share: float = DEFAULT_SHARE  # its samples raised to recurring peaks (0: off)
     processing_dist: str | None = None  # its shape, scaled to each model's processing_ms
     overhead_dist: str | None = None
     cold_start_s: float = 60.0
@@ -50,6 +52,7 @@ class PipelineScenario:
             raise ValueError("a pipeline scenario needs models or pipelines")
         check_unique(self.pipelines)
         expand(self.models, self.pipelines)  # name clashes
+        check_share(self.recurrence_share)
 
     @classmethod
     def from_config(cls, cfg: FaroConfig, trace: str, **kw) -> "PipelineScenario":
@@ -123,6 +126,7 @@ class PipelineScenario:
         _, counts, warm = loaded if loaded is not None else self.load()
         if forecaster is not None:  # the trace's day is the daily context's period
             set_daily(forecaster, (day_minutes(self.trace, self.day, self.sample), self.daily_weight))
+            set_recurrence(forecaster, self.recurrence_share)
         pol = make_policy(policy, self.all_models(), self.policy_cluster(capacity), forecaster,
                           pipelines=self.pipelines)
         proc, _ = self.distributions()

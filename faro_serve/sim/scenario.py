@@ -20,11 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoscaler import make_policy
-from autoscaler.forecasters import set_daily
+from autoscaler.forecasters import set_daily, set_recurrence
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.traces import (Trace, TraceError, day_minutes, default_warmup, duplicate_jobs,
                                load_trace, previous_day_tail)
 from forecasting.daily import DEFAULT_WEIGHT
+from forecasting.recurrence import DEFAULT_SHARE
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
 from .runner import SimConfig, SimResult, simulate
@@ -42,6 +43,7 @@ class Scenario:
     jitter: float = 0.1
     warmup_minutes: int | None = None  # None: a day and an hour (warmup())
     daily_weight: float = DEFAULT_WEIGHT  # the N-HiTS forecaster's daily context (0: off)
+    recurrence_share: float = DEFAULT_SHARE  # its samples raised to recurring peaks (0: off)
     slo_ms: float = 720.0
     percentile: float = 99.0
     processing_ms: float = 154.0
@@ -61,6 +63,8 @@ class Scenario:
             raise ValueError("--gpus-per-replica and --capacity-gpus must be >= 0")
         if not 0 <= self.daily_weight <= 1:
             raise ValueError(f"--daily-weight must be within 0..1 (got {self.daily_weight:g})")
+        if not 0 <= self.recurrence_share <= 1:
+            raise ValueError(f"--recurrence-share must be within 0..1 (got {self.recurrence_share:g})")
         if self.warmup_minutes is not None and self.warmup_minutes < 0:
             raise ValueError(f"--warmup-minutes must be >= 0 (got {self.warmup_minutes})")
         if not self.processing_ms > 0:
@@ -143,5 +147,6 @@ def run_scenario(sc: Scenario, policy: str, capacity: float, seed: int = 0, fore
     models = sc.models(names)
     if forecaster is not None:  # the trace's day is the daily context's period
         set_daily(forecaster, (sc.day_minutes(), sc.daily_weight))
+        set_recurrence(forecaster, sc.recurrence_share)
     pol = make_policy(policy, models, sc.cluster(capacity), forecaster)
     return simulate(counts, models, pol, sc.sim_config(capacity, seed, keep_records), warmup_history=warm)
