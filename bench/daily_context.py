@@ -49,6 +49,7 @@ def errors(fc, counts: np.ndarray, period: int, first_day: int, days, step: int 
 def table(weights: list[float]) -> str:
     base = load_shipped()
     base.daily_weight = 0.0  # the network alone: DailyContext adds the context measured here
+    base.recurrence_share = 0.0  # (the table predates recurring peaks: docs/results/recurrence.md)
     rows = ["| trace | days | " + " | ".join(f"w {w:g}: RMSE / cov. 90" for w in weights) + " |",
             "|---|---|" + "---:|" * len(weights)]
     for family, path, samples, loaded, tune, held in SETS:
