@@ -127,3 +127,9 @@ def test_a_bad_share_is_named_in_the_args_and_on_the_command_line(cli, tmp_path)
     code, _, err = cli("simulate", "--trace", str(trace), "--capacity", "4", "--policy", "faro-fairsum",
                        "--recurrence-share", "2")
     assert code == 2 and "--recurrence-share must be within 0..1 (got 2)" in err, err
+    from faro_serve.config import ModelSLO
+    from faro_serve.sim.pipeline_scenario import PipelineScenario
+
+    with pytest.raises(ValueError, match=r"--recurrence-share must be within 0\.\.1 \(got 3\)"):
+        PipelineScenario(trace=str(trace), models=(ModelSLO(name="a", slo_ms=720, processing_ms=154),),
+                         recurrence_share=3)

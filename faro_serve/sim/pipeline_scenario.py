@@ -21,7 +21,7 @@ from faro_serve.pipelines import PipelineSLO, check_unique, expand
 from faro_serve.traces import (Trace, TraceError, day_minutes, default_warmup, load_trace,
                                previous_day_tail)
 from forecasting.daily import DEFAULT_WEIGHT
-from forecasting.recurrence import DEFAULT_SHARE, check_share
+from forecasting.recurrence import DEFAULT_SHARE
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
 from .pipelines import stage_processing
@@ -52,7 +52,8 @@ class PipelineScenario:
             raise ValueError("a pipeline scenario needs models or pipelines")
         check_unique(self.pipelines)
         expand(self.models, self.pipelines)  # name clashes
-        check_share(self.recurrence_share)
+        if not 0 <= self.recurrence_share <= 1:
+            raise ValueError(f"--recurrence-share must be within 0..1 (got {self.recurrence_share:g})")
 
     @classmethod
     def from_config(cls, cfg: FaroConfig, trace: str, **kw) -> "PipelineScenario":
