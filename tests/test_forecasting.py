@@ -323,3 +323,28 @@ def test_cli_bad_model_dir_and_usage_errors(trained, tmp_path, capsys):
     assert "too short" in _one_error_line(capsys)
     assert main(["forecast", "train", "--trace", str(tmp_path / "none.csv"), "--out", str(tmp_path / "m")]) == 2
     assert "no such trace file" in _one_error_line(capsys)
+
+
+def test_cli_eval_of_days_gives_the_daily_context_the_traces_day(trained, tmp_path, capsys, monkeypatch):
+    """`forecast eval --days` scores the network as the simulator runs it: its daily context's
+    period is the trace's day (90 points here), not a wall-clock day of 1,440 minutes."""
+    import forecasting.io
+
+    _, d = trained
+    seen = []
+
+    def load(directory):
+        fc = load_forecaster(directory)
+        seen.append(fc)
+        return fc
+
+    monkeypatch.setattr(forecasting.io, "load_forecaster", load)  # the command imports it when run
+    hist = synthetic(180, seed=14)
+    rows = [(1 + m // 90, m % 90, job, c) for job, h in hist.items() for m, c in enumerate(h)]
+    path = tmp_path / "days.csv"
+    pd.DataFrame(rows, columns=["day", "minute", "job", "requests"]).to_csv(path, index=False)
+    assert main(["forecast", "eval", "--model", str(d), "--trace", str(path), "--days", "1-2"]) == 0
+    assert json.loads(capsys.readouterr().out)["forecaster"] == "nhits-normal"
+    assert len(seen) == 1 and seen[0].daily_period == 90 and seen[0].daily_weight == 0.25
+    assert main(["forecast", "eval", "--model", str(d), "--trace", write_csv(tmp_path / "t.csv", hist)]) == 0
+    assert seen[1].daily_period == 1440  # no days: the live default stands
