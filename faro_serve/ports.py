@@ -27,8 +27,12 @@ def ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def bindable(port: int, host: str = "127.0.0.1") -> bool:
+def bindable(port: int, host: str = "127.0.0.1", reuse: bool = False) -> bool:
+    """Whether ``port`` binds on ``host`` now. ``reuse``: as a server that sets SO_REUSEADDR
+    will bind it (a port in TIME_WAIT after the last run counts as free)."""
     with socket.socket() as s:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

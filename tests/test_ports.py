@@ -43,3 +43,24 @@ def test_without_room_below_the_ephemeral_range_the_kernel_picks(monkeypatch):
     monkeypatch.setattr(ports, "ephemeral_range", lambda: (20500, 60999))
     port = ports.free_port()
     assert port >= 1024 and ports.bindable(port)
+
+
+def test_a_port_left_in_time_wait_is_free_to_a_server_that_reuses_addresses():
+    """The demo checks its HTTP and dashboard ports as Ray binds them (SO_REUSEADDR): a port
+    the last run's connections left in TIME_WAIT is free to it, though not to a plain bind."""
+    with socket.socket() as srv:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the last run's server did
+        srv.bind(("127.0.0.1", 0))
+        port = srv.getsockname()[1]
+        srv.listen()
+        cli = socket.create_connection(("127.0.0.1", port))
+        conn, _ = srv.accept()
+        conn.close()  # the server side closes first: its end of the pair waits in TIME_WAIT
+        cli.recv(1)
+        cli.close()
+    assert not ports.bindable(port)
+    assert ports.bindable(port, reuse=True)
+    with socket.socket() as busy:  # a listener is in use either way
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        assert not ports.bindable(busy.getsockname()[1], reuse=True)

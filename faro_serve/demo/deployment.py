@@ -19,7 +19,6 @@ import ipaddress
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..ports import free_port
+from ..ports import bindable, free_port
 
 AUTOSCALER_IMPORT = "faro_serve.serving.app:autoscaler_app"
 
@@ -131,16 +130,6 @@ def read_config(path: str | Path) -> ServeTarget:
 
 
 
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
 def _tool(name: str) -> str:
     """``ray``/``serve`` of this Python environment (the venv), else from PATH."""
     here = Path(sys.executable).parent / name
@@ -214,7 +203,7 @@ class LocalDeployment:
         t = self.target
         for port, what in ((t.http_port, "HTTP (http_options.port)"),
                            (t.dashboard_port, "Ray dashboard (the faro app's dashboard_url)")):
-            if port_in_use(port):
+            if not bindable(port, reuse=True):  # as Ray's proxy and dashboard bind
                 raise DeploymentError(
                     f"port {port} for the {what} of {t.config} is in use: is a deployment "
                     f"already running? Replay against it with --url, stop it, or give a config "
