@@ -99,6 +99,12 @@ def test_the_warm_up_spans_days_and_the_scenario_tells_the_forecaster_its_day(tm
     assert fc.period == 40 and res.summary.job_requests.sum() > 0
     with pytest.raises(ValueError, match="daily-weight"):
         Scenario(trace=trace, day=3, sample=0, daily_weight=2.0).validate()
+    from faro_serve.config import ModelSLO
+    from faro_serve.sim.pipeline_scenario import PipelineScenario
+
+    with pytest.raises(ValueError, match=r"--daily-weight must be within 0\.\.1 \(got -1\)"):
+        PipelineScenario(trace=str(trace), models=(ModelSLO(name="j", slo_ms=720, processing_ms=154),),
+                         daily_weight=-1)
 
 
 def test_rescale_keeps_the_days_range_whatever_the_warm_up(tmp_path):

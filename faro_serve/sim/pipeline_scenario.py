@@ -26,6 +26,7 @@ from forecasting.recurrence import DEFAULT_SHARE
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
 from .pipelines import stage_processing
 from .runner import SimConfig, SimResult, simulate
+from .scenario import check_forecast_flags
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,7 @@ class PipelineScenario:
             raise ValueError("a pipeline scenario needs models or pipelines")
         check_unique(self.pipelines)
         expand(self.models, self.pipelines)  # name clashes
-        if not 0 <= self.recurrence_share <= 1:
-            raise ValueError(f"--recurrence-share must be within 0..1 (got {self.recurrence_share:g})")
+        check_forecast_flags(self.daily_weight, self.recurrence_share)
 
     @classmethod
     def from_config(cls, cfg: FaroConfig, trace: str, **kw) -> "PipelineScenario":

@@ -31,6 +31,14 @@ from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
 from .runner import SimConfig, SimResult, simulate
 
 
+def check_forecast_flags(daily_weight: float, recurrence_share: float) -> None:
+    """A ValueError naming the flag (--daily-weight, --recurrence-share) outside 0..1; both
+    scenario kinds check them here, before any forecaster is built."""
+    for flag, v in (("--daily-weight", daily_weight), ("--recurrence-share", recurrence_share)):
+        if not 0 <= v <= 1:
+            raise ValueError(f"{flag} must be within 0..1 (got {v:g})")
+
+
 @dataclass(frozen=True)
 class Scenario:
     trace: str
@@ -61,10 +69,7 @@ class Scenario:
             raise ValueError(f"--minutes must be >= 1 (got {self.minutes})")
         if self.gpus_per_replica < 0 or (self.capacity_gpus is not None and self.capacity_gpus < 0):
             raise ValueError("--gpus-per-replica and --capacity-gpus must be >= 0")
-        if not 0 <= self.daily_weight <= 1:
-            raise ValueError(f"--daily-weight must be within 0..1 (got {self.daily_weight:g})")
-        if not 0 <= self.recurrence_share <= 1:
-            raise ValueError(f"--recurrence-share must be within 0..1 (got {self.recurrence_share:g})")
+        check_forecast_flags(self.daily_weight, self.recurrence_share)
         if self.warmup_minutes is not None and self.warmup_minutes < 0:
             raise ValueError(f"--warmup-minutes must be >= 0 (got {self.warmup_minutes})")
         if not self.processing_ms > 0:
