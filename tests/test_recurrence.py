@@ -84,10 +84,18 @@ def test_real_cycles_of_the_azure_functions_are_found():
     assert got["fn4"] is None and got["fn6"] is None  # smooth, busy functions
 
 
-def test_forecast_shape_is_kept():
-    fc = Forecast(["a"], np.zeros((1, 10, 7)), {"a": "x"})
-    out = add_recurrence(fc, {"a": spikes(720, 30)}, Recurrence(share=0.5))
-    assert out.samples.shape == (1, 10, 7) and np.isfinite(out.samples).all()
+def test_only_the_share_of_a_cyclic_models_samples_is_raised_and_the_input_is_kept():
+    """Half of ten samples: the last five of the cyclic model rise to its path (a peak in the
+    horizon), the first five stay; a model without history or cycle, and the input, stay."""
+    fc = Forecast(["a", "b", "c"], np.full((3, 10, 30), 0.5), {"a": "x", "b": "x", "c": "x"})
+    hist = {"a": spikes(720, 30), "c": np.full(720, 30.0)}  # b: no history; c: flat, no cycle
+    out = add_recurrence(fc, hist, Recurrence(share=0.5))
+    assert out.samples.shape == (3, 10, 30) and np.isfinite(out.samples).all()
+    assert (out.samples[0, :5] == 0.5).all()
+    raised = out.samples[0, 5:]
+    assert raised.max() * 60 >= 700 - 1e-6 and (raised >= 0.5).all()
+    assert (out.samples[1:] == 0.5).all() and (fc.samples == 0.5).all()
+    assert out.predictor == {"a": "x + recurrence (30 min)", "b": "x", "c": "x"}
 
 
 def test_the_shipped_nhits_adds_recurring_peaks_and_set_recurrence_configures_it():

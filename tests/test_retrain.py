@@ -81,6 +81,29 @@ def test_a_retrain_that_forecasts_worse_is_not_swapped_in(trained):
     assert not verdict.swap and verdict.reason.startswith(("not better", "less calibrated")), verdict
 
 
+def test_a_candidate_is_judged_and_served_with_the_current_forecasters_settings(trained, tmp_path):
+    """What the deployment set on its forecaster (short-history rule, daily context, recurring
+    peaks) is the candidate's too: judged as it would serve, not with the package defaults."""
+    good, _ = trained
+    save_forecaster(good, tmp_path / "net")
+    current = load_forecaster(tmp_path / "net")
+    current.short_history, current.daily_period = "fallback", 1440
+    current.daily_weight, current.recurrence_share = 0.0, 0.0
+    fresh = []
+
+    def train(part, config):  # a network with the package defaults, as training returns one
+        fresh.append(load_forecaster(tmp_path / "net"))
+        return fresh[-1]
+
+    candidate, verdict = retrain(traffic(), current, holdout=120, train=train,
+                                 config=TrainConfig(max_steps=1, **SMALL))
+    assert candidate is fresh[0]
+    assert (candidate.short_history, candidate.daily_period) == ("fallback", 1440)
+    assert (candidate.daily_weight, candidate.recurrence_share) == (0.0, 0.0)
+    assert verdict.candidate.planner_loss == pytest.approx(verdict.current.planner_loss)
+    assert load_forecaster(tmp_path / "net").recurrence_share > 0  # the defaults differ
+
+
 def test_the_live_loop_swaps_in_a_retrained_forecaster_from_its_store(tmp_path):
     store = ArrivalStore(tmp_path)
     end = 29_000_000  # wall-clock minutes (epoch)
