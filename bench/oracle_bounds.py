@@ -1,0 +1,91 @@
+"""How much of the oracle's lead at 100 jobs could any forecaster take (issue 32's target)?
+
+The 100-job workload (paper Table 8; ``faro_serve.traces.duplicate_jobs``) copies the 10
+jobs, shifts each copy by up to 30 minutes and multiplies every minute by independent noise
+``max(0, 1 + jitter * N(0, 1))``. The oracle plans with the realised counts, noise included,
+which no forecaster can know. Two bounds between it and Faro:
+
+* ``smooth-oracle``: the oracle told the noise-free future (each copy's shifted source), as
+  one point: what knowing the trend alone is worth without hedging;
+* ``noisy-oracle``: the noise-free future and the noise's law, as 100 samples: the best
+  forecast of these counts there is, short of knowing the noise itself.
+
+Same planner, same arrivals and seeds as the oracle (Faro-FairSum with the true future).
+
+    python -m bench.oracle_bounds --day 10 --seeds 0,1,2 [--n-jobs 100] [--capacity 320]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from autoscaler.faro import OraclePolicy
+from faro_serve.sim.runner import simulate
+from faro_serve.sim.scenario import Scenario
+from forecasting.base import Forecast
+
+FARO = Path(__file__).resolve().parents[2] / "shared" / "traces" / "faro10_days1-10.csv"
+
+
+class BoundOracle(OraclePolicy):
+    """The oracle planning with the noise-free counts ``smooth`` (name -> the run's minutes)
+    and, with ``jitter`` > 0, the copies' noise law drawn into ``n_samples`` samples."""
+
+    def __init__(self, models, cluster, smooth: dict[str, np.ndarray], jitter: float = 0.0,
+                 n_samples: int = 100, **kw):
+        super().__init__(models, cluster, **kw)
+        self.smooth, self.jitter, self.n_samples = smooth, float(jitter), int(n_samples)
+
+    def forecast(self, obs, seed=None) -> Forecast:
+        names, h, m = list(obs.models), self.fallback.horizon, int(obs.now // 60)
+        rng = np.random.default_rng(seed)
+        rows = []
+        for n in names:
+            fut = self.smooth[n][m:m + h] / 60.0
+            if fut.size < h:  # the run ends: the last known rate, as the oracle does
+                fut = np.concatenate([fut, np.full(h - fut.size, fut[-1] if fut.size else 0.0)])
+            if self.jitter > 0 and "-" in n:  # a copy: its noise's law (originals have none)
+                noise = np.maximum(0.0, 1.0 + self.jitter * rng.standard_normal((self.n_samples, h)))
+                rows.append(fut[None, :] * noise)
+            else:
+                rows.append(np.repeat(fut[None, :], self.n_samples if self.jitter > 0 else 1, 0))
+        return Forecast(names, np.stack(rows), {n: self.name for n in names})
+
+
+def bounds(sc: Scenario, capacity: float, seed: int) -> dict[str, float]:
+    """Lost cluster utility of the oracle, the noisy oracle and the smooth oracle."""
+    names, counts, warm = sc.load()
+    clean = Scenario(**{**sc.__dict__, "jitter": 0.0}).validate()
+    names0, smooth, _ = clean.load()  # the same shifts: duplicate_jobs draws them first
+    assert names0 == names
+    models, cluster = sc.models(names), sc.cluster(capacity)
+    table = dict(zip(names, smooth))
+    policies = {"oracle": OraclePolicy(models, cluster),
+                "noisy-oracle": BoundOracle(models, cluster, table, sc.jitter, name="noisy-oracle"),
+                "smooth-oracle": BoundOracle(models, cluster, table, 0.0, name="smooth-oracle")}
+    return {k: simulate(counts, models, p, sc.sim_config(capacity, seed), warmup_history=warm)
+            .summary.lost_cluster_utility for k, p in policies.items()}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", default=str(FARO))
+    ap.add_argument("--day", type=int, default=10)
+    ap.add_argument("--sample", type=int, default=0)
+    ap.add_argument("--n-jobs", type=int, default=100)
+    ap.add_argument("--capacity", type=float, default=320)
+    ap.add_argument("--seeds", default="0,1,2")
+    a = ap.parse_args(argv)
+    sc = Scenario(trace=a.trace, day=a.day, sample=a.sample, n_jobs=a.n_jobs).validate()
+    print(f"| seed | oracle | noisy-oracle | smooth-oracle |  ({a.n_jobs} jobs, day {a.day}, {a.capacity:g} replicas)")
+    print("|---:|---:|---:|---:|")
+    for s in (int(x) for x in a.seeds.split(",")):
+        r = bounds(sc, a.capacity, s)
+        print(f"| {s} | {r['oracle']:.3f} | {r['noisy-oracle']:.3f} | {r['smooth-oracle']:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
