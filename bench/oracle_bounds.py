@@ -18,6 +18,7 @@ Same planner, same arrivals and seeds as the oracle (Faro-FairSum with the true 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -58,9 +59,9 @@ class BoundOracle(OraclePolicy):
 def bounds(sc: Scenario, capacity: float, seed: int) -> dict[str, float]:
     """Lost cluster utility of the oracle, the noisy oracle and the smooth oracle."""
     names, counts, warm = sc.load()
-    clean = Scenario(**{**sc.__dict__, "jitter": 0.0}).validate()
-    names0, smooth, _ = clean.load()  # the same shifts: duplicate_jobs draws them first
-    assert names0 == names
+    names0, smooth, _ = replace(sc, jitter=0.0).load()  # the same shifts (the noise is drawn anyway)
+    if names0 != names:
+        raise ValueError("the noise-free workload has other jobs than the run's")
     models, cluster = sc.models(names), sc.cluster(capacity)
     table = dict(zip(names, smooth))
     policies = {"oracle": OraclePolicy(models, cluster),
