@@ -42,7 +42,7 @@ class BoundOracle(OraclePolicy):
 
     def forecast(self, obs, seed=None) -> Forecast:
         names, h, m = list(obs.models), self.fallback.horizon, int(obs.now // 60)
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(self.decisions if seed is None else seed)  # as Faro seeds
         rows = []
         for n in names:
             fut = self.smooth[n][m:m + h] / 60.0

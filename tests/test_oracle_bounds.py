@@ -41,3 +41,4 @@ def test_a_copys_forecast_is_its_noise_free_future_with_the_noise_law(tmp_path):
     assert np.allclose(fc.samples[:2], want[:2, None, :])  # originals: the future itself
     assert np.allclose(fc.samples[2:].mean(1), want[2:], rtol=0.01)
     assert np.allclose(fc.samples[2:].std(1), 0.1 * want[2:], rtol=0.1)
+    assert np.array_equal(pol.forecast(Obs).samples, pol.forecast(Obs).samples)  # seeded
