@@ -197,6 +197,16 @@ def test_suite_gives_its_forecaster_to_faro_and_to_a_user_policy(cli, trace, tmp
     code, _, err = cli("suite", "--trace", str(trace), "--capacities", "8",
                        "--forecaster", f"{USER}:Gone")
     assert code == 2 and err.startswith("faro-serve: error: forecaster") and err.count("\n") == 1
+    # one whose forecast raises: one error line before any worker starts, not each
+    # worker's traceback and a broken process pool
+    code, _, err = cli("suite", "--trace", str(trace), "--day", "1", "--sample", "0",
+                       "--warmup-minutes", "0", "--capacities", "8", "--seeds", "1",
+                       "--workers", "2", "--policies", "faro-fairsum",
+                       "--forecaster", f"{USER}:BrokenForecaster", "--out", str(tmp_path / "bad"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert err == (f"faro-serve: error: forecaster '{USER}:BrokenForecaster': BrokenForecaster"
+                   ".predict(history, n_samples=2, seed=0) failed (KeyError: 'rate')\n")
+    assert not (tmp_path / "bad" / "results.csv").exists()
 
 
 # -- entry points -----------------------------------------------------------------------------

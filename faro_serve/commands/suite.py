@@ -87,13 +87,15 @@ def run(args) -> int:
     fc_dir = None
     if args.forecaster:
         from autoscaler.forecasters import is_builtin
-        from autoscaler.plugins import check_forecaster_spec
+        from autoscaler.plugins import make_forecaster
 
         if args.history:
             raise UsageError("give --forecaster (a name or an import path) or --history (train N-HiTS), not both")
         try:
             if not is_builtin(args.forecaster):
-                check_forecaster_spec(args.forecaster)
+                # built and asked for a tiny forecast here, as every worker will: a broken
+                # one is one clear error, not a traceback from each worker process
+                make_forecaster(args.forecaster)
         except ValueError as err:
             raise UsageError(str(err)) from None
     elif args.history and any(uses_forecaster(p) for p in policies):

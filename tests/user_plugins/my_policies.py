@@ -65,6 +65,13 @@ class MyForecaster:
                         {n: self.name for n in names})
 
 
+class BrokenForecaster(MyForecaster):
+    """A forecaster with a bug: its forecast raises."""
+
+    def predict(self, history, n_samples: int = 100, seed: int | None = None) -> Forecast:
+        raise KeyError("rate")
+
+
 class NoHorizon:
     """Has predict but no input_size/horizon: not a forecaster."""
 
