@@ -8,9 +8,14 @@ which no forecaster can know. Two bounds between it and Faro:
 * ``smooth-oracle``: the oracle told the noise-free future (each copy's shifted source), as
   one point: what knowing the trend alone is worth without hedging;
 * ``noisy-oracle``: the noise-free future and the noise's law, as 100 samples: the best
-  forecast of these counts there is, short of knowing the noise itself.
+  forecast of these counts there is, short of knowing the noise itself;
+* ``trend-oracle``: Faro (re-plans, surge and moves on) told each job's future *trend* (the
+  noise-free counts' centred ``--trend-minutes`` mean) and the law of its minutes' swings
+  about it (their ratios to the trend over the whole run) as 100 samples, with the copies'
+  noise law: a forecaster that knows everything about the future but when a swing falls.
 
-Same planner, same arrivals and seeds as the oracle (Faro-FairSum with the true future).
+Same arrivals and seeds as the oracle (Faro-FairSum with the true future); the first two
+plan as the oracle does (long-term plans only), the third as Faro does.
 
     python -m bench.oracle_bounds --day 10 --seeds 0,1,2 [--n-jobs 100] [--capacity 320]
 """
@@ -23,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autoscaler.faro import OraclePolicy
+from autoscaler.faro import FaroPolicy, OraclePolicy
 from faro_serve.sim.runner import simulate
 from faro_serve.sim.scenario import Scenario
 from forecasting.base import Forecast
@@ -56,8 +61,45 @@ class BoundOracle(OraclePolicy):
         return Forecast(names, np.stack(rows), {n: self.name for n in names})
 
 
-def bounds(sc: Scenario, capacity: float, seed: int) -> dict[str, float]:
-    """Lost cluster utility of the oracle, the noisy oracle and the smooth oracle."""
+def trend_of(row: np.ndarray, minutes: int) -> np.ndarray:
+    """The centred ``minutes``-wide moving mean of ``row`` (the ends padded with their value)."""
+    half = max(0, int(minutes)) // 2
+    padded = np.pad(np.asarray(row, float), (half, half), mode="edge")
+    return np.convolve(padded, np.full(2 * half + 1, 1.0 / (2 * half + 1)), mode="valid")
+
+
+def swings_of(row: np.ndarray, trend: np.ndarray) -> np.ndarray:
+    """The minutes' ratios to the trend, where the trend is above zero (1.0 if none is)."""
+    ok = trend > 0
+    return np.asarray(row, float)[ok] / trend[ok] if ok.any() else np.ones(1)
+
+
+class TrendOracle(FaroPolicy):
+    """Faro whose forecast is each job's future trend (``trend``: name -> the run's minutes)
+    times swings drawn from that job's law (``swings``), times the copies' noise law."""
+
+    def __init__(self, models, cluster, trend: dict[str, np.ndarray],
+                 swings: dict[str, np.ndarray], jitter: float, n_samples: int = 100, **kw):
+        super().__init__(models, cluster, n_samples=n_samples, **kw)
+        self.trend, self.swings, self.jitter = trend, swings, float(jitter)
+
+    def forecast(self, obs, seed=None) -> Forecast:
+        names, h, m = list(obs.models), self.fallback.horizon, int(obs.now // 60)
+        rng = np.random.default_rng(self.decisions if seed is None else seed)
+        rows = []
+        for n in names:
+            fut = self.trend[n][m:m + h] / 60.0
+            if fut.size < h:
+                fut = np.concatenate([fut, np.full(h - fut.size, fut[-1] if fut.size else 0.0)])
+            draw = fut[None, :] * rng.choice(self.swings[n], (self.n_samples, h))
+            if self.jitter > 0 and "-" in n:
+                draw *= np.maximum(0.0, 1.0 + self.jitter * rng.standard_normal(draw.shape))
+            rows.append(draw)
+        return Forecast(names, np.stack(rows), {n: self.name for n in names})
+
+
+def bounds(sc: Scenario, capacity: float, seed: int, trend_minutes: int = 5) -> dict[str, float]:
+    """Lost cluster utility of the oracle, the noisy, smooth and trend oracles."""
     names, counts, warm = sc.load()
     names0, smooth, _ = replace(sc, jitter=0.0).load()  # the same shifts (the noise is drawn anyway)
     if names0 != names:
@@ -67,6 +109,11 @@ def bounds(sc: Scenario, capacity: float, seed: int) -> dict[str, float]:
     policies = {"oracle": OraclePolicy(models, cluster),
                 "noisy-oracle": BoundOracle(models, cluster, table, sc.jitter, name="noisy-oracle"),
                 "smooth-oracle": BoundOracle(models, cluster, table, 0.0, name="smooth-oracle")}
+    if trend_minutes > 0:
+        trend = {n: trend_of(r, trend_minutes) for n, r in table.items()}
+        swings = {n: swings_of(table[n], trend[n]) for n in names}
+        policies["trend-oracle"] = TrendOracle(models, cluster, trend, swings, sc.jitter,
+                                               name="trend-oracle")
     return {k: simulate(counts, models, p, sc.sim_config(capacity, seed), warmup_history=warm)
             .summary.lost_cluster_utility for k, p in policies.items()}
 
@@ -79,13 +126,16 @@ def main(argv=None) -> None:
     ap.add_argument("--n-jobs", type=int, default=100)
     ap.add_argument("--capacity", type=float, default=320)
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--trend-minutes", type=int, default=5,
+                    help="width of the trend oracle's centred mean (0 = no trend oracle)")
     a = ap.parse_args(argv)
     sc = Scenario(trace=a.trace, day=a.day, sample=a.sample, n_jobs=a.n_jobs).validate()
-    print(f"| seed | oracle | noisy-oracle | smooth-oracle |  ({a.n_jobs} jobs, day {a.day}, {a.capacity:g} replicas)")
-    print("|---:|---:|---:|---:|")
+    cols = ["oracle", "noisy-oracle", "smooth-oracle"] + (["trend-oracle"] if a.trend_minutes > 0 else [])
+    print(f"| seed | {' | '.join(cols)} |  ({a.n_jobs} jobs, day {a.day}, {a.capacity:g} replicas)")
+    print("|---:|" + "---:|" * len(cols))
     for s in (int(x) for x in a.seeds.split(",")):
-        r = bounds(sc, a.capacity, s)
-        print(f"| {s} | {r['oracle']:.3f} | {r['noisy-oracle']:.3f} | {r['smooth-oracle']:.3f} |", flush=True)
+        r = bounds(sc, a.capacity, s, a.trend_minutes)
+        print(f"| {s} | " + " | ".join(f"{r[c]:.3f}" for c in cols) + " |", flush=True)
 
 
 if __name__ == "__main__":
