@@ -46,14 +46,20 @@ def epoch_minute(minute_start_epoch: float) -> int:
 
 
 class ArrivalStore:
-    """``path``: the SQLite file, or a directory to hold :data:`FILE_NAME` (created)."""
+    """``path``: the SQLite file, or a directory to hold :data:`FILE_NAME` (created).
 
-    def __init__(self, path: str | Path, keep_days: float = 7.0):
+    ``read_only``: a reader's view (``faro-serve forecast train --from``): the file must
+    already be a store; anything else raises :class:`StoreRefused` and is left as it is (a
+    user who gives a trace CSV by mistake must not find it moved aside), and nothing is
+    ever written."""
+
+    def __init__(self, path: str | Path, keep_days: float = 7.0, *, read_only: bool = False):
         p = Path(path).expanduser()
         self.path = p / FILE_NAME if p.suffix == "" or p.is_dir() else p
         if keep_days <= 0:
             raise ValueError(f"keep_days must be > 0 (got {keep_days})")
         self.keep_minutes = int(round(keep_days * 1440))
+        self.read_only = bool(read_only)
         self.refused: list[dict] = []  # files moved aside: {"file", "reason", "moved_to"}
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
@@ -61,6 +67,9 @@ class ArrivalStore:
 
     # -- opening, checking, starting afresh ----------------------------------------------
     def _open(self) -> None:
+        if self.read_only:
+            self._db = self._connect_checked()
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = self._connect_checked()
@@ -69,15 +78,23 @@ class ArrivalStore:
             self._db = self._connect_checked()
 
     def _connect_checked(self) -> sqlite3.Connection:
-        if self.path.is_file() and self.path.stat().st_size > 0:
+        if self.read_only and not self.path.is_file():
+            raise StoreRefused("no such file")
+        if self.path.is_file() and (self.path.stat().st_size > 0 or self.read_only):
             with self.path.open("rb") as f:
                 if f.read(16) != b"SQLite format 3\x00":
                     raise StoreRefused("not an SQLite database")
-        db = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False, isolation_level=None)
+        if self.read_only:
+            db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0,
+                                 check_same_thread=False, isolation_level=None)
+        else:
+            db = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False, isolation_level=None)
         try:
             app = db.execute("PRAGMA application_id").fetchone()[0]
             version = db.execute("PRAGMA user_version").fetchone()[0]
             tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            if app == 0 and not tables and self.read_only:
+                raise StoreRefused("an empty SQLite database, not a faro-serve history store")
             if app == 0 and not tables:  # a new (or empty) file: ours from now on
                 db.executescript(f"BEGIN; {_SCHEMA} PRAGMA application_id = {APPLICATION_ID}; "
                                  f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
@@ -136,7 +153,7 @@ class ArrivalStore:
                     log.warning("arrival history store %s: %s", self.path, err)
                     return default
                 except sqlite3.DatabaseError as err:  # malformed: found only when read
-                    if attempt:
+                    if attempt or self.read_only:
                         raise
                     self._set_aside(f"damaged ({err})")
         return default

@@ -189,6 +189,42 @@ def test_forecast_train_from_refuses_what_it_cannot_use(tmp_path, cli, args, mes
     assert code == 2 and message in err, err
 
 
+def test_forecast_train_from_a_file_that_is_no_store_names_it_and_leaves_it_as_it_was(tmp_path, cli):
+    """A trace CSV given to --from by mistake (or an empty or foreign file) is refused with a
+    hint, never moved aside nor turned into a store: the reader writes nothing."""
+    import sqlite3
+
+    csv_ = tmp_path / "mytrace.csv"
+    csv_.write_text("minute,job,requests\n0,a,5\n")
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    foreign = tmp_path / "app.db"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE users (name TEXT)")
+    for f, why in ((csv_, "not an SQLite database (a trace file? train on it with --trace)"),
+                   (empty, "not an SQLite database"),
+                   (foreign, "a foreign SQLite database (application id 0, tables users), not a "
+                             "faro-serve history store")):
+        before = f.read_bytes()
+        code, _, err = cli("forecast", "train", "--from", str(f), "--out", str(tmp_path / "fc"))
+        assert code == 2 and err == f"faro-serve: error: --from {f}: refused: {why}\n", err
+        assert f.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db", "empty.db", "mytrace.csv"]
+
+
+def test_a_read_only_store_reads_what_the_autoscaler_wrote_and_writes_nothing(tmp_path):
+    from forecasting.store import ArrivalStore
+
+    stored(tmp_path / "hist", minutes=60).close()
+    file = tmp_path / "hist" / "arrivals.sqlite3"
+    before = file.read_bytes()
+    ro = ArrivalStore(file, read_only=True)
+    assert ro.models() == ["a", "b"] and ro.rows("a") == 60
+    ro.append("a", 1e9, 5.0)  # refused by SQLite itself, logged, not raised
+    ro.close()
+    assert file.read_bytes() == before and not ro.refused
+
+
 def test_a_restarted_autoscaler_loads_what_it_retrained_unless_told_otherwise(tmp_path, trained):
     from faro_serve.serving.autoscaler_deployment import choose_forecaster
 

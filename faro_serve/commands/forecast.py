@@ -141,7 +141,9 @@ def _train_from_store(args, cfg, out: Path) -> int:
     from autoscaler.forecasters import choose_forecaster
     from autoscaler.retrainer import RETRAINED_DIR, recent_history
     from forecasting.retrain import retrain
-    from forecasting.store import FILE_NAME, ArrivalStore
+    import sqlite3
+
+    from forecasting.store import FILE_NAME, ArrivalStore, StoreRefused
 
     if args.days or args.sample:
         raise UsageError("--days and --sample go with --trace, not --from")
@@ -162,12 +164,14 @@ def _train_from_store(args, cfg, out: Path) -> int:
         file = src / FILE_NAME if src.is_dir() else src
         if not file.is_file():
             raise UsageError(f"--from {args.from_store}: no arrival store there (expected {file})")
-        store = ArrivalStore(file)
-        if store.refused:
-            raise UsageError(f"--from {file}: refused ({store.refused[0]['reason']}); moved aside to "
-                             f"{store.refused[0]['moved_to']}")
-        history = recent_history(store)
-        store.close()
+        try:  # read only: a file that is not a store is named and left as it is
+            store = ArrivalStore(file, read_only=True)
+            history = recent_history(store)
+            store.close()
+        except (StoreRefused, sqlite3.Error) as err:
+            hint = " (a trace file? train on it with --trace)" if file.suffix.lower() in (
+                ".csv", ".jsonl", ".json") else ""
+            raise UsageError(f"--from {file}: refused: {err}{hint}") from None
         if not history:
             raise UsageError(f"--from {file}: the store holds no arrivals")
         mine = file.parent / RETRAINED_DIR
