@@ -305,6 +305,16 @@ def test_nothing_listening_is_a_clear_error(cli, tmp_path):
     code, _, err = cli("replay", "--trace", str(trace), "--url", f"http://127.0.0.1:{port}",
                        "--out", str(tmp_path / "o"))
     assert code == 2 and "cannot reach" in err and len(err.strip().splitlines()) == 1
+    # told the SLO, it does not ask the server first: every request fails to connect, the
+    # records are written, and it says so and exits 1 rather than report a lost run as a result
+    code, out, err = cli("replay", "--trace", str(trace), "--url", f"http://127.0.0.1:{port}",
+                         "--slo-ms", "500", "--time-scale", "0.02", "--no-progress",
+                         "--out", str(tmp_path / "o"))
+    assert code == 1 and "errors 1" in out
+    assert err.strip().splitlines()[-1] == (
+        f"faro-serve: error: no request was answered (error:ClientConnectorError 1); is faro-serve "
+        f"serving at http://127.0.0.1:{port}? (records kept in {tmp_path / 'o'})")
+    assert (tmp_path / "o" / "records.csv").is_file() and (tmp_path / "o" / "result.json").is_file()
 
 
 # ---------------------------------------------------------------- live: a real local Ray Serve

@@ -179,6 +179,12 @@ def run(args) -> int:
             from .simulate import print_step
 
             print_step(doc["surge"])
+    a = doc["accounting"]
+    if a["sent"] and not a["answered"]:  # nothing reached a server: not a measurement
+        why = ", ".join(f"{k} {v:,}" for k, v in doc["failures"].items()) or "no answer"
+        print(f"faro-serve: error: no request was answered ({why}); is faro-serve serving at "
+              f"{url}? (records kept in {out_dir})", file=sys.stderr)
+        return 1
     return 0
 
 
