@@ -27,6 +27,14 @@ def test_estimate_rejects_impossible_slo(cli):
     assert err.strip().count("\n") == 0 and "below the processing time" in err
 
 
+@pytest.mark.parametrize("flag, value", [("--rate", "inf"), ("--rate", "nan"), ("--slo-ms", "nan"),
+                                         ("--proc-ms", "inf")])
+def test_estimate_names_a_flag_that_is_not_a_finite_number(cli, flag, value):
+    args = {"--rate": "5", "--proc-ms": "150", "--slo-ms": "600", flag: value}
+    code, out, err = cli("estimate", *[x for kv in args.items() for x in kv])
+    assert (code, out) == (2, "") and err == f"faro-serve: error: {flag} must be a finite number (got {value})\n"
+
+
 def test_plan_demo_spec_json(cli):
     code, out, err = cli("plan", "--spec", str(ROOT / "examples" / "plan_demo.yaml"), "--json")
     assert code == 0, err

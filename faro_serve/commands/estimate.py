@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from .errors import UsageError
 
@@ -26,6 +27,10 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..engine.latency import min_replicas_for_slo
 
+    for flag, v in (("--rate", args.rate), ("--proc-ms", args.proc_ms), ("--slo-ms", args.slo_ms),
+                    ("--percentile", args.percentile)):
+        if not math.isfinite(v):
+            raise UsageError(f"{flag} must be a finite number (got {v:g})")
     if args.rate < 0:
         raise UsageError(f"--rate must be >= 0 (got {args.rate:g})")
     if args.proc_ms <= 0 or args.slo_ms <= 0:
