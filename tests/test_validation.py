@@ -141,6 +141,18 @@ def test_validate_resimulate_without_saved_runs_is_an_error(cli, tmp_path):
     assert code == 2 and "no saved live runs" in err
 
 
+def test_validate_resimulate_names_a_saved_file_it_cannot_use(cli, tmp_path):
+    import pickle
+
+    saved = tmp_path / "live.pkl"
+    for content, why in ((b"garbage\n", "not a saved validate run ("),
+                         (pickle.dumps({"x": 1}), "not a saved validate run (no workload, capacity, "
+                                                  "runs); run validate without --resimulate")):
+        saved.write_bytes(content)
+        code, _, err = cli("validate", "--resimulate", "--out", str(tmp_path))
+        assert code == 2 and err.count("\n") == 1 and err.startswith(f"faro-serve: error: {saved}: {why}"), err
+
+
 def test_validate_again_refuses_saved_runs_of_another_workload(cli, trace_csv, tmp_path):
     import pickle
 

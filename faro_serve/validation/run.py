@@ -161,8 +161,19 @@ def load_state(out: Path) -> dict:
     path = out / "live.pkl"
     if not path.exists():
         raise FileNotFoundError(f"{path}: no saved live runs (run without --resimulate first)")
-    with path.open("rb") as f:
-        return pickle.load(f)
+    again = "run validate without --resimulate to make a new one"
+    try:
+        with path.open("rb") as f:
+            state = pickle.load(f)
+    except Exception as err:  # truncated, another program's, or classes this version lacks
+        detail = " ".join(str(err).split())  # one line, whatever the error says
+        raise ValueError(f"{path}: not a saved validate run ({type(err).__name__}: {detail}); "
+                         f"{again}") from None
+    need = ("workload", "capacity", "runs")
+    missing = [k for k in need if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f"{path}: not a saved validate run (no {', '.join(missing)}); {again}")
+    return state
 
 
 def _quantiles(x: list[float]) -> dict:
