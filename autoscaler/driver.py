@@ -19,6 +19,7 @@ Nothing here imports Ray.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,11 @@ from .policy import Decision, ModelObservation, Observation, PipelineObservation
 from .setting import Setting, field_map, largest_batch  # noqa: F401 (largest_batch re-exported)
 
 log = logging.getLogger("faro_serve.autoscaler")
+
+
+class DecisionRefused(ValueError):
+    """A decision the driver will not apply (not a Decision, unknown models, a replica count
+    that is no number >= 0, a field a model cannot take): the text names the policy and time."""
 
 
 class CapacityExceeded(RuntimeError):
@@ -190,22 +196,30 @@ def apply_decision(decision: Decision, current: Mapping[str, Setting | int],
     """Check and order ``decision`` against the settings in force, ``current`` (a bare
     replica count stands for a setting of only that; see the module docstring).
 
-    Raises ``ValueError`` for a model the cluster does not run or a field a model cannot
-    take, and :class:`CapacityExceeded` when a decision that grows a model leaves targets
+    Raises :class:`DecisionRefused` (a ``ValueError``) for a decision that is not one, a
+    model the cluster does not run, a replica count that is no number >= 0 or a field a
+    model cannot take, and :class:`CapacityExceeded` when a decision that grows a model leaves targets
     needing more of any resource (CPUs, memory, GPUs, custom: a
     :class:`~faro_serve.resources.Capacity`, or CPUs and memory as two scalars) than the
     cluster has."""
+    if not isinstance(decision, Decision):  # a plug-in's mistake, named (not an AttributeError)
+        raise DecisionRefused(f"policy {policy!r} returned a {type(decision).__name__} at "
+                              f"t={now:g}s, not a Decision (autoscaler.policy.Decision) or None")
     spec = {m.name: m for m in models}
     held = {n: s if isinstance(s, Setting) else Setting(replicas=int(s)) for n, s in current.items()}
     unknown = sorted(set(decision.settings) - set(held))
     if unknown:
-        raise ValueError(f"policy {policy!r} named unknown models {unknown} at t={now:g}s")
+        raise DecisionRefused(f"policy {policy!r} named unknown models {unknown} at t={now:g}s")
     changed = {}
     for n, s in decision.settings.items():
+        r = s.replicas  # clamped to the model's bounds below, but a negative or NaN is a bug
+        if r is not None and not (isinstance(r, (int, float, np.number)) and math.isfinite(r) and r >= 0):
+            raise DecisionRefused(f"policy {policy!r} asked for {r!r} replicas of {n!r} at "
+                                  f"t={now:g}s (a number >= 0)")
         try:
             changed[n] = s.clamp(spec[n])
         except ValueError as err:
-            raise ValueError(f"policy {policy!r} at t={now:g}s: {err}") from None
+            raise DecisionRefused(f"policy {policy!r} at t={now:g}s: {err}") from None
     after = {n: held[n].merged(changed[n]) if n in changed else held[n] for n in held}
     targets = {n: after[n].replicas for n in after}
     before = {n: held[n].replicas for n in held}

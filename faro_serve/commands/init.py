@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from ._output import check_output_file
 from .errors import UsageError
 
 HEAD = """\
@@ -75,6 +76,7 @@ def run(args) -> int:
 
     if args.import_path.count(":") != 1 or not all(args.import_path.split(":")):
         raise UsageError(f"{args.import_path!r} is not an import path: write 'package.module:Name'")
+    check_output_file(args.output, "-o")
     dep = load_deployment(args.import_path)  # a ConfigError names what is wrong
     doc = config_for(args.import_path, dep.name, args)
     faro = doc["applications"][0]["args"]

@@ -11,8 +11,10 @@ with N-HiTS trained on --history, or with --forecaster (fallback: the fallback p
 from __future__ import annotations
 
 import json
+import math
 import sys
 
+from ._output import check_output_file
 from .errors import UsageError
 
 
@@ -106,6 +108,12 @@ def _batching(args):
         raise ValueError(f"--batch-profile/--max-batch: {msg}") from None
 
 
+def check_capacity(value: float, flag: str = "--capacity") -> None:
+    """A capacity is a finite number of CPUs > 0 (``inf``/``nan`` parse as floats)."""
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{flag} must be a finite number > 0 (got {value:g})")
+
+
 def forecaster_from_args(args, log=None):
     """(forecaster, how it was made): N-HiTS trained on ``--history`` ("nhits"), else the
     forecaster of ``--forecaster`` (``fallback``, ``shipped``, a plug-in name or an import
@@ -133,7 +141,9 @@ def register(sub) -> None:
     p.add_argument("--capacity", type=float, help="replicas (1 CPU, 1 GiB each); with --config, "
                    "its cluster's cpus by default")
     p.add_argument("--config", metavar="YAML",
-                   help="simulate a faro-serve config's models and pipelines (their SLOs, "
+                   help="simulate a faro-serve config's models and pipelines (the faro "
+                        "application's args, or a Serve config like serve_config.yaml, whose "
+                        "faro application is read; their SLOs, "
                         "processing times, bounds, its cluster's settings) instead of one "
                         "paper job per trace job: the trace needs a job named as each single "
                         "model and each pipeline (its queries at the entry); --slo-ms, "
@@ -164,12 +174,12 @@ def run(args) -> int:
         policy_factory(args.policy)  # a bad name or import path fails before the trace loads
     except ValueError as err:
         raise UsageError(str(err)) from None
+    check_output_file(args.json, "--json")
     if args.config:
         return run_config(args)
     if args.capacity is None:
         raise UsageError("give --capacity (or --config, whose cluster's cpus it defaults to)")
-    if args.capacity <= 0:
-        raise UsageError(f"--capacity must be > 0 (got {args.capacity:g})")
+    check_capacity(args.capacity)
     sc = scenario_from_args(args)
     loaded = sc.load()
     names = loaded[0]
@@ -178,14 +188,15 @@ def run(args) -> int:
     if args.step_at is not None and not 0 <= args.step_at < 60 * loaded[1].shape[1]:
         raise UsageError(f"--step-at {args.step_at:g} s is outside the run's "
                          f"{60 * loaded[1].shape[1]} s")
-    from ..sim.suite import uses_forecaster
+    from ..sim.suite import policy_failures, uses_forecaster
 
     forecasting = uses_forecaster(args.policy)
     fc, kind = forecaster_from_args(args) if forecasting else (None, "none")
     if kind.startswith("fallback: forecaster failed"):
         print(f"note: {args.policy} forecasts with the fallback predictor: {kind}", file=sys.stderr)
-    res = run_scenario(sc, args.policy, args.capacity, args.seed, forecaster=fc, loaded=loaded,
-                       keep_records=args.step_at is not None)
+    with policy_failures(args.policy):
+        res = run_scenario(sc, args.policy, args.capacity, args.seed, forecaster=fc, loaded=loaded,
+                           keep_records=args.step_at is not None)
     out = res.to_dict() | {"forecaster": kind}
     if args.step_at is not None:
         out["surge"] = step_report(res.names, res.records, sc.models(res.names), args.step_at)
@@ -212,9 +223,8 @@ def write_json(where: str | None, out: dict) -> None:
 def run_config(args) -> int:
     """``simulate --config``: a config's single models and pipelines on the trace's jobs of
     the same names (faro_serve.sim.pipeline_scenario)."""
-    from ..config import load_document, parse_config
     from ..sim.pipeline_scenario import PipelineScenario
-    from ..sim.suite import uses_forecaster
+    from ..sim.suite import policy_failures, uses_forecaster
 
     for flag, given in (("--jobs", args.jobs), ("--rescale", args.rescale), ("--n-jobs", args.n_jobs),
                         ("--batch-profile", args.batch_profile), ("--step-at", args.step_at),
@@ -222,10 +232,9 @@ def run_config(args) -> int:
         if given:
             raise UsageError(f"{flag} is not taken with --config (the config says which models "
                              f"and pipelines run, and how)")
-    cfg = parse_config(load_document(args.config), args.config)
+    cfg = read_config(args.config)
     capacity = cfg.cluster.cpus if args.capacity is None else args.capacity
-    if capacity <= 0:
-        raise UsageError(f"--capacity must be > 0 (got {capacity:g})")
+    check_capacity(capacity)
     sc = PipelineScenario.from_config(
         cfg, args.trace, day=args.day, sample=args.sample, minutes=args.minutes,
         warmup_minutes=args.warmup_minutes, processing_dist=args.processing_dist,
@@ -236,12 +245,37 @@ def run_config(args) -> int:
     sc.distributions()  # a bad distribution fails before the trace loads
     loaded = sc.load()
     fc, kind = forecaster_from_args(args) if uses_forecaster(args.policy) else (None, "none")
-    res = sc.run(args.policy, capacity, args.seed, forecaster=fc, loaded=loaded)
+    with policy_failures(args.policy):
+        res = sc.run(args.policy, capacity, args.seed, forecaster=fc, loaded=loaded)
     out = res.to_dict() | {"forecaster": kind}
     write_json(args.json, out)
     if args.json != "-":
         print_result(res, sc)
     return 0
+
+
+def read_config(path: str):
+    """``--config``: a faro-serve config (cluster, models, pipelines), or a Ray Serve config
+    (``applications``, like serve_config.yaml), of which the faro application's args are
+    read: its one application whose import_path is ``...:autoscaler_app``, as ``kuberay``
+    finds it (faro_serve.serving.kuberay)."""
+    from autoscaler.config import parse_autoscaler_config
+
+    from ..config import load_document, parse_config
+
+    doc = load_document(path)
+    if not (isinstance(doc, dict) and "applications" in doc):
+        return parse_config(doc, path)
+    apps = doc["applications"] if isinstance(doc["applications"], list) else []
+    faro = [a for a in apps if isinstance(a, dict)
+            and str(a.get("import_path", "")).endswith(":autoscaler_app")]
+    if len(faro) != 1:
+        raise UsageError(f"--config {path}: a Ray Serve config with {len(faro)} applications of "
+                         f"import_path faro_serve.serving.app:autoscaler_app; --config takes the "
+                         f"faro application's args (cluster, models, pipelines) or a Serve config "
+                         f"with one faro application")
+    return parse_autoscaler_config(faro[0].get("args"),
+                                   f"{path}: application {faro[0].get('name')!r} args")
 
 
 def step_report(names, records, models, step_s: float) -> dict:

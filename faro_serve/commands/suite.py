@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
+from ._output import check_output_dir
 from .errors import UsageError
 
 
@@ -54,8 +55,9 @@ def run(args) -> int:
     from autoscaler import policy_names
     from autoscaler.registry import needs_batching, policy_factory
 
-    from ..sim.suite import markdown_table, aggregate, run_suite, uses_forecaster, write_outputs
-    from .simulate import scenario_from_args
+    from ..sim.suite import (SuiteStopped, aggregate, markdown_table, run_suite,
+                             uses_forecaster, write_outputs)
+    from .simulate import check_capacity, scenario_from_args
 
     known = policy_names()
     # 'all': Sponge only with --batch-profile (it needs every model's batch profile)
@@ -69,14 +71,18 @@ def run(args) -> int:
         except ValueError as err:
             raise UsageError(str(err)) from None
     capacities = _numbers(args.capacities, "--capacities")
-    if any(c <= 0 for c in capacities):
-        raise UsageError("--capacities must be > 0")
+    for c in capacities:
+        check_capacity(c, "each of --capacities")
+    if args.timeline_capacity is not None and args.timeline_capacity not in capacities:
+        raise UsageError(f"--timeline-capacity {args.timeline_capacity:g} is not one of "
+                         f"--capacities {args.capacities}")
     seeds = _numbers(args.seeds, "--seeds", int)
     seeds = list(range(seeds[0])) if len(seeds) == 1 and "," not in args.seeds else seeds
     if not seeds or any(s < 0 for s in seeds):
         raise UsageError("--seeds needs a count >= 1 or a list of seeds >= 0")
     if args.workers < 1:
         raise UsageError("--workers must be >= 1")
+    check_output_dir(args.out, "--out")
     sc = scenario_from_args(args)
     lacking = [p for p in policies if needs_batching(p) and sc.batching is None]
     if lacking:
@@ -115,15 +121,44 @@ def run(args) -> int:
             prog.update(bar, advance=1, last=f"{task.policy} @ {task.capacity:g} seed {task.seed}: "
                         f"lost {row['lost_cluster_utility']:.2f}")
 
-        rows, timelines = run_suite(sc, policies, capacities, seeds, args.workers, fc_dir, progress,
-                                    forecaster=args.forecaster)
+        stopped = None
+        try:
+            rows, timelines = run_suite(sc, policies, capacities, seeds, args.workers, fc_dir, progress,
+                                        forecaster=args.forecaster)
+        except SuiteStopped as err:  # the runs that finished are written all the same
+            stopped, rows, timelines = err, err.rows, err.timelines
     title = args.title or (f"{Path(args.trace).name}" + (f" day {args.day}" if args.day is not None else "")
                            + (f" sample {args.sample}" if args.sample is not None else "")
                            + f", {len(names)} jobs, {len(seeds)} seed(s), forecaster "
                            + (args.forecaster or ("N-HiTS" if fc_dir else
                                                   ", ".join(sorted({r["forecaster"] for r in rows
                                                                     if r["forecaster"]})) or "none")))
+    if stopped is not None:
+        return _stopped(stopped, rows, timelines, n, title, args)
     paths = write_outputs(Path(args.out), rows, timelines, title, args.timeline_capacity)
     print(markdown_table(aggregate(rows)))
     print(f"{n} runs in {time.perf_counter() - t0:.0f} s; wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def _stopped(stopped, rows, timelines, n, title, args) -> int:
+    """A run failed and the suite stopped: write the rows of the runs that finished, the
+    summary naming those that did not, then fail with one line (a user's policy, a dead
+    worker) or, for faro-serve's own bug, the traceback."""
+    from pathlib import Path
+
+    from ..sim.suite import RunFailed, write_outputs
+
+    left = ", ".join(f"{t.policy} at {t.capacity:g} (seed {t.seed})" for t in stopped.unfinished)
+    if rows:
+        write_outputs(Path(args.out), rows, timelines, title, args.timeline_capacity,
+                      note=f"**Incomplete**: {len(rows)} of {n} runs finished; the suite stopped "
+                           f"at: {stopped.error}. Not run or failed: {left}.")
+        kept = (f"the suite stopped; the {len(rows)} of {n} runs that finished are in "
+                f"{Path(args.out) / 'results.csv'} (summary.md names the others)")
+    else:
+        kept = f"the suite stopped before any of its {n} runs finished"
+    if isinstance(stopped.error, RunFailed):
+        raise UsageError(f"{stopped.error}; {kept}")
+    print(f"faro-serve: {kept}", file=sys.stderr)
+    raise stopped.error

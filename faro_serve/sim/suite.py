@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import csv
 import itertools
+import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +33,51 @@ class Task:
     seed: int
 
 
+class RunFailed(ValueError):
+    """A run stopped by the user's side: their policy raised or broke the driver's rules, or a
+    worker process died. One line naming the policy (a ``ValueError``: exit code 2)."""
+
+
+class SuiteStopped(Exception):
+    """A run failed, so the suite stopped: ``error`` (the run's), with the rows and timelines
+    of the runs that finished, which the caller writes (work done is not lost), and
+    ``unfinished``, the tasks that failed or did not run."""
+
+    def __init__(self, error: BaseException, rows: list, timelines: dict, unfinished: list):
+        super().__init__(str(error))
+        self.error, self.rows, self.timelines, self.unfinished = error, rows, timelines, unfinished
+
+
+@contextmanager
+def policy_failures(policy: str):
+    """Around a run of ``policy``: what a user's policy (an import path or a plug-in) raises
+    becomes one :class:`RunFailed` naming it and the simulated time. The driver's own refusals
+    (``autoscaler.driver.apply_decision``) already say both and keep their message. A
+    built-in policy's exception is faro-serve's bug: it stays a traceback."""
+    from autoscaler.builtin import BUILTIN
+    from autoscaler.driver import CapacityExceeded, DecisionRefused
+    from autoscaler.plugins import PluginError
+    from autoscaler.policy import Observation
+
+    try:
+        yield
+    except (RunFailed, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        if policy in {b[0] for b in BUILTIN}:
+            raise
+        if isinstance(err, (PluginError, DecisionRefused, CapacityExceeded)):
+            raise RunFailed(str(err)) from None  # these name the policy and time already
+        tb, now = err.__traceback__, None
+        while tb is not None:  # the tick's time: the observation the policy was given
+            obs = tb.tb_frame.f_locals.get("obs")
+            if now is None and isinstance(obs, Observation):
+                now = obs.now
+            tb = tb.tb_next
+        at = "" if now is None else f" at t={now:g}s"
+        raise RunFailed(f"policy {policy!r} failed{at}: {type(err).__name__}: {err}") from None
+
+
 def uses_forecaster(policy: str) -> bool:
     """Faro's and MArk's policies plan with the forecaster; a plug-in or import-path policy
     is given it too (one that does not forecast ignores it)."""
@@ -38,10 +86,13 @@ def uses_forecaster(policy: str) -> bool:
     return policy_forecasts(policy)
 
 
-def _init_worker(scenario: Scenario, forecaster_dir: str | None, forecaster: str | None = None) -> None:
+def _init_worker(scenario: Scenario, forecaster_dir: str | None, forecaster: str | None = None,
+                 started=None) -> None:
     """``forecaster_dir``: a trained N-HiTS; ``forecaster``: ``fallback``, ``shipped``, a
-    plug-in name or an import path; neither: the shipped N-HiTS (autoscaler.forecasters)."""
+    plug-in name or an import path; neither: the shipped N-HiTS (autoscaler.forecasters).
+    ``started``: a queue told each task a worker starts (which run a dead worker was on)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _WORKER["started"] = started
     _WORKER["scenario"] = scenario
     _WORKER["loaded"] = scenario.load()
     if forecaster_dir or forecaster in (None, "shipped"):
@@ -55,8 +106,12 @@ def _init_worker(scenario: Scenario, forecaster_dir: str | None, forecaster: str
 
 def _run(task: Task) -> dict:
     sc = _WORKER["scenario"]
+    if _WORKER.get("started") is not None:
+        _WORKER["started"].put(task)
     fc = _WORKER["forecaster"] if uses_forecaster(task.policy) else None
-    res = run_scenario(sc, task.policy, task.capacity, task.seed, forecaster=fc, loaded=_WORKER["loaded"])
+    with policy_failures(task.policy):
+        res = run_scenario(sc, task.policy, task.capacity, task.seed, forecaster=fc,
+                           loaded=_WORKER["loaded"])
     s = res.summary
     row = {"policy": task.policy, "capacity": task.capacity, "seed": task.seed,
            "lost_cluster_utility": s.lost_cluster_utility,
@@ -74,33 +129,64 @@ def run_suite(scenario: Scenario, policies: list[str], capacities: list[float], 
               forecaster: str | None = None) -> tuple[list, dict]:
     """Run every (policy, capacity, seed); returns (rows, {(policy, capacity, seed): timeline}).
     The forecasting policies plan with ``forecaster`` (``fallback``, ``shipped``, a plug-in
-    name or an import path) or the N-HiTS in ``forecaster_dir``, else the shipped N-HiTS."""
+    name or an import path) or the N-HiTS in ``forecaster_dir``, else the shipped N-HiTS.
+    A failed run stops the suite (runs not started are cancelled, running ones finish) with
+    :class:`SuiteStopped`, which carries the rows of the runs that finished."""
     tasks = [Task(p, c, s) for c, p, s in itertools.product(capacities, policies, seeds)]
     if not any(uses_forecaster(p) for p in policies):  # nothing forecasts: load none
         forecaster_dir, forecaster = None, "fallback"
-    rows, timelines = [], {}
+    rows, timelines, done = [], {}, set()
+
+    def finished(t: Task, out: dict) -> None:
+        rows.append(out["row"])
+        timelines[(t.policy, t.capacity, t.seed)] = out["timeline"]
+        done.add(t)
+        if progress:
+            progress(t, out["row"])
+
+    def stop(err: BaseException):
+        return SuiteStopped(err, rows, timelines, [t for t in tasks if t not in done])
+
     if workers <= 1:
         _init_worker(scenario, forecaster_dir, forecaster)
         for t in tasks:
-            out = _run(t)
-            rows.append(out["row"])
-            timelines[(t.policy, t.capacity, t.seed)] = out["timeline"]
-            if progress:
-                progress(t, out["row"])
+            try:
+                finished(t, _run(t))
+            except Exception as err:
+                raise stop(err) from err
         return rows, timelines
+    started = multiprocessing.SimpleQueue()
     with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
-                             initargs=(scenario, forecaster_dir, forecaster)) as pool:
+                             initargs=(scenario, forecaster_dir, forecaster, started)) as pool:
         futures = {pool.submit(_run, t): t for t in tasks}
+        failure = None
         for fut in as_completed(futures):
-            t = futures[fut]
-            out = fut.result()
-            rows.append(out["row"])
-            timelines[(t.policy, t.capacity, t.seed)] = out["timeline"]
-            if progress:
-                progress(t, out["row"])
+            try:
+                finished(futures[fut], fut.result())
+            except BrokenProcessPool:
+                failure = failure or _died(started, done)
+            except Exception as err:
+                if failure is None:  # the first failure stops the runs not started yet
+                    failure = err
+                    pool.shutdown(wait=False, cancel_futures=True)
     order = {(t.policy, t.capacity, t.seed): i for i, t in enumerate(tasks)}
     rows.sort(key=lambda r: order[(r["policy"], r["capacity"], r["seed"])])
+    if failure is not None:
+        raise stop(failure) from failure
     return rows, timelines
+
+
+def _died(started, done: set) -> RunFailed:
+    """A worker process died (a policy that exits, the OOM killer): the runs it may have been
+    on, those started and not finished (the pool stops the other workers too)."""
+    on = []
+    while not started.empty():
+        t = started.get()
+        if t not in done and t not in on:
+            on.append(t)
+    runs = " or ".join(f"{t.policy} at {t.capacity:g} (seed {t.seed})" for t in on) or "a run"
+    return RunFailed(f"a suite worker process died while running {runs} "
+                     f"(out of memory or the policy exited)")
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
@@ -162,7 +248,8 @@ def markdown_table(agg: list[dict]) -> str:
 
 
 def write_outputs(out_dir: Path, rows: list[dict], timelines: dict, title: str = "",
-                  timeline_capacity: float | None = None) -> dict[str, Path]:
+                  timeline_capacity: float | None = None, note: str = "") -> dict[str, Path]:
+    """``note``: a paragraph atop summary.md (the runs that failed or did not run)."""
     from .plots import plot_lost_utility, plot_timeline
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -172,7 +259,8 @@ def write_outputs(out_dir: Path, rows: list[dict], timelines: dict, title: str =
              "timeline_png": out_dir / "timeline.png"}
     write_csv(paths["results"], rows)
     write_timeline(paths["timeline"], timelines)
-    paths["summary"].write_text((f"# {title}\n\n" if title else "") + markdown_table(agg) + "\n")
+    paths["summary"].write_text((f"# {title}\n\n" if title else "") + (f"{note}\n\n" if note else "")
+                                + markdown_table(agg) + "\n")
     plot_lost_utility(agg, paths["lost_png"], title)
     caps = sorted({a["capacity"] for a in agg})
     cap = timeline_capacity if timeline_capacity in caps else caps[len(caps) // 2]

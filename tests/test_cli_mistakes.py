@@ -1,0 +1,138 @@
+"""A user's mistakes on the command line are one ``faro-serve: error: ...`` line and exit
+code 2, found before the work when they can be, and work already done is kept: a user's
+policy that fails (tests/user_plugins/mistakes.py), output paths that cannot be written, a
+capacity that is not a number, a Ray Serve config given to ``simulate --config``."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from live_helpers import day_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+USER = "tests.user_plugins.mistakes"
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    """Two jobs, 4 minutes on day 1."""
+    return day_trace(tmp_path_factory.mktemp("t") / "t.csv", {"a": [300] * 4, "b": [200] * 4})
+
+
+def sim(cli, trace, *args):
+    return cli("simulate", "--trace", str(trace), "--day", "1", "--sample", "0",
+               "--warmup-minutes", "0", *args)
+
+
+def suite(cli, trace, out, *args):
+    return cli("suite", "--trace", str(trace), "--day", "1", "--sample", "0",
+               "--warmup-minutes", "0", "--seeds", "1", "--out", str(out), *args)
+
+
+def error(err: str) -> str:
+    """The one error line (a suite also draws its progress bar on stderr)."""
+    lines = [x for x in err.splitlines() if x.startswith("faro-serve:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("policy, message", [
+    ("Boom", "policy '{p}' failed at t=60s: KeyError: 'x'"),
+    ("ReturnsDict", "policy '{p}' returned a dict at t=0s, not a Decision "
+                    "(autoscaler.policy.Decision) or None"),
+    ("Negative", "policy '{p}' asked for -3 replicas of 'a' at t=0s (a number >= 0)"),
+    ("TooMany", "policy '{p}' asked for 200 CPUs (the cluster has 8) at t=0s "
+                "(targets {{'a': 100, 'b': 100}})"),
+])
+def test_a_failing_user_policy_is_one_line_naming_it(cli, trace, policy, message):
+    p = f"{USER}:{policy}"
+    code, out, err = sim(cli, trace, "--capacity", "8", "--policy", p)
+    assert (code, err, out) == (2, f"faro-serve: error: {message.format(p=p)}\n", "")
+
+
+def test_a_suite_keeps_the_runs_that_finished_when_a_policy_fails(cli, trace, tmp_path):
+    out = tmp_path / "suite"
+    code, _, err = suite(cli, trace, out, "--capacities", "8", "--seeds", "0,1", "--workers", "2",
+                         "--policies", f"aiad,{USER}:Boom")
+    assert code == 2
+    assert error(err) == (f"faro-serve: error: policy '{USER}:Boom' failed at t=60s: KeyError: 'x'; "
+                          f"the suite stopped; the 2 of 4 runs that finished are in "
+                          f"{out / 'results.csv'} (summary.md names the others)")
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [(r["policy"], r["seed"]) for r in rows] == [("aiad", "0"), ("aiad", "1")]
+    assert (f"**Incomplete**: 2 of 4 runs finished; the suite stopped at: policy '{USER}:Boom' "
+            f"failed at t=60s" in (out / "summary.md").read_text())
+
+
+def test_a_dead_suite_worker_is_one_line_naming_its_run(cli, trace, tmp_path):
+    code, _, err = suite(cli, trace, tmp_path / "s", "--capacities", "8", "--workers", "2",
+                         "--policies", f"{USER}:Dies")
+    assert code == 2
+    assert error(err) == (f"faro-serve: error: a suite worker process died while running "
+                          f"{USER}:Dies at 8 (seed 0) (out of memory or the policy exited); the "
+                          f"suite stopped before any of its 1 runs finished")
+
+
+@pytest.mark.parametrize("make, args, message", [
+    ("file", ("suite", "--out", "{x}"), "--out {x}: is a file, not a directory"),
+    ("none", ("suite", "--out", "/proc/x"), "--out /proc/x: cannot be written (No such file or directory)"),
+    ("dir", ("simulate", "--json", "{x}"), "--json {x}: is a directory"),
+    ("none", ("simulate", "--json", "/proc/x/y.json"),
+     "--json /proc/x/y.json: cannot be written (No such file or directory)"),
+])
+def test_an_output_path_is_checked_before_the_runs(cli, trace, tmp_path, make, args, message):
+    x = tmp_path / "x"
+    if make == "file":
+        x.write_text("mine\n")
+    elif make == "dir":
+        x.mkdir()
+    cmd, flag, where = args
+    # the user's policy would fail its first tick: the path is refused before any run
+    if cmd == "suite":
+        code, _, err = suite(cli, trace, where.format(x=x), "--capacities", "8",
+                             "--policies", f"{USER}:ReturnsDict")
+    else:
+        code, _, err = sim(cli, trace, "--capacity", "8", "--policy", f"{USER}:ReturnsDict",
+                           flag, where.format(x=x))
+    assert (code, err) == (2, f"faro-serve: error: {message.format(x=x)}\n")
+    assert make != "file" or x.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("where, message", [
+    ("{x}", "-o {x}: is a directory"),
+    ("/proc/x", "-o /proc/x: cannot be written (No such file or directory)")])
+def test_init_checks_its_output_before_importing_the_deployment(cli, tmp_path, where, message):
+    (tmp_path / "x").mkdir()
+    code, _, err = cli("init", "tests.user_plugins.mistakes:NoSuchDeployment", "-o",
+                       where.format(x=tmp_path / "x"))
+    assert (code, err) == (2, f"faro-serve: error: {message.format(x=tmp_path / 'x')}\n")
+
+
+def test_a_timeline_capacity_must_be_one_of_the_capacities(cli, trace, tmp_path):
+    code, _, err = suite(cli, trace, tmp_path / "s", "--capacities", "8,4", "--policies", "aiad",
+                         "--timeline-capacity", "7")
+    assert (code, err) == (2, "faro-serve: error: --timeline-capacity 7 is not one of "
+                              "--capacities 8,4\n")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_a_capacity_must_be_a_finite_number(cli, trace, tmp_path, value):
+    code, _, err = sim(cli, trace, "--capacity", value, "--policy", "aiad")
+    assert (code, err) == (2, f"faro-serve: error: --capacity must be a finite number > 0 (got {value})\n")
+    code, _, err = suite(cli, trace, tmp_path / "s", "--capacities", f"8,{value}", "--policies", "aiad")
+    assert (code, err) == (2, f"faro-serve: error: each of --capacities must be a finite number > 0 "
+                              f"(got {value})\n")
+
+
+def test_simulate_reads_the_faro_application_of_a_serve_config(cli, tmp_path):
+    """The project's own serve_config.yaml: its faro application's models are simulated."""
+    names = ["resnet18", "resnet34", "synth-a", "synth-b"]
+    tr = day_trace(tmp_path / "t.csv", {n: [60] * 3 for n in names})
+    code, out, err = sim(cli, tr, "--config", str(ROOT / "serve_config.yaml"), "--policy", "aiad",
+                         "--json", "-")
+    assert code == 0, err
+    import json
+    assert sorted(json.loads(out)["jobs"]) == names
