@@ -73,7 +73,7 @@ def test_a_dead_suite_worker_is_one_line_naming_its_run(cli, trace, tmp_path):
     assert code == 2
     assert error(err) == (f"faro-serve: error: a suite worker process died while running "
                           f"{USER}:Dies at 8 (seed 0) (out of memory or the policy exited); the "
-                          f"suite stopped before any of its 1 runs finished")
+                          f"suite stopped before any run finished (of 1)")
 
 
 @pytest.mark.parametrize("make, args, message", [

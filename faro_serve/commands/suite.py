@@ -93,15 +93,15 @@ def run(args) -> int:
     fc_dir = None
     if args.forecaster:
         from autoscaler.forecasters import is_builtin
-        from autoscaler.plugins import make_forecaster
+        from autoscaler.plugins import check_forecaster_spec
 
         if args.history:
             raise UsageError("give --forecaster (a name or an import path) or --history (train N-HiTS), not both")
         try:
             if not is_builtin(args.forecaster):
-                # built and asked for a tiny forecast here, as every worker will: a broken
-                # one is one clear error, not a traceback from each worker process
-                make_forecaster(args.forecaster)
+                # imported here; built in the workers only (torch used before a fork hangs
+                # the children), where one that fails its check stops the suite in one line
+                check_forecaster_spec(args.forecaster)
         except ValueError as err:
             raise UsageError(str(err)) from None
     elif args.history and any(uses_forecaster(p) for p in policies):
@@ -157,7 +157,7 @@ def _stopped(stopped, rows, timelines, n, title, args) -> int:
         kept = (f"the suite stopped; the {len(rows)} of {n} runs that finished are in "
                 f"{Path(args.out) / 'results.csv'} (summary.md names the others)")
     else:
-        kept = f"the suite stopped before any of its {n} runs finished"
+        kept = f"the suite stopped before any run finished (of {n})"
     if isinstance(stopped.error, RunFailed):
         raise UsageError(f"{stopped.error}; {kept}")
     print(f"faro-serve: {kept}", file=sys.stderr)

@@ -101,13 +101,20 @@ def _init_worker(scenario: Scenario, forecaster_dir: str | None, forecaster: str
         torch.set_num_threads(1)
     from autoscaler.forecasters import choose_forecaster
 
-    _WORKER["forecaster"], _WORKER["forecaster_name"] = choose_forecaster(forecaster, forecaster_dir)
+    try:
+        _WORKER["forecaster"], _WORKER["forecaster_name"] = choose_forecaster(forecaster, forecaster_dir)
+        _WORKER["init_error"] = None
+    except ValueError as err:  # a plug-in that fails its check, a directory that does not load
+        _WORKER["init_error"] = str(err)  # the first run says so (an initializer's error
+        # would only print a traceback per worker and break the pool)
 
 
 def _run(task: Task) -> dict:
     sc = _WORKER["scenario"]
     if _WORKER.get("started") is not None:
         _WORKER["started"].put(task)
+    if _WORKER.get("init_error"):
+        raise RunFailed(_WORKER["init_error"])
     fc = _WORKER["forecaster"] if uses_forecaster(task.policy) else None
     with policy_failures(task.policy):
         res = run_scenario(sc, task.policy, task.capacity, task.seed, forecaster=fc,

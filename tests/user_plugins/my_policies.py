@@ -65,6 +65,13 @@ class MyForecaster:
                         {n: self.name for n in names})
 
 
+def shipped_nhits():
+    """The shipped N-HiTS by a factory of the user's: a forecaster that runs torch."""
+    from forecasting.shipped import load_shipped
+
+    return load_shipped()
+
+
 class BrokenForecaster(MyForecaster):
     """A forecaster with a bug: its forecast raises."""
 
