@@ -4,8 +4,14 @@ Two file formats are read:
 
 * tidy CSV (``../shared/traces/``): columns ``minute, job, requests`` and optionally
   ``day`` and ``sample``. Selected days are joined in day order into one series per job.
+  Every job needs a row for every whole minute from a day's first minute to its last.
 * JSON lines (the Faro release's format): one line per minute,
-  ``{"ts": i, "counts": {"<job>": {"<deployment>": n}}}``; deployments are summed per job.
+  ``{"ts": i, "counts": {"<job>": {"<deployment>": n}}}``; deployments are summed per job, a
+  job absent from a line counts 0. Lines are ordered by ``ts`` (whole minutes, no gaps).
+
+The minute numbers are checked, not trusted: a replay runs one point per minute, so a gap
+or a fraction would silently shift every later minute. A count above
+:data:`MAX_REQUESTS_PER_MINUTE` is refused at load: the simulator draws every request.
 
 Every problem with a file raises :class:`TraceError` with one line naming the file and
 what is wrong, so command-line tools can print it and exit 2.
@@ -24,6 +30,34 @@ import numpy as np
 
 class TraceError(ValueError):
     """A trace file or selection is unusable; the message says which and why."""
+
+
+MAX_REQUESTS_PER_MINUTE = 10_000_000  # per job: far above any real trace (Faro's peak is 1,600)
+
+
+def _runs(values) -> list[tuple[int, int]]:
+    """Sorted whole numbers as runs of consecutive ones: 1, 2, 3, 6 -> (1, 3), (6, 6)."""
+    runs: list[list[int]] = []
+    for v in sorted(set(int(x) for x in values)):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return [(lo, hi) for lo, hi in runs]
+
+
+def _gaps(values) -> list[tuple[int, int]]:
+    """The runs missing between the smallest and the largest of ``values`` (never the whole
+    span materialised: a stray minute 10**12 costs nothing)."""
+    runs = _runs(values)
+    return [(a[1] + 1, b[0] - 1) for a, b in zip(runs, runs[1:])]
+
+
+def _minute_list(runs: list[tuple[int, int]], word: str = "minute") -> str:
+    """``"minute 3"`` or ``"minutes 1-4, 6-8"``: the first few runs, for a message."""
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:3]) + (", ..." if len(runs) > 3 else "")
+    plural = word == "minute" and (len(runs) > 1 or runs[0][0] != runs[0][1])
+    return f"{word}{'s' if plural else ''} {text}"
 
 
 @dataclass
@@ -96,9 +130,10 @@ def _load_csv(path: Path, days, sample) -> Trace:
     import pandas as pd
 
     try:
-        df = pd.read_csv(path)
+        df = pd.read_csv(path, skipinitialspace=True)  # "minute, job, requests" reads as written
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         raise TraceError(f"{path}: cannot read CSV ({err})") from None
+    df.columns = [str(c).strip() for c in df.columns]
     missing = [c for c in ("minute", "job", "requests") if c not in df.columns]
     if missing:
         raise TraceError(f"{path}: missing column(s) {', '.join(missing)} "
@@ -123,28 +158,72 @@ def _load_csv(path: Path, days, sample) -> Trace:
     elif "sample" in df.columns and df["sample"].nunique() > 1:
         raise TraceError(f"{path}: the file has several samples "
                          f"{sorted(df['sample'].unique().tolist())}; choose one with --sample")
+
+    def row(bad: pd.Series) -> int:
+        """The first flagged data row as numbered in the file (1: the line after the header)."""
+        return int(bad[bad].index[0]) + 1
+
     req = pd.to_numeric(df["requests"], errors="coerce")
     if req.isna().any():
-        row = int(req.isna().to_numpy().nonzero()[0][0])
-        raise TraceError(f"{path}: 'requests' has a missing or non-numeric value (data row {row + 1})")
+        raise TraceError(f"{path}: 'requests' has a missing or non-numeric value (data row {row(req.isna())})")
+    if np.isinf(req).any():
+        raise TraceError(f"{path}: 'requests' has an infinite value (data row {row(np.isinf(req))})")
     if (req < 0).any():
-        raise TraceError(f"{path}: 'requests' has negative counts")
+        raise TraceError(f"{path}: 'requests' has negative counts (data row {row(req < 0)})")
+    if (req > MAX_REQUESTS_PER_MINUTE).any():
+        r = row(req > MAX_REQUESTS_PER_MINUTE)
+        raise TraceError(f"{path}: 'requests' is {req.loc[r - 1]:g} in data row {r}, above the limit of "
+                         f"{MAX_REQUESTS_PER_MINUTE:,} requests per minute per job")
     minute = pd.to_numeric(df["minute"], errors="coerce")
     if minute.isna().any():
-        raise TraceError(f"{path}: 'minute' has a missing or non-numeric value")
+        raise TraceError(f"{path}: 'minute' has a missing or non-numeric value (data row {row(minute.isna())})")
+    if (minute % 1 != 0).any():  # inf % 1 is NaN: refused too
+        r = row(minute % 1 != 0)
+        raise TraceError(f"{path}: 'minute' must be a whole number (data row {r} has {minute.loc[r - 1]:g})")
     df = df.assign(requests=req.astype(float), minute=minute.astype(int))
     keys = (["day"] if "day" in df.columns else []) + ["minute"]
     if df.duplicated(keys + ["job"]).any():
         raise TraceError(f"{path}: duplicate rows for the same job and minute")
     wide = df.pivot_table(index=keys, columns="job", values="requests", aggfunc="first", sort=True)
+    index = wide.index.to_frame(index=False)
+    for day, m in (index.groupby("day")["minute"] if "day" in index else [(None, index["minute"])]):
+        gaps = _gaps(m)
+        if gaps:
+            where = "" if day is None else f"day {day}: "
+            raise TraceError(f"{path}: {where}{_minute_list(gaps)} missing: the trace needs a row for "
+                             f"every minute from the first to the last; write 0 for minutes without requests")
     if wide.isna().any().any():
-        raise TraceError(f"{path}: some jobs lack counts for some minutes")
+        job = wide.columns[wide.isna().any().to_numpy()][0]
+        holes = wide.index[wide[job].isna().to_numpy()]
+        if "day" in index:
+            day = holes[0][0]
+            where, holes = f"day {day}: ", [m for d, m in holes if d == day]
+        else:
+            where = ""
+        raise TraceError(f"{path}: {where}job {job} lacks {_minute_list(_runs(holes))}: "
+                         f"every job needs a row for every minute; write 0 for minutes without requests")
     names = [str(c) for c in wide.columns]
     return Trace(names, wide.to_numpy(dtype=float).T.copy())
 
 
+def _json_count(where: str, job: str, value) -> float:
+    """One job's count in a line: a number (or deployments' numbers) within the limits.
+    ``true`` is refused: Python would read it as 1 request."""
+    values = list(value.values()) if isinstance(value, dict) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TraceError(f"{where}: job {job}: counts must be numbers (got {json.dumps(v)})")
+        if not np.isfinite(v) or v < 0:
+            raise TraceError(f"{where}: job {job}: counts must be finite and >= 0 (got {json.dumps(v)})")
+    n = float(sum(values))
+    if n > MAX_REQUESTS_PER_MINUTE:
+        raise TraceError(f"{where}: job {job}: {n:g} requests, above the limit of "
+                         f"{MAX_REQUESTS_PER_MINUTE:,} requests per minute per job")
+    return n
+
+
 def _load_jsonl(path: Path) -> Trace:
-    per_min: list[dict[str, float]] = []
+    by_ts: dict[int, tuple[int, dict[str, float]]] = {}  # ts -> (line number, counts per job)
     try:
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as err:
@@ -154,17 +233,27 @@ def _load_jsonl(path: Path) -> Trace:
             continue
         try:
             rec = json.loads(line)
-            counts = rec["counts"]
-            per_min.append({job: float(sum(deps.values())) if isinstance(deps, dict) else float(deps)
-                            for job, deps in counts.items()})
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError):
+            ts, counts = rec["ts"], rec["counts"]
+            jobs = list(counts.items())
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             raise TraceError(f"{path}:{k}: expected {{\"ts\": i, \"counts\": {{job: {{deployment: n}}}}}}") from None
-    if not per_min:
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not float(ts).is_integer():
+            raise TraceError(f"{path}:{k}: 'ts' must be a whole minute number (got {json.dumps(ts)})")
+        if int(ts) in by_ts:
+            raise TraceError(f"{path}:{k}: ts {int(ts)} repeats line {by_ts[int(ts)][0]}")
+        by_ts[int(ts)] = (k, {str(job): _json_count(f"{path}:{k}", job, v) for job, v in jobs})
+    if not by_ts:
         raise TraceError(f"{path}: no records")
+    gaps = _gaps(by_ts)
+    if gaps:
+        raise TraceError(f"{path}: no line has {_minute_list(gaps, 'ts')}: the trace needs a line for "
+                         f"every minute from the first ts to the last; write "
+                         f"{{\"ts\": t, \"counts\": {{}}}} for minutes without requests")
+    per_min = [by_ts[t][1] for t in sorted(by_ts)]
     names = sorted({j for m in per_min for j in m})
-    counts = np.array([[m.get(j, 0.0) for m in per_min] for j in names])
-    if not np.all(np.isfinite(counts)) or (counts < 0).any():
-        raise TraceError(f"{path}: counts must be finite and >= 0")
+    if not names:
+        raise TraceError(f"{path}: no jobs in any line")
+    counts = np.array([[m.get(j, 0.0) for m in per_min] for j in names], dtype=float)
     return Trace(names, counts)
 
 
