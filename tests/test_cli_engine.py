@@ -119,3 +119,11 @@ def test_estimate_counts_replicas_of_concurrency_k(cli):
     # 4k servers pool at least as well as k: never more than a quarter of the replicas
     assert 1 <= four["replicas"] <= math.ceil(one["replicas"] / 4) and four["latency_ms"] <= 600
     assert cli("estimate", "--rate", "40", "--proc-ms", "150", "--slo-ms", "600", "--concurrency", "0")[0] == 2
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "localhost:8000"])
+def test_status_names_a_url_without_its_scheme(cli, url):
+    """Not "cannot reach ... is serve running?": the server may be up; the URL is wrong."""
+    code, out, err = cli("status", "--url", url)
+    assert (code, out) == (2, "")
+    assert err == f"faro-serve: error: --url must look like http://127.0.0.1:8000 (got {url!r})\n"

@@ -22,8 +22,12 @@ def register(sub) -> None:
 
 
 def fetch_status(url: str, app: str = "faro", timeout: float = 10.0, path: str = "status"):
+    from urllib.parse import urlsplit
+
     import httpx
 
+    if urlsplit(url).scheme not in ("http", "https"):
+        raise UsageError(f"--url must look like http://127.0.0.1:8000 (got {url!r})")
     target = f"{url.rstrip('/')}/{app.strip('/')}/{path}"
     host = httpx.URL(target).host
     # a loopback address never goes through a proxy from the environment
