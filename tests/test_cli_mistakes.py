@@ -136,3 +136,28 @@ def test_simulate_reads_the_faro_application_of_a_serve_config(cli, tmp_path):
     assert code == 0, err
     import json
     assert sorted(json.loads(out)["jobs"]) == names
+
+
+def test_a_forecaster_trained_on_the_replayed_day_is_noted(tmp_path):
+    """--history-days that hold the day replayed (same file, same sample) get a note; the
+    days before it, another sample or another file do not."""
+    from argparse import Namespace
+
+    from faro_serve.commands.simulate import warn_if_trained_on_the_day
+
+    f = tmp_path / "t.csv"
+    f.write_text("day,sample,minute,job,requests\n")
+    notes = []
+
+    def args(**kw):
+        base = dict(trace=str(f), history=str(f), day=8, sample=0, history_days="1-8",
+                    history_sample=0)
+        return Namespace(**(base | kw))
+
+    warn_if_trained_on_the_day(args(), notes.append)
+    assert notes == ["note: --history-days 1-8 includes day 8, the day replayed: the forecaster "
+                     "is trained on the minutes it forecasts (use the days before it)"]
+    for kw in ({"history_days": "1-7"}, {"history_sample": 1}, {"history": str(tmp_path / "other.csv")},
+               {"history_days": None}):
+        warn_if_trained_on_the_day(args(**kw), notes.append)
+    assert len(notes) == 1

@@ -128,10 +128,31 @@ def forecaster_from_args(args, log=None):
         return choose_forecaster(spec)
     from ..sim.forecaster import history_forecaster
 
+    warn_if_trained_on_the_day(args, log)
     fc = history_forecaster(args.history, days=args.history_days, sample=args.history_sample,
                             before_day=args.day if args.history_days is None else None,
                             cache_dir=args.forecaster_cache, max_steps=args.history_max_steps, log=log)
     return fc, "nhits"
+
+
+def warn_if_trained_on_the_day(args, log) -> None:
+    """A note when ``--history-days`` holds the day replayed from the same file (and
+    sample): the forecaster would have learnt the very minutes it forecasts, and the run
+    would flatter every forecasting policy."""
+    from pathlib import Path
+
+    from ..traces import parse_days
+
+    if args.history_days is None or args.day is None or not args.history:
+        return
+    try:
+        same = Path(args.history).resolve() == Path(args.trace).resolve()
+        days = parse_days(args.history_days) or []
+    except (OSError, ValueError):
+        return  # a bad spec is reported where it is read
+    if same and args.day in days and (args.sample is None or args.history_sample == args.sample):
+        log(f"note: --history-days {args.history_days} includes day {args.day}, the day replayed: "
+            f"the forecaster is trained on the minutes it forecasts (use the days before it)")
 
 
 def register(sub) -> None:

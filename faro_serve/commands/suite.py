@@ -106,7 +106,9 @@ def run(args) -> int:
             raise UsageError(str(err)) from None
     elif args.history and any(uses_forecaster(p) for p in policies):
         from ..sim.forecaster import ensure_forecaster
+        from .simulate import warn_if_trained_on_the_day
 
+        warn_if_trained_on_the_day(args, lambda m: print(m, file=sys.stderr))
         fc_dir = str(ensure_forecaster(args.history, days=args.history_days, sample=args.history_sample,
                                        before_day=args.day if args.history_days is None else None,
                                        cache_dir=args.forecaster_cache, max_steps=args.history_max_steps,
