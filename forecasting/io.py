@@ -71,6 +71,9 @@ def save_forecaster(forecaster: NHitsForecaster, directory: str | Path) -> Path:
 def read_meta(directory: str | Path) -> dict:
     """The validated ``meta.json`` of a forecaster directory."""
     d = Path(directory)
+    if d.is_file():
+        raise ForecasterLoadError(f"{d}: a file, not a forecaster directory (one that holds "
+                                  f"meta.json and the network)")
     if not d.is_dir():
         raise ForecasterLoadError(f"{d}: no such forecaster directory")
     path = d / META_FILE

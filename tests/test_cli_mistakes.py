@@ -161,3 +161,18 @@ def test_a_forecaster_trained_on_the_replayed_day_is_noted(tmp_path):
                {"history_days": None}):
         warn_if_trained_on_the_day(args(**kw), notes.append)
     assert len(notes) == 1
+
+
+@pytest.mark.parametrize("command", ["simulate", "replay"])
+def test_a_jobs_list_of_commas_is_named_not_read_as_every_job(cli, trace, command):
+    extra = ["--capacity", "8"] if command == "simulate" else ["--slo-ms", "500"]
+    code, _, err = cli(command, "--trace", str(trace), "--day", "1", "--sample", "0",
+                       "--jobs", " , ", *extra)
+    assert code == 2 and error(err) == ("faro-serve: error: --jobs ' , ' names no job (write "
+                                        "job names separated by commas)")
+
+
+@pytest.mark.parametrize("command", ["simulate", "replay", "validate"])
+def test_a_negative_seed_is_named_with_its_flag(cli, trace, command):
+    code, _, err = cli(command, "--trace", str(trace), "--seed", "-1")
+    assert code == 2 and err.splitlines()[-1].endswith("error: argument --seed: must be >= 0 (got -1)")

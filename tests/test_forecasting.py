@@ -242,6 +242,10 @@ def test_point_nhits_is_degenerate_and_matches_neuralforecast(point_model):
 def test_load_rejects_unknown_or_invalid_dirs(tmp_path):
     with pytest.raises(ForecasterLoadError, match="no such forecaster directory"):
         load_forecaster(tmp_path / "missing")
+    (tmp_path / "meta.json").write_text("{}")  # a file given for the directory holding it
+    with pytest.raises(ForecasterLoadError, match=r"meta.json: a file, not a forecaster directory"):
+        load_forecaster(tmp_path / "meta.json")
+    (tmp_path / "meta.json").unlink()
     with pytest.raises(ForecasterLoadError, match="no meta.json"):
         load_forecaster(tmp_path)
     (tmp_path / META_FILE).write_text("{not json")

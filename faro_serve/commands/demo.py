@@ -18,6 +18,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from . import _args
 from .errors import UsageError
 
 
@@ -43,7 +44,7 @@ def register(sub) -> None:
     g.add_argument("--minutes", type=int, help="trace minutes to replay (default: to the end)")
     g.add_argument("--time-scale", type=float, default=1.0, help="a trace minute lasts 60 x X seconds (1)")
     g.add_argument("--rate-scale", type=float, help="multiply every count by Y (bundled slice: 0.3, else 1)")
-    g.add_argument("--seed", type=int, default=0, help="random seed of the schedule (0)")
+    g.add_argument("--seed", type=_args.seed, default=0, help="random seed of the schedule (0)")
     g.add_argument("--max-requests", type=int, default=100_000, help="refuse a larger schedule (100000)")
     g.add_argument("--max-in-flight", type=int, default=500, help="open requests at most (500)")
     g.add_argument("--timeout", type=float, default=30.0, help="per-request timeout, seconds (30)")
@@ -73,7 +74,7 @@ def _load(args):
         raise UsageError(f"--timeout must be > 0 (got {args.timeout:g})")
     bundled = args.trace is None
     path = DEMO_TRACE if bundled else Path(args.trace)
-    jobs = [j.strip() for j in args.jobs.split(",") if j.strip()] if args.jobs else None
+    jobs = _args.job_list(args.jobs)
     mapping = parse_map(args.map if args.map is not None else (DEMO_MAP if bundled else None))
     if bundled and args.map is None and jobs is not None:
         mapping = {j: m for j, m in mapping.items() if j in jobs}

@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from . import _args
 from .errors import UsageError
 
 EVAL_BASELINES = ("last", "mean", "max", "nhits-point")
@@ -73,7 +74,7 @@ def register(sub) -> None:
                    help="minutes per job held out for early stopping (default 1/8 of the series)")
     t.add_argument("--mlp-width", type=int, default=None,
                    help=f"units of each hidden layer (default {d.mlp_width})")
-    t.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    t.add_argument("--seed", type=_args.seed, default=1, help="random seed (default 1)")
     t.add_argument("--verbose", action="store_true", help="show Lightning's own logs and warnings")
     t.set_defaults(func=run_train)
 
@@ -88,7 +89,7 @@ def register(sub) -> None:
     e.add_argument("--horizon", type=int, default=None, help="baselines: minutes forecast (default 7)")
     e.add_argument("--step", type=int, default=5, help="minutes between forecast origins (default 5)")
     e.add_argument("--samples", type=int, default=100, help="samples per forecast (default 100)")
-    e.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    e.add_argument("--seed", type=_args.seed, default=0, help="sampling seed (default 0)")
     e.set_defaults(func=run_eval)
 
 

@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from . import _args
 from .errors import UsageError
 
 
@@ -45,7 +46,7 @@ def register(sub) -> None:
                    "file's bytes with @FILE (default: empty); JSON text is sent as application/json")
     p.add_argument("--slo-ms", type=float, help="SLO of every model (default: from /faro/status)")
     p.add_argument("--percentile", type=float, default=99.0, help="SLO percentile with --slo-ms (99)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the schedule (0)")
+    p.add_argument("--seed", type=_args.seed, default=0, help="random seed of the schedule (0)")
     p.add_argument("--network-delay", default="none", metavar="SPEC",
                    help="network time each request is taken to have spent before it arrived, "
                         "sent in the x-faro-network-ms header and added to its latency "
@@ -124,7 +125,7 @@ def run(args) -> int:
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be > 0 (got {args.timeout:g})")
     mapping = parse_map(args.map)
-    jobs = [j.strip() for j in args.jobs.split(",") if j.strip()] if args.jobs else None
+    jobs = _args.job_list(args.jobs)
     trace = load_trace(args.trace, days=args.day, sample=args.sample)
     trace, names = select_trace(trace, jobs, mapping, args.start, args.minutes)
     try:

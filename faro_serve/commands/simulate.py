@@ -15,6 +15,7 @@ import math
 import sys
 
 from ._output import check_output_file
+from . import _args
 from .errors import UsageError
 
 
@@ -79,7 +80,8 @@ def scenario_from_args(args):
         except ValueError:
             raise ValueError(f"--rescale takes LOW,HIGH (got {args.rescale!r})") from None
         rescale = (lo, hi)
-    jobs = tuple(j.strip() for j in args.jobs.split(",") if j.strip()) if args.jobs else None
+    jobs = _args.job_list(args.jobs)
+    jobs = tuple(jobs) if jobs else None
     return Scenario(trace=args.trace, day=args.day, sample=args.sample, jobs=jobs,
                     minutes=args.minutes, rescale=rescale, n_jobs=args.n_jobs, jitter=args.jitter,
                     warmup_minutes=args.warmup_minutes, slo_ms=args.slo_ms,
@@ -177,7 +179,7 @@ def register(sub) -> None:
                         "(the N-HiTS shipped with faro-serve, the default), a plug-in name or the "
                         "import path of a forecaster class or factory (my_pkg.fc:MyForecaster); "
                         "not with --history")
-    p.add_argument("--seed", type=int, default=0, help="random seed of arrivals and times (0)")
+    p.add_argument("--seed", type=_args.seed, default=0, help="random seed of arrivals and times (0)")
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-' = stdout)")
     p.add_argument("--step-at", type=float, metavar="SECONDS",
                    help="a load step at this run second: add each model's recovery time and the "

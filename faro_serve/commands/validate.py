@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from . import _args
 from .errors import UsageError
 
 
@@ -58,7 +59,7 @@ def add_live_args(p, *, day: int, jobs: str, start: int, minutes: int, capacity:
     p.add_argument("--forecaster", help="the forecaster of both sides: 'fallback' (the fallback "
                    "predictor), 'shipped' (the N-HiTS shipped with faro-serve) or a trained "
                    "forecaster directory (default: shipped)")
-    p.add_argument("--seed", type=int, default=0, help="workload seed (0)")
+    p.add_argument("--seed", type=_args.seed, default=0, help="workload seed (0)")
     p.add_argument("--out", default=out, help=f"output directory ({out})")
     p.add_argument("--resimulate", action="store_true",
                    help="reuse the live runs saved in --out; only simulate and compare again")
@@ -119,7 +120,7 @@ def run_validation(args) -> tuple[Path, dict, dict]:
         if not args.capacity >= 1:
             raise UsageError(f"--capacity must be >= 1 (got {args.capacity:g})")
         wl = Workload(trace=args.trace, day=args.day, sample=args.sample,
-                      jobs=tuple(j.strip() for j in args.jobs.split(",") if j.strip()),
+                      jobs=tuple(_args.job_list(args.jobs) or ()),
                       start=args.start, minutes=args.minutes, rate_scale=args.rate_scale,
                       slowdown=args.slowdown, seed=args.seed)
         tr = wl.load()  # bad trace input fails here, before any cluster starts
