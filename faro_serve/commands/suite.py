@@ -28,7 +28,8 @@ def register(sub) -> None:
                         "not with --history")
     p.add_argument("--capacities", default="36,32,16", help="comma-separated replica counts (36,32,16)")
     p.add_argument("--policies", default="all", help="comma-separated policy names or import "
-                   "paths (my_pkg.policies:MyPolicy), or 'all' (the built-in and installed ones)")
+                   "paths (my_pkg.policies:MyPolicy), or 'all' (the default: every built-in and "
+                   "installed policy; Sponge only with --batch-profile)")
     p.add_argument("--seeds", default="3", help="a count N (seeds 0..N-1) or a list like 0,1,2 (3)")
     p.add_argument("--workers", type=int, default=2, help="parallel processes (2)")
     p.add_argument("--out", default="runs/suite", help="output directory (runs/suite)")

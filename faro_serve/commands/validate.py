@@ -7,8 +7,8 @@ utility, lost utility and SLO violation rate, their relative difference, and whe
 policies rank the same (Kendall tau). The simulated side is the mean of --sim-draws
 simulations at the live run's per-minute counts. The simulator takes this machine's overhead, cold
 start and replica hold between queued requests from a calibration before the first run.
---resimulate DIR compares a changed simulator against the live runs saved in DIR, without
-running them again.
+--resimulate (with --out DIR) compares a changed simulator against the live runs saved in
+DIR, without running them again.
 """
 
 from __future__ import annotations
