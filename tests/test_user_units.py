@@ -181,6 +181,13 @@ def test_faro_serve_init_writes_a_config_that_validates(cli, monkeypatch, tmp_pa
     assert cli("init", "user_apps.shop:NOT_A_DEPLOYMENT")[0] == 2
     code, _, err = cli("init", "no_such_pkg:X")
     assert code == 2 and "does not import" in err and err.count("\n") == 1
+    # a bad value is named by the flag that set it, not by the config field alone
+    code, _, err = cli("init", "user_apps.shop:TextClassifier", "--slo-ms", "-5", "-o", str(out))
+    assert code == 2 and err == ("faro-serve: error: invalid configuration in the config these "
+                                 "flags make:\n  --slo-ms (models.0.slo_ms): Input should be "
+                                 "greater than 0 (got -5.0)\n")
+    code, _, err = cli("init", "user_apps.shop:TextClassifier", "--port", "99999")
+    assert code == 2 and err == "faro-serve: error: --port must be in 1..65535 (got 99999)\n"
 
 
 def test_a_class_without_call_keeps_none_and_its_methods_are_guarded():

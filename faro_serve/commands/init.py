@@ -43,6 +43,13 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+# the config's fields that init's flags set, for an error to name the flag
+FLAG_OF = {"models.0.slo_ms": "--slo-ms", "models.0.percentile": "--percentile",
+           "models.0.cpus": "--cpus", "models.0.gpus": "--gpus",
+           "models.0.concurrency": "--concurrency", "models.0.max_replicas": "--max-replicas",
+           "models.0.name": "--name", "cluster.cpus": "--cluster-cpus"}
+
+
 def config_for(path: str, dep_name: str, args) -> dict:
     import os
 
@@ -76,14 +83,19 @@ def run(args) -> int:
 
     if args.import_path.count(":") != 1 or not all(args.import_path.split(":")):
         raise UsageError(f"{args.import_path!r} is not an import path: write 'package.module:Name'")
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 1..65535 (got {args.port})")
     check_output_file(args.output, "-o")
     dep = load_deployment(args.import_path)  # a ConfigError names what is wrong
     doc = config_for(args.import_path, dep.name, args)
     faro = doc["applications"][0]["args"]
     try:
-        parse_config(faro, "the written config")
-    except ConfigError as err:
-        raise UsageError(str(err)) from None
+        parse_config(faro, "the config these flags make")
+    except ConfigError as err:  # named by the flag that set the field
+        text = str(err)
+        for field, flag in FLAG_OF.items():
+            text = text.replace(f"{field}:", f"{flag} ({field}):")
+        raise UsageError(text) from None
     text = HEAD.format(path=args.import_path, out=args.output if args.output != "-" else "config.yaml")
     text += yaml.safe_dump(doc, sort_keys=False)
     if args.output == "-":
