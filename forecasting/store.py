@@ -56,6 +56,8 @@ class ArrivalStore:
     def __init__(self, path: str | Path, keep_days: float = 7.0, *, read_only: bool = False):
         p = Path(path).expanduser()
         self.path = p / FILE_NAME if p.suffix == "" or p.is_dir() else p
+        if read_only and p.is_file():  # a reader takes the file it is given, suffix or not
+            self.path = p
         if keep_days <= 0:
             raise ValueError(f"keep_days must be > 0 (got {keep_days})")
         self.keep_minutes = int(round(keep_days * 1440))

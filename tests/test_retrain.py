@@ -196,20 +196,22 @@ def test_forecast_train_from_a_file_that_is_no_store_names_it_and_leaves_it_as_i
 
     csv_ = tmp_path / "mytrace.csv"
     csv_.write_text("minute,job,requests\n0,a,5\n")
+    bare = tmp_path / "mytrace"  # no suffix: still the file given, not a directory beneath it
+    bare.write_text("minute,job,requests\n0,a,5\n")
     empty = tmp_path / "empty.db"
     empty.write_bytes(b"")
     foreign = tmp_path / "app.db"
     with sqlite3.connect(foreign) as db:
         db.execute("CREATE TABLE users (name TEXT)")
     for f, why in ((csv_, "not an SQLite database (a trace file? train on it with --trace)"),
-                   (empty, "not an SQLite database"),
+                   (empty, "not an SQLite database"), (bare, "not an SQLite database"),
                    (foreign, "a foreign SQLite database (application id 0, tables users), not a "
                              "faro-serve history store")):
         before = f.read_bytes()
         code, _, err = cli("forecast", "train", "--from", str(f), "--out", str(tmp_path / "fc"))
         assert code == 2 and err == f"faro-serve: error: --from {f}: refused: {why}\n", err
         assert f.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db", "empty.db", "mytrace.csv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db", "empty.db", "mytrace", "mytrace.csv"]
 
 
 def test_a_read_only_store_reads_what_the_autoscaler_wrote_and_writes_nothing(tmp_path):
