@@ -177,15 +177,20 @@ def check_forecaster(fc, what: str) -> None:
         v = getattr(fc, a)
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
             raise PluginError(f"{what}: {kind}.{a} must be a positive integer (got {v!r})")
+    asked = ["check-a", "check-b"]  # two models: one dropped or renamed is caught here
     try:
-        out = fc.predict({"check": np.full(int(fc.input_size), 60.0)}, n_samples=2, seed=0)
+        out = fc.predict({n: np.full(int(fc.input_size), 60.0) for n in asked}, n_samples=2, seed=0)
     except Exception as err:
         raise PluginError(f"{what}: {kind}.predict(history, n_samples=2, seed=0) failed "
                           f"({type(err).__name__}: {err})") from None
-    if not isinstance(out, Forecast) or out.samples.shape != (1, 2, int(fc.horizon)):
+    if not isinstance(out, Forecast) or out.samples.shape != (2, 2, int(fc.horizon)):
         got = type(out).__name__ if not isinstance(out, Forecast) else f"samples {out.samples.shape}"
         raise PluginError(f"{what}: {kind}.predict must return a forecasting.base.Forecast with "
-                          f"samples (models, n_samples, horizon) = (1, 2, {fc.horizon}); got {got}")
+                          f"samples (models, n_samples, horizon) = (2, 2, {fc.horizon}) for two "
+                          f"models; got {got}")
+    if list(out.names) != asked:
+        raise PluginError(f"{what}: {kind}.predict must forecast the models it is given, in "
+                          f"their order ({asked}); got {list(out.names)}")
 
 
 def forecaster_plugins() -> dict[str, str]:

@@ -176,3 +176,11 @@ def test_a_jobs_list_of_commas_is_named_not_read_as_every_job(cli, trace, comman
 def test_a_negative_seed_is_named_with_its_flag(cli, trace, command):
     code, _, err = cli(command, "--trace", str(trace), "--seed", "-1")
     assert code == 2 and err.splitlines()[-1].endswith("error: argument --seed: must be >= 0 (got -1)")
+
+
+def test_a_forecaster_that_renames_its_models_is_refused_at_start(cli, trace):
+    code, _, err = sim(cli, trace, "--capacity", "8", "--forecaster", f"{USER}:RenamesModels")
+    assert code == 2 and error(err) == (
+        f"faro-serve: error: forecaster '{USER}:RenamesModels': RenamesModels.predict must "
+        "forecast the models it is given, in their order (['check-a', 'check-b']); got "
+        "['m0', 'm1']")
