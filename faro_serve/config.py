@@ -202,6 +202,15 @@ def parse_config(data: Any, source: str = "") -> FaroConfig:
         raise ConfigError(format_validation_error(err, source)) from None
 
 
+def faro_applications(serve_config: Any) -> list[dict]:
+    """The applications of a Ray Serve config (``applications``, as serve_config.yaml) that
+    run faro-serve's autoscaler (``import_path`` ending ``:autoscaler_app``): where a Serve
+    config keeps its SLOs. One rule for every reader (``kuberay``, ``simulate --config``)."""
+    apps = serve_config.get("applications") if isinstance(serve_config, dict) else None
+    return [a for a in (apps if isinstance(apps, list) else []) if isinstance(a, dict)
+            and str(a.get("import_path", "")).endswith(":autoscaler_app")]
+
+
 def load_document(path: str | Path) -> Any:
     """Read a YAML or JSON file, raising :class:`ConfigError` when it cannot be read or parsed."""
     p = Path(path)

@@ -280,18 +280,15 @@ def run_config(args) -> int:
 def read_config(path: str):
     """``--config``: a faro-serve config (cluster, models, pipelines), or a Ray Serve config
     (``applications``, like serve_config.yaml), of which the faro application's args are
-    read: its one application whose import_path is ``...:autoscaler_app``, as ``kuberay``
-    finds it (faro_serve.serving.kuberay)."""
+    read (:func:`faro_serve.config.faro_applications`, as ``kuberay`` finds it)."""
     from autoscaler.config import parse_autoscaler_config
 
-    from ..config import load_document, parse_config
+    from ..config import faro_applications, load_document, parse_config
 
     doc = load_document(path)
     if not (isinstance(doc, dict) and "applications" in doc):
         return parse_config(doc, path)
-    apps = doc["applications"] if isinstance(doc["applications"], list) else []
-    faro = [a for a in apps if isinstance(a, dict)
-            and str(a.get("import_path", "")).endswith(":autoscaler_app")]
+    faro = faro_applications(doc)
     if len(faro) != 1:
         raise UsageError(f"--config {path}: a Ray Serve config with {len(faro)} applications of "
                          f"import_path faro_serve.serving.app:autoscaler_app; --config takes the "
