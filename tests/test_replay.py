@@ -280,6 +280,7 @@ def test_the_timeout_bounds_the_whole_request_not_each_read():
     (["--max-in-flight", "0"], "--max-in-flight must be >= 1"),
     (["--network-delay", "fast"], "--network-delay 'fast': cannot read distribution"),
     (["--network-delay", "bandwidth:0"], "PAYLOAD_MB > 0"),
+    (["--slo-ms", "500", "--out", "/dev/null"], "--out /dev/null: is a file, not a directory"),
 ])
 def test_bad_flags_exit_2_with_one_line(cli, tmp_path, extra, message):
     trace = _csv(tmp_path, {"job0": [10, 20, 30], "job1": [5, 5, 5]})

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from . import _args
+from ._output import check_output_dir
 from .errors import UsageError
 
 
@@ -140,11 +141,8 @@ def run(args) -> int:
         raise UsageError(f"--path {args.path!r} must start with / and contain {{model}}")
     body, content_type = _body(args.body)
     slo_ms, pct, st = _slos(args, url, names)
+    check_output_dir(args.out, "--out")
     out_dir = Path(args.out)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UsageError(f"--out {out_dir}: cannot create ({err.strerror})") from None
 
     print(f"replaying {sched.size:,} requests of {len(names)} job(s) over {sched.minutes} trace "
           f"minute(s) in {sched.duration_s:.0f} s to {url}", file=sys.stderr)
