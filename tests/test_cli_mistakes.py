@@ -111,6 +111,36 @@ def test_init_checks_its_output_before_importing_the_deployment(cli, tmp_path, w
     assert (code, err) == (2, f"faro-serve: error: {message.format(x=tmp_path / 'x')}\n")
 
 
+def _trained_anyway(*args, **kwargs):
+    raise ValueError("trained before the output was checked")
+
+
+@pytest.mark.parametrize("where, message", [
+    ("{f}", "--out {f}: is a file, not a directory"),
+    ("{f}/net", "--out {f}/net: cannot be written (Not a directory)"),
+    ("/proc/x", "--out /proc/x: cannot be written (No such file or directory)")])
+def test_forecast_train_checks_its_output_before_training(cli, trace, tmp_path, monkeypatch,
+                                                          where, message):
+    import forecasting.train
+
+    monkeypatch.setattr(forecasting.train, "train_forecaster", _trained_anyway)
+    f = tmp_path / "f"
+    f.write_text("mine\n")
+    code, _, err = cli("forecast", "train", "--trace", str(trace), "--out", where.format(f=f))
+    assert (code, err) == (2, f"faro-serve: error: {message.format(f=f)}\n")
+    assert f.read_text() == "mine\n"
+
+
+def test_forecast_train_makes_its_output_only_to_save(cli, trace, tmp_path, monkeypatch):
+    """A training that fails leaves no empty directory behind."""
+    import forecasting.train
+
+    monkeypatch.setattr(forecasting.train, "train_forecaster", _trained_anyway)
+    code, _, err = cli("forecast", "train", "--trace", str(trace), "--out", str(tmp_path / "new" / "net"))
+    assert code == 2 and error(err) == "faro-serve: error: trained before the output was checked"
+    assert not (tmp_path / "new").exists()
+
+
 def test_a_timeline_capacity_must_be_one_of_the_capacities(cli, trace, tmp_path):
     code, _, err = suite(cli, trace, tmp_path / "s", "--capacities", "8,4", "--policies", "aiad",
                          "--timeline-capacity", "7")

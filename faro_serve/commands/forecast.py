@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from . import _args
+from ._output import check_output_dir
 from .errors import UsageError
 
 EVAL_BASELINES = ("last", "mean", "max", "nhits-point")
@@ -114,9 +115,8 @@ def run_train(args) -> int:
         cfg.validate()
     except ValueError as err:
         raise UsageError(str(err)) from None
+    check_output_dir(args.out, "--out", create=False)  # before minutes of training
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a directory")
     if args.from_store:
         return _train_from_store(args, cfg, out)
     for flag in ("current", "force"):
