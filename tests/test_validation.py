@@ -124,7 +124,9 @@ def test_resimulate_compares_saved_runs_and_writes_the_report(trace_csv, tmp_pat
 
 @pytest.mark.parametrize("args,message", [
     (["--policies", "nope"], "unknown nope"),
-    (["--capacity", "0.5"], "--capacity must be >= 1"),
+    (["--capacity", "0.5"], "--capacity must be a finite number >= 1 (got 0.5)"),
+    (["--capacity", "inf"], "--capacity must be a finite number >= 1 (got inf)"),
+    (["--capacity", "nan"], "--capacity must be a finite number >= 1 (got nan)"),
     (["--jobs", "job0,job1,job2", "--capacity", "2", "--minutes", "5"], "3 jobs need at least 3 replicas"),
     (["--minutes", "50"], "beyond the 12 minutes"),
     (["--hold-ms", "-1"], "--hold-ms must be in [0, 60000)"),

@@ -110,10 +110,13 @@ def _batching(args):
         raise ValueError(f"--batch-profile/--max-batch: {msg}") from None
 
 
-def check_capacity(value: float, flag: str = "--capacity") -> None:
-    """A capacity is a finite number of CPUs > 0 (``inf``/``nan`` parse as floats)."""
-    if not (math.isfinite(value) and value > 0):
-        raise UsageError(f"{flag} must be a finite number > 0 (got {value:g})")
+def check_capacity(value: float, flag: str = "--capacity", at_least: float | None = None) -> None:
+    """A capacity is a finite number of CPUs > 0, or >= ``at_least`` (``inf``/``nan`` parse
+    as floats, and ``inf >= 1``)."""
+    enough = value > 0 if at_least is None else value >= at_least
+    if not (math.isfinite(value) and enough):
+        bound = "> 0" if at_least is None else f">= {at_least:g}"
+        raise UsageError(f"{flag} must be a finite number {bound} (got {value:g})")
 
 
 def forecaster_from_args(args, log=None):

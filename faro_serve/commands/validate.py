@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import _args
 from .errors import UsageError
+from .simulate import check_capacity
 
 
 def register(sub) -> None:
@@ -117,8 +118,7 @@ def run_validation(args) -> tuple[Path, dict, dict]:
         if not policies or unknown:
             raise UsageError(f"--policies: unknown {', '.join(unknown) or '(none given)'}; "
                              f"choose from {', '.join(known)} or an import path")
-        if not args.capacity >= 1:
-            raise UsageError(f"--capacity must be >= 1 (got {args.capacity:g})")
+        check_capacity(args.capacity, at_least=1)  # live replicas of 1 CPU
         wl = Workload(trace=args.trace, day=args.day, sample=args.sample,
                       jobs=tuple(_args.job_list(args.jobs) or ()),
                       start=args.start, minutes=args.minutes, rate_scale=args.rate_scale,
