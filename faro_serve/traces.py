@@ -91,9 +91,11 @@ class Trace:
     def rescale(self, low: float, high: float, fit: np.ndarray | None = None) -> "Trace":
         """Map all counts linearly onto ``[low, high]`` requests per minute (shape kept);
         with ``fit``, the map that takes ``fit``'s range there (e.g. the replayed day's, applied
-        to its warm-up history too), never below 0."""
-        if not 0 <= low <= high:
-            raise TraceError(f"rescale range must satisfy 0 <= low <= high (got {low}, {high})")
+        to its warm-up history too), never below 0. HIGH is held to the loader's limit: the
+        file's counts were checked against it, the rescaled ones would not be."""
+        if not 0 <= low <= high <= MAX_REQUESTS_PER_MINUTE:  # nan too
+            raise TraceError(f"--rescale {low:g},{high:g}: needs 0 <= LOW <= HIGH <= "
+                             f"{MAX_REQUESTS_PER_MINUTE:,} (the limit of requests per minute per job)")
         c = self.counts
         ref = c if fit is None else np.asarray(fit, float)
         lo, hi = float(ref.min()), float(ref.max())

@@ -157,6 +157,24 @@ def test_a_capacity_must_be_a_finite_number(cli, trace, tmp_path, value):
                               f"(got {value})\n")
 
 
+@pytest.mark.parametrize("command", ["simulate", "suite"])
+def test_a_rescale_past_the_trace_limit_is_refused(cli, trace, tmp_path, command):
+    """The file's counts are held to MAX_REQUESTS_PER_MINUTE; a rescale may not lift them past it."""
+    import numpy as np
+
+    from faro_serve.traces import MAX_REQUESTS_PER_MINUTE as MAX, Trace
+
+    high = 2 * MAX
+    if command == "simulate":
+        code, _, err = sim(cli, trace, "--capacity", "8", "--policy", "aiad", "--rescale", f"1,{high}")
+    else:
+        code, _, err = suite(cli, trace, tmp_path / "s", "--capacities", "8", "--policies", "aiad",
+                             "--rescale", f"1,{high}")
+    assert code == 2 and error(err) == (f"faro-serve: error: --rescale 1,{high:g}: needs 0 <= LOW "
+                                        f"<= HIGH <= {MAX:,} (the limit of requests per minute per job)")
+    assert Trace(["a"], np.array([[3.0, 5.0]])).rescale(1, MAX).counts.max() == MAX
+
+
 def test_simulate_reads_the_faro_application_of_a_serve_config(cli, tmp_path):
     """The project's own serve_config.yaml: its faro application's models are simulated."""
     names = ["resnet18", "resnet34", "synth-a", "synth-b"]
