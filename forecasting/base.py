@@ -37,6 +37,15 @@ class Forecast:
         return np.quantile(self.samples, qs, axis=1)
 
 
+def check_fraction(value: float, what: str) -> None:
+    """The one rule for a share or weight in 0..1 (the daily context's weight, the recurring
+    peaks' share), whether a flag, the args or a forecaster sets it: a ValueError naming
+    ``what`` and the value as given (15 digits: 1.0000001 is not shown as 1)."""
+    v = float(value)
+    if not 0.0 <= v <= 1.0:  # nan too
+        raise ValueError(f"{what} must be within 0..1 (got {v:.15g})")
+
+
 @runtime_checkable
 class Forecaster(Protocol):
     """Anything that forecasts the next ``horizon`` minutes from per-minute counts."""

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .base import Forecast
+from .base import Forecast, check_fraction
 
 DAY_MINUTES = 1440  # live: a day of wall-clock minutes; a replayed trace has its own day length
 DEFAULT_WEIGHT = 0.25
@@ -35,8 +35,7 @@ def check_daily(period: int, weight: float) -> None:
     """A ValueError naming what is wrong with a daily context's period or weight."""
     if int(period) < 2:
         raise ValueError(f"daily context: period must be at least 2 minutes (got {period})")
-    if not 0.0 <= float(weight) <= 1.0:
-        raise ValueError(f"daily context: weight must be within 0..1 (got {weight})")
+    check_fraction(weight, "daily context: weight")
 
 
 def yesterday_means(history: np.ndarray, period: int, level_minutes: int, horizon: int) -> np.ndarray | None:

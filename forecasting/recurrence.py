@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import Forecast
+from .base import Forecast, check_fraction
 
 LABEL = " + recurrence"
 DEFAULT_SHARE = 0.25
@@ -34,8 +34,7 @@ DEFAULT_SHARE = 0.25
 
 def check_share(share: float) -> None:
     """A ValueError naming a share outside 0..1."""
-    if not 0.0 <= float(share) <= 1.0:
-        raise ValueError(f"recurrence: share must be within 0..1 (got {share})")
+    check_fraction(share, "recurrence: share")
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,26 @@ def test_the_warm_up_spans_days_and_the_scenario_tells_the_forecaster_its_day(tm
                          daily_weight=-1)
 
 
+@pytest.mark.parametrize("value, shown", [(2.0, "2"), (-1e-9, "-1e-09"), (1.0000001, "1.0000001"),
+                                          (float("nan"), "nan")])
+def test_every_weight_and_share_check_is_one_rule(value, shown):
+    """The flags, the daily context and the recurring peaks refuse the same values in the
+    same words (forecasting.base.check_fraction), the value as given: 1.0000001 is not "1"."""
+    from faro_serve.sim.scenario import check_forecast_flags
+    from forecasting.daily import check_daily
+    from forecasting.recurrence import check_share
+
+    checks = {"--daily-weight": lambda v: check_forecast_flags(v, 0.25),
+              "--recurrence-share": lambda v: check_forecast_flags(0.25, v),
+              "daily context: weight": lambda v: check_daily(PERIOD, v),
+              "recurrence: share": check_share}
+    for what, check in checks.items():
+        check(0.0), check(1.0)
+        with pytest.raises(ValueError) as err:
+            check(value)
+        assert str(err.value) == f"{what} must be within 0..1 (got {shown})"
+
+
 def test_rescale_keeps_the_days_range_whatever_the_warm_up(tmp_path):
     from faro_serve.sim.scenario import Scenario
 

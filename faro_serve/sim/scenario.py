@@ -24,6 +24,7 @@ from autoscaler.forecasters import set_daily, set_recurrence
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.traces import (Trace, TraceError, day_minutes, default_warmup, duplicate_jobs,
                                load_trace, previous_day_tail)
+from forecasting.base import check_fraction
 from forecasting.daily import DEFAULT_WEIGHT
 from forecasting.recurrence import DEFAULT_SHARE
 
@@ -35,8 +36,7 @@ def check_forecast_flags(daily_weight: float, recurrence_share: float) -> None:
     """A ValueError naming the flag (--daily-weight, --recurrence-share) outside 0..1; both
     scenario kinds check them here, before any forecaster is built."""
     for flag, v in (("--daily-weight", daily_weight), ("--recurrence-share", recurrence_share)):
-        if not 0 <= v <= 1:
-            raise ValueError(f"{flag} must be within 0..1 (got {v:g})")
+        check_fraction(v, flag)
 
 
 @dataclass(frozen=True)
