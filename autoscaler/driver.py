@@ -18,6 +18,7 @@ Nothing here imports Ray.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -35,12 +36,21 @@ from .setting import Setting, field_map, largest_batch  # noqa: F401 (largest_ba
 log = logging.getLogger("faro_serve.autoscaler")
 
 
-class DecisionRefused(ValueError):
+class _AtTick:
+    """An exception of a decision tick: ``now``, the tick's time (s), for a caller that
+    words its own message (``faro_serve.sim.suite.policy_failures``)."""
+
+    def __init__(self, message: str, now: float | None = None):
+        super().__init__(message)
+        self.now = now
+
+
+class DecisionRefused(_AtTick, ValueError):
     """A decision the driver will not apply (not a Decision, unknown models, a replica count
     that is no number >= 0, a field a model cannot take): the text names the policy and time."""
 
 
-class CapacityExceeded(RuntimeError):
+class CapacityExceeded(_AtTick, RuntimeError):
     """A policy asked for more replicas than the cluster holds."""
 
 
@@ -167,6 +177,19 @@ def observe(now: float, capacity_cpus: float | Capacity, capacity_memory_gb: flo
                        pipelines=dict(pipelines or {}))
 
 
+def decide(policy, obs: Observation) -> Decision | None:
+    """``policy.decide(obs)``. What the policy raises leaves as it was (type, traceback) and
+    with the tick's time as ``now`` unless it has one: a caller names the time without
+    searching the traceback's frames for the observation."""
+    try:
+        return policy.decide(obs)
+    except Exception as err:
+        if not hasattr(err, "now"):
+            with contextlib.suppress(AttributeError):  # an exception that takes no attribute
+                err.now = obs.now
+        raise
+
+
 @dataclass(frozen=True)
 class Applied:
     """A decision made safe to carry out."""
@@ -204,22 +227,22 @@ def apply_decision(decision: Decision, current: Mapping[str, Setting | int],
     cluster has."""
     if not isinstance(decision, Decision):  # a plug-in's mistake, named (not an AttributeError)
         raise DecisionRefused(f"policy {policy!r} returned a {type(decision).__name__} at "
-                              f"t={now:g}s, not a Decision (autoscaler.policy.Decision) or None")
+                              f"t={now:g}s, not a Decision (autoscaler.policy.Decision) or None", now)
     spec = {m.name: m for m in models}
     held = {n: s if isinstance(s, Setting) else Setting(replicas=int(s)) for n, s in current.items()}
     unknown = sorted(set(decision.settings) - set(held))
     if unknown:
-        raise DecisionRefused(f"policy {policy!r} named unknown models {unknown} at t={now:g}s")
+        raise DecisionRefused(f"policy {policy!r} named unknown models {unknown} at t={now:g}s", now)
     changed = {}
     for n, s in decision.settings.items():
         r = s.replicas  # clamped to the model's bounds below, but a negative or NaN is a bug
         if r is not None and not (isinstance(r, (int, float, np.number)) and math.isfinite(r) and r >= 0):
             raise DecisionRefused(f"policy {policy!r} asked for {r!r} replicas of {n!r} at "
-                                  f"t={now:g}s (a number >= 0)")
+                                  f"t={now:g}s (a number >= 0)", now)
         try:
             changed[n] = s.clamp(spec[n])
         except ValueError as err:
-            raise DecisionRefused(f"policy {policy!r} at t={now:g}s: {err}") from None
+            raise DecisionRefused(f"policy {policy!r} at t={now:g}s: {err}", now) from None
     after = {n: held[n].merged(changed[n]) if n in changed else held[n] for n in held}
     targets = {n: after[n].replicas for n in after}
     before = {n: held[n].replicas for n in held}
@@ -230,7 +253,7 @@ def apply_decision(decision: Decision, current: Mapping[str, Setting | int],
     over = cap.over(usage(targets, {n: demand(spec[n]) for n in targets})) if grows else []
     if over:
         raise CapacityExceeded(f"policy {policy!r} asked for {'; '.join(over)} at t={now:g}s "
-                               f"(targets {targets})")
+                               f"(targets {targets})", now)
     changes = [(n, targets[n]) for n in targets if targets[n] != before[n]]
     changes.sort(key=lambda c: c[1] > before[c[0]])  # decreases first, stable otherwise
     return Applied(after, changes, changed)

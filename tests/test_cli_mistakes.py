@@ -53,6 +53,31 @@ def test_a_failing_user_policy_is_one_line_naming_it(cli, trace, policy, message
     assert (code, err, out) == (2, f"faro-serve: error: {message.format(p=p)}\n", "")
 
 
+def test_the_driver_gives_a_failing_tick_its_time():
+    """The time the one line names is carried on the exception by the driver, not looked up
+    in the traceback's frames; an exception without one is named without a time."""
+    import pickle
+    from types import SimpleNamespace
+
+    from autoscaler.driver import DecisionRefused, apply_decision, decide
+    from faro_serve.sim.suite import RunFailed, policy_failures
+
+    class Boom:
+        def decide(self, _):
+            return {}["x"]
+
+    with pytest.raises(KeyError) as caught:  # the policy's own exception, its type kept
+        decide(Boom(), SimpleNamespace(now=60.0))
+    assert caught.value.now == 60.0
+    with pytest.raises(DecisionRefused) as refused:
+        apply_decision({}, {"a": 1}, [], 8, policy="p", now=30.0)
+    assert refused.value.now == pickle.loads(pickle.dumps(refused.value)).now == 30.0
+    for err, at in ((caught.value, " at t=60s"), (KeyError("x"), "")):
+        with pytest.raises(RunFailed) as failed, policy_failures("my.policies:P"):
+            raise err
+        assert str(failed.value) == f"policy 'my.policies:P' failed{at}: KeyError: 'x'"
+
+
 def test_a_suite_keeps_the_runs_that_finished_when_a_policy_fails(cli, trace, tmp_path):
     out = tmp_path / "suite"
     code, _, err = suite(cli, trace, out, "--capacities", "8", "--seeds", "0,1", "--workers", "2",

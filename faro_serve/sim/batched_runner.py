@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoscaler import driver
 from autoscaler.driver import FrontSnapshot, apply_decision, observe
 from autoscaler.policy import Policy
 from autoscaler.setting import Setting, largest_batch
@@ -142,7 +143,7 @@ def simulate_batched(setting: BatchedSetting, policy: Policy, name: str | None =
                              batch_size=batch, threads=int(cores))
         obs = observe(now, policy.cluster.cpus, None, {name: snap}, {name: setting.replicas},
                       in_force, slo_s={name: setting.slo_s})
-        dec = policy.decide(obs)
+        dec = driver.decide(policy, obs)  # its exception carries the time
         if dec is not None:
             done = apply_decision(dec, in_force, policy.models, policy.cluster.cpus, None,
                                   policy=policy.name, now=now)

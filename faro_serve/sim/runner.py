@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoscaler.driver import (CapacityExceeded, FrontSnapshot, apply_decision, observe,  # noqa: F401 (re-exported)
+from autoscaler.driver import (CapacityExceeded, FrontSnapshot, apply_decision, decide, observe,  # noqa: F401 (re-exported)
                               with_open_minute)
 from autoscaler.policy import Policy
 from autoscaler.setting import Setting
@@ -334,7 +334,7 @@ class _Run:
             pobs = self.pipes.observations(t, dt, minute_now, self.cfg.look_back_s)
         obs = observe(t, self.cfg.capacity, None, snaps, running, self.settings, future,
                       pipelines=pobs)
-        dec = self.policy.decide(obs)
+        dec = decide(self.policy, obs)  # its exception carries the time
         if dec is not None:
             done = apply_decision(dec, self.settings, self.models, self.cfg.capacity,
                                   policy=self.policy.name, now=t)

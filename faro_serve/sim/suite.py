@@ -51,13 +51,13 @@ class SuiteStopped(Exception):
 @contextmanager
 def policy_failures(policy: str):
     """Around a run of ``policy``: what a user's policy (an import path or a plug-in) raises
-    becomes one :class:`RunFailed` naming it and the simulated time. The driver's own refusals
-    (``autoscaler.driver.apply_decision``) already say both and keep their message. A
-    built-in policy's exception is faro-serve's bug: it stays a traceback."""
+    becomes one :class:`RunFailed` naming it and the simulated time, which the driver gives
+    the exception as ``now`` (``autoscaler.driver.decide``; none: no time named). The
+    driver's own refusals (``autoscaler.driver.apply_decision``) already say both and keep
+    their message. A built-in policy's exception is faro-serve's bug: it stays a traceback."""
     from autoscaler.builtin import BUILTIN
     from autoscaler.driver import CapacityExceeded, DecisionRefused
     from autoscaler.plugins import PluginError
-    from autoscaler.policy import Observation
 
     try:
         yield
@@ -68,13 +68,8 @@ def policy_failures(policy: str):
             raise
         if isinstance(err, (PluginError, DecisionRefused, CapacityExceeded)):
             raise RunFailed(str(err)) from None  # these name the policy and time already
-        tb, now = err.__traceback__, None
-        while tb is not None:  # the tick's time: the observation the policy was given
-            obs = tb.tb_frame.f_locals.get("obs")
-            if now is None and isinstance(obs, Observation):
-                now = obs.now
-            tb = tb.tb_next
-        at = "" if now is None else f" at t={now:g}s"
+        now = getattr(err, "now", None)
+        at = f" at t={now:g}s" if isinstance(now, (int, float)) else ""
         raise RunFailed(f"policy {policy!r} failed{at}: {type(err).__name__}: {err}") from None
 
 
