@@ -161,6 +161,13 @@ def train_forecaster(history: Mapping[str, np.ndarray], config: TrainConfig | No
     # Runtime objects must not travel with the saved hyper-parameters.
     for holder in (model.hparams, model.trainer_kwargs):
         holder.pop("callbacks", None)
+    # The loss keeps its last batch's mean; after a training step (max_steps not a multiple
+    # of val_check_steps) it is still in the autograd graph and saving cannot copy it.
+    import torch
+
+    for loss in {id(x): x for x in (model.loss, model.hparams.get("loss"))}.values():
+        if isinstance(getattr(loss, "distr_mean", None), torch.Tensor):
+            loss.distr_mean = loss.distr_mean.detach()
     meta = {"config": asdict(cfg),
             "train_series": list(hist), "train_minutes": {n: int(h.size) for n, h in hist.items()},
             "training": asdict(report)}

@@ -217,6 +217,15 @@ def test_a_corrupt_traced_forward_loads_the_weights_and_says_so(trained, tmp_pat
     np.testing.assert_array_equal(loaded.predict(hist, seed=1).samples, fc.predict(hist, seed=1).samples)
 
 
+def test_a_training_that_ends_between_validations_saves(tmp_path):
+    """60 steps, validated every 50: the loss's last batch mean was still in the autograd
+    graph and saving failed with a RuntimeError (deepcopy of a non-leaf tensor)."""
+    fc = train_forecaster(synthetic(400, seed=1), TrainConfig(**{**SMALL, "max_steps": 60}))
+    assert fc.meta["training"]["steps"] == 60 and fc.meta["training"]["best_step"] == 50
+    save_forecaster(fc, tmp_path / "fc")
+    assert load_forecaster(tmp_path / "fc").input_size == 15
+
+
 def test_predict_is_fast_for_ten_jobs(trained):
     fc, _ = trained
     hist = synthetic(60, seed=9, levels=np.linspace(10, 1000, 10))
