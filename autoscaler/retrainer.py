@@ -55,8 +55,8 @@ class Retrainer:
     the period (the first retrain after one period); ``holdout``: minutes held back;
     ``keep``: at most this many recent minutes per model; ``save_dir``: where a swapped-in
     forecaster is saved (None: not saved); ``config``: the candidate's
-    :class:`forecasting.train.TrainConfig` (default: the current's input and horizon, 400
-    steps, one thread); ``clock``: wall seconds."""
+    :class:`forecasting.train.TrainConfig` (default: the current's input, horizon and
+    ensemble size, 400 steps, one thread); ``clock``: wall seconds."""
 
     def __init__(self, store, models: Sequence[str], every_s: float, holdout: int = 120,
                  keep: int = 7 * 1440, save_dir: str | Path | None = None, config=None,
@@ -85,7 +85,8 @@ class Retrainer:
         from forecasting.train import TrainConfig
 
         cfg = self.config or TrainConfig(input_size=current.input_size, horizon=current.horizon,
-                                         max_steps=400, threads=1)
+                                         max_steps=400, threads=1,
+                                         members=getattr(current, "n_members", 1))
         try:
             # the loop's ticks go on forecasting with ``current``: judge a copy of it
             candidate, verdict = retrain(self.history(), copy.deepcopy(current), self.holdout, cfg)

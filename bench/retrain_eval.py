@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     trace = load_trace(a.trace, a.days, a.sample)
     current = FallbackForecaster() if a.current == "fallback" else load_forecaster(a.current)
     cfg = TrainConfig(input_size=current.input_size, horizon=current.horizon,
-                      max_steps=a.max_steps, seed=a.seed)
+                      max_steps=a.max_steps, seed=a.seed, members=getattr(current, "n_members", 1))
     candidate, verdict = retrain(trace.history(), current, a.holdout, cfg)
     doc = {"trace": a.trace, "days": a.days, "current": a.current, **verdict.as_dict()}
     if a.out:

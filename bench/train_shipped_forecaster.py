@@ -1,17 +1,18 @@
 """Train the forecaster that ships with faro-serve (``make forecaster``).
 
-One global N-HiTS with a Gaussian head on both shared trace families: the Faro 10-job
-workload, days 1-8, every one of its 4 samples (40 series of 2,880 minutes), and 12 Azure
-functions, days 8-11 (12 series of 5,760 minutes). Held out, never trained on: Faro days 9-10
-and Azure day 12, where docs/forecasting.md evaluates it. Seed 1, one torch thread, the
-hyper-parameters of ``forecasting.train.TrainConfig`` except the hidden width (128 units,
-not 256: a quarter of the weights; docs/forecasting.md, "The shipped forecaster").
+The global N-HiTS with a Gaussian head, an ensemble of four networks (seeds 1-4), on both
+shared trace families: the Faro 10-job workload, days 1-8, every one of its 4 samples (40
+series of 2,880 minutes), and 12 Azure functions, days 8-11 (12 series of 5,760 minutes).
+Held out, never trained on: Faro days 9-10 and Azure day 12, where docs/forecasting.md
+evaluates it. One torch thread, the hyper-parameters of ``forecasting.train.TrainConfig``
+(four members, docs/forecasting.md "Ensemble") except the hidden width (128 units, not 256:
+a quarter of the weights; docs/forecasting.md, "The shipped forecaster").
 
     python -m bench.train_shipped_forecaster [--traces ../shared/traces] [--out faro_serve/data/forecaster]
 
 The same as ``faro-serve forecast train --trace <faro10> --days 1-8 --sample all --trace
 <azure12> --days 8-11 --mlp-width 128 --seed 1 --out DIR``, with one torch thread. About
-1.5 minutes on this 2-core machine. Retraining gives the same weights; ``meta.json``
+2 minutes on this 2-core machine when idle (27 s a network). Retraining gives the same weights; ``meta.json``
 differs only in ``saved_at`` and the training's ``seconds``.
 """
 

@@ -2,9 +2,10 @@
 
 The autoscaler and the simulator load the forecaster at start, so the directory must be
 self-describing and safe to read: ``meta.json`` (format, version, input size, horizon,
-loss, scaling, training series and report) next to the network's weights in
-neuralforecast's pickle-free safetensors format (``nhits.safetensors``), and the network's
-forward pass traced to TorchScript (``nhits.pt``, :mod:`forecasting.scripted`), which the
+loss, ensemble members, scaling, training series and report) next to each network's weights
+in neuralforecast's pickle-free safetensors format (``nhits.safetensors``, then
+``nhits-1.safetensors``, ... for an ensemble), and each network's forward pass traced to
+TorchScript (``nhits.pt``, ``nhits-1.pt``, ...; :mod:`forecasting.scripted`), which the
 autoscaler loads with torch alone. Anything unexpected raises :class:`ForecasterLoadError`
 (a ``ValueError``) with one line. Load only forecasters you trained or trust: a TorchScript
 file is a program (restricted to TorchScript, but a program).
@@ -43,9 +44,13 @@ def save_forecaster(forecaster: NHitsForecaster, directory: str | Path) -> Path:
     if forecaster.model is None:
         raise ValueError("this forecaster was loaded without its model (traced forward only); "
                          "save the directory it was loaded from instead")
+    if any(m is None for m, _ in forecaster.nets):
+        raise ValueError("an ensemble member was loaded without its model; save the directory "
+                         "it was loaded from instead")
     with quiet_lightning():
-        forecaster.model.save(str(d / WEIGHTS_FILE))
-        export(forecaster.model, forecaster.loss, forecaster.input_size, d / SCRIPT_FILE)
+        for i, (model, _) in enumerate(forecaster.nets):
+            model.save(str(d / member_file(WEIGHTS_FILE, i)))
+            export(model, forecaster.loss, forecaster.input_size, d / member_file(SCRIPT_FILE, i))
     cfg = forecaster.meta.get("config", {})
     meta = {
         "format": FORMAT,
@@ -55,6 +60,7 @@ def save_forecaster(forecaster: NHitsForecaster, directory: str | Path) -> Path:
         "loss": forecaster.loss,
         "input_size": forecaster.input_size,
         "horizon": forecaster.horizon,
+        "members": forecaster.n_members,
         "scaler_type": cfg.get("scaler_type", getattr(forecaster.model.scaler, "scaler_type", None)),
         "units": {"history": "requests per minute", "samples": "requests per second"},
         "train_series": forecaster.meta.get("train_series", []),
@@ -66,6 +72,15 @@ def save_forecaster(forecaster: NHitsForecaster, directory: str | Path) -> Path:
     }
     (d / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return d
+
+
+def member_file(name: str, i: int) -> str:
+    """The file of ensemble member ``i``: the first keeps the single network's name
+    (``nhits.pt``), the others are numbered (``nhits-1.pt``)."""
+    if i == 0:
+        return name
+    stem, _, ext = name.partition(".")
+    return f"{stem}-{i}.{ext}"
 
 
 def read_meta(directory: str | Path) -> dict:
@@ -91,7 +106,8 @@ def read_meta(directory: str | Path) -> dict:
                                   f"(this faro-serve reads version {VERSION})")
     if meta.get("loss") not in PREDICTORS:
         raise ForecasterLoadError(f"{path}: unknown loss {meta.get('loss')!r}")
-    for key in ("input_size", "horizon"):
+    meta.setdefault("members", 1)  # saved before ensembles: one network
+    for key in ("input_size", "horizon", "members"):
         if not isinstance(meta.get(key), int) or meta[key] < 1:
             raise ForecasterLoadError(f"{path}: '{key}' must be a positive integer")
     return meta
@@ -104,21 +120,33 @@ def load_forecaster(directory: str | Path, script: bool = True) -> NHitsForecast
     resident here); otherwise, or if that file cannot be loaded, the N-HiTS weights."""
     d = Path(directory)
     meta = read_meta(d)
-    if script and (d / SCRIPT_FILE).is_file():
+    k = meta["members"]
+    scripts = [d / member_file(SCRIPT_FILE, i) for i in range(k)]
+    if script and all(p.is_file() for p in scripts):
         try:
             from .scripted import load
 
             with preserved_global_rng():
-                fc = NHitsForecaster(None, meta["loss"], _meta_of(meta), script=load(d / SCRIPT_FILE),
-                                     input_size=meta["input_size"], horizon=meta["horizon"])
+                nets = [load(p) for p in scripts]
+                fc = NHitsForecaster(None, meta["loss"], _meta_of(meta), script=nets[0],
+                                     input_size=meta["input_size"], horizon=meta["horizon"],
+                                     members=nets[1:])
                 fc.warm_up()
             return fc
         except Exception as err:  # a corrupt or foreign file: the weights are the source
             log.warning("%s: cannot load the traced forward (%s); loading the weights instead",
-                        d / SCRIPT_FILE, str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
-    weights = d / WEIGHTS_FILE
+                        d, str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+    models = [_load_weights(d, member_file(WEIGHTS_FILE, i), meta) for i in range(k)]
+    fc = NHitsForecaster(models[0], meta["loss"], _meta_of(meta), members=models[1:])
+    fc.warm_up()
+    return fc
+
+
+def _load_weights(d: Path, name: str, meta: dict):
+    """One network's N-HiTS weights, checked against ``meta``."""
+    weights = d / name
     if not weights.is_file():
-        raise ForecasterLoadError(f"{d}: weights file {WEIGHTS_FILE} is missing")
+        raise ForecasterLoadError(f"{d}: weights file {name} is missing")
     try:
         with quiet_lightning(), preserved_global_rng():
             from neuralforecast.models import NHITS
@@ -130,9 +158,7 @@ def load_forecaster(directory: str | Path, script: bool = True) -> NHitsForecast
     if int(model.input_size) != meta["input_size"] or int(model.h) != meta["horizon"]:
         raise ForecasterLoadError(f"{d}: weights (input {model.input_size}, horizon {model.h}) do not "
                                   f"match {META_FILE} (input {meta['input_size']}, horizon {meta['horizon']})")
-    fc = NHitsForecaster(model, meta["loss"], _meta_of(meta))
-    fc.warm_up()
-    return fc
+    return model
 
 
 def _meta_of(meta: dict) -> dict:

@@ -13,7 +13,7 @@ models, a few milliseconds, instead of neuralforecast's DataFrame/Trainer round 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,19 +63,26 @@ class NHitsForecaster:
     a day of history (``daily_period`` minutes and the input window) has its forecast moved
     towards yesterday's same minutes by ``daily_weight`` (:mod:`forecasting.daily`; 0: off).
     A model whose history shows a cycle has ``recurrence_share`` of its samples raised to
-    its recurring peak (:mod:`forecasting.recurrence`; 0: off).
+    its recurring peak (:mod:`forecasting.recurrence`; 0: off). An ensemble (``members``)
+    draws an equal share of the samples from each network (docs/forecasting.md, "Ensemble").
     """
 
     def __init__(self, model: Any, loss: str, meta: Mapping[str, Any] | None = None, *,
-                 script: Any = None, input_size: int | None = None, horizon: int | None = None):
+                 script: Any = None, input_size: int | None = None, horizon: int | None = None,
+                 members: Sequence[Any] = ()):
         """``model``: the neuralforecast ``NHITS``; or None with ``script``, its forward pass
-        traced (:mod:`forecasting.scripted`, torch alone), and ``input_size``/``horizon``."""
+        traced (:mod:`forecasting.scripted`, torch alone), and ``input_size``/``horizon``.
+        ``members``: the ensemble's further networks, each of the kind of the first (models,
+        or traced forwards when ``model`` is None), trained alike from other seeds."""
         if loss not in PREDICTORS:
             raise ValueError(f"unknown N-HiTS loss {loss!r} (expected one of {', '.join(PREDICTORS)})")
         if model is None and (script is None or input_size is None or horizon is None):
             raise ValueError("without the model, give its traced forward (script), input_size and horizon")
         self.model = None if model is None else model.eval()
         self.script = script
+        # every network of the ensemble, the first included: (model, traced forward)
+        self.nets = [(self.model, script)] + [(m.eval(), None) if model is not None else (None, m)
+                                              for m in members]
         self.loss = loss
         self.name = PREDICTORS[loss]
         self.input_size = int(model.input_size if model is not None else input_size)
@@ -91,24 +98,30 @@ class NHitsForecaster:
         self.recurrence_share = DEFAULT_SHARE  # recurring peaks' share of the samples (0: off)
 
     # -- the network, called directly -------------------------------------------------
-    def predict_params(self, windows: np.ndarray, masks: np.ndarray | None = None
-                       ) -> tuple[np.ndarray, np.ndarray]:
+    @property
+    def n_members(self) -> int:
+        """Networks in the ensemble (1: a single N-HiTS)."""
+        return len(self.nets)
+
+    def predict_params(self, windows: np.ndarray, masks: np.ndarray | None = None,
+                       member: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Mean and std ``(models, horizon)`` in requests per MINUTE for ``(models, input_size)``
-        windows of counts (std is 0 for the point model); ``masks`` (same shape, 0 = not
-        observed) keeps padded minutes out of the scaling and the network's residuals."""
+        windows of counts (std is 0 for the point model), by the ensemble's network ``member``;
+        ``masks`` (same shape, 0 = not observed) keeps padded minutes out of the scaling and
+        the network's residuals."""
         import torch
 
         x = np.asarray(windows, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != self.input_size:
             raise ValueError(f"windows must be (models, {self.input_size}), got {x.shape}")
-        if self.model is None:  # the traced forward: the same computation, torch alone
+        m, script = self.nets[member]
+        if m is None:  # the traced forward: the same computation, torch alone
             from .scripted import run
 
             with torch_threads(self.threads), torch.inference_mode():
                 k = np.ones_like(x) if masks is None else np.asarray(masks, dtype=np.float32)
-                mu, sigma = run(self.script, torch.from_numpy(x), torch.from_numpy(k))
+                mu, sigma = run(script, torch.from_numpy(x), torch.from_numpy(k))
             return mu.double().numpy(), sigma.double().numpy()
-        m = self.model
         with torch_threads(self.threads), torch.inference_mode():
             y = torch.from_numpy(x).unsqueeze(-1)                 # [B, L, 1]
             mask = (torch.ones_like(y) if masks is None
@@ -144,9 +157,7 @@ class NHitsForecaster:
         if net:
             pairs = [complete_window(hist[names[i]], size, rule) for i in net]
             windows, masks = np.stack([w for w, _ in pairs]), np.stack([k for _, k in pairs])
-            mu, sigma = self.predict_params(windows, masks if rule == "mask" else None)
-            noise = rng.standard_normal((len(net), n_samples, self.horizon))
-            out[net] = (mu[:, None, :] + sigma[:, None, :] * noise) / 60.0
+            out[net] = self._sample(windows, masks if rule == "mask" else None, n_samples, rng)
             for i in net:
                 k = hist[names[i]].size
                 predictor[names[i]] = (self.name if k >= size else
@@ -164,9 +175,26 @@ class NHitsForecaster:
                        self.daily_period, self.daily_weight, size)
         return add_recurrence(fc, hist, Recurrence(share=self.recurrence_share))
 
+    def _sample(self, windows: np.ndarray, masks: np.ndarray | None, n_samples: int,
+                rng: np.random.Generator) -> np.ndarray:
+        """``(models, n_samples, horizon)`` requests/s: each network of the ensemble draws an
+        equal share of the samples from its Normal (a mixture; Lakshminarayanan et al.,
+        NeurIPS '17: members of other seeds disagree where the data do not decide)."""
+        k = self.n_members
+        parts = []
+        for i in range(k):
+            share = n_samples // k + (i < n_samples % k)
+            if share == 0:
+                continue
+            mu, sigma = self.predict_params(windows, masks, member=i)
+            noise = rng.standard_normal((len(windows), share, self.horizon))
+            parts.append(mu[:, None, :] + sigma[:, None, :] * noise)
+        return np.concatenate(parts, axis=1) / 60.0
+
     def warm_up(self) -> None:
         """One throw-away forward pass so the first real call is not slower."""
-        self.predict_params(np.ones((1, self.input_size)))
+        for i in range(self.n_members):
+            self.predict_params(np.ones((1, self.input_size)), member=i)
 
 
 def neuralforecast_predict(forecaster: NHitsForecaster, history: Mapping[str, np.ndarray],

@@ -132,14 +132,15 @@ def retrain(history: Mapping[str, np.ndarray], current: Forecaster, holdout: int
     """Train a candidate on ``history`` (per model, per-minute counts, oldest first) without
     its last ``holdout`` minutes and judge it against ``current`` on them. Returns the
     candidate (None when it did not train) and the verdict. ``config``: a
-    :class:`forecasting.train.TrainConfig` (default: the current network's input and horizon,
-    400 steps); ``train``: the training function (default :func:`forecasting.train.train_forecaster`)."""
+    :class:`forecasting.train.TrainConfig` (default: the current network's input, horizon
+    and ensemble size, 400 steps); ``train``: the training function (default :func:`forecasting.train.train_forecaster`)."""
     t0 = time.perf_counter()
     if train is None or config is None:
         from .train import TrainConfig, train_forecaster
         train = train or train_forecaster
         config = config or TrainConfig(input_size=current.input_size, horizon=current.horizon,
-                                       max_steps=400, seed=seed + 1)
+                                       max_steps=400, seed=seed + 1,
+                                       members=getattr(current, "n_members", 1))
     if (config.input_size, config.horizon) != (current.input_size, current.horizon):
         raise ValueError(f"the candidate's input and horizon ({config.input_size}, {config.horizon}) "
                          f"must match the current forecaster's ({current.input_size}, {current.horizon})")

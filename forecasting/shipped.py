@@ -1,9 +1,10 @@
 """The forecaster that ships with faro-serve, and which forecaster serves by default.
 
-A global N-HiTS with a Gaussian head, trained on both shared trace families (the Faro
-10-job workload, days 1-8, every sample; 12 Azure functions, days 8-11) by
-``bench/train_shipped_forecaster.py`` (``make forecaster``), lives in the package as
-``faro_serve/data/forecaster/{meta.json,nhits.safetensors}``. The live autoscaler, the
+A global N-HiTS with a Gaussian head, an ensemble of four networks of other seeds, trained
+on both shared trace families (the Faro 10-job workload, days 1-8, every sample; 12 Azure
+functions, days 8-11) by ``bench/train_shipped_forecaster.py`` (``make forecaster``), lives
+in the package as ``faro_serve/data/forecaster/`` (``meta.json``, each network's weights and
+traced forward). The live autoscaler, the
 simulator, ``suite``, ``validate`` and ``compare`` plan with it unless told otherwise:
 
 - ``forecaster: fallback`` (``--forecaster fallback``): the fallback predictor, by choice;

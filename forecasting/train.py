@@ -40,6 +40,7 @@ class TrainConfig:
     mlp_width: int = 256          # units of the 2 hidden layers of each of the 3 N-HiTS stacks
     windows_batch_size: int = 256
     seed: int = 1
+    members: int = 4              # networks of the ensemble, seeds seed .. seed + members - 1
     threads: int | None = None    # torch threads while training (None: half the cores, at most 4)
     extra: dict = field(default_factory=dict)  # further NHITS keyword arguments
 
@@ -59,6 +60,8 @@ class TrainConfig:
             raise ValueError(f"validation size must be >= 0 (got {self.val_size})")
         if self.mlp_width < 1 or self.windows_batch_size < 1 or self.val_check_steps < 1:
             raise ValueError("mlp width, windows batch size and val check steps must be >= 1")
+        if self.members < 1:
+            raise ValueError(f"members must be >= 1 (got {self.members})")
 
 
 @dataclass
@@ -120,10 +123,13 @@ def _callback(report: TrainReport, best: dict, max_steps: int, progress: Progres
 
 def train_forecaster(history: Mapping[str, np.ndarray], config: TrainConfig | None = None,
                      progress: ProgressFn | None = None, verbose: bool = False) -> NHitsForecaster:
-    """Train one global N-HiTS on ``history`` (``{job: per-minute counts}``), CPU only.
+    """Train the global N-HiTS on ``history`` (``{job: per-minute counts}``), CPU only: an
+    ensemble of ``config.members`` networks alike but for their seeds (``seed``, ``seed + 1``,
+    ...), which :class:`NHitsForecaster` mixes (docs/forecasting.md, "Ensemble": on the tuning
+    days the mixture of four planned better than the average single network).
 
-    ``progress(step, max_steps, loss)`` is called after every training step. Seeded by
-    ``config.seed``; the caller's global RNG state is left untouched.
+    ``progress(step, max_steps, loss)`` is called after every training step, counted over
+    the whole ensemble. The caller's global RNG state is left untouched.
     """
     cfg = config or TrainConfig()
     cfg.validate()
@@ -131,6 +137,23 @@ def train_forecaster(history: Mapping[str, np.ndarray], config: TrainConfig | No
     if not hist:
         raise ValueError("no series to train on")
     val_size = choose_val_size([h.size for h in hist.values()], cfg)
+    total = cfg.members * cfg.max_steps
+    nets, reports = [], []
+    for i in range(cfg.members):
+        step = (lambda s, _, loss, done=i * cfg.max_steps: progress(done + s, total, loss)) if progress else None
+        model, report = _train_one(hist, cfg, cfg.seed + i, val_size, step, verbose)
+        nets.append(model)
+        reports.append(asdict(report))
+    meta = {"config": asdict(cfg),
+            "train_series": list(hist), "train_minutes": {n: int(h.size) for n, h in hist.items()},
+            "training": {**reports[0], "seconds": sum(r["seconds"] for r in reports),
+                         "members": reports}}
+    return NHitsForecaster(nets[0], cfg.loss, meta, members=nets[1:])
+
+
+def _train_one(hist: dict, cfg: TrainConfig, seed: int, val_size: int,
+               progress: ProgressFn | None, verbose: bool):
+    """One network of the ensemble, seeded by ``seed``: the model and its report."""
     report = TrainReport(val_size=val_size)
     best: dict = {}
     cb = _callback(report, best, cfg.max_steps, progress)
@@ -150,7 +173,7 @@ def train_forecaster(history: Mapping[str, np.ndarray], config: TrainConfig | No
             mlp_units=3 * [[cfg.mlp_width, cfg.mlp_width]],
             windows_batch_size=cfg.windows_batch_size, val_check_steps=cfg.val_check_steps,
             early_stop_patience_steps=cfg.early_stop_patience_steps if val_size else -1,
-            random_seed=cfg.seed, callbacks=[cb], **cfg.extra, **trainer_kwargs)
+            random_seed=seed, callbacks=[cb], **cfg.extra, **trainer_kwargs)
         nf = NeuralForecast(models=[model], freq=1)
         nf.fit(history_frame(hist), val_size=val_size)
         model = nf.models[0]
@@ -168,7 +191,4 @@ def train_forecaster(history: Mapping[str, np.ndarray], config: TrainConfig | No
     for loss in {id(x): x for x in (model.loss, model.hparams.get("loss"))}.values():
         if isinstance(getattr(loss, "distr_mean", None), torch.Tensor):
             loss.distr_mean = loss.distr_mean.detach()
-    meta = {"config": asdict(cfg),
-            "train_series": list(hist), "train_minutes": {n: int(h.size) for n, h in hist.items()},
-            "training": asdict(report)}
-    return NHitsForecaster(model, cfg.loss, meta)
+    return model, report

@@ -44,7 +44,7 @@ def write_csv(path, history: dict[str, np.ndarray]) -> str:
 
 
 SMALL = dict(max_steps=300, mlp_width=64, windows_batch_size=128, val_check_steps=50,
-             learning_rate=3e-3, scaler_type="standard", seed=7)
+             learning_rate=3e-3, scaler_type="standard", seed=7, members=1)
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +223,84 @@ def test_a_training_that_ends_between_validations_saves(tmp_path):
     fc = train_forecaster(synthetic(400, seed=1), TrainConfig(**{**SMALL, "max_steps": 60}))
     assert fc.meta["training"]["steps"] == 60 and fc.meta["training"]["best_step"] == 50
     save_forecaster(fc, tmp_path / "fc")
-    assert load_forecaster(tmp_path / "fc").input_size == 15
+    assert load_forecaster(tmp_path / "fc").n_members == 1
+
+
+@pytest.fixture(scope="module")
+def ensemble(tmp_path_factory):
+    """Three small networks of seeds 7, 8, 9 trained as one forecaster and saved."""
+    steps = []
+    fc = train_forecaster(synthetic(400, seed=1), TrainConfig(**{**SMALL, "max_steps": 60, "members": 3}),
+                          progress=lambda s, total, loss: steps.append((s, total)))
+    d = tmp_path_factory.mktemp("ensemble")
+    save_forecaster(fc, d)
+    return fc, d, steps
+
+
+def test_an_ensemble_trains_its_networks_from_successive_seeds_and_mixes_them(ensemble):
+    fc, _, steps = ensemble
+    assert fc.n_members == 3 and len(fc.meta["training"]["members"]) == 3
+    assert steps[-1] == (steps[-1][1], 180) and [s for s, _ in steps] == sorted(s for s, _ in steps)
+    hist = synthetic(60, seed=8)
+    windows = np.stack([h[-15:] for h in hist.values()])
+    means = [fc.predict_params(windows, member=i)[0] for i in range(3)]
+    assert not np.allclose(means[0], means[1]) and not np.allclose(means[1], means[2])  # other seeds
+    # the same network as a forecaster of its own: trained alone from that seed, it forecasts alike
+    alone = train_forecaster(synthetic(400, seed=1), TrainConfig(**{**SMALL, "max_steps": 60, "seed": 8}))
+    np.testing.assert_allclose(alone.predict_params(windows)[0], means[1], rtol=1e-5)
+    # 3,001 samples: 1,001 from the first network, 1,000 from each other, about its own mean
+    # (the recurring peaks, which raise a share of the samples, off for this count)
+    fc.recurrence_share = 0.0
+    f = fc.predict(hist, n_samples=3001, seed=3)
+    assert f.samples.shape == (4, 3001, 7)
+    for i, (lo, hi) in enumerate(((0, 1001), (1001, 2001), (2001, 3001))):
+        block = f.samples[:, lo:hi, :].mean(axis=1) * 60
+        err = [np.abs(block - m).mean() for m in means]
+        assert int(np.argmin(err)) == i, err
+    np.testing.assert_array_equal(f.samples, fc.predict(hist, n_samples=3001, seed=3).samples)  # seeded
+
+
+def test_an_ensemble_saves_each_network_and_loads_all_of_them(ensemble, tmp_path):
+    import shutil
+
+    fc, d, _ = ensemble
+    assert read_meta(d)["members"] == 3
+    assert {"nhits.pt", "nhits-1.pt", "nhits-2.pt", "nhits-1.safetensors", "nhits-2.safetensors"} <= {
+        p.name for p in d.iterdir()}
+    hist = synthetic(60, seed=8)
+    want = fc.predict(hist, seed=5).samples
+    traced = load_forecaster(d)
+    assert traced.model is None and traced.n_members == 3
+    np.testing.assert_allclose(traced.predict(hist, seed=5).samples, want, rtol=1e-5, atol=1e-6)
+    full = load_forecaster(d, script=False)
+    assert full.n_members == 3
+    np.testing.assert_array_equal(full.predict(hist, seed=5).samples, want)
+    broken = tmp_path / "broken"
+    shutil.copytree(d, broken)
+    (broken / "nhits-2.safetensors").unlink()
+    (broken / "nhits-2.pt").unlink()
+    with pytest.raises(ForecasterLoadError, match="weights file nhits-2.safetensors is missing"):
+        load_forecaster(broken)
+
+
+def test_a_forecaster_saved_before_ensembles_loads_as_one_network(trained, tmp_path):
+    import shutil
+
+    fc, d = trained
+    old = tmp_path / "old"
+    shutil.copytree(d, old)
+    meta = json.loads((old / META_FILE).read_text())
+    del meta["members"]
+    (old / META_FILE).write_text(json.dumps(meta))
+    loaded = load_forecaster(old)
+    assert loaded.n_members == 1
+    hist = synthetic(60, seed=8)
+    np.testing.assert_allclose(loaded.predict(hist, seed=2).samples, fc.predict(hist, seed=2).samples,
+                               rtol=1e-5, atol=1e-6)
+    for bad in (0, "4"):
+        (old / META_FILE).write_text(json.dumps({**meta, "members": bad}))
+        with pytest.raises(ForecasterLoadError, match="'members' must be a positive integer"):
+            load_forecaster(old)
 
 
 def test_predict_is_fast_for_ten_jobs(trained):
@@ -305,9 +382,12 @@ def test_cli_train_saves_a_loadable_model(tmp_path, capsys):
     csv = write_csv(tmp_path / "t.csv", synthetic(300, seed=13, levels=(50.0, 500.0)))
     out = tmp_path / "model"
     assert main(["forecast", "train", "--trace", csv, "--out", str(out), "--max-steps", "10",
-                 "--baseline", "nhits-point", "--seed", "3"]) == 0
+                 "--baseline", "nhits-point", "--seed", "3", "--members", "2"]) == 0
     assert "trained nhits-point on 2 jobs x 300 minutes" in capsys.readouterr().out
     assert read_meta(out)["loss"] == "mae" and load_forecaster(out).name == "nhits-point"
+    assert read_meta(out)["members"] == 2 and load_forecaster(out).n_members == 2
+    assert main(["forecast", "train", "--trace", csv, "--out", str(tmp_path / "m0"), "--members", "0"]) == 2
+    assert "members must be >= 1 (got 0)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("rows, message", [

@@ -33,7 +33,7 @@ def nhits():
     series = {f"s{i}": rng.poisson(200 + 100 * i + 50 * np.sin(np.arange(400) / 9)).astype(float)
               for i in range(3)}
     return train_forecaster(series, TrainConfig(max_steps=60, mlp_width=32, windows_batch_size=64,
-                                                val_check_steps=30, seed=1))
+                                                val_check_steps=30, seed=1, members=1))
 
 
 def config():

@@ -19,7 +19,7 @@ from forecasting.store import ArrivalStore
 from forecasting.train import TrainConfig
 from front_reports import FakeCluster
 
-SMALL = dict(mlp_width=64, windows_batch_size=64, val_check_steps=50, threads=1)
+SMALL = dict(mlp_width=64, windows_batch_size=64, val_check_steps=50, threads=1, members=1)
 
 
 def traffic(minutes: int = 600, seed: int = 0) -> dict[str, np.ndarray]:

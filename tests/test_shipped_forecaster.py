@@ -25,7 +25,7 @@ from autoscaler.registry import make_policy
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.serving.schema import parse_autoscaler_config
 from forecasting.base import FallbackForecaster
-from forecasting.io import ForecasterLoadError, read_meta
+from forecasting.io import ForecasterLoadError, member_file, read_meta
 from forecasting.nhits import NHitsForecaster
 from forecasting.shipped import shipped_dir
 from front_reports import FakeCluster
@@ -68,9 +68,11 @@ def test_the_shipped_forecaster_is_small_and_trained_on_both_families_before_the
     assert d == ROOT / "faro_serve" / "data" / "forecaster"
     meta = read_meta(d)
     assert meta["loss"] == "normal" and (meta["input_size"], meta["horizon"]) == (15, 7)
-    assert (d / "nhits.safetensors").stat().st_size < 1_000_000  # was 2.4 MB at width 256
-    # plus its forward pass traced (forecasting/scripted.py): the same weights once more
-    assert sum(f.stat().st_size for f in d.iterdir()) < 1_500_000
+    assert meta["members"] == 4  # an ensemble (docs/forecasting.md, "Ensemble")
+    for i in range(4):
+        assert (d / member_file("nhits.safetensors", i)).stat().st_size < 1_000_000  # 2.4 MB at width 256
+    # plus each forward pass traced (forecasting/scripted.py): the same weights once more
+    assert sum(f.stat().st_size for f in d.iterdir()) < 4 * 1_500_000
     minutes = meta["train_minutes"]
     faro = {s: m for s, m in minutes.items() if s.startswith("faro10_days1-10/")}
     azure = {s: m for s, m in minutes.items() if s.startswith("azure12_days8-12/")}

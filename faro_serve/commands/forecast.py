@@ -31,8 +31,8 @@ def register(sub) -> None:
     fsub.required = True
 
     t = fsub.add_parser("train", help="train N-HiTS on a trace and save it to a directory",
-                        description="Train one global N-HiTS (Gaussian head, or MAE with "
-                        "--baseline nhits-point) on all jobs of a trace, or on a live autoscaler's "
+                        description="Train the global N-HiTS (Gaussian head, or MAE with "
+                        "--baseline nhits-point; an ensemble of --members networks) on all jobs of a trace, or on a live autoscaler's "
                         "recorded arrivals (--from); CPU only.")
     src = t.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", action="append",
@@ -76,6 +76,9 @@ def register(sub) -> None:
     t.add_argument("--mlp-width", type=int, default=None,
                    help=f"units of each hidden layer (default {d.mlp_width})")
     t.add_argument("--seed", type=_args.seed, default=1, help="random seed (default 1)")
+    t.add_argument("--members", type=int, default=None,
+                   help=f"networks of the ensemble, seeds --seed, --seed + 1, ... (default "
+                        f"{d.members}; 1: a single N-HiTS, as in the paper)")
     t.add_argument("--verbose", action="store_true", help="show Lightning's own logs and warnings")
     t.set_defaults(func=run_train)
 
@@ -108,7 +111,7 @@ def run_train(args) -> int:
                       loss="mae" if args.baseline == "nhits-point" else "normal")
     for attr, value in (("max_steps", args.max_steps), ("learning_rate", args.learning_rate),
                         ("scaler_type", args.scaler), ("val_size", args.val_size),
-                        ("mlp_width", args.mlp_width)):
+                        ("mlp_width", args.mlp_width), ("members", args.members)):
         if value is not None:
             setattr(cfg, attr, value)
     try:
