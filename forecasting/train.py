@@ -140,7 +140,8 @@ def train_forecaster(history: Mapping[str, np.ndarray], config: TrainConfig | No
     total = cfg.members * cfg.max_steps
     nets, reports = [], []
     for i in range(cfg.members):
-        step = (lambda s, _, loss, done=i * cfg.max_steps: progress(done + s, total, loss)) if progress else None
+        step = None if progress is None else (
+            lambda s, _, loss, done=i * cfg.max_steps: progress(done + s, total, loss))
         model, report = _train_one(hist, cfg, cfg.seed + i, val_size, step, verbose)
         nets.append(model)
         reports.append(asdict(report))

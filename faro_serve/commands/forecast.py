@@ -32,8 +32,8 @@ def register(sub) -> None:
 
     t = fsub.add_parser("train", help="train N-HiTS on a trace and save it to a directory",
                         description="Train the global N-HiTS (Gaussian head, or MAE with "
-                        "--baseline nhits-point; an ensemble of --members networks) on all jobs of a trace, or on a live autoscaler's "
-                        "recorded arrivals (--from); CPU only.")
+                        "--baseline nhits-point; an ensemble of --members networks) on all jobs "
+                        "of a trace, or on a live autoscaler's recorded arrivals (--from); CPU only.")
     src = t.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", action="append",
                      help="per-minute counts: CSV (minute, job, requests[, day, sample]) or JSON lines; "
