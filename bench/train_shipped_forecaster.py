@@ -13,8 +13,7 @@ a quarter of the weights; docs/forecasting.md, "The shipped forecaster").
 The same as ``faro-serve forecast train --trace <faro10> --days 1-8 --sample all --trace
 <azure12> --days 8-11 --mlp-width 128 --seed 1 --out DIR``, with one torch thread. About
 2 minutes on this 2-core machine when idle (27 s a network). Retraining gives the same
-weights; ``meta.json``
-differs only in ``saved_at`` and the training's ``seconds``.
+weights; ``meta.json`` differs only in ``saved_at`` and the training's ``seconds``.
 """
 
 from __future__ import annotations
