@@ -51,6 +51,13 @@ def save_forecaster(forecaster: NHitsForecaster, directory: str | Path) -> Path:
         for i, (model, _) in enumerate(forecaster.nets):
             model.save(str(d / member_file(WEIGHTS_FILE, i)))
             export(model, forecaster.loss, forecaster.input_size, d / member_file(SCRIPT_FILE, i))
+    # a larger ensemble saved here before: its further networks go, not to mislead a reader
+    for name in (WEIGHTS_FILE, SCRIPT_FILE):
+        stem, _, ext = name.partition(".")
+        for old in d.glob(f"{stem}-*.{ext}"):
+            index = old.name[len(stem) + 1:-len(ext) - 1]
+            if index.isdigit() and int(index) >= forecaster.n_members:
+                old.unlink()
     cfg = forecaster.meta.get("config", {})
     meta = {
         "format": FORMAT,

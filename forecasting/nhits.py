@@ -179,7 +179,10 @@ class NHitsForecaster:
                 rng: np.random.Generator) -> np.ndarray:
         """``(models, n_samples, horizon)`` requests/s: each network of the ensemble draws an
         equal share of the samples from its Normal (a mixture; Lakshminarayanan et al.,
-        NeurIPS '17: members of other seeds disagree where the data do not decide)."""
+        NeurIPS '17: members of other seeds disagree where the data do not decide). The
+        samples come grouped by network, so the last quarter, which recurring peaks raise
+        (:func:`forecasting.recurrence.add_recurrence`), is the last network's: a raise is a
+        maximum with the peak's path, which leaves the samples it does not lift as they were."""
         k = self.n_members
         parts = []
         for i in range(k):

@@ -260,7 +260,7 @@ def test_an_ensemble_trains_its_networks_from_successive_seeds_and_mixes_them(en
     np.testing.assert_array_equal(f.samples, fc.predict(hist, n_samples=3001, seed=3).samples)  # seeded
 
 
-def test_an_ensemble_saves_each_network_and_loads_all_of_them(ensemble, tmp_path):
+def test_an_ensemble_saves_each_network_and_loads_all_of_them(ensemble, trained, tmp_path):
     import shutil
 
     fc, d, _ = ensemble
@@ -275,6 +275,12 @@ def test_an_ensemble_saves_each_network_and_loads_all_of_them(ensemble, tmp_path
     full = load_forecaster(d, script=False)
     assert full.n_members == 3
     np.testing.assert_array_equal(full.predict(hist, seed=5).samples, want)
+    # one network saved over the ensemble's directory leaves none of the others behind
+    single, _ = trained
+    over = tmp_path / "over"
+    shutil.copytree(d, over)
+    save_forecaster(single, over)
+    assert not list(over.glob("nhits-*")) and load_forecaster(over).n_members == 1
     broken = tmp_path / "broken"
     shutil.copytree(d, broken)
     (broken / "nhits-2.safetensors").unlink()
