@@ -120,4 +120,4 @@ def test_compare_accepts_ray_tuned_and_names_it_among_the_choices(cli, tmp_path)
     assert code == 2 and "--policies" not in err and "missing.csv" in err
     code, _, err = cli("compare", "--policies", "ray-tuned", "--capacity", "0.5",
                        "--out", str(tmp_path))
-    assert code == 2 and "--capacity must be >= 1" in err
+    assert code == 2 and "--capacity must be a finite number >= 1 (got 0.5)" in err
