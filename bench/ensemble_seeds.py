@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from faro_serve.sim.forecaster import ensure_forecaster
 from faro_serve.sim.scenario import Scenario, run_scenario
-from faro_serve.traces import load_trace
-from forecasting.io import ForecasterLoadError, load_forecaster, save_forecaster
+from forecasting.io import load_forecaster
 from forecasting.nhits import NHitsForecaster
-from forecasting.train import TrainConfig, train_forecaster
+from forecasting.train import TrainConfig
 
 FARO = Path(__file__).resolve().parents[2] / "shared" / "traces" / "faro10_days1-10.csv"
 
@@ -36,15 +36,11 @@ def seeds_of(text: str) -> list[int]:
 
 
 def network(trace: str, days: str, sample: int | None, seed: int, cache: Path) -> NHitsForecaster:
-    """The single network of ``seed`` trained on ``days``, from the cache when it is there."""
-    where = cache / f"{Path(trace).stem}-d{days}-s{sample}-seed{seed}"
-    try:
-        return load_forecaster(where, script=False)
-    except ForecasterLoadError:
-        hist = load_trace(trace, days=days, sample=sample).history()
-        fc = train_forecaster(hist, TrainConfig(seed=seed, members=1))
-        save_forecaster(fc, where)
-        return load_forecaster(where, script=False)
+    """The single network of ``seed`` trained on ``days``, cached as the suites' ``--history``
+    networks are (:func:`faro_serve.sim.forecaster.ensure_forecaster`)."""
+    where = ensure_forecaster(trace, days, sample, cache_dir=cache, log=lambda *_: None,
+                              config=TrainConfig(seed=seed, members=1))
+    return load_forecaster(where, script=False)
 
 
 def mixture(nets: list[NHitsForecaster]) -> NHitsForecaster:
@@ -64,7 +60,7 @@ def main(argv=None) -> None:
     ap.add_argument("--mixes", default="1-4", help="comma-separated seed ranges mixed as ensembles")
     ap.add_argument("--capacities", default="36,32,16")
     ap.add_argument("--seeds", type=int, default=3, help="simulator seeds 0 .. N-1")
-    ap.add_argument("--cache", default="runs/ensemble-seeds")
+    ap.add_argument("--cache", default="runs/forecasters")
     a = ap.parse_args(argv)
     sample = None if a.sample < 0 else a.sample
     rescale = tuple(float(x) for x in a.rescale.split(",")) if a.rescale else None

@@ -54,8 +54,10 @@ def cache_key(path: str | Path, days: list[int], sample: int | None, config) -> 
 
 def ensure_forecaster(path: str | Path, days=None, sample: int | None = 0,
                       before_day: int | None = None, cache_dir: str | Path = DEFAULT_CACHE,
-                      max_steps: int | None = None, log=print) -> Path:
-    """The cache directory of the N-HiTS forecaster for this history, trained first if needed."""
+                      max_steps: int | None = None, log=print, config=None) -> Path:
+    """The cache directory of the N-HiTS forecaster for this history, trained first if needed;
+    ``config``: its :class:`forecasting.train.TrainConfig` (default: the defaults, with
+    ``max_steps`` when given)."""
     import pandas as pd
 
     try:
@@ -69,7 +71,7 @@ def ensure_forecaster(path: str | Path, days=None, sample: int | None = 0,
     day_list = history_days(p, days, before_day)
     if sample is not None and (day_list is None or "sample" not in pd.read_csv(p, nrows=0).columns):
         sample = None  # a file without samples: every row is the one sample
-    cfg = TrainConfig() if max_steps is None else TrainConfig(max_steps=max_steps)
+    cfg = config or (TrainConfig() if max_steps is None else TrainConfig(max_steps=max_steps))
     where = Path(cache_dir) / f"nhits-{cache_key(p, day_list, sample, cfg)}"
     if where.is_dir():
         try:
