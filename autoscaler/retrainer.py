@@ -55,8 +55,8 @@ class Retrainer:
     the period (the first retrain after one period); ``holdout``: minutes held back;
     ``keep``: at most this many recent minutes per model; ``save_dir``: where a swapped-in
     forecaster is saved (None: not saved); ``config``: the candidate's
-    :class:`forecasting.train.TrainConfig` (default: the current's input, horizon and
-    ensemble size, 400 steps, one thread); ``clock``: wall seconds."""
+    :class:`forecasting.train.TrainConfig` (default:
+    :func:`forecasting.retrain.candidate_config`, one thread); ``clock``: wall seconds."""
 
     def __init__(self, store, models: Sequence[str], every_s: float, holdout: int = 120,
                  keep: int = 7 * 1440, save_dir: str | Path | None = None, config=None,
@@ -81,12 +81,9 @@ class Retrainer:
 
     def run_once(self, current: Forecaster) -> tuple[Forecaster | None, dict]:
         """One retrain now, in this thread: (the candidate if it should serve, the verdict)."""
-        from forecasting.retrain import retrain
-        from forecasting.train import TrainConfig
+        from forecasting.retrain import candidate_config, retrain
 
-        cfg = self.config or TrainConfig(input_size=current.input_size, horizon=current.horizon,
-                                         max_steps=400, threads=1,
-                                         members=getattr(current, "n_members", 1))
+        cfg = self.config or candidate_config(current, threads=1)
         try:
             # the loop's ticks go on forecasting with ``current``: judge a copy of it
             candidate, verdict = retrain(self.history(), copy.deepcopy(current), self.holdout, cfg)

@@ -23,8 +23,7 @@ sys.path.insert(0, str(ROOT))
 from faro_serve.traces import load_trace  # noqa: E402
 from forecasting.base import FallbackForecaster  # noqa: E402
 from forecasting.io import load_forecaster, save_forecaster  # noqa: E402
-from forecasting.retrain import retrain  # noqa: E402
-from forecasting.train import TrainConfig  # noqa: E402
+from forecasting.retrain import candidate_config, retrain  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -40,8 +39,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     trace = load_trace(a.trace, a.days, a.sample)
     current = FallbackForecaster() if a.current == "fallback" else load_forecaster(a.current)
-    cfg = TrainConfig(input_size=current.input_size, horizon=current.horizon,
-                      max_steps=a.max_steps, seed=a.seed, members=getattr(current, "n_members", 1))
+    cfg = candidate_config(current, max_steps=a.max_steps, seed=a.seed)
     candidate, verdict = retrain(trace.history(), current, a.holdout, cfg)
     doc = {"trace": a.trace, "days": a.days, "current": a.current, **verdict.as_dict()}
     if a.out:

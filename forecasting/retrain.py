@@ -126,21 +126,30 @@ def judge(current: Score, candidate: Score, min_gain: float = 0.02,
     return True, f"better: {figures}"
 
 
+def candidate_config(current: Forecaster, seed: int = 0, **overrides):
+    """The :class:`forecasting.train.TrainConfig` of a candidate to replace ``current``: its
+    input, horizon and ensemble size (a plug-in without ``n_members``: one network), 400
+    steps, seed ``seed + 1``; ``overrides`` change any field (e.g. ``threads=1``)."""
+    from .train import TrainConfig
+
+    fields = dict(input_size=current.input_size, horizon=current.horizon, max_steps=400,
+                  seed=seed + 1, members=getattr(current, "n_members", 1))
+    return TrainConfig(**{**fields, **overrides})
+
+
 def retrain(history: Mapping[str, np.ndarray], current: Forecaster, holdout: int = 120,
             config=None, train=None, min_gain: float = 0.02, seed: int = 0
             ) -> tuple[Forecaster | None, Verdict]:
     """Train a candidate on ``history`` (per model, per-minute counts, oldest first) without
     its last ``holdout`` minutes and judge it against ``current`` on them. Returns the
     candidate (None when it did not train) and the verdict. ``config``: a
-    :class:`forecasting.train.TrainConfig` (default: the current network's input, horizon
-    and ensemble size, 400 steps); ``train``: the training function (default :func:`forecasting.train.train_forecaster`)."""
+    :class:`forecasting.train.TrainConfig` (default: :func:`candidate_config`); ``train``:
+    the training function (default :func:`forecasting.train.train_forecaster`)."""
     t0 = time.perf_counter()
-    if train is None or config is None:
-        from .train import TrainConfig, train_forecaster
-        train = train or train_forecaster
-        config = config or TrainConfig(input_size=current.input_size, horizon=current.horizon,
-                                       max_steps=400, seed=seed + 1,
-                                       members=getattr(current, "n_members", 1))
+    config = config or candidate_config(current, seed)
+    if train is None:
+        from .train import train_forecaster
+        train = train_forecaster
     if (config.input_size, config.horizon) != (current.input_size, current.horizon):
         raise ValueError(f"the candidate's input and horizon ({config.input_size}, {config.horizon}) "
                          f"must match the current forecaster's ({current.input_size}, {current.horizon})")

@@ -14,7 +14,7 @@ from faro_serve.commands.status import retrain_lines
 from faro_serve.serving.schema import parse_autoscaler_config
 from forecasting.base import FallbackForecaster
 from forecasting.io import load_forecaster, save_forecaster
-from forecasting.retrain import Score, held_back, judge, planner_loss, retrain
+from forecasting.retrain import Score, candidate_config, held_back, judge, planner_loss, retrain
 from forecasting.store import ArrivalStore
 from forecasting.train import TrainConfig
 from front_reports import FakeCluster
@@ -35,6 +35,21 @@ def trained():
     """A candidate trained on the cycle, and its verdict against the fallback."""
     return retrain(traffic(), FallbackForecaster(), holdout=120,
                    config=TrainConfig(max_steps=150, seed=1, **SMALL))
+
+
+def test_a_candidate_has_the_serving_forecasters_input_horizon_and_ensemble_size(trained):
+    """The live retrainer, retrain() and bench/retrain_eval build their default candidate
+    here: an ensemble is replaced by an ensemble of as many networks, a plug-in without
+    members by one network."""
+    from forecasting.nhits import NHitsForecaster
+
+    net = trained[0].model
+    two = NHitsForecaster(net, "normal", {}, members=[net])
+    cfg = candidate_config(two, seed=4, threads=1)
+    assert (cfg.input_size, cfg.horizon, cfg.members, cfg.max_steps, cfg.seed, cfg.threads) == (
+        15, 7, 2, 400, 5, 1)
+    plug = candidate_config(FallbackForecaster(20, 5))
+    assert (plug.input_size, plug.horizon, plug.members) == (20, 5, 1)
 
 
 def test_the_planner_loss_charges_too_little_more_than_too_much():
