@@ -31,7 +31,7 @@ from faro_serve.metrics import utility_from_latency
 from faro_serve.resources import MEMORY, Capacity, as_capacity
 
 from .config import AutoscalerConfig
-from .driver import FrontSnapshot, apply_decision, observe
+from .driver import FrontSnapshot, apply_decision, decide, observe
 from .forecasters import set_daily, set_recurrence
 from .history import HistoryKeeper
 from .pipeline_front import observe_pipelines, pipeline_records, sync_pipeline_fronts
@@ -274,9 +274,9 @@ class AutoscalerLoop:
                 log.warning("models not running: %s", "; ".join(
                     f"{n} ({self.not_running.get(n, 'not deployed')})" for n in missing))
                 if now - self.start >= MISSING_GRACE_S:  # the others are planned without them
-                    decision = self._policy_for(sorted(obs.models)).decide(obs)
+                    decision = decide(self._policy_for(sorted(obs.models)), obs)
             else:
-                decision = self.policy.decide(obs)
+                decision = decide(self.policy, obs)  # as the simulator drives it
         if decision is not None:
             self._apply(decision, obs)
         if self.cfg.enabled:

@@ -78,6 +78,26 @@ def test_the_driver_gives_a_failing_tick_its_time():
         assert str(failed.value) == f"policy 'my.policies:P' failed{at}: KeyError: 'x'"
 
 
+def test_the_live_loop_drives_a_policy_as_the_simulator_does():
+    """The live loop decides through the same driver call as the simulator's runners, so a
+    user's policy failing live carries the tick's time too (the actor logs it)."""
+    from front_reports import FakeCluster
+
+    from autoscaler.loop import AutoscalerLoop
+    from faro_serve.serving.schema import parse_autoscaler_config
+
+    cfg = parse_autoscaler_config({
+        "cluster": {"cpus": 2}, "policy": f"{USER}:Boom", "forecaster": "fallback",
+        "models": [{"name": "a", "slo_ms": 720, "processing_ms": 50, "cpus": 0.5}]})
+    clock = {"t": 1000.0}
+    loop = AutoscalerLoop(cfg, FakeCluster({"a": 1}), clock=lambda: clock["t"])
+    loop.step()  # Boom fails from its second minute on, counted from the loop's start
+    clock["t"] += 120
+    with pytest.raises(KeyError) as caught:
+        loop.step()
+    assert caught.value.now == 120.0
+
+
 def test_a_suite_keeps_the_runs_that_finished_when_a_policy_fails(cli, trace, tmp_path):
     out = tmp_path / "suite"
     code, _, err = suite(cli, trace, out, "--capacities", "8", "--seeds", "0,1", "--workers", "2",
