@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from .errors import UsageError
 
@@ -27,3 +28,12 @@ def job_list(text: str | None, flag: str = "--jobs") -> list[str] | None:
     if not jobs:
         raise UsageError(f"{flag} {text!r} names no job (write job names separated by commas)")
     return jobs
+
+
+def check_capacity(value: float, flag: str = "--capacity", at_least: float | None = None) -> None:
+    """A capacity is a finite number of CPUs > 0, or >= ``at_least`` (``inf``/``nan`` parse
+    as floats, and ``inf >= 1``)."""
+    enough = value > 0 if at_least is None else value >= at_least
+    if not (math.isfinite(value) and enough):
+        bound = "> 0" if at_least is None else f">= {at_least:g}"
+        raise UsageError(f"{flag} must be a finite number {bound} (got {value:g})")

@@ -11,7 +11,6 @@ with N-HiTS trained on --history, or with --forecaster (fallback: the fallback p
 from __future__ import annotations
 
 import json
-import math
 import sys
 
 from ._output import check_output_file
@@ -110,15 +109,6 @@ def _batching(args):
         raise ValueError(f"--batch-profile/--max-batch: {msg}") from None
 
 
-def check_capacity(value: float, flag: str = "--capacity", at_least: float | None = None) -> None:
-    """A capacity is a finite number of CPUs > 0, or >= ``at_least`` (``inf``/``nan`` parse
-    as floats, and ``inf >= 1``)."""
-    enough = value > 0 if at_least is None else value >= at_least
-    if not (math.isfinite(value) and enough):
-        bound = "> 0" if at_least is None else f">= {at_least:g}"
-        raise UsageError(f"{flag} must be a finite number {bound} (got {value:g})")
-
-
 def forecaster_from_args(args, log=None):
     """(forecaster, how it was made): N-HiTS trained on ``--history`` ("nhits"), else the
     forecaster of ``--forecaster`` (``fallback``, ``shipped``, a plug-in name or an import
@@ -205,7 +195,7 @@ def run(args) -> int:
         return run_config(args)
     if args.capacity is None:
         raise UsageError("give --capacity (or --config, whose cluster's cpus it defaults to)")
-    check_capacity(args.capacity)
+    _args.check_capacity(args.capacity)
     sc = scenario_from_args(args)
     loaded = sc.load()
     names = loaded[0]
@@ -260,7 +250,7 @@ def run_config(args) -> int:
                              f"and pipelines run, and how)")
     cfg = read_config(args.config)
     capacity = cfg.cluster.cpus if args.capacity is None else args.capacity
-    check_capacity(capacity)
+    _args.check_capacity(capacity)
     sc = PipelineScenario.from_config(
         cfg, args.trace, day=args.day, sample=args.sample, minutes=args.minutes,
         warmup_minutes=args.warmup_minutes, processing_dist=args.processing_dist,

@@ -58,7 +58,8 @@ def run(args) -> int:
 
     from ..sim.suite import (SuiteStopped, aggregate, markdown_table, run_suite,
                              uses_forecaster, write_outputs)
-    from .simulate import check_capacity, scenario_from_args
+    from ._args import check_capacity
+    from .simulate import scenario_from_args
 
     known = policy_names()
     # 'all': Sponge only with --batch-profile (it needs every model's batch profile)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import _args
 from .errors import UsageError
-from .simulate import check_capacity
+from ._args import check_capacity
 
 
 def register(sub) -> None:
