@@ -13,11 +13,9 @@ from faro_serve.engine.latency import latency_mdc, min_replicas_for_slo
 from forecasting.base import FallbackForecaster, Forecast, Forecaster
 
 from .policy import Decision, Observation, Policy, grant_in_order
+from .service import DEFAULT_PROCESSING_MS
 
 log = logging.getLogger(__name__)
-
-# Processing time assumed for a model with neither a measurement nor a prior yet.
-DEFAULT_PROCESSING_MS = 100.0
 
 
 def faro_policy_name(objective: str) -> str:
@@ -26,7 +24,9 @@ def faro_policy_name(objective: str) -> str:
 
 
 def processing_s(model: ModelSLO, measured_ms: float | None) -> float:
-    """Measured mean processing time, else the model's prior, else the engine default (s)."""
+    """Measured mean processing time, else the model's prior, else the engine default (s),
+    for the policies that serve one request at a time (Faro's mechanisms ask
+    ``service.service_of``, which also reads a batching replica's batches)."""
     return (measured_ms or model.processing_ms or DEFAULT_PROCESSING_MS) / 1e3
 
 

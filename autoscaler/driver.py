@@ -91,6 +91,8 @@ class FrontSnapshot:
     batch_size: int | None = None
     threads: int | None = None
     mean_batch: float = 1.0  # request-weighted mean batch behind processing_ms
+    batch_times: np.ndarray | None = None  # rows of (batch, batches, median s): recent batches
+    device: str | None = None  # where its replicas run the model, as they say ("cuda:0", "cpu")
     variant: str | None = None  # a task with variants: the one its replicas serve
     told: Setting | None = None  # the setting the front was told and enforces (live only)
 
@@ -117,6 +119,9 @@ class FrontSnapshot:
                                   else np.asarray(r.queued_ages_s, float)),
                    batch_size=r.batch_size, threads=r.threads,
                    mean_batch=r.mean_batch or 1.0, variant=r.variant,
+                   batch_times=(None if r.batch_times is None
+                                else np.asarray(r.batch_times, float).reshape(-1, 3)),
+                   device=r.device,
                    told=Setting.from_json(r.setting, f"front report of {r.model!r}: setting"))
 
     @classmethod
@@ -170,7 +175,8 @@ def observe(now: float, capacity_cpus: float | Capacity, capacity_memory_gb: flo
             latency_ms=s.latency_ms, processing_ms=s.processing_ms, queue_length=s.queue_length,
             ongoing_per_replica=s.mean_in_flight / max(int(running[n]), 1),
             drop_rate=float(held.drop_rate or 0.0), queued_budgets_s=budgets,
-            threads=int(s.threads or 1), batch_size=int(s.batch_size or 1), mean_batch=s.mean_batch)
+            threads=int(s.threads or 1), batch_size=int(s.batch_size or 1), mean_batch=s.mean_batch,
+            batch_times=s.batch_times)
     cap = as_capacity(capacity_cpus, capacity_memory_gb)
     return Observation(now=float(now), capacity_cpus=cap.cpus, capacity_memory_gb=cap.memory_gb,
                        models=models, future_arrivals_per_min=future, capacity=cap,

@@ -41,13 +41,13 @@ from faro_serve.engine import plan
 from faro_serve.resources import CPU, fits_in, resource_names, usage
 from forecasting.base import Forecast, Forecaster
 
-from .common import (DEFAULT_PROCESSING_MS, Timers, fallback_for, faro_policy_name, fcfs_decision,
-                     forecast_or_fallback)
+from .common import Timers, fallback_for, faro_policy_name, fcfs_decision, forecast_or_fallback
 from .faro_pipelines import PipelineAware
 from .guard import guard_cuts, heavy_overload, keep_saturated
 from .policy import Decision, ModelPlan, Observation, Policy
 from .surge import SurgeAware
 from .replan import band_of, best_move, donor_ok, move_problem, prune_changes, relevel, surprise
+from .service import Service, service_of
 
 log = logging.getLogger(__name__)
 
@@ -99,24 +99,27 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         self.decisions += 1
         return self._plan(obs, samples, predictor, "long_term")
 
+    def services(self, obs: Observation) -> dict[str, Service]:
+        """Per model how its replicas serve (``service.py``): one request's time, measured
+        else the prior, and a batching model's batch curve, declared or measured."""
+        return {m.name: service_of(m, obs.models[m.name]) for m in self.models}
+
     def _procs(self, obs: Observation) -> dict[str, float]:
-        """Per model the processing time (ms) of one request alone: measured, else the prior."""
-        procs = {}
-        for m in self.models:
-            o = obs.models[m.name]
-            procs[m.name] = o.processing_ms or m.processing_ms or DEFAULT_PROCESSING_MS
-            if o.processing_ms and m.batching is not None and o.mean_batch > 1:
-                # a batching replica measures its batches: one request's time is p / (s b + 1 - s)
-                s = m.batching.share(m.cpus)
-                procs[m.name] = o.processing_ms / (s * o.mean_batch + 1.0 - s)
-        return procs
+        """Per model the processing time (ms) of one request alone."""
+        return {n: s.processing_ms for n, s in self.services(obs).items()}
+
+    def _shapes(self, obs: Observation) -> dict[str, np.ndarray]:
+        """The batching models' batch curves as the plan weighs them."""
+        return {n: s.shape for n, s in self.services(obs).items() if s.shape is not None}
 
     def _plan(self, obs: Observation, samples: dict, predictor: dict, kind: str) -> Decision:
         """Plan every model at once for the window from ``samples`` (req/s, samples x steps)."""
-        procs = self._procs(obs)
+        svcs = self.services(obs)
+        procs = {n: s.processing_ms for n, s in svcs.items()}
         current = {n: o.target_replicas for n, o in obs.models.items()}
         alloc = plan(self.models, samples, current, self.cluster, processing_ms=procs,
-                     capacity=obs.capacity, pipelines=self.pipelines)
+                     capacity=obs.capacity, pipelines=self.pipelines,
+                     batch_shapes={n: s.shape for n, s in svcs.items() if s.shape is not None})
         self.band = {n: band_of(samples[n]) for n in samples}
         info = {
             "objective": alloc.objective, "objective_value": round(alloc.objective_value, 6),
@@ -141,7 +144,9 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         plan_ = {d.name: ModelPlan(d.replicas, d.utility,
                                    d.latency_ms if math.isfinite(d.latency_ms) else None,
                                    predictor.get(d.name, "?")) for d in alloc.decisions}
-        batches = {d.name: d.batch_size for d in alloc.decisions if self.slo[d.name].batching}
+        # a batch curve still to be measured: batches of the largest form, and are measured
+        batches = {d.name: d.batch_size if svcs[d.name].curve_known else svcs[d.name].bmax
+                   for d in alloc.decisions if self.slo[d.name].batching}
         return Decision(alloc.replicas, alloc.drop_rates, kind, info, plan_,
                         batch_sizes=batches)
 
@@ -241,7 +246,7 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         saturated = self._keep_saturated(d, obs)
         current = {n: o.target_replicas for n, o in obs.models.items()}
         kept, gain = prune_changes(self.models, c, samples, current, d.replicas, self._procs(obs),
-                                   set(why), c.replan_min_gain, obs.capacity)
+                                   set(why), c.replan_min_gain, obs.capacity, self._shapes(obs))
         if kept == current or gain < c.replan_min_gain:
             # nothing worth doing at these rates: they become the triggering models' band (a
             # surprise again only beyond it), the others keep theirs, and the gap does not start
@@ -276,7 +281,8 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         if not starving or len(self.band) < len(self.slo):
             return d
         window = self.last_long_term + c.long_term_interval_s - obs.now
-        procs = self._procs(obs)
+        svcs = self.services(obs)
+        procs = {n: s.processing_ms for n, s in svcs.items()}
         steps = max(1, round(window / 60.0))
         rates, hi = {}, {}
         for n, o in obs.models.items():
@@ -293,12 +299,13 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
             m = self.slo[n]
             return (n not in due and self.moved.get(n) != "in" and n not in self.violating.since
                     and o.replicas >= after[n] and (o.latency_ms is None or o.latency_ms <= m.slo_ms)
-                    and donor_ok(m, after[n], hi[n], procs[n], c))
+                    and donor_ok(svcs[n], after[n], hi[n], c))
 
         donors = [n for n in obs.models if can_give(n)]
         if not donors or window <= c.cold_start_s:
             return d
-        prob = move_problem(self.models, c, after, rates, procs, window)
+        prob = move_problem(self.models, c, after, rates, procs, window,
+                            {n: s.shape for n, s in svcs.items() if s.shape is not None})
         names = [m.name for m in self.models]
         dem = self.demand
         free = obs.capacity.free(usage(after, dem), resource_names(dem))

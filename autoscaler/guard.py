@@ -12,8 +12,8 @@ overload guard"): tuned on day 8, Faro-FairSum at 16 replicas lost 7.89 -> 7.49;
 5.92 -> 5.14, faro-fair 7.33 -> 7.06, faro-penaltyfairsum 9.52 -> 9.00; at 32 and 36
 replicas, at 100 jobs and on the Azure day the guard never acts (the need stays below
 ``overload_guard`` x the capacity). Not for Sum, which keeps what it can serve already (the
-guard made it worse). Clusters with pipelines or batching models are left to the plan
-(their need is not one M/D/c). Ray-free.
+guard made it worse). Clusters with pipelines are left to the plan (a stage's need is not
+one model's); a batching model's need is its batches' (``service.py``). Ray-free.
 """
 
 from __future__ import annotations
@@ -21,40 +21,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from faro_serve.config import ClusterSpec, ModelSLO
-from faro_serve.engine import max_rate_for_slo, min_replicas_for_slo
 from faro_serve.resources import demand, usage
 
-from .common import DEFAULT_PROCESSING_MS
 from .policy import Decision, Observation
+from .service import Service, service_of
 
 # the objectives that level models down under overload; Sum already keeps what it can serve
 # (with the guard faro-sum lost 4.83 instead of 4.26 at 16 replicas on day 10)
 FAIR = ("fair", "fair_sum", "penalty_fair_sum")
 
 
-def _rate_and_time(o, m: ModelSLO) -> tuple[float, float]:
-    """The model's observed rate (the last tick's or the last minute's, the larger) and its
-    processing time (s)."""
+def _rate_and_service(o, m: ModelSLO) -> tuple[float, Service]:
+    """The model's observed rate (the last tick's or the last minute's, the larger) and how
+    its replicas serve (``service.py``)."""
     last = float(o.arrivals_per_min[-1]) / 60.0 if len(o.arrivals_per_min) else 0.0
-    return max(o.arrival_rate, last), (o.processing_ms or m.processing_ms or DEFAULT_PROCESSING_MS) / 1e3
-
-
-def replicas_needed(lam: float, p: float, m: ModelSLO, cluster: ClusterSpec) -> int:
-    """Replicas that meet ``m``'s SLO at ``lam`` requests/s of ``p`` s each (M/D/c), at most
-    its maximum (also when not even that meets it). The surge rule asks the same."""
-    try:
-        k, _ = min_replicas_for_slo(lam, p, m.slo_ms / 1e3, m.percentile / 100, cluster.estimator,
-                                    cluster.rho_max, limit=m.max_replicas, concurrency=m.concurrency)
-    except ValueError:  # not even max_replicas meet the SLO at this rate
-        k = m.max_replicas
-    return k
+    return max(o.arrival_rate, last), service_of(m, o)
 
 
 def observed_need(obs: Observation, slo: Mapping[str, ModelSLO], cluster: ClusterSpec) -> dict[str, int]:
     """Replicas each model needs to meet its SLO at its observed rate (at least its minimum,
     at most its maximum)."""
-    return {n: max(replicas_needed(*_rate_and_time(o, slo[n]), slo[n], cluster), slo[n].min_replicas)
-            for n, o in obs.models.items()}
+    out = {}
+    for n, o in obs.models.items():
+        lam, svc = _rate_and_service(o, slo[n])
+        out[n] = max(svc.replicas_for(lam, cluster), slo[n].min_replicas)
+    return out
 
 
 def heavy_overload(obs: Observation, slo: Mapping[str, ModelSLO], cluster: ClusterSpec) -> bool:
@@ -116,8 +107,8 @@ def guard_cuts(decision: Decision | None, obs: Observation, slo: Mapping[str, Mo
     ``cluster.overload_guard`` is None or the observed need is below it x the capacity."""
     if decision is None or cluster.overload_guard is None or cluster.objective not in FAIR:
         return decision
-    if any(m.pipeline is not None or m.batching is not None for m in slo.values()):
-        return decision  # a stage's or a batch's need is not one model's M/D/c: not judged here
+    if any(m.pipeline is not None for m in slo.values()):
+        return decision  # a stage's need is not one model's: not judged here
     need = observed_need(obs, slo, cluster)
     if sum(need[n] * slo[n].cpus for n in need) < cluster.overload_guard * obs.capacity_cpus:
         return decision
@@ -126,11 +117,8 @@ def guard_cuts(decision: Decision | None, obs: Observation, slo: Mapping[str, Mo
         o = obs.models.get(n)
         if o is None or t1 >= o.target_replicas:
             continue
-        m = slo[n]
-        lam, p = _rate_and_time(o, m)
-        served = max_rate_for_slo(max(t1, 1), p, m.slo_ms / 1e3, m.percentile / 100, cluster.estimator,
-                                  cluster.rho_max, concurrency=m.concurrency)
-        if lam > served:
+        lam, svc = _rate_and_service(o, slo[n])
+        if lam > svc.max_rate(max(t1, 1), cluster):
             decision.set(n, replicas=min(o.target_replicas, need[n]))
             kept.append(n)
     if not kept:

@@ -12,8 +12,8 @@ from faro_serve.config import ModelSLO
 from faro_serve.engine.inferline_plan import plan as plan_pipeline
 from faro_serve.engine.inferline_plan import profiles as stage_profiles
 
-from .common import processing_s
 from .policy import ModelObservation, Observation
+from .service import service_of
 
 
 def envelope_of(ticks, since: float, windows: list[int], tick_s: float) -> list[float]:
@@ -39,21 +39,17 @@ def sample_arrivals(per_min: np.ndarray, seed) -> np.ndarray:
 
 def one_request_s(m: ModelSLO, o: ModelObservation) -> float:
     """A stage's time for one request alone: measured, else its prior. A batching replica
-    measures its batch's time ``p (s b + 1 - s)`` at the mean batch ``b``."""
-    p = processing_s(m, o.processing_ms)
-    if m.batching is not None and o.processing_ms:
-        s = m.batching.share(m.cpus)
-        p /= s * max(o.mean_batch, 1.0) + 1.0 - s
-    return p
+    measures its batch's time ``p f(b)`` at the mean batch ``b`` (``service.py``)."""
+    return service_of(m, o).p_s
 
 
 def stage_mu(m: ModelSLO, o: ModelObservation, batch: int) -> float:
     """One replica's throughput (requests/s) at its batch: ``mu_m`` of section 5."""
-    p = one_request_s(m, o)
-    if m.batching is None:
-        return m.concurrency / p
-    s = m.batching.share(m.cpus)
-    return batch / (p * (s * batch + 1.0 - s))
+    svc = service_of(m, o)
+    if svc.shape is None:
+        return m.concurrency / svc.p_s
+    b = min(max(int(batch), 1), svc.bmax)
+    return b / (svc.p_s * float(svc.shape[b]))
 
 
 def plan_pipelines(pol, obs: Observation, due: bool, wanted: dict, order: list,

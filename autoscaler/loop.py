@@ -282,7 +282,7 @@ class AutoscalerLoop:
         if self.cfg.enabled:
             self._sync_fronts(obs, fronts)
             sync_pipeline_fronts(self.cluster, self.cfg.pipelines, self.pipeline_fronts)
-        record = self._record(now, obs, decision)
+        record = self._record(now, obs, decision, fronts)
         self.last = record
         if decision is not None:
             self.history.append(record)
@@ -331,9 +331,11 @@ class AutoscalerLoop:
             self.last_plan = {n: {"utility": round(p.utility, 4), "predictor": p.predictor,
                                   "latency_ms": p.latency_ms} for n, p in decision.plan.items()}
 
-    def _record(self, now: float, obs: Observation, decision: Decision | None) -> dict:
+    def _record(self, now: float, obs: Observation, decision: Decision | None,
+                fronts: dict[str, FrontSnapshot] | None = None) -> dict:
         models = {}
         for n, o in obs.models.items():
+            front = (fronts or {}).get(n)
             planned, held = self.last_plan.get(n, {}), self.settings[n]
             models[n] = {
                 "slo_ms": self.slo[n].slo_ms, "percentile": self.slo[n].percentile,
@@ -352,6 +354,10 @@ class AutoscalerLoop:
             models[n].update({k: v for k, v in held.to_json().items() if k not in models[n]
                               and k not in ("replicas", "drop_rate")})
             models[n]["setting"] = held.to_json()  # the whole record in force
+            if front is not None and front.device is not None:  # where the model runs
+                models[n]["device"] = front.device
+            if self.slo[n].batching is not None:  # the batches its replicas served
+                models[n]["mean_batch"] = round(float(o.mean_batch), 2)
         rec = {"time": round(now, 3), "t": round(obs.now, 3), "policy": self.policy.name,
                "capacity_cpus": obs.capacity_cpus, "capacity": obs.capacity.to_json(),
                "models": models,

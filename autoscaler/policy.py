@@ -44,8 +44,11 @@ class ModelObservation:
     threads: int = 1
     batch_size: int = 1
     # the request-weighted mean batch behind processing_ms: a batching replica measures its
-    # batch's time, p (s b + 1 - s), so one request's time is processing_ms / (s b + 1 - s)
+    # batch's time, p f(b), so one request's time is processing_ms / f(b) (service.py)
     mean_batch: float = 1.0
+    # a batching model's recent batches by size: rows of (batch, batches, median seconds),
+    # what a batch curve measured live is fitted to (service.py); None: not reported
+    batch_times: np.ndarray | None = None
 
 
 @dataclass

@@ -25,8 +25,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
-from faro_serve.engine import make_problem, max_rate_for_slo
+from faro_serve.engine import make_problem
 from faro_serve.resources import Capacity
+
+from .service import Service
 
 Z_POISSON = 3.0  # standard deviations of a Poisson count that are not a surprise
 
@@ -62,22 +64,20 @@ def relevel(samples: np.ndarray, rate: float) -> np.ndarray:
     return s * (float(rate) / med)
 
 
-def donor_ok(model: ModelSLO, replicas: int, rate: float, processing_ms: float,
-             cluster: ClusterSpec) -> bool:
-    """Whether ``model`` stays within its SLO at ``rate`` (requests/s) with one replica
-    fewer than ``replicas`` (M/D/c, the engine's estimator), and above its minimum."""
-    if replicas - 1 < max(model.min_replicas, 1):
+def donor_ok(service: Service, replicas: int, rate: float, cluster: ClusterSpec) -> bool:
+    """Whether the model stays within its SLO at ``rate`` (requests/s) with one replica
+    fewer than ``replicas`` (the engine's estimator for how its replicas serve), and above
+    its minimum."""
+    if replicas - 1 < max(service.model.min_replicas, 1):
         return False
-    served = max_rate_for_slo(replicas - 1, processing_ms / 1e3, model.slo_ms / 1e3,
-                              model.percentile / 100, cluster.estimator, cluster.rho_max,
-                              concurrency=model.concurrency)
-    return rate <= served
+    return rate <= service.max_rate(replicas - 1, cluster)
 
 
 def prune_changes(models: Sequence[ModelSLO], cluster: ClusterSpec, samples: Mapping[str, np.ndarray],
                   current: Mapping[str, int], planned: Mapping[str, int],
                   processing_ms: Mapping[str, float], keep: set[str],
-                  min_gain: float, capacity: Capacity | None = None) -> tuple[dict[str, int], float]:
+                  min_gain: float, capacity: Capacity | None = None,
+                  batch_shapes: Mapping | None = None) -> tuple[dict[str, int], float]:
     """``planned`` with every change that is not worth ``min_gain`` undone, and its gain.
 
     A re-plan re-solves the whole cluster, and where the objective is flat (an overloaded
@@ -88,7 +88,8 @@ def prune_changes(models: Sequence[ModelSLO], cluster: ClusterSpec, samples: Map
     capacity (``capacity``: what the cluster has now, every resource). The gain is the kept
     allocation's objective minus the current one's."""
     prob = make_problem(models, dict(samples), dict(current), cluster,
-                        processing_ms=dict(processing_ms), capacity=capacity)
+                        processing_ms=dict(processing_ms), capacity=capacity,
+                        batch_shapes=batch_shapes)
     names = [m.name for m in models]
     d = np.zeros(len(names))
     x = np.array([current[n] for n in names], float)
@@ -115,12 +116,13 @@ def prune_changes(models: Sequence[ModelSLO], cluster: ClusterSpec, samples: Map
 
 def move_problem(models: Sequence[ModelSLO], cluster: ClusterSpec, current: Mapping[str, int],
                  rates: Mapping[str, np.ndarray], processing_ms: Mapping[str, float],
-                 window_s: float):
+                 window_s: float, batch_shapes: Mapping | None = None):
     """The engine's problem that scores moves: the cluster objective over window utilities
     (a replica added now serves after the cold start) over ``window_s``, each model's rate
     ``rates[name]`` (samples x steps, requests/s)."""
     spec = cluster.model_copy(update={"window_s": float(window_s)})
-    return make_problem(models, dict(rates), dict(current), spec, processing_ms=dict(processing_ms))
+    return make_problem(models, dict(rates), dict(current), spec, processing_ms=dict(processing_ms),
+                        batch_shapes=batch_shapes)
 
 
 def best_move(prob, names: Sequence[str], replicas: Mapping[str, int], recipient: str,

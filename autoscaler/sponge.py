@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from faro_serve.config import ClusterSpec, ModelSLO
-from faro_serve.engine.batching import B_MAX, C_MAX, BatchProfile, sponge_choice
+from faro_serve.engine.batching import B_MAX, C_MAX, BatchProfile, CurveProfile, sponge_choice
 
 from .policy import Decision, Observation, Policy
 
@@ -67,15 +67,24 @@ class SpongePolicy(Policy):
 def from_config(models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster=None) -> SpongePolicy:
     """Sponge for models whose config declares ``batching`` (their saved profile and largest
     batch); the cores go up to each replica's whole CPUs (threads within them, live)."""
-    missing = [m.name for m in models if m.batching is None]
+    missing = [m.name for m in models if m.batching is None or m.batching.measured]
     if missing:
-        raise ValueError(f"sponge: {', '.join(missing)} declare no batching (a profile from "
-                         "faro-serve profile and max_batch_size in the model's SLO config)")
-    profiles = {m.name: BatchProfile(m.batching.gamma, m.batching.eps, m.batching.delta,
-                                     m.batching.eta) for m in models}
+        raise ValueError(f"sponge: {', '.join(missing)} declare no batching profile (a profile "
+                         "from faro-serve profile, or latency_ms, and max_batch_size in the "
+                         "model's SLO config)")
+    profiles = {m.name: _profile(m) for m in models}
     c_max = max(1, min(int(m.cpus) for m in models))
     b_max = min(m.batching.max_batch_size for m in models)
     return SpongePolicy(models, cluster, profiles, c_max=c_max, b_max=b_max)
+
+
+def _profile(m: ModelSLO):
+    """Sponge's l(b, c): its own four parameters, or a batch curve with no cores in it (a
+    GPU's: Sponge's cores then change nothing, and it chooses the batch alone)."""
+    b = m.batching
+    if b.gamma is not None or b.eps is not None:
+        return BatchProfile(*(v or 0.0 for v in (b.gamma, b.eps, b.delta, b.eta)))
+    return CurveProfile(b.curve(m.cpus))
 
 
 # This module's built-in policies as data, (name, factory, summary, needs_batching), which

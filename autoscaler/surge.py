@@ -21,13 +21,11 @@ A mixin of :class:`~autoscaler.faro.FaroPolicy`: the same code live and in the s
 
 from __future__ import annotations
 
-from faro_serve.engine import max_rate_for_slo
-
-from .common import DEFAULT_PROCESSING_MS
 from .driver import STARTUP_MINUTES
-from .guard import heavy_overload, replicas_needed
+from .guard import heavy_overload
 from .policy import Decision, Observation, grant_in_order
 from .replan import relevel
+from .service import service_of
 
 SURGE_PLAN_SEED = 2_000_003  # surge plans' forecasts draw from seeds of their own
 
@@ -68,11 +66,9 @@ class SurgeAware:
             rate = self.rate_now(o)
             if rate <= 0:
                 continue
-            p = (o.processing_ms or m.processing_ms or DEFAULT_PROCESSING_MS) / 1e3
-            slo, q = m.slo_ms / 1e3, m.percentile / 100
+            svc = service_of(m, o)  # one at a time, k at once or in batches (service.py)
             target = o.target_replicas if targets is None else targets.get(n, o.target_replicas)
-            served = max_rate_for_slo(max(target, 1), p, slo, q, self.cluster.estimator,
-                                      self.cluster.rho_max, concurrency=m.concurrency)
+            served = svc.max_rate(max(target, 1), self.cluster)
             # a surge is a change: a model the plan keeps short on purpose in an overloaded
             # cluster is not surging (its rate was already there a minute ago); a new model
             # has no minute before, so any excess over what it has is one
@@ -82,7 +78,7 @@ class SurgeAware:
                     continue
             elif rate < self.cluster.surge_factor * max(served, before):
                 continue
-            out[n] = replicas_needed(self.surge_rate(o), p, m, self.cluster)
+            out[n] = svc.replicas_for(self.surge_rate(o), self.cluster)
         return out
 
     def with_surge(self, obs: Observation, decision: Decision | None) -> Decision | None:

@@ -11,50 +11,125 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .batch_curve import BatchCurve, linear_shape
 
 
 class Batching(BaseModel):
-    """A model whose replicas serve dynamic batches: Sponge's profile
-    ``l(b, c) = gamma b / c + eps / c + delta b + eta`` seconds (what ``faro-serve profile``
-    fits and saves) and the largest batch a replica may take. The planner weighs batch sizes
-    up to it with the replica count (engine/batched_latency.py); the profile's shape, not
-    its scale, is what it uses: the measured processing time sets the scale."""
+    """A model whose replicas serve dynamic batches (issues 20, 47): the largest batch a
+    replica takes, how long a batch waits to fill, and the batch latency curve ``l(b)``,
+    given one of three ways (``faro_serve/batch_curve.py``):
+
+    * ``profile: PATH``, a file ``faro-serve profile`` saved (its ``curve``, or its
+      Sponge fit, or rows of ``batch`` and ``latency_s`` such as the H200 profiles, whose
+      per-batch medians become the curve's breakpoints);
+    * ``latency_ms``: measured points, ``{1: 3.3, 16: 4.3, 64: 9.5}`` (breakpoints);
+    * Sponge's affine model ``l(b, c) = gamma b / c + eps / c + delta b + eta`` (seconds, at
+      the replica's ``c`` cores);
+    * nothing: the curve is measured live from the batches the replicas serve (until then
+      the planner takes it that a batch saves nothing, and lets batches form up to the
+      largest so that they are measured).
+
+    The planner weighs batch sizes up to the largest with the replica count
+    (engine/batched_latency.py); it uses the curve's shape, not its scale: the measured
+    processing time sets the scale."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gamma: float = Field(ge=0, description="s per request, parallel (x b / c)")
-    eps: float = Field(ge=0, description="s per batch, parallel (/ c)")
-    delta: float = Field(0.0, ge=0, description="s per request, serial (x b)")
-    eta: float = Field(0.0, ge=0, description="s per batch, serial")
+    gamma: float | None = Field(None, ge=0, description="s per request, parallel (x b / c)")
+    eps: float | None = Field(None, ge=0, description="s per batch, parallel (/ c)")
+    delta: float | None = Field(None, ge=0, description="s per request, serial (x b)")
+    eta: float | None = Field(None, ge=0, description="s per batch, serial")
+    latency_ms: dict[int, float] | None = Field(None, description="measured time of a batch "
+                                                "of each size (ms), e.g. {1: 3.3, 16: 4.3}")
     max_batch_size: int = Field(16, ge=1, le=64, description="largest batch a replica takes")
+    batch_wait_s: float = Field(0.0, ge=0, le=1, description="how long a batch that is not "
+                                "full waits for more requests (Ray's batch_wait_timeout_s)")
 
     @model_validator(mode="before")
     @classmethod
     def _from_file(cls, data: Any) -> Any:
-        """``profile: PATH`` reads the four parameters from a saved ``faro-serve profile``
-        file (its ``profile`` entry); parameters given beside it win."""
+        """``profile: PATH`` reads the curve from a saved profile file (module docstring);
+        fields given beside it win."""
         if not isinstance(data, dict) or "profile" not in data:
             return data
         data = dict(data)
         path = Path(data.pop("profile"))
         try:
-            saved = json.loads(path.read_text())["profile"]
+            saved = json.loads(path.read_text())
+            found = _curve_fields(saved)
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise ValueError(f"batching profile {path}: not a saved profile "
                              f"(faro-serve profile writes one): {err}") from None
-        return {**{k: saved[k] for k in ("gamma", "eps", "delta", "eta") if k in saved}, **data}
+        mine = {k for k in ("gamma", "eps", "delta", "eta", "latency_ms") if data.get(k) is not None}
+        if mine:  # the file's curve is replaced by what is given beside it
+            found = {k: v for k, v in found.items() if k not in ("gamma", "eps", "delta", "eta", "latency_ms")
+                     or (k in mine) or (k != "latency_ms" and "latency_ms" not in mine
+                                        and not mine & {"gamma", "eps"})}
+        return {**found, **data}
 
     @model_validator(mode="after")
-    def _positive(self) -> "Batching":
-        if self.gamma + self.eps + self.delta + self.eta <= 0:
-            raise ValueError("a batch profile needs a positive time (gamma, eps, delta, eta all 0)")
+    def _one_curve(self) -> "Batching":
+        affine = [self.gamma, self.eps, self.delta, self.eta]
+        if any(v is not None for v in affine):
+            if self.latency_ms is not None:
+                raise ValueError("give the batch curve once: gamma/eps/delta/eta (Sponge's "
+                                 "model) or latency_ms (measured points), not both")
+            if sum(v or 0.0 for v in affine) <= 0:
+                raise ValueError("a batch profile needs a positive time (gamma, eps, delta, eta all 0)")
+        if self.latency_ms is not None:
+            bad = {b: t for b, t in self.latency_ms.items() if not (1 <= b <= 64 and t > 0)}
+            if not self.latency_ms or bad:
+                raise ValueError(f"latency_ms needs batch sizes 1..64 with times > 0 (got {bad or '{}'})")
         return self
 
+    @property
+    def measured(self) -> bool:
+        """No curve given: the replicas' own batches measure it (module docstring)."""
+        return self.latency_ms is None and all(
+            v is None for v in (self.gamma, self.eps, self.delta, self.eta))
+
+    def curve(self, cores: float = 1.0) -> BatchCurve | None:
+        """The batch latency curve at ``cores`` (Sponge's model: its cores; breakpoints:
+        as measured); None when it is to be measured live."""
+        if self.latency_ms is not None:
+            bs = sorted(self.latency_ms)
+            return BatchCurve.from_points(bs, [self.latency_ms[b] / 1e3 for b in bs])
+        if self.measured:
+            return None
+        g, e, d, h = (v or 0.0 for v in (self.gamma, self.eps, self.delta, self.eta))
+        return BatchCurve.affine(g / cores + d, e / cores + h)
+
+    def shape(self, cores: float = 1.0, bmax: int | None = None) -> np.ndarray:
+        """``f(b) = l(b) / l(1)`` for b = 0..``bmax`` (default: the largest batch); a curve
+        still to be measured: ``f(b) = b`` (a batch saves nothing)."""
+        bmax = self.max_batch_size if bmax is None else bmax
+        c = self.curve(cores)
+        return linear_shape(bmax) if c is None else c.shape(bmax)
+
     def share(self, cores: float) -> float:
-        """The share of one request's time ``l(1, cores)`` that each request of a batch adds."""
-        per_request = self.gamma / cores + self.delta
-        return per_request / (per_request + self.eps / cores + self.eta)
+        """The share of one request's time ``l(1)`` that each further request of a batch
+        adds: ``f(2) - 1`` (Sponge's ``s``; 1 for a curve still to be measured)."""
+        return float(self.shape(cores, 2)[2] - 1.0)
+
+
+def _curve_fields(saved: dict) -> dict:
+    """The curve of a saved profile file, as Batching's fields."""
+    if "curve" in saved:  # faro-serve profile of a deployment: breakpoints in seconds
+        pts = BatchCurve.from_dict(saved["curve"]).points
+        return {"latency_ms": {int(round(b)): t * 1e3 for b, t in pts if float(b).is_integer()}}
+    if "profile" in saved:  # faro-serve profile's Sponge fit (batch x threads)
+        return {k: saved["profile"][k] for k in ("gamma", "eps", "delta", "eta") if k in saved["profile"]}
+    rows = saved["rows"]  # measured rows: batch, latency_s (and dtype: fp32 where present)
+    dtypes = [r.get("dtype") for r in rows]
+    keep = "fp32" if "fp32" in dtypes else dtypes[0]
+    rows = [r for r in rows if r.get("dtype") == keep]
+    if not rows:
+        raise ValueError("no rows")
+    curve = BatchCurve.from_points([r["batch"] for r in rows], [r["latency_s"] for r in rows])
+    return {"latency_ms": {int(round(b)): t * 1e3 for b, t in curve.points}}
 
 
 class Variant(BaseModel):

@@ -65,7 +65,7 @@ def test_window_table_column_c_is_the_estimate_for_c_times_k_servers():
     rates = np.array([[5.0, 18.0, 40.0], [9.0, 30.0, 55.0]])
     slo = 0.4
     for k in (1, 2, 4):
-        table = step_utility_table(rates, P, Q, slo, 1.0, 0.95, EST_MDC, 12, NO_DROP, 1.0, 1, k)
+        table = step_utility_table(rates, P, Q, slo, 1.0, 0.95, EST_MDC, 12, NO_DROP, k=k)
         for t in range(rates.shape[1]):
             for c in range(1, 13):
                 lat = [latency_relaxed(c * k, lam, P, Q, 0.95) for lam in rates[:, t]]

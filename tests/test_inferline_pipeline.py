@@ -30,7 +30,7 @@ def _kernel(arr, p, replicas, batch, share):
     start, lat, status = np.zeros(n), np.zeros(n), np.zeros(n, np.int64)
     advance(0.0, 1e9, arr, np.full(n, p), np.zeros(n), np.ones(n), start, lat, status, 0, n,
             np.zeros(n + 1, np.int64), 0, 0, np.zeros(replicas), np.zeros(replicas), 0.0,
-            10 ** 9, 0.0, np.inf, True, batch, share, 1.0)
+            10 ** 9, 0.0, np.inf, True, batch, share * np.arange(65) + 1 - share, 1.0)
     assert (status == DONE).all()
     return arr + lat
 
@@ -67,7 +67,7 @@ def test_des_replica_schedule_matches_the_kernel_with_a_replica_added_midway():
     start, lat, status = np.zeros(n), np.zeros(n), np.zeros(n, np.int64)
     advance(0.0, 1e9, arr, np.full(n, 0.2), np.zeros(n), np.ones(n), start, lat, status, 0, n,
             np.zeros(n + 1, np.int64), 0, 0, np.array([0.0, 100.0]), np.zeros(2), 0.0,
-            10 ** 9, 0.0, np.inf, True, 2, share, 1.0)
+            10 ** 9, 0.0, np.inf, True, 2, share * np.arange(65) + 1 - share, 1.0)
     run = simulate(arr, [StageSpec("a")], [1], [2], [bt],
                    schedules=[(np.array([0.0, 100.0]), np.array([1, 2]))])
     assert np.allclose(run.latency_s, lat, atol=1e-9)

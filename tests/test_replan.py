@@ -7,6 +7,7 @@ import pytest
 from autoscaler import ModelObservation, Observation, make_policy
 from autoscaler.explain import explain
 from autoscaler.replan import donor_ok, relevel, surprise
+from autoscaler.service import Service
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import latency_mdc
 
@@ -199,8 +200,9 @@ def test_a_donor_whose_slo_would_break_is_never_the_donor():
     # 'busy' at 2 replicas meets its SLO, at 1 it would not (M/D/1 at 4 req/s)
     assert latency_mdc(1, 4.0, 0.154, 0.99) > 0.72 >= latency_mdc(2, 4.0, 0.154, 0.99)
     m = ModelSLO(name="busy", **SLO)
-    assert not donor_ok(m, 2, 4.0, 154.0, ClusterSpec(cpus=8))
-    assert donor_ok(m, 3, 4.0, 154.0, ClusterSpec(cpus=8))
+    svc = Service(m, 0.154)  # 154 ms alone, one request at a time
+    assert not donor_ok(svc, 2, 4.0, ClusterSpec(cpus=8))
+    assert donor_ok(svc, 3, 4.0, ClusterSpec(cpus=8))
     policy, at, targets = move_setup({"busy": (4.0, 2)})
     assert plan_then(policy, at, targets) == []
     # beside a model with slack, the slack one gives, not the busy one

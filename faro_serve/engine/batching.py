@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
+from ..batch_curve import BatchCurve
+
 B_MAX = 16  # the paper's bounds on batch size and cores (section 4)
 C_MAX = 16
 
@@ -68,6 +70,20 @@ class BatchProfile:
                        float(d.get("r2", math.nan)), int(d.get("points", 0)))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"not a batch profile ({err}): {d!r}") from None
+
+
+@dataclass(frozen=True)
+class CurveProfile:
+    """A batch latency curve with no cores in it (a GPU's, ``faro_serve/batch_curve.py``),
+    as Sponge's choice reads a profile: ``l(b, c) = l(b)`` whatever ``c``."""
+
+    curve: BatchCurve
+
+    def latency(self, b, c):
+        return self.curve.latency(np.asarray(b, dtype=float)) + 0.0 * np.asarray(c, dtype=float)
+
+    def throughput(self, b, c):
+        return np.asarray(b, dtype=float) / self.latency(b, c)
 
 
 def fit_profile(batch, cores, latency_s) -> BatchProfile:

@@ -93,9 +93,13 @@ def batch_times(processing_s: float, batching=None, cpus: float = 1.0,
         return np.array([processing_s])
     c = cpus if at_cpus is None else at_cpus
     b = np.arange(1, (max_batch or batching.max_batch_size) + 1, dtype=float)
+    if batching.gamma is None and batching.eps is None:  # a curve of its own: no cores in it
+        return processing_s * batching.shape(cpus, int(b[-1]))[1:]
+
+    g, e, d, h = (v or 0.0 for v in (batching.gamma, batching.eps, batching.delta, batching.eta))
 
     def l(bb, cc):
-        return batching.gamma * bb / cc + batching.eps / cc + batching.delta * bb + batching.eta
+        return g * bb / cc + e / cc + d * bb + h
 
     return processing_s * l(b, c) / l(1.0, cpus)
 

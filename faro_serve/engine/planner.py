@@ -113,12 +113,13 @@ def _lookup(mapping, models: Sequence[ModelSLO], what: str, default=None):
     return seq
 
 
-def _jobs(models, forecasts, current, processing_ms, cluster) -> list[JobInput]:
+def _jobs(models, forecasts, current, processing_ms, cluster, batch_shapes=None) -> list[JobInput]:
     fc = _lookup(forecasts, models, "forecasts")
     cur = _lookup(current, models, "current_replicas")
     proc = _lookup(processing_ms, models, "processing_ms")
+    shapes = _lookup(batch_shapes, models, "batch_shapes")
     jobs = []
-    for m, f, c, p in zip(models, fc, cur, proc):
+    for m, f, c, p, shape in zip(models, fc, cur, proc, shapes):
         if f is None:
             raise ValueError(f"no forecast for model {m.name!r}")
         p_ms = p if p is not None else m.processing_ms
@@ -129,6 +130,11 @@ def _jobs(models, forecasts, current, processing_ms, cluster) -> list[JobInput]:
         if c < 0:
             raise ValueError(f"current replicas of {m.name!r} is negative ({c})")
         bt = m.batching
+        if bt is not None and shape is None:
+            shape = bt.shape(m.cpus)
+        if shape is not None and len(shape) < bt.max_batch_size + 1:
+            raise ValueError(f"the batch curve of {m.name!r} stops at batch {len(shape) - 1}, "
+                             f"below its max_batch_size {bt.max_batch_size}")
         rates = normalise_rates(f, m.name)
         jobs.append(JobInput(name=m.name, rates=rates, proc_s=p_ms / 1e3,
                              slo_s=m.slo_ms / 1e3, quantile=m.percentile / 100.0,
@@ -137,7 +143,7 @@ def _jobs(models, forecasts, current, processing_ms, cluster) -> list[JobInput]:
                              # no traffic forecast, nothing to drop (COBYLA would leave
                              # the flat drop variable wherever its steps took it)
                              current=c, can_drop=m.allow_drop and bool(np.any(rates > 0)),
-                             batch_share=1.0 if bt is None else bt.share(m.cpus),
+                             batch_shape=None if bt is None else np.asarray(shape, float),
                              max_batch=1 if bt is None else bt.max_batch_size,
                              concurrency=m.concurrency,
                              extra={r: a for r, a in demand(m).items() if r not in (CPU, MEMORY)}))
@@ -146,14 +152,14 @@ def _jobs(models, forecasts, current, processing_ms, cluster) -> list[JobInput]:
 
 def make_problem(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: ClusterSpec, *,
                  processing_ms=None, capacity: Capacity | None = None,
-                 pipelines: Sequence = ()) -> Problem:
+                 pipelines: Sequence = (), batch_shapes=None) -> Problem:
     """The un-grouped :class:`Problem` ``plan`` optimises (for tests, benchmarks, analysis);
     ``capacity``: what is available now, capped by the configured one (as in ``plan``)."""
     models = list(models)
     pipelines = list(pipelines)
     if pipelines:
         forecasts = stage_forecasts(models, forecasts, pipelines)
-    jobs = _jobs(models, forecasts, current_replicas, processing_ms, cluster)
+    jobs = _jobs(models, forecasts, current_replicas, processing_ms, cluster, batch_shapes)
     cap = Capacity.of_cluster(cluster)
     if capacity is not None:
         cap = cap.capped_by(capacity)
@@ -169,7 +175,7 @@ def make_problem(models: Sequence[ModelSLO], forecasts, current_replicas, cluste
 def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: ClusterSpec, *,
          processing_ms=None, capacity_cpus: float | None = None,
          capacity_memory_gb: float | None = None, capacity: Capacity | None = None,
-         pipelines: Sequence = ()) -> Allocation:
+         pipelines: Sequence = (), batch_shapes=None) -> Allocation:
     """Decide every model's replicas and drop rate for the next window.
 
     ``forecasts``: per model (mapping by name, or a sequence in model order) a rate in
@@ -182,6 +188,8 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
     ``pipelines`` (:class:`~faro_serve.pipelines.PipelineSLO`, their stages among ``models``):
     each is one job of the objective, planned end to end (pipeline_plan.py); ``forecasts``
     may then give a pipeline's entry rates under its name (a stage's: entry x fraction).
+    ``batch_shapes``: per batching model, a measured batch curve's shape ``f(b)`` for b =
+    0..its max_batch_size, overriding its config's (``autoscaler/service.py``).
     """
     t0 = time.perf_counter()
     models = list(models)
@@ -195,7 +203,7 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
     pipelines = list(pipelines)
     if pipelines:
         forecasts = stage_forecasts(models, forecasts, pipelines)
-    jobs = _jobs(models, forecasts, current_replicas, processing_ms, cluster)
+    jobs = _jobs(models, forecasts, current_replicas, processing_ms, cluster, batch_shapes)
     n = len(jobs)
     n_groups = cluster.resolved_groups(n)
     gamma = cluster.resolved_gamma(n)
@@ -262,7 +270,7 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
         lam = float(j.rates.mean()) * (1.0 - drops[i])
         servers = int(reps[i]) * j.concurrency
         lat = latency_batched(servers, lam, j.proc_s, j.quantile, cluster.rho_max, est,
-                              j.batch_share, int(batches[i]))
+                              j.batch_shape, int(batches[i]))
         decisions.append(ModelDecision(
             name=j.name, replicas=int(reps[i]), current=int(j.current), drop_rate=round(float(drops[i]), 4),
             utility=float(utils[i]), effective_utility=float(eu[i]), latency_ms=float(lat) * 1e3,

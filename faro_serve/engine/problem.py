@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..resources import CPU, MEMORY
-from .batched_latency import BATCH_CHOICES
+from .batched_latency import BATCH_CHOICES, batch_table
 from .latency import ESTIMATORS
 from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
 from .window import (DROP_GRID, NO_DROP, cold_start_fractions, interp_utilities,
@@ -36,9 +36,9 @@ class JobInput:
     max_replicas: int
     current: int
     can_drop: bool
-    # replicas that batch (batched_latency.py): the share of a request's time that each
-    # request of a batch adds, and the largest batch allowed; 1 and 1: no batching
-    batch_share: float = 1.0
+    # replicas that batch (batched_latency.py): the batch curve's shape f(b) = l(b) / l(1)
+    # for b = 0..max_batch, and the largest batch allowed; None and 1: no batching
+    batch_shape: np.ndarray | None = None
     max_batch: int = 1
     # requests one replica serves at once: a replica is this many servers of proc_s to the
     # estimator (docs/concurrency.md); 1: the paper's one at a time
@@ -174,6 +174,12 @@ class Problem:
         return self.batch_tables[np.arange(n), rows, cols].astype(int)
 
 
+def batch_choices(max_batch: int) -> list[int]:
+    """The largest batches the planner weighs for a model allowing ``max_batch``: 1, 2, 4,
+    ... below it, and it."""
+    return sorted({c for c in BATCH_CHOICES if c < max_batch} | {max(1, int(max_batch))})
+
+
 def demand_matrix(jobs: list[JobInput], cap_cpus: float, cap_mem: float,
                   extra_caps: dict[str, float]) -> tuple[list[str], np.ndarray, np.ndarray]:
     """The binding resources: names, per-replica needs (jobs x resources) and caps.
@@ -235,7 +241,7 @@ def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | Non
         widths.append(max(sat, j.current, j.min_replicas) + 1)
     n_c = max(widths)
     tables = np.zeros((len(jobs), len(grid), n_c))
-    batching = any(j.max_batch > 1 for j in jobs)
+    batching = any(j.max_batch > 1 and j.batch_shape is not None for j in jobs)
     batch_tables = np.ones((len(jobs), len(grid), n_c), dtype=np.int64) if batching else None
     for i, (j, width) in enumerate(zip(jobs, widths)):
         jgrid = grid if (penalty and j.can_drop) else NO_DROP
@@ -244,9 +250,14 @@ def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | Non
         # A batching job: W for every largest batch it may allow, then per entry the best
         # (the planner picks replicas and batch together; batch 1 is always a choice)
         w, wb = None, None
-        for b in sorted({c for c in BATCH_CHOICES if c < j.max_batch} | {j.max_batch}):
-            steps = step_utility_table(rates, j.proc_s, j.quantile, j.slo_s, alpha, rho_max, est,
-                                       width - 1, jgrid, j.batch_share, b, j.concurrency)
+        for b in batch_choices(j.max_batch if j.batch_shape is not None else 1):
+            if b > 1:
+                tab, f_b = batch_table(j.batch_shape, b, j.quantile), float(j.batch_shape[b])
+                steps = step_utility_table(rates, j.proc_s, j.quantile, j.slo_s, alpha, rho_max,
+                                           est, width - 1, jgrid, tab, f_b, b, j.concurrency)
+            else:
+                steps = step_utility_table(rates, j.proc_s, j.quantile, j.slo_s, alpha, rho_max,
+                                           est, width - 1, jgrid, k=j.concurrency)
             wn = window_table(steps, int(j.current), frac)
             if w is None:
                 w, wb = wn, np.ones(wn.shape, dtype=np.int64)

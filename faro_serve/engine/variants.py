@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..config import ModelSLO
 
 SLACK = 1.05  # INFaaS's slack threshold (section 5)
@@ -55,11 +57,11 @@ def options(model: ModelSLO, default_load_s: float) -> list[Option]:
         if v.accuracy < target:
             continue
         p = v.processing_ms / 1e3
-        share = 1.0 if v.batching is None else v.batching.share(model.cpus)
         bmax = 1 if v.batching is None else v.batching.max_batch_size
+        shape = np.arange(2.0) if v.batching is None else v.batching.shape(model.cpus)
         batches = sorted({b for b in (1, 2, 4, 8, 16, 32, 64) if b < bmax} | {bmax})
         for b in batches:
-            lat = p * (share * b + 1.0 - share)
+            lat = p * float(shape[b])
             if lat <= model.slo_ms / 1e3:
                 # a replica of concurrency k serves k at once (batching refuses k > 1)
                 out.append(Option(v.name, b, v.accuracy, lat, b * model.concurrency / lat,

@@ -19,7 +19,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .batched_latency import latency_row_batched
+from .batched_latency import NO_TABLE, latency_row_batched
 from .latency import latency_row, rho_max_factors
 
 # Drop rates at which W is tabulated for jobs that may drop (penalty objectives).
@@ -40,12 +40,13 @@ def _utility(lat: float, slo: float, alpha: float) -> float:
 @njit(cache=True)
 def step_utility_table(rates: np.ndarray, p: float, q: float, slo: float, alpha: float,
                        rho_max: float, estimator: int, cmax: int,
-                       drop_grid: np.ndarray, share: float = 1.0, bmax: int = 1,
-                       k: int = 1) -> np.ndarray:
+                       drop_grid: np.ndarray, table: np.ndarray = NO_TABLE, f_b: float = 1.0,
+                       bmax: int = 1, k: int = 1) -> np.ndarray:
     """``U[d, t, c]``: relaxed utility at step ``t`` averaged over the forecast samples.
 
-    ``rates`` has shape (samples, steps) in requests/s. ``share``/``bmax``: replicas that
-    serve batches of at most ``bmax`` (batched_latency.py); 1: one request at a time.
+    ``rates`` has shape (samples, steps) in requests/s. ``table``/``f_b``/``bmax``: replicas
+    that serve batches of at most ``bmax`` (batched_latency.py: the batch curve's table at
+    ``bmax`` and ``f(bmax)``); ``bmax`` 1: one request at a time.
     ``k``: each replica serves ``k`` requests at once, so ``c`` replicas are ``c k``
     servers of the estimator (docs/concurrency.md).
     """
@@ -61,7 +62,7 @@ def step_utility_table(rates: np.ndarray, p: float, q: float, slo: float, alpha:
                 lam = rates[s, t] * keep
                 if lam < 0.0:
                     lam = 0.0
-                latency_row_batched(lam, p, q, rho_max, estimator, factors, share, bmax, row)
+                latency_row_batched(lam, p, q, rho_max, estimator, factors, table, f_b, bmax, row)
                 for c in range(cmax + 1):
                     out[di, t, c] += _utility(row[c * k], slo, alpha)
             for c in range(cmax + 1):

@@ -46,6 +46,8 @@ DROP_RATE = 2
 DROP_TAIL = 3
 TIMED_OUT = 4
 
+NO_SHAPE = np.arange(2, dtype=np.float64)  # f(b) = b: the default of a kernel that does not batch
+
 
 @njit(cache=True)
 def _argmin(a: np.ndarray) -> int:
@@ -64,16 +66,23 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             nxt: int, nend: int, qbuf: np.ndarray, qh: int, nq: int,
             free_at: np.ndarray, busy_until: np.ndarray, drop_rate: float, limit: int,
             hold: float = 0.0, patience: float = np.inf, cancel: bool = True,
-            batch: int = 1, share: float = 1.0, scale: float = 1.0):
+            batch: int = 1, shape: np.ndarray = NO_SHAPE, scale: float = 1.0,
+            wait: float = 0.0, window: bool = False):
     """Simulate ``[t0, t1)``: serve the queue, take the arrivals ``arr[nxt:nend]`` before t1.
 
     ``qbuf`` is a ring of buffer indices (the FIFO queue) with head ``qh`` and length ``nq``.
     ``free_at`` and ``busy_until`` hold one entry per slot: ``k`` per replica of concurrency
     ``k`` (module docstring), one per replica of the paper's model.
     ``batch`` > 1: a replica that frees takes up to ``batch`` queued requests at once and
-    serves them together for the first one's processing time x ``share b + 1 - share``
-    (engine/batched_latency.py's model of a batching replica; issue 20). The area then
-    counts a batch's requests from their start, but a batch that began before ``t0`` as one.
+    serves them together for the first one's processing time x ``shape[b]`` (the batch
+    curve's ``l(b) / l(1)``, faro_serve/batch_curve.py; engine/batched_latency.py's model of a
+    batching replica; issues 20, 47). ``wait`` > 0: a batch that is not full starts no
+    earlier than ``wait`` after its first request arrived (``@serve.batch``'s
+    ``batch_wait_timeout_s``); ``window``: only the requests that arrived within that wait
+    join it (Ray's own batching, which closes a batch when its wait ends), else every
+    request queued when it starts (a replica that takes its backlog: Faro's gate). The
+    area then counts a batch's requests from their start, but a batch that began before
+    ``t0`` as one.
     ``scale`` multiplies every processing time (a model variant of another speed, INFaaS).
     Returns ``(nxt, qh, nq, arrivals, dropped, area)`` where ``area`` is the integral over
     the interval of the number of requests in the system (queued + in service), from which
@@ -100,9 +109,12 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             if f > ta or f >= t1:
                 break
             if batch > 1:
+                if wait > 0.0 and not _batch_ready(f, ta, t1, i < nend and arr[i] < t1, arr,
+                                                   qbuf, qh, nq, batch, wait, window):
+                    break  # the batch may still grow: take the next arrival first
                 qh, nq, area = _serve_batch(k, f, t0, t1, arr, proc, ovh, start, lat, status, qbuf,
                                             qh, nq, free_at, busy_until, hold, patience, cancel,
-                                            batch, share * scale, (1.0 - share) * scale, sel, area)
+                                            batch, shape, scale, wait, window, sel, area)
                 continue
             j = qbuf[qh]
             qh = (qh + 1) % cap
@@ -134,7 +146,7 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             n_drop += 1
         else:
             k = -1
-            if nq == 0 and n_srv > 0:
+            if nq == 0 and n_srv > 0 and not (batch > 1 and wait > 0.0):  # a batch waits
                 k = _argmin(free_at)
                 if free_at[k] > ta:
                     k = -1
@@ -167,17 +179,43 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
 
 
 @njit(cache=True)
+def _batch_ready(f, ta, t1, arrival_next, arr, qbuf, qh, nq, batch, wait, window):
+    """Whether a replica free at ``f`` starts its batch before the next arrival (at ``ta``;
+    ``arrival_next``: one comes before ``t1``): it is full, or nothing more can join before
+    it starts (its wait ends first)."""
+    cap = qbuf.shape[0]
+    e = arr[qbuf[qh]] + wait  # the head's wait ends
+    n = 0
+    for m in range(nq):
+        if window and arr[qbuf[(qh + m) % cap]] > e:
+            break
+        n += 1
+        if n >= batch:
+            return True
+    s = max(f, e)
+    if s >= t1 and not arrival_next:
+        return False  # it starts after this interval: arrivals not yet known may join
+    if not arrival_next:
+        return True
+    return ta > (e if window else s)
+
+
+@njit(cache=True)
 def _serve_batch(k, f, t0, t1, arr, proc, ovh, start, lat, status, qbuf, qh, nq, free_at,
-                 busy_until, hold, patience, cancel, batch, per_request, per_batch, sel, area):
+                 busy_until, hold, patience, cancel, batch, shape, scale, wait, window, sel, area):
     """Replica ``k``, free at ``f``, takes up to ``batch`` requests from the queue's head
-    (those whose clients gave up are dropped on the way, as one at a time) and serves them
-    in the first one's processing time x ``per_request b + per_batch``. Returns
-    ``(qh, nq, area)``."""
+    (those whose clients gave up are dropped on the way, as one at a time; with ``window``
+    only those within ``wait`` of the first) and serves them in the first one's processing
+    time x ``shape[b]``, from ``f``, or a batch that is not full from the end of its wait.
+    Returns ``(qh, nq, area)``."""
     cap = qbuf.shape[0]
     b = 0
     s = f
+    e = np.inf
     while b < batch and nq > 0:
         j = qbuf[qh]
+        if b > 0 and window and arr[j] > e:
+            break
         qh = (qh + 1) % cap
         nq -= 1
         if cancel and max(f, arr[j]) - arr[j] > patience:
@@ -185,13 +223,17 @@ def _serve_batch(k, f, t0, t1, arr, proc, ovh, start, lat, status, qbuf, qh, nq,
             lat[j] = np.inf
             area += max(0.0, min(arr[j] + patience, t1) - max(arr[j], t0))
             continue
+        if b == 0:
+            e = arr[j] + wait
         sel[b] = j
         b += 1
         if arr[j] > s:
             s = arr[j]
     if b == 0:
         return qh, nq, area
-    service = proc[sel[0]] * (per_request * b + per_batch)
+    if b < batch and wait > 0.0 and e > s:
+        s = e  # not full: it waited for more
+    service = proc[sel[0]] * scale * shape[b]
     end = s + service
     for m in range(b):
         j = sel[m]

@@ -79,6 +79,11 @@ class SimConfig:
     # True: the server drops a request its client gave up on (faro-serve's front does);
     # False: it serves it anyway, for nobody (what plain Ray Serve did live, docs/compare.md)
     cancel_timed_out: bool = True
+    # True: batching replicas batch as Ray's own @serve.batch does (plain Ray Serve): a batch
+    # closes when its wait (the model's batching.batch_wait_s) ends, and starts at the
+    # model's largest batch; False: as under Faro's gate, a replica takes what is queued
+    # when it frees (kernels.advance)
+    ray_batching: bool = False
     look_back_s: float = LOOK_BACK_S  # the live meters' too (faro_serve.measures)
     initial_replicas: int | None = None  # None: each model's min_replicas
     seed: int = 0
@@ -227,9 +232,14 @@ class _Run:
         look_ticks = int(math.ceil(cfg.look_back_s / tick)) + 1
         self.states = {m.name: (ModelState if i < self.n_single else StageState)(
             m.name, i, cfg.queue_limit, look_ticks, cfg.replica_hold_s, cfg.client_timeout_s,
-            cfg.cancel_timed_out, 1.0 if m.batching is None else m.batching.share(m.cpus),
-            cfg.queue_per_replica, int(cfg.capacity_cpus // m.cpus) + 1, m.concurrency)
+            cfg.cancel_timed_out, None if m.batching is None else m.batching.shape(m.cpus),
+            cfg.queue_per_replica, int(cfg.capacity_cpus // m.cpus) + 1, m.concurrency,
+            0.0 if m.batching is None else m.batching.batch_wait_s, cfg.ray_batching)
             for i, m in enumerate(self.models)}
+        if cfg.ray_batching:  # a user's @serve.batch: its largest batch from the start
+            for m in self.models:
+                if m.batching is not None:
+                    self.states[m.name].batch = m.batching.max_batch_size
         self.singles = list(self.states.values())[:self.n_single]
         for s, r in zip(self.states.values(), init):
             s.scale_to(r, 0.0, 0.0)
@@ -243,7 +253,7 @@ class _Run:
                 v = m.variants[0]
                 self.states[m.name].switch_variant(
                     0.0, v.processing_ms / (m.processing_ms or v.processing_ms),
-                    1.0 if v.batching is None else v.batching.share(m.cpus), 0.0)
+                    None if v.batching is None else v.batching.shape(m.cpus), 0.0)
         singles, pipes = self.models[:self.n_single], self.pipelines
         self.slo_s = np.array([m.slo_ms / 1e3 for m in singles] + [p.slo_ms / 1e3 for p in pipes])
         self.pct = np.array([m.percentile for m in singles] + [p.percentile for p in pipes])
@@ -366,8 +376,8 @@ class _Run:
         m, st = self.spec[name], self.states[name]
         v = m.variant(variant)
         base = m.processing_ms or m.variants[0].processing_ms
-        share = 1.0 if v.batching is None else v.batching.share(m.cpus)
-        st.switch_variant(t, v.processing_ms / base, share,
+        shape = None if v.batching is None else v.batching.shape(m.cpus)
+        st.switch_variant(t, v.processing_ms / base, shape,
                           self.cfg.cold_start_s if v.load_s is None else v.load_s)
 
     def flush(self, final: bool) -> None:

@@ -20,22 +20,31 @@ from collections import deque
 
 import numpy as np
 
-from .kernels import DONE, PENDING, advance, lookback
+from .kernels import DONE, NO_SHAPE, PENDING, advance, lookback
+
+
+def _shape(shape) -> np.ndarray:
+    """A batch curve's shape for the kernel (``f(b) = b`` for a model that does not batch)."""
+    return NO_SHAPE if shape is None else np.ascontiguousarray(shape, dtype=np.float64)
 
 
 class ModelState:
     def __init__(self, name: str, index: int, queue_limit: int, look_back_ticks: int,
                  hold_s: float = 0.0, patience_s: float = float("inf"), cancel: bool = True,
-                 batch_share: float = 1.0, per_replica: int = 0, max_replicas: int = 1,
-                 concurrency: int = 1):
+                 batch_shape: np.ndarray | None = None, per_replica: int = 0, max_replicas: int = 1,
+                 concurrency: int = 1, batch_wait_s: float = 0.0, batch_window: bool = False):
         self.name = name
-        if concurrency > 1 and batch_share != 1.0:
+        if concurrency > 1 and batch_shape is not None:
             raise ValueError("a replica that batches serves one batch at a time (concurrency 1)")
         self.k = int(concurrency)  # slots per replica: requests it serves at once
         # replicas that batch (kernels.advance): the largest batch in force (a decision sets
-        # it) and the share of a request's time each request of a batch adds
+        # it), the batch curve's shape f(b) (one request's time x f(b) per batch), how long
+        # a batch that is not full waits, and whether it closes when the wait ends (Ray's
+        # own @serve.batch) or takes what is queued when it starts (Faro's gate)
         self.batch = 1
-        self.batch_share = float(batch_share)
+        self.batch_shape = _shape(batch_shape)
+        self.batch_wait = float(batch_wait_s)
+        self.batch_window = bool(batch_window)
         # a model with variants (INFaaS): the variant in force scales every processing time;
         # a switch to another variant waits for its loading latency (``pending``)
         self.scale = 1.0
@@ -102,18 +111,18 @@ class ModelState:
             self.busy_until = self.busy_until[slots]
             self.free_at = self.free_at[slots]
 
-    def switch_variant(self, now: float, scale: float, share: float, load_s: float) -> None:
+    def switch_variant(self, now: float, scale: float, shape: np.ndarray | None, load_s: float) -> None:
         """Serve another variant (its processing time ``scale`` x the drawn one, its batch
-        ``share``) from ``now + load_s``; the one in force serves until then."""
+        curve's ``shape``) from ``now + load_s``; the one in force serves until then."""
         if load_s <= 0:
-            self.scale, self.batch_share, self.pending = scale, share, None
+            self.scale, self.batch_shape, self.pending = scale, _shape(shape), None
         else:
-            self.pending = (now + load_s, scale, share)
+            self.pending = (now + load_s, scale, _shape(shape))
 
     def loaded(self, now: float) -> None:
         """A pending variant whose loading is over takes over."""
         if self.pending is not None and now >= self.pending[0]:
-            _, self.scale, self.batch_share = self.pending
+            _, self.scale, self.batch_shape = self.pending
             self.pending = None
 
     # -- requests ----------------------------------------------------------------------
@@ -140,7 +149,8 @@ class ModelState:
         out = advance(t0, t1, self.arr, self.proc, self.ovh, self.u, self.start, self.lat,
                       self.status, self.nxt, self.arr.size, self.qbuf, self.qh, self.nq,
                       self.free_at, self.busy_until, self.drop_rate, min(limit, self.qbuf.size), self.hold,
-                      self.patience, self.cancel, self.batch, self.batch_share, self.scale)
+                      self.patience, self.cancel, self.batch, self.batch_shape, self.scale,
+                      self.batch_wait, self.batch_window)
         self.nxt, self.qh, self.nq, n_arr, n_drop, area = out
         self.tick_arrivals += n_arr
         self.tick_dropped += n_drop
