@@ -8,6 +8,12 @@ pass), with ``threads`` torch intra-op threads that :meth:`set_threads` changes 
 the only vertical scaling a Ray replica allows, since Ray cannot resize a running replica's
 CPUs (issue 20, Sponge). :meth:`profile` times forward passes over a grid of batch sizes and
 thread counts for Sponge's latency model (``faro-serve profile``).
+
+The network runs on the GPU the replica holds (issue 47): ``device="auto"`` takes CUDA when
+torch sees one, which inside a Ray replica means Ray gave it one (Ray sets
+``CUDA_VISIBLE_DEVICES`` to the GPUs a replica reserves: none for ``gpus: 0``), and the CPU
+otherwise. Decoding and the transforms stay on the CPU (they do not batch); the batch moves
+to the device for the forward pass. Every answer says which device served it.
 """
 
 from __future__ import annotations
@@ -23,19 +29,32 @@ from torchvision.transforms import v2 as T
 ARCHS = ("resnet18", "resnet34", "resnet50")
 
 
+def pick_device(device: str = "auto") -> torch.device:
+    """``auto``: CUDA when torch sees a GPU (in a Ray replica: one Ray gave it), else the
+    CPU; or the device named (``cuda``, ``cuda:1``, ``cpu``), checked to exist."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: torch sees no CUDA GPU here (in Ray, give the "
+                         "model gpus so that Ray assigns it one)")
+    return dev
+
+
 class ImageClassifier:
     def __init__(self, arch: str = "resnet18", checkpoint: str | None = None, top_k: int = 5,
-                 image_size: int = 224, threads: int = 1):
+                 image_size: int = 224, threads: int = 1, device: str = "auto"):
         if arch not in ARCHS:
             raise ValueError(f"arch must be one of {', '.join(ARCHS)} (got {arch!r})")
         torch.set_num_threads(threads)
+        self.device = pick_device(device)
         self.model = getattr(torchvision.models, arch)(weights=None)
         if checkpoint:
             path = Path(checkpoint)
             if not path.is_file():
                 raise FileNotFoundError(f"checkpoint {path} does not exist")
             self.model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-        self.model.eval()
+        self.model.eval().to(self.device)
         # one request at a time, even if Ray runs sync methods in a thread pool
         self._one_at_a_time = threading.Lock()
         self.arch = arch
@@ -66,6 +85,14 @@ class ImageClassifier:
         scores, classes = torch.topk(probs, min(self.top_k, probs.numel()))
         return classes.tolist(), [round(float(s), 6) for s in scores]
 
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Softmax of a batch (N, 3, H, W) on the model's device, back on the CPU."""
+        return torch.softmax(self.model(x.to(self.device, non_blocking=True)), dim=1).cpu()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":  # a GPU's work is asynchronous: time it done
+            torch.cuda.synchronize(self.device)
+
     def predict_batch(self, payloads: list[bytes]) -> list[dict]:
         """One answer per payload, the decodable ones classified in one forward pass; each
         answer carries the batch's size and processing time."""
@@ -79,9 +106,10 @@ class ImageClassifier:
                     out[k] = {"error": str(err), "status": 400}
             if images:
                 with torch.inference_mode():
-                    probs = torch.softmax(self.model(torch.stack([x for _, x in images])), dim=1)
+                    probs = self._forward(torch.stack([x for _, x in images]))
                 done = {"processing_ms": (time.perf_counter() - t0) * 1e3,
-                        "cpu_ms": (time.thread_time() - c0) * 1e3, "batch": len(images)}
+                        "cpu_ms": (time.thread_time() - c0) * 1e3, "batch": len(images),
+                        "device": str(self.device)}
                 for (k, _), p in zip(images, probs):
                     classes, scores = self._top(p)
                     out[k] = {"model": self.arch, "classes": classes, "scores": scores, **done}
@@ -98,18 +126,20 @@ class ImageClassifier:
         try:
             with self._one_at_a_time, torch.inference_mode():
                 self.set_threads(int(max(threads)))
-                x = torch.rand(int(max(batches)), 3, image_size, image_size)
+                x = torch.rand(int(max(batches)), 3, image_size, image_size, device=self.device)
                 for _ in range(3):
                     self.model(x)
                 for c in threads:
                     self.set_threads(int(c))
                     for b in batches:
-                        x = torch.rand(int(b), 3, image_size, image_size)
+                        x = torch.rand(int(b), 3, image_size, image_size, device=self.device)
                         self.model(x)
                         for _ in range(repeats):
+                            self._sync()
                             t0 = time.perf_counter()
                             self.model(x)
-                            rows.append({"batch": int(b), "threads": int(c),
+                            self._sync()
+                            rows.append({"batch": int(b), "threads": int(c), "device": str(self.device),
                                          "latency_s": time.perf_counter() - t0})
         finally:
             torch.set_num_threads(before)
@@ -123,9 +153,9 @@ class ImageClassifier:
             except ValueError as err:
                 return {"error": str(err), "status": 400}
             with torch.inference_mode():
-                probs = torch.softmax(self.model(self.transform(img).unsqueeze(0))[0], dim=0)
+                probs = self._forward(self.transform(img).unsqueeze(0))[0]
             classes, scores = self._top(probs)
             return {"model": self.arch, "classes": classes, "scores": scores,
-                    "processing_ms": (time.perf_counter() - t0) * 1e3,
+                    "device": str(self.device), "processing_ms": (time.perf_counter() - t0) * 1e3,
                     # CPU this request used (torch's intra-op threads: 1 by default, this thread)
                     "cpu_ms": (time.thread_time() - c0) * 1e3}

@@ -29,7 +29,7 @@ from .wire import check_version, integer, number, numbers, optional, read_fields
 if TYPE_CHECKING:
     from faro_serve.config import ModelSLO
 
-VERSION = 2  # 2: the setting the meter was told, as one record (issue 33)
+VERSION = 3  # 2: the setting the meter was told, as one record (issue 33); 3: batch times, device (47)
 
 log = logging.getLogger("faro_serve.autoscaler")
 
@@ -93,6 +93,10 @@ class FrontReport:
     batch_size: int | None = None
     threads: int | None = None
     mean_batch: float | None = None
+    # a batching model (issue 47): its recent batches by size, rows of (batch, batches,
+    # median seconds), what a batch curve measured live is fitted to
+    batch_times: tuple[tuple[float, float, float], ...] | None = None
+    device: str | None = None  # where its replicas run the model ("cuda:0", "cpu"), if they say
     variant: str | None = None  # a task with variants: the one(s) its replicas serve
     # the direct path: proxies whose routers report (one per node with EveryNode), and the
     # most requests one replica held at once since the meter started (the bound: docs/multinode.md)
@@ -101,8 +105,17 @@ class FrontReport:
 
     def wire(self) -> dict:
         """The JSON form: every field, ``v`` first, sequences as lists."""
-        return {"v": VERSION, **{k: list(v) if isinstance(v, tuple) else v
-                                 for k, v in asdict(self).items()}}
+        return {"v": VERSION, **{k: _listed(v) for k, v in asdict(self).items()}}
+
+
+def _listed(v):
+    return [_listed(x) for x in v] if isinstance(v, (tuple, list)) else v
+
+
+def _rows(v) -> tuple:
+    if not isinstance(v, (list, tuple)) or not all(isinstance(r, (list, tuple)) and len(r) == 3 for r in v):
+        raise TypeError("a list of [batch, batches, seconds] rows")
+    return tuple(numbers(r) for r in v)
 
 
 def _counts(v) -> dict:
@@ -141,7 +154,8 @@ _CHECKS = {
     "dispatch_capacity": integer, "replica_cpus": optional(number),
     "replica_memory_gb": optional(number), "network_ms": optional(number),
     "queued_ages_s": optional(numbers), "batch_size": optional(integer),
-    "threads": optional(integer), "mean_batch": optional(number), "variant": optional(text),
+    "threads": optional(integer), "mean_batch": optional(number),
+    "batch_times": optional(_rows), "device": optional(text), "variant": optional(text),
     "routers": optional(integer), "replica_held_max": optional(integer),
 }
 assert set(_CHECKS) == {f.name for f in fields(FrontReport)}, "a field of FrontReport lacks its check"
@@ -172,6 +186,17 @@ def resources_mismatch(report: FrontReport, slo: ModelSLO) -> str | None:
     return None
 
 
+def batching_mismatch(report: FrontReport, slo: ModelSLO) -> str | None:
+    """Why a model whose replicas serve batches cannot be planned as its SLO says: it
+    declares no batching, so each batch's time would count as one request's."""
+    if report.batch_size is not None and slo.batching is None:
+        return (f"model {slo.name!r}: its replicas serve batches (batch size "
+                f"{report.batch_size}, e.g. @serve.batch) but its SLO entry declares no "
+                f"batching; add 'batching: {{max_batch_size: {report.batch_size}}}' to it "
+                "(faro-serve init writes it)")
+    return None
+
+
 def read_reports(raw: Mapping[str, object], slos: Mapping[str, ModelSLO]
                  ) -> tuple[dict[str, FrontReport], dict[str, str]]:
     """Every model's report decoded and checked against its SLO's resources: (the good
@@ -185,7 +210,8 @@ def read_reports(raw: Mapping[str, object], slos: Mapping[str, ModelSLO]
         except FrontReportError as err:
             errors[name] = str(err)
         else:
-            bad = resources_mismatch(report, slos[name]) if name in slos else None
+            bad = (resources_mismatch(report, slos[name]) or batching_mismatch(report, slos[name])
+                   if name in slos else None)
             if bad is None:
                 reports[name] = report
             else:

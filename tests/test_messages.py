@@ -48,8 +48,8 @@ GOOD = RouterReport((Arrival(NOW), Answered(NOW, 0.5)), waiting=1, dispatched=1,
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"waiting": None}, "router report v1: missing field 'waiting'"),
-    ({"waiting": "2"}, "router report v1: field 'waiting' must be an integer >= 0 (got '2')"),
+    ({"waiting": None}, "router report v2: missing field 'waiting'"),
+    ({"waiting": "2"}, "router report v2: field 'waiting' must be an integer >= 0 (got '2')"),
     ({"waiting": True}, "field 'waiting' must be an integer"),
     ({"waiting_since": [NOW, "x"]}, "field 'waiting_since' must be a finite number or null"),
     ({"events": [("q", NOW)]}, "events[0] has unknown kind 'q'"),
@@ -58,11 +58,11 @@ GOOD = RouterReport((Arrival(NOW), Answered(NOW, 0.5)), waiting=1, dispatched=1,
     ({"events": [("a", NOW, 1.0)]}, "events[0] (Arrival) has 2 fields, at most 1"),
     ({"events": [("d", NOW, 3)]}, "events[0] (Dropped) field 'reason' must be a string"),
     ({"events": ["a"]}, "events[0] must be a tuple"),
-    ({"v": 2}, "router report: version 2 is not supported (this side speaks v1)"),
+    ({"v": 1}, "router report: version 1 is not supported (this side speaks v2)"),
     ({"v": None}, "router report: version None is not supported"),
     ({"type": "telegram"}, "message: unknown type 'telegram'"),
     ({"type": "meter-answer"}, "meter answer: not expected here (expected RouterReport or ReplicaReport)"),
-    ({"color": "red"}, "router report v1: unknown field 'color'"),
+    ({"color": "red"}, "router report v2: unknown field 'color'"),
 ])
 def test_a_malformed_report_is_refused_naming_the_field_and_the_meter_reads_the_next(change, message):
     raw = {k: v for k, v in {**GOOD, **change}.items() if v is not None or k in ("v", "waiting_since")}
@@ -97,7 +97,7 @@ def test_the_meters_report_round_trips_and_a_missing_key_is_named():
     assert snap.latency_ms == pytest.approx(300) and snap.percentile == 99.0
     for key in ("queue_length", "processing", "arrivals_per_min", "replica_cpus"):
         broken = {k: v for k, v in raw.items() if k != key}
-        with pytest.raises(FrontReportError, match=f"front report of 'synth-a' v2: missing field '{key}'"):
+        with pytest.raises(FrontReportError, match=f"front report of 'synth-a' v3: missing field '{key}'"):
             FrontSnapshot.from_front(broken, model="synth-a")
     with pytest.raises(FrontReportError, match="field 'queue_length' must be a finite number"):
         FrontSnapshot.from_front({**raw, "queue_length": "3"})

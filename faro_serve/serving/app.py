@@ -70,7 +70,7 @@ def _spec_class(model) -> tuple[type, dict]:
 
     return ImageClassifier, {"arch": model.arch, "checkpoint": model.checkpoint,
                              "top_k": model.top_k, "image_size": model.image_size,
-                             "threads": model.threads}
+                             "threads": model.threads, "device": model.device}
 
 
 def model_deployment(args: dict | ModelAppArgs):

@@ -36,6 +36,9 @@ from .names import NETWORK_HEADER
 from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, run_model
 from .proxy_queue import MAX_EVENTS
 
+BATCH_TIMES_S = 600.0  # a batch curve measured live fits the last ten minutes' batches
+BATCH_TIMES_KEPT = 200  # batches kept per size
+
 log = logging.getLogger("faro_serve.serving")
 
 api = FastAPI(title="faro-serve model endpoint (direct path)",
@@ -165,9 +168,11 @@ class DirectModel:
     def _report_fields(self) -> dict:
         batching = self.max_batch > 1
         peak, self.held_peak = self.held_peak, self.held
+        device = getattr(self.model, "device", None)
         return {"held_peak": peak, "batch_size": self.batch_size if batching else None,
                 "threads": self.threads if batching else None,
-                "variant": self.model.current if hasattr(self.model, "switch") else None}
+                "variant": self.model.current if hasattr(self.model, "switch") else None,
+                "device": None if device is None else str(device)}
 
     def _apply_answer(self, ans: MeterAnswer) -> None:
         """The drop rate in force, and what the autoscaler set where it set anything and
@@ -192,6 +197,10 @@ class Meter(FrontControl):
         self._queues: dict[str, tuple[float, RouterReport]] = {}  # router -> (time, its last report)
         self._batching: dict[str, tuple[float, int, int | None]] = {}  # replica -> (time, batch, threads)
         self._batches: deque[tuple[float, int]] = deque(maxlen=MAX_EVENTS)  # (time, batch) per request
+        # per batch size, its recent batch times (per request: a batch of b appends b):
+        # the points a batch curve measured live is fitted to (autoscaler/service.py)
+        self._batch_times: dict[int, deque[tuple[float, float]]] = {}
+        self._devices: dict[str, tuple[float, str]] = {}  # replica -> (time, its device)
         self._variants: dict[str, tuple[float, str]] = {}  # replica -> (time, variant in force)
         self._network: deque[tuple[float, float]] = deque(maxlen=MAX_EVENTS)  # (time, network s)
         self.refused = 0  # reports refused (malformed): logged, then the next one is read
@@ -224,6 +233,8 @@ class Meter(FrontControl):
                     st.processed(now, ev.processing_s)
                     if ev.batch is not None:  # a batching replica: the size of the batch it timed
                         self._batches.append((now, ev.batch))
+                        self._batch_times.setdefault(ev.batch, deque(maxlen=BATCH_TIMES_KEPT * ev.batch)
+                                                     ).append((now, ev.processing_s))
                 case Dropped():
                     st.drop(now, ev.reason)
                 case NetworkTime():  # a client's network time, as its request declared it
@@ -237,6 +248,8 @@ class Meter(FrontControl):
                 self._batching[source] = (now, report.batch_size, report.threads)
             if report.variant is not None:
                 self._variants[source] = (now, report.variant)
+            if report.device is not None:
+                self._devices[source] = (now, report.device)
         return self._answer()
 
     def _answer(self, refused: str | None = None) -> dict:
@@ -252,6 +265,19 @@ class Meter(FrontControl):
         now = time.time()
         fresh = [b for t, b, _ in self._batching.values() if now - t < REPORT_STALE_S]
         return max(fresh, default=1)
+
+    def _batch_rows(self, now: float) -> list[list[float]]:
+        """Per batch size served in the last :data:`BATCH_TIMES_S`: [size, batches, median
+        time s] (a batch's requests each report its time: batches = reports / size)."""
+        rows = []
+        for b in sorted(self._batch_times):
+            q = self._batch_times[b]
+            while q and q[0][0] < now - BATCH_TIMES_S:
+                q.popleft()
+            if q:
+                times = sorted(t for _, t in q)
+                rows.append([float(b), len(times) / b, times[len(times) // 2]])
+        return rows
 
     def _recent_network(self, now: float) -> float:
         """The network time of the requests that arrived in the last :data:`NETWORK_S`
@@ -287,6 +313,10 @@ class Meter(FrontControl):
                 self._batches.popleft()
             sizes = [b for _, b in self._batches]
             out["mean_batch"] = sum(sizes) / len(sizes) if sizes else 1.0
+            out["batch_times"] = self._batch_rows(now)
+        devices = sorted({d for t, d in self._devices.values() if now - t < REPORT_STALE_S})
+        if devices:
+            out["device"] = ",".join(devices)
         serving = sorted(v for t, v in self._variants.values() if now - t < REPORT_STALE_S)
         if serving:  # a task with variants: the one its replicas serve (all of them, once switched)
             out["variant"] = serving[0] if len(set(serving)) == 1 else ",".join(sorted(set(serving)))

@@ -5,6 +5,12 @@ so that a freed slot is refilled without a round trip to the proxy, as on the di
 and what the meter needs: each request's processing time and each failure (a raised
 exception or a 5xx answer, counted as ``error``). The user's request and answer are never
 parsed: HTTP goes through as ASGI messages, of which only the status line is read.
+
+A deployment that batches with ``@serve.batch`` (issue 47, ``batch_method.py``): its
+requests go into the batch through the replica's EDF gate, one batch at a time (or the
+decorator's ``max_concurrent_batches``), the processing time reported is each batch's time
+with its size, and the batch size in force is the autoscaler's (the meter's answer), set
+in Ray's queue and the gate together.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from contextlib import asynccontextmanager
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from .edf_gate import EDFGate
 from .messages import Dropped as DroppedEvent
 from .messages import MeterAnswer, Processed
 from .replica_report import ReplicaReporter
@@ -38,13 +45,23 @@ def refusal(model: str, drop_rate: float) -> JSONResponse:
 
 
 class ReplicaGuard:
-    """One per replica of a user's deployment under Faro."""
+    """One per replica of a user's deployment under Faro. ``batching``: the deployment's
+    ``@serve.batch`` wrappers (``batch_method.faro_method``), its largest batch, concurrent
+    batches and batch wait; None: it serves requests as they come."""
 
-    def __init__(self, meter, name: str, concurrency: int = 1):
+    def __init__(self, meter, name: str, concurrency: int = 1, batching: dict | None = None):
         self.name = name
         self.drop_rate = 0.0
         self.slots = asyncio.Semaphore(max(1, int(concurrency)))
-        self.reporter = ReplicaReporter(meter, name, self._apply) if meter is not None else None
+        self.batching = batching
+        self.held = self.held_peak = 0  # requests in the user's code now, most since the last report
+        if batching is not None:
+            self.batch_size = int(batching["max_batch_size"])  # in force until the autoscaler says
+            self.gate = EDFGate(self.batch_size, batching["concurrent"], batching["wait_s"])
+            self.set_batch(self.batch_size)
+        fields = self._report_fields if batching is not None else None
+        self.reporter = (ReplicaReporter(meter, name, self._apply, fields)
+                         if meter is not None else None)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._started()
 
@@ -60,6 +77,33 @@ class ReplicaGuard:
 
     def _apply(self, ans: MeterAnswer) -> None:
         self.drop_rate = ans.drop_rate
+        if self.batching is not None and ans.batch_size is not None and ans.batch_size != self.batch_size:
+            self.set_batch(ans.batch_size)
+
+    # -- batching (batch_method.py) -------------------------------------------------------
+    def set_batch(self, size: int) -> None:
+        """The batch size in force, within the deployment's largest: Ray's queue (its own
+        ``set_max_batch_size``) and the gate together."""
+        self.batch_size = min(max(int(size), 1), int(self.batching["max_batch_size"]))
+        self.gate.batch_size = self.batch_size
+        for batched in self.batching["wrappers"]:
+            batched.set_max_batch_size(self.batch_size)
+
+    async def batched(self, batched, owner, *args, **kwargs):
+        """One request's share of a batch: through the gate into Ray's batch queue."""
+        async with self.gate.slot(time.time()):
+            return await batched(owner, *args, **kwargs)
+
+    def batch_done(self, size: int, seconds: float) -> None:
+        """A batch's size and time, reported with each of its requests (request-weighted,
+        as faro-serve's own batching replicas report: ``direct.DirectModel``)."""
+        now = time.time()
+        for _ in range(max(int(size), 1)):
+            self._event(Processed(now, seconds, int(size)))
+
+    def _report_fields(self) -> dict:
+        peak, self.held_peak = self.held_peak, self.held
+        return {"batch_size": self.batch_size, "held_peak": peak}
 
     def _event(self, ev) -> None:
         self._started()
@@ -83,15 +127,21 @@ class ReplicaGuard:
 
     @asynccontextmanager
     async def serving(self):
-        """A slot in the user's code; the time in it is the request's processing time."""
+        """A slot in the user's code; the time in it is the request's processing time (a
+        batching deployment's: its batch's, reported by :meth:`batch_done`)."""
         async with self.slots:
+            self.held += 1
+            self.held_peak = max(self.held_peak, self.held)
             t0 = time.perf_counter()
             try:
                 yield
             except Exception:
                 self.failed()
                 raise
-            self._event(Processed(time.time(), time.perf_counter() - t0))
+            finally:
+                self.held -= 1
+            if self.batching is None:
+                self._event(Processed(time.time(), time.perf_counter() - t0))
 
     # -- HTTP --------------------------------------------------------------------------------
     async def asgi(self, call, scope, receive, send) -> None:

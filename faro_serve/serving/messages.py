@@ -21,7 +21,7 @@ from typing import Union
 
 from ..wire import check_version, integer, number, numbers, optional, read_fields, text
 
-VERSION = 1
+VERSION = 2  # 2: a replica says where it runs the model (issue 47)
 
 
 class MessageError(ValueError):
@@ -128,13 +128,14 @@ class ReplicaReport:
     threads: int | None = None
     variant: str | None = None  # a task with variants: the one it serves
     held_peak: int | None = None  # most requests it held at once since the last report
+    device: str | None = None  # where it runs the model ("cuda:0", "cpu"), if it says
 
     TYPE = "replica"
 
     def wire(self) -> dict:
         return {"v": VERSION, "type": self.TYPE, "events": [e.wire() for e in self.events],
                 "batch_size": self.batch_size, "threads": self.threads, "variant": self.variant,
-                "held_peak": self.held_peak}
+                "held_peak": self.held_peak, "device": self.device}
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +219,7 @@ _MESSAGES = {
         "waiting_since": optional(numbers)}),
     ReplicaReport.TYPE: (ReplicaReport, "replica report", {
         "events": _events, "batch_size": optional(integer), "threads": optional(integer),
-        "variant": optional(text), "held_peak": optional(integer)}),
+        "variant": optional(text), "held_peak": optional(integer), "device": optional(text)}),
     MeterAnswer.TYPE: (MeterAnswer, "meter answer", {
         "drop_rate": number, "batch_in_force": integer, "batch_size": optional(integer),
         "threads": optional(integer), "variant": optional(text), "refused": optional(text)}),

@@ -47,6 +47,8 @@ class VisionModelSpec(BaseModel):
     top_k: int = Field(5, ge=1, le=1000)
     image_size: int = Field(224, ge=32, le=1024)
     threads: int = Field(1, ge=1, le=64, description="torch intra-op threads per replica")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$", description="auto: the "
+                        "GPU the replica holds (gpus > 0), else the CPU; or cpu, cuda, cuda:N")
 
 
 class ModelAppArgs(BaseModel):

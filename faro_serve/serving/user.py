@@ -5,7 +5,9 @@
 
 * the user's class runs unchanged, as a subclass whose ``__call__`` and public methods pass
   through a :class:`~faro_serve.serving.guard.ReplicaGuard` (drop control, at most
-  ``slo.concurrency`` requests at once, processing times and failures to the meter);
+  ``slo.concurrency`` requests at once, processing times and failures to the meter); its
+  ``@serve.batch`` methods stay Ray's batches, gated, timed and sized by Faro
+  (``batch_method.py``, issue 47);
 * Faro's request router (``proxy_queue.ProxyQueueRouter``) keeps the queue wherever the
   deployment is called from (Serve's proxy for HTTP, the caller's replica for a handle) and
   measures arrivals and end-to-end latency there; Ray's ``max_queued_requests`` answers 503
@@ -34,14 +36,17 @@ from starlette.requests import Request
 
 from ..config import ClusterSpec, ConfigError, ModelSLO
 from ..pipelines import PipelineSLO
+from ..model_slo import Batching
+from .batch_method import BatchMethod, batch_methods, faro_method, is_serve_batch
 from .direct import Meter
 from .guard import Dropped, ReplicaGuard, run_user  # noqa: F401 (Dropped re-exported)
 from .names import QUIET, meter_name
-from .proxy_queue import ProxyQueueRouter
+from .proxy_queue import PIPELINE, ProxyQueueRouter
 
 # methods a subclass must not wrap: Serve's own hooks and the object's protocol
 _HOOKS = {"reconfigure", "check_health", "record_autoscaling_stats", "bind", "options"}
 _SCALED: dict[str, str] = {}  # model -> its deployment, as scaled() was last called in this process
+_BATCHING: dict[str, Batching] = {}  # model -> the batching scaled() found in its deployment
 
 
 def _is_asgi_call(args: tuple) -> bool:
@@ -73,19 +78,29 @@ def _guarded_method(name: str, fn):
     return method
 
 
-def _faro_class(cls: type, name: str, concurrency: int) -> type:
-    """The user's class with Faro's guard in front of its entry points."""
+def _faro_class(cls: type, name: str, concurrency: int, batching: dict | None = None) -> type:
+    """The user's class with Faro's guard in front of its entry points; ``batching``: its
+    ``@serve.batch`` methods (``BatchMethod``) under ``methods``, with the largest batch,
+    concurrent batches and batch wait in force (``ScaledDeployment``)."""
+    ns: dict = {"__module__": cls.__module__, "__doc__": cls.__doc__}
+    guard_batching = None
+    if batching is not None:
+        wrappers = []
+        for spec in batching["methods"]:
+            ns[spec.attr], batched = faro_method(spec, batching["max_batch_size"])
+            wrappers.append(batched)
+        guard_batching = {k: v for k, v in batching.items() if k != "methods"} | {"wrappers": wrappers}
 
     if inspect.iscoroutinefunction(cls.__init__):  # Serve's ingress classes (Ray 2.60)
         async def __init__(self, *args, _faro_meter=None, **kwargs):
-            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency)
+            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency, guard_batching)
             await cls.__init__(self, *args, **kwargs)
     else:
         def __init__(self, *args, _faro_meter=None, **kwargs):
-            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency)
+            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency, guard_batching)
             cls.__init__(self, *args, **kwargs)
 
-    ns: dict = {"__init__": __init__, "__module__": cls.__module__, "__doc__": cls.__doc__}
+    ns["__init__"] = __init__
     # the class's own __call__, if it has one (getattr would find the metaclass's)
     user_call = next((k.__dict__["__call__"] for k in cls.__mro__ if "__call__" in k.__dict__), None)
     if user_call is not None:
@@ -105,7 +120,8 @@ def _faro_class(cls: type, name: str, concurrency: int) -> type:
         if klass is object or klass.__module__.startswith("ray."):
             continue
         for attr, fn in vars(klass).items():
-            if (attr.startswith("_") or attr in _HOOKS or attr in ns or not inspect.isfunction(fn)):
+            if (attr.startswith("_") or attr in _HOOKS or attr in ns or not inspect.isfunction(fn)
+                    or is_serve_batch(fn)):  # a streaming batch method: as the user wrote it
                 continue
             wrapped = _guarded_method(attr, fn)
             if wrapped is not None:
@@ -120,20 +136,34 @@ class ScaledDeployment:
 
     def __init__(self, deployment: Deployment, model: str, *, cpus: float = 1.0, gpus: float = 0.0,
                  resources: Mapping[str, float] | None = None, concurrency: int = 1,
-                 queue_limit: int = 50, initial_replicas: int | None = 1):
+                 queue_limit: int = 50, initial_replicas: int | None = 1,
+                 batching: Batching | None = None):
         cls = deployment.func_or_class
         if isinstance(cls, str) or not inspect.isclass(cls):
             raise ConfigError(f"{deployment.name}: Faro scales deployment classes; this deployment "
                               "is a function (wrap it in a class with __call__)")
         self.deployment, self.model, self.cpus = deployment, model, cpus
+        self.batch_methods = batch_methods(cls)
+        self.batching = detected_batching(deployment.name, self.batch_methods, batching, concurrency)
         actor = dict(deployment.ray_actor_options or {})
         actor.update({"num_cpus": cpus, "num_gpus": gpus})
         if resources:
             actor["resources"] = {**actor.get("resources", {}), **resources}
+        ongoing, slots, guard_batching = concurrency + 1, concurrency, None
+        if self.batch_methods:
+            # the one batch it serves and the next forming, of the largest, per concurrent
+            # batch (Ray: at least max_batch_size x max_concurrent_batches); the gate, not
+            # the slots, decides what enters the batch
+            most = self.batching.max_batch_size
+            concurrent = max(m.concurrent for m in self.batch_methods)
+            ongoing = slots = PIPELINE * most * concurrent
+            guard_batching = {"methods": self.batch_methods, "max_batch_size": most,
+                              "concurrent": concurrent, "wait_s": self.batching.batch_wait_s}
+            concurrency = 1  # to the router: one batch at a time, two batches held (proxy_queue.py)
         router = RequestRouterConfig(request_router_class=ProxyQueueRouter, request_router_kwargs={
             "meter": meter_name(deployment.name), "concurrency": concurrency})
-        options = dict(func_or_class=_faro_class(cls, model, concurrency),
-                       max_ongoing_requests=concurrency + 1, max_queued_requests=queue_limit,
+        options = dict(func_or_class=_faro_class(cls, model, slots, guard_batching),
+                       max_ongoing_requests=ongoing, max_queued_requests=queue_limit,
                        request_router_config=router, ray_actor_options=actor)
         if initial_replicas is not None:  # Faro scales it (a pipeline's ingress: the user)
             options.update(num_replicas=initial_replicas, autoscaling_config=None)
@@ -147,6 +177,29 @@ class ScaledDeployment:
         meter = Meter.options(name=meter_name(self.deployment.name), logging_config=QUIET)
         return self._deployment.bind(*args, _faro_meter=meter.bind(self.model, replica_cpus=self.cpus),
                                      **kwargs)
+
+
+def detected_batching(name: str, methods: list[BatchMethod], declared: Batching | None,
+                      concurrency: int) -> Batching | None:
+    """A deployment's batching as Faro runs it: the SLO's ``batching`` where it declares it
+    (its largest batch and wait win), else what the ``@serve.batch`` decorator says (the
+    largest batch, the wait, the curve measured live); None when it does not batch. A
+    ConfigError for an SLO that declares batching over a deployment with no ``@serve.batch``
+    method, or a batching deployment that also asks for ``concurrency`` > 1."""
+    if not methods:
+        if declared is not None:
+            raise ConfigError(f"{name}: its SLO declares batching but the deployment has no "
+                              "@serve.batch method (async def that takes a list); drop "
+                              "'batching' from the SLO or batch with @serve.batch")
+        return None
+    if concurrency > 1:
+        raise ConfigError(f"{name}: it batches with @serve.batch (method "
+                          f"{methods[0].attr!r}): give its SLO concurrency 1 (a replica serves "
+                          "one batch at a time; Ray's max_concurrent_batches sets more)")
+    if declared is not None:
+        return declared
+    m = max(methods, key=lambda x: x.max_batch_size)
+    return Batching(max_batch_size=min(m.max_batch_size, 64), batch_wait_s=min(m.wait_s, 1.0))
 
 
 def _check_deployment(deployment, where: str) -> Deployment:
@@ -189,9 +242,13 @@ def scaled(deployment, slo: "ModelSLO | PipelineSLO", *, stage: str | None = Non
                           f"the deployment is {deployment.name!r}")
     initial = slo.clamp(initial_replicas if initial_replicas is not None else slo.min_replicas)
     _SCALED[slo.name] = deployment.name
-    return ScaledDeployment(deployment, slo.name, cpus=slo.cpus, gpus=slo.gpus,
-                            resources=slo.resources, concurrency=slo.concurrency,
-                            queue_limit=queue_limit, initial_replicas=initial)
+    scaled_dep = ScaledDeployment(deployment, slo.name, cpus=slo.cpus, gpus=slo.gpus,
+                                  resources=slo.resources, concurrency=slo.concurrency,
+                                  queue_limit=queue_limit, initial_replicas=initial,
+                                  batching=slo.batching)
+    if scaled_dep.batching is not None and slo.batching is None:  # run() fills the SLO in
+        _BATCHING[slo.name] = scaled_dep.batching
+    return scaled_dep
 
 
 def _ingress(deployment: Deployment, pipeline: PipelineSLO, queue_limit: int) -> ScaledDeployment:
@@ -218,6 +275,17 @@ def _located(pipeline: PipelineSLO) -> PipelineSLO:
     return PipelineSLO.model_validate(doc)
 
 
+def _located_model(m: ModelSLO) -> ModelSLO:
+    """``m`` with its deployment, and the batching its ``@serve.batch`` method says, as
+    scaled() found them (where its SLO does not say)."""
+    update = {}
+    if not m.deployment and m.name in _SCALED:
+        update["deployment"] = _SCALED[m.name]
+    if m.batching is None and m.name in _BATCHING:
+        update["batching"] = _BATCHING[m.name]
+    return m.model_copy(update=update) if update else m
+
+
 def run(apps: Mapping[str, Application], models: Sequence[ModelSLO], cluster: ClusterSpec, *,
         policy: str | None = None, route_prefixes: Mapping[str, str] | None = None,
         **autoscaler_options) -> None:
@@ -228,9 +296,7 @@ def run(apps: Mapping[str, Application], models: Sequence[ModelSLO], cluster: Cl
     ``models`` may hold :class:`~faro_serve.pipelines.PipelineSLO` s: their stages are
     scaled, their ingress measured (each as :func:`scaled` was given them)."""
     pipelines = [_located(p) for p in models if isinstance(p, PipelineSLO)]
-    models = [m if m.deployment or m.name not in _SCALED
-              else m.model_copy(update={"deployment": _SCALED[m.name]})
-              for m in models if not isinstance(m, PipelineSLO)]
+    models = [_located_model(m) for m in models if not isinstance(m, PipelineSLO)]
     everything = models + [m for p in pipelines for m in p.stage_models()]
     for p in pipelines:
         if p.app_name not in apps and p.ingress is not None:
