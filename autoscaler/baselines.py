@@ -231,6 +231,17 @@ RAY_TUNED = {"autoscaling_config": {"target_ongoing_requests": 1, "upscale_delay
              "max_ongoing_requests": 2, "max_queued_requests": 50}
 
 
+def RAY_TUNED_BATCH(max_batch_size: int) -> dict:
+    """``RAY_TUNED`` for a deployment that batches with ``@serve.batch(max_batch_size=B)``
+    (issue 47): a replica's steady state is one batch at a time, so the target is ``B``
+    ongoing requests (the guide: set it from the latency objective; a batch is what a
+    replica serves at once), and ``max_ongoing_requests`` the guide's 25 % above it, which
+    is also at least ``B x max_concurrent_batches`` as Ray's own warning asks."""
+    b = int(max_batch_size)
+    return {"autoscaling_config": {**RAY_TUNED["autoscaling_config"], "target_ongoing_requests": b},
+            "max_ongoing_requests": math.ceil(1.25 * b), "max_queued_requests": RAY_TUNED["max_queued_requests"]}
+
+
 def ray_serve_policy(settings: dict, name: str):
     """A factory of :class:`RayServePolicy` with Ray's ``autoscaling_config`` ``settings``."""
     a = settings["autoscaling_config"]

@@ -19,8 +19,10 @@ import numpy as np
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.pipelines import PipelineSLO
 
-from .common import (fcfs_decision, max_rate_one_replica, processing_s, replicas_for_slo,
-                     saturation_rate)
+from faro_serve.engine.problem import batch_choices
+
+from .common import fcfs_decision, max_rate_one_replica, replicas_for_slo
+from .service import service_of
 from .inferline_pipeline import envelope_of, plan_pipelines, tune_pipelines
 from .policy import Decision, Observation, Policy
 
@@ -39,9 +41,12 @@ class InferLineTunerPolicy(Policy):
     tick (10 s, then 20, 40, 60 s) instead of the service time, and the 30 s scale-down rate
     uses 10 s windows instead of 5 s; burstiness below 10 s is invisible here (Poisson
     within a minute in the simulator, which the planner's queueing sizing absorbs).
-    [gap] single-model planner: with one model, batch 1 and one CPU type only the replica
-    count is left, so a single model's planner sizes it with the engine's M/D/c estimator
-    (the DES would answer the same question, slower). Every ``replan_s`` (1800 s) it takes
+    [gap] single-model planner: with one model and one hardware type only the batch and the
+    replica count are left, so a single model's planner sizes it with the engine's estimator
+    (M/D/c, or the batched one for a model that declares ``batching``: the DES would answer
+    the same question, slower): for every largest batch 1, 2, 4, ... the fewest replicas
+    meeting the SLO at the sample's peak, the batch that needs the fewest (the smaller on a
+    tie: the cheapest configuration, section 4.3), and ``mu`` its full-batch throughput. Every ``replan_s`` (1800 s) it takes
     the last ``plan_history_min`` (15) minutes as the sample: the sample envelope is built
     from its tick counts exactly as the live one (so the two compare like with like), ``n``
     = fewest replicas meeting the SLO at the sample's 60 s peak rate, ``rho = mean rate /
@@ -84,7 +89,7 @@ class InferLineTunerPolicy(Policy):
 
     name = "inferline"
     state_fields = ("last_plan", "provisional", "started", "last_change", "ticks", "rho",
-                    "sample_env", "pticks", "pstate")
+                    "sample_env", "pticks", "pstate", "batch")
 
     def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *,
                  replan_s: float = 1800.0, plan_history_min: int = 15, envelope_s: float = 120.0,
@@ -107,6 +112,7 @@ class InferLineTunerPolicy(Policy):
         self.sample_env: dict[str, list[float]] = {}
         self.pticks: dict[str, deque] = {}  # per pipeline: (t, queries in the tick)
         self.pstate: dict[str, dict] = {}  # per pipeline: its plan (see _plan_pipeline)
+        self.batch: dict[str, int] = {}  # a batching single model: the largest batch planned
 
     def attach_pipelines(self, pipelines: Sequence[PipelineSLO]) -> None:
         super().attach_pipelines(pipelines)
@@ -140,7 +146,8 @@ class InferLineTunerPolicy(Policy):
         out = {}
         for m in self.singles:
             o = obs.models[m.name]
-            p = processing_s(m, o.processing_ms)
+            svc = service_of(m, o)
+            p = svc.p_s
             slo, q = m.slo_ms / 1e3, m.percentile / 100.0
             n_win = len(self.windows())
             if full:
@@ -158,9 +165,14 @@ class InferLineTunerPolicy(Policy):
                     continue
                 mean, peak = float(hist.mean()), float(hist.max())
                 env = [peak] * n_win
-            n = replicas_for_slo(peak, p, slo, q, m)
-            # rho = lambda / (n mu), mu = k / p: one replica's saturation rate
-            self.rho[m.name] = min(max(mean * p / (n * m.concurrency), 0.05), 0.95)
+            if svc.shape is None:
+                n, b = replicas_for_slo(peak, p, slo, q, m), 1
+            else:  # the batch that needs the fewest replicas at the peak (the smaller on a tie)
+                n, b = min((svc.at_batch(b).replicas_for(peak, self.cluster), b)
+                           for b in batch_choices(svc.bmax))
+                self.batch[m.name] = b
+            # rho = lambda / (n mu), mu: one replica's saturation rate (at its batch)
+            self.rho[m.name] = min(max(mean / (n * svc.saturation_rate(b)), 0.05), 0.95)
             self.sample_env[m.name] = env
             out[m.name] = n
         return out
@@ -169,7 +181,7 @@ class InferLineTunerPolicy(Policy):
         now = obs.now
         for m in self.singles:
             o = obs.models[m.name]
-            mu = saturation_rate(m, o.processing_ms)
+            mu = service_of(m, o).saturation_rate(self.batch.get(m.name, 1))
             rho = self.rho[m.name]
             live = self.envelope(m.name, now - self.envelope_s)
             over = [r for r, s in zip(live, self.sample_env[m.name]) if r > s]
@@ -212,6 +224,8 @@ class InferLineTunerPolicy(Policy):
             info["rho"] = {n: round(r, 3) for n, r in self.rho.items()}
             order = [m.name for m in self.singles]
         planned = plan_pipelines(self, obs, due, wanted, order, batches, info)
+        if due:
+            batches.update({n: b for n, b in self.batch.items() if n in self.slo})
         if due:
             for n in wanted:
                 self.last_change[n] = now

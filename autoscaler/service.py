@@ -49,7 +49,21 @@ class Service:
 
     @property
     def bmax(self) -> int:
-        return 1 if self.shape is None else self.model.batching.max_batch_size
+        return 1 if self.shape is None else len(self.shape) - 1
+
+    def at_batch(self, b: int) -> "Service":
+        """This model's replicas with their largest batch ``b`` (1: one at a time)."""
+        if self.shape is None or b >= self.bmax:
+            return self
+        return Service(self.model, self.p_s, None if b <= 1 else self.shape[:b + 1], self.curve_known)
+
+    def saturation_rate(self, b: int | None = None) -> float:
+        """Requests/s one replica serves flat out: ``concurrency / p``, or at full batches
+        of ``b`` (default: its largest) ``b / (p f(b))``."""
+        if self.shape is None:
+            return self.model.concurrency / self.p_s
+        b = self.bmax if b is None else min(max(int(b), 1), self.bmax)
+        return b / (self.p_s * float(self.shape[b]))
 
     @property
     def processing_ms(self) -> float:

@@ -218,6 +218,7 @@ class _Run:
         if self.n_min == 0:
             raise ValueError("the trace has no minutes")
         self.spec = {m.name: m for m in self.models}
+        self.slo_of = {m.name: m.slo_ms / 1e3 for m in self.models}
         init = [m.clamp(cfg.initial_replicas or m.min_replicas) for m in self.models]
         over = cfg.capacity.over(usage({m.name: r for m, r in zip(self.models, init)},
                                        {m.name: demand(m) for m in self.models}))
@@ -335,7 +336,11 @@ class _Run:
                 arrival_rate=self.rates.rate(n, dt, n_arr),
                 latency_ms=None if math.isnan(lat) else lat * 1e3,
                 processing_ms=None if math.isnan(proc) else proc * 1e3,
-                queue_length=float(s.nq), mean_in_flight=area / dt if dt > 0 else 0.0)
+                queue_length=float(s.nq), mean_in_flight=area / dt if dt > 0 else 0.0,
+                # a batching model's front reports how long its queued requests have waited
+                # (Sponge's budgets), as the live meter does (serving/direct.py)
+                queued_ages_s=s.queued_ages(t) if self.spec[n].batching is not None else None,
+                batch_size=s.batch if self.spec[n].batching is not None else None)
         future = {n: self.work.counts[i, minute_now:minute_now + self.future_minutes].astype(float)
                   for i, n in enumerate(self.names[:self.n_single])}
         pobs = None
@@ -343,7 +348,7 @@ class _Run:
             future.update(self.pipes.future(minute_now, self.future_minutes))
             pobs = self.pipes.observations(t, dt, minute_now, self.cfg.look_back_s)
         obs = observe(t, self.cfg.capacity, None, snaps, running, self.settings, future,
-                      pipelines=pobs)
+                      slo_s=self.slo_of, pipelines=pobs)
         dec = decide(self.policy, obs)  # its exception carries the time
         if dec is not None:
             done = apply_decision(dec, self.settings, self.models, self.cfg.capacity,

@@ -156,6 +156,11 @@ class ModelState:
         self.tick_dropped += n_drop
         self.tick_area += area
 
+    def queued_ages(self, now: float) -> np.ndarray:
+        """How long each request waiting in the queue has waited, oldest first (s)."""
+        idx = (self.qh + np.arange(self.nq)) % self.qbuf.size
+        return now - self.arr[self.qbuf[idx]]
+
     def observe(self, now: float, look_back_s: float, percentile: float):
         """(latency s, mean processing s, completed) over ``(now - look_back_s, now]``."""
         lo = max(self.heads[0] - self.base, 0)

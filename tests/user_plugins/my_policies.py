@@ -84,3 +84,20 @@ class NoHorizon:
 
     def predict(self, history, n_samples=100, seed=None):
         return None
+
+
+class BatchesAndDrops(Policy):
+    """A user's policy over batching models (issue 47's live test): the model named
+    ``batcher`` gets batches of at most 4, any model whose name starts with ``drop`` half
+    of its requests dropped; replicas stay where they are."""
+
+    name = "batches-and-drops"
+
+    def decide(self, obs: Observation) -> Decision | None:
+        d = Decision({}, kind="batches-and-drops")
+        for n in obs.models:
+            if n == "batcher":
+                d.set(n, batch_size=4)
+            if n.startswith("drop"):
+                d.set(n, drop_rate=0.5)
+        return d

@@ -1,0 +1,288 @@
+"""A GPU cluster, simulated on the measured H200 profiles (issue 47, item 4):
+``python -m bench.gpu_cluster``.
+
+The Faro workload's ten jobs (the suite's trace, per-minute counts x ``--rate-scale``: GPU
+rates, up to a few thousand requests/s per job; the middle two hours of each day, the
+hours before as history), each a torchvision ResNet (jobs 0-3 ResNet18, 4-6 ResNet34, 7-9
+ResNet50) whose batch of ``b`` takes the H200's measured forward pass ``l(b)``
+(``profiles/h200-<arch>.json``, fp32: 1.45 / 2.18 / 3.33 ms alone; a little lognormal
+noise); a GPU-era SLO (``--slo-ms``, p99, the proxy's overhead included); a fixed number of
+GPUs. Each replica holds a quarter of a GPU (Ray's fractional ``num_gpus``; ``--gpus-per-
+replica 1``: whole GPUs), as Ray users share a large GPU among small models; four replicas
+on one GPU each run slower than alone, by the factor measured with four processes on the
+H200 (``profiles/h200-sharing.json``: at batch 1 and 8, interpolated between, held beyond;
+ResNet34 the mean of the other two), and never faster than a quarter of what one replica
+alone serves at its best batch (the GPU's own ceiling). Compared in one run, each on the
+same arrivals:
+
+* ``faro``: batching-aware Faro-FairSum (the planner chooses each model's batch, up to 64,
+  with its replicas; a replica takes what is queued when it frees, Faro's gate);
+* ``faro-batch1``: Faro-FairSum as the paper has it, one request at a time;
+* ``ray-tuned-b16`` / ``ray-tuned-b32``: Ray Serve's request-based autoscaler as its guide
+  tunes it for latency, on a deployment with a fixed ``@serve.batch(max_batch_size=16 or
+  32, batch_wait_timeout_s=0.004)`` as a user writes it (``RAY_TUNED_BATCH``): target
+  ongoing requests one batch per replica, batches formed as Ray's decorator forms them (a
+  batch closes 4 ms after its first request);
+* ``inferline``: InferLine's planner choosing each model's batch and replicas for its
+  peak, and its tuner;
+* ``sponge``: Sponge, every second the smallest batch that meets the queued budgets and the
+  rate, on one replica per model (it scales vertically only; a GPU has no cores to add);
+* ``oracle``: batching-aware Faro told the true arrivals.
+
+The forecasting policies plan with N-HiTS trained on days 1-8 of the trace (cached under
+runs/forecasters). Writes a markdown table and the rows as JSON; what the numbers mean is
+in docs/batching.md ("A GPU cluster").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT.parent / "shared" / "traces" / "faro10_days1-10.csv"
+ARCHS = ("resnet18",) * 4 + ("resnet34",) * 3 + ("resnet50",) * 3  # job0..job9
+POLICIES = ("faro", "faro-batch1", "ray-tuned-b16", "ray-tuned-b32", "inferline", "sponge", "oracle")
+FORECASTING = ("faro", "faro-batch1", "oracle")
+NOISE = 0.05  # lognormal sigma of one request's time around the profile's median
+
+
+@dataclass(frozen=True)
+class Run:
+    policy: str
+    day: int
+    seed: int
+    gpus: int
+    rate_scale: float
+    slo_ms: float
+    queue_limit: int
+    forecaster_dir: str | None
+    start: int = 0  # the slice of the day simulated: minutes start..end (its minutes before: history)
+    end: int = 360
+    share: float = 1.0  # of a GPU, per replica
+
+
+def curve(arch: str, share: float = 1.0):
+    """The batch curve of one replica holding ``share`` of an H200 (module docstring)."""
+    from faro_serve.batch_curve import BatchCurve
+    from faro_serve.config import Batching
+
+    alone = Batching(profile=str(ROOT / "profiles" / f"h200-{arch}.json")).curve()
+    k = round(1.0 / share)
+    if k <= 1:
+        return alone
+    bs = np.array([b for b, _ in alone.points])
+    lat = alone.latency(bs)
+    best = float(np.max(bs / lat))  # requests/s of one replica alone at its best batch
+    slow = np.array([sharing_factor(arch, k, b) for b in bs])
+    return BatchCurve(tuple(zip(bs.tolist(), np.maximum(lat / slow, k * bs / best).tolist())))
+
+
+def sharing_factor(arch: str, k: int, b: float) -> float:
+    """Throughput of each of ``k`` replicas on one GPU against one alone, at batch ``b``:
+    measured at batch 1 and 8 (at most 1), log-interpolated between, held beyond 8."""
+    if arch == "resnet34":  # not measured: between its neighbours
+        return 0.5 * (sharing_factor("resnet18", k, b) + sharing_factor("resnet50", k, b))
+    sh = json.loads((ROOT / "profiles" / "h200-sharing.json").read_text())
+    f1 = min(1.0, sh[f"{arch}_b1_k{k}_img_s"] / (k * sh[f"{arch}_b1_k1_img_s"]))
+    f8 = min(1.0, sh[f"{arch}_b8_k{k}_img_s"] / (k * sh[f"{arch}_b8_k1_img_s"]))
+    w = min(math.log(max(b, 1.0)) / math.log(8.0), 1.0)
+    return f1 ** (1.0 - w) * f8 ** w
+
+
+def models(policy: str, names: list[str], slo_ms: float, share: float = 1.0):
+    """The jobs' SLOs as ``policy`` runs them: batching up to 64 (or the Ray user's fixed
+    batch and wait), or none (the paper's Faro); each replica ``share`` of a GPU."""
+    from faro_serve.config import Batching, ModelSLO
+
+    out = []
+    for name, arch in zip(names, ARCHS):
+        c = curve(arch, share)
+        points = {int(b): t * 1e3 for b, t in c.points}
+        if policy == "faro-batch1":
+            batching = None
+        elif policy.startswith("ray-tuned-b"):
+            batching = Batching(latency_ms=points, max_batch_size=int(policy.rsplit("b", 1)[1]),
+                                batch_wait_s=0.004)
+        else:
+            batching = Batching(latency_ms=points, max_batch_size=64)
+        out.append(ModelSLO(name=name, slo_ms=slo_ms, processing_ms=float(c.latency(1.0)) * 1e3,
+                            cpus=1.0, gpus=share, max_replicas=200, batching=batching))
+    return out
+
+
+def policy_for(run: Run, ms, cluster, forecaster):
+    from autoscaler import make_policy
+    from autoscaler.baselines import RAY_TUNED_BATCH, ray_serve_policy
+
+    if run.policy.startswith("ray-tuned-b"):
+        b = int(run.policy.rsplit("b", 1)[1])
+        return ray_serve_policy(RAY_TUNED_BATCH(b), run.policy)(ms, cluster)
+    name = {"faro": "faro-fairsum", "faro-batch1": "faro-fairsum"}.get(run.policy, run.policy)
+    return make_policy(name, ms, cluster, forecaster)
+
+
+def run_one(run: Run) -> dict:
+    """One policy on one day at one GPU count and seed: the summary row."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from autoscaler.baselines import RAY_TUNED_BATCH
+    from autoscaler.forecasters import choose_forecaster, set_daily, set_recurrence
+    from faro_serve.config import ClusterSpec
+    from faro_serve.distributions import TimeDist
+    from faro_serve.sim.runner import SimConfig, simulate
+    from faro_serve.traces import default_warmup, load_trace, previous_day_tail
+    from forecasting.daily import DEFAULT_WEIGHT
+    from forecasting.recurrence import DEFAULT_SHARE
+
+    tr = load_trace(str(TRACE), days=run.day, sample=0)
+    warm = previous_day_tail(str(TRACE), run.day, 0, default_warmup(str(TRACE), run.day, 0, None))
+    warm = np.zeros((len(tr.names), 0)) if warm is None else warm
+    warm = np.concatenate([warm, tr.counts[:, :run.start]], axis=1) * run.rate_scale
+    counts = tr.counts[:, run.start:run.end] * run.rate_scale
+    ms = models(run.policy, tr.names, run.slo_ms, run.share)
+    cluster = ClusterSpec(cpus=1000, gpus=run.gpus)
+    fc = None
+    if run.policy in FORECASTING:
+        import torch
+
+        torch.set_num_threads(1)
+        fc, _ = choose_forecaster(None, run.forecaster_dir)
+        set_daily(fc, (tr.counts.shape[1], DEFAULT_WEIGHT))
+        set_recurrence(fc, DEFAULT_SHARE)
+    pol = policy_for(run, ms, cluster, fc)
+    ray = run.policy.startswith("ray-tuned-b")
+    per_replica = 0
+    if ray:  # Ray holds max_ongoing_requests at each replica beyond the proxy's queue
+        per_replica = RAY_TUNED_BATCH(ms[0].batching.max_batch_size)["max_ongoing_requests"]
+    procs = tuple(TimeDist("lognorm", (NOISE, 0.0, float(curve(a, run.share).latency(1.0))))
+                  for a in ARCHS)
+    cfg = SimConfig(capacity_cpus=1000, capacity_gpus=run.gpus, cold_start_s=60.0,
+                    queue_limit=run.queue_limit, queue_per_replica=per_replica, processing=procs,
+                    seed=run.seed, ray_batching=ray)
+    t0 = time.perf_counter()
+    res = simulate(counts, ms, pol, cfg, warmup_history=warm)
+    s = res.summary
+    gpu_hours = float(res.targets.sum()) * res.tick_s / 3600.0
+    return {**asdict(run), "forecaster_dir": None, "lost_cluster_utility": s.lost_cluster_utility,
+            "slo_violation_rate": s.cluster_slo_violation_rate,
+            "requests": int(s.job_requests.sum()), "dropped": int(s.job_dropped.sum()),
+            "mean_gpus": float(res.targets.sum(axis=1).mean()) * run.share,
+            "gpu_hours": gpu_hours * run.share,
+            "decisions": dict(res.decisions), "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """(policy, gpus) -> mean and SD of lost utility and SLO violations over days and seeds."""
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r["policy"], r["gpus"]), []).append(r)
+    agg = {}
+    for k, rs in out.items():
+        lost = np.array([r["lost_cluster_utility"] for r in rs])
+        agg[k] = {"lost": float(lost.mean()), "sd": float(lost.std()), "runs": len(rs),
+                  "viol": float(np.mean([r["slo_violation_rate"] for r in rs])),
+                  "gpus_used": float(np.mean([r["mean_gpus"] for r in rs]))}
+    return agg
+
+
+def gpus_for(agg: dict, policy: str, lost: float) -> int | None:
+    """The fewest GPUs at which ``policy`` loses at most ``lost`` (None: at none run)."""
+    ok = sorted(g for (p, g), a in agg.items() if p == policy and a["lost"] <= lost + 1e-12)
+    return ok[0] if ok else None
+
+
+def report(agg: dict, args, wall: float) -> str:
+    caps = sorted({g for _, g in agg})
+    pols = [p for p in POLICIES if any(k[0] == p for k in agg)]
+    lines = ["# A GPU cluster, simulated on the measured H200 profiles (issue 47)", "",
+             f"`python -m bench.gpu_cluster --days {args.days} --seeds {args.seeds} --rate-scale "
+             f"{args.rate_scale:g} --slo-ms {args.slo_ms:g} --minutes {args.minutes} --gpus "
+             f"{args.gpus} --batch1-gpus {args.batch1_gpus} --few-gpus {args.few_gpus}` "
+             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {wall / 60:.0f} min on this "
+             "machine). Ten jobs of the Faro trace (per-minute counts x the rate scale), jobs 0-3 "
+             "ResNet18, 4-6 ResNet34, 7-9 ResNet50 on whole H200 GPUs (fp32 forward pass, "
+             f"profiles/h200-*.json); SLO {args.slo_ms:g} ms at p99, proxy overhead included; "
+             "cold start 60 s; lost cluster utility, mean (SD) over days and seeds.", "",
+             "| GPUs | " + " | ".join(pols) + " |", "|---:|" + "---:|" * len(pols)]
+    for g in caps:
+        cells = []
+        for p in pols:
+            a = agg.get((p, g))
+            cells.append("" if a is None else f"{a['lost']:.3f} ({a['sd']:.3f})")
+        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    lines += ["", "SLO violations (share of requests late or dropped) and GPUs held on average:", "",
+              "| GPUs | " + " | ".join(pols) + " |", "|---:|" + "---:|" * len(pols)]
+    for g in caps:
+        cells = []
+        for p in pols:
+            a = agg.get((p, g))
+            cells.append("" if a is None else f"{100 * a['viol']:.2f} % / {a['gpus_used']:.1f}")
+        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--days", default="9,10", help="trace days to report (9,10; tune on 1-8)")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--gpus", default="3,4,5,6,8", help="GPU counts for faro")
+    ap.add_argument("--batch1-gpus", default="6,8,12,16,20,24", help="GPU counts for faro-batch1")
+    ap.add_argument("--few-gpus", default="3,4,6", help="GPU counts for the other policies")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--rate-scale", type=float, default=120.0)
+    ap.add_argument("--slo-ms", type=float, default=20.0)
+    ap.add_argument("--queue-limit", type=int, default=2000)
+    ap.add_argument("--gpus-per-replica", type=float, default=0.25, choices=(0.25, 0.5, 1.0))
+    ap.add_argument("--minutes", default="120-240", help="the slice of each day simulated "
+                    "(120-240: the day's middle two hours; the minutes before are history)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "gpu-cluster.md"))
+    args = ap.parse_args(argv)
+    pols = [p for p in args.policies.split(",") if p]
+    bad = [p for p in pols if p not in POLICIES]
+    if bad:
+        ap.error(f"unknown policies {bad}; choose from {', '.join(POLICIES)}")
+    fc_dir = None
+    if any(p in FORECASTING for p in pols):
+        from faro_serve.sim.forecaster import ensure_forecaster
+
+        fc_dir = str(ensure_forecaster(str(TRACE), days="1-8", sample=0, before_day=None,
+                                       cache_dir=str(ROOT / "runs" / "forecasters"), log=print))
+    start, end = (int(v) for v in args.minutes.split("-"))
+    runs = [Run(p, d, s, g, args.rate_scale, args.slo_ms, args.queue_limit, fc_dir, start, end,
+                args.gpus_per_replica)
+            for p in pols for g in _ints({"faro": args.gpus, "faro-batch1": args.batch1_gpus}.get(p, args.few_gpus))
+            for d in _ints(args.days) for s in _ints(args.seeds)]
+    runs.sort(key=lambda r: (-r.gpus if r.policy == "sponge" else 0, r.policy))  # long ones first
+    t0 = time.perf_counter()
+    rows = []
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for row in pool.map(run_one, runs):
+            rows.append(row)
+            print(f"{row['policy']:14s} day {row['day']} seed {row['seed']} {row['gpus']:3d} GPUs: "
+                  f"lost {row['lost_cluster_utility']:.4f}, violations "
+                  f"{100 * row['slo_violation_rate']:.2f} %, {row['mean_gpus']:.1f} GPUs held "
+                  f"({row['wall_s']:.0f} s)", flush=True)
+    agg = aggregate(rows)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report(agg, args, time.perf_counter() - t0))
+    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    print(out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
