@@ -233,6 +233,17 @@ def report(agg: dict, args, wall: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _gpus_of(policy: str, args) -> list[int]:
+    """The GPU counts a policy runs at: Sponge holds one replica per model whatever the
+    cluster has (it scales vertically only), so one count (the fewest) says it all."""
+    if policy == "faro":
+        return _ints(args.gpus)
+    if policy == "faro-batch1":
+        return _ints(args.batch1_gpus)
+    few = _ints(args.few_gpus)
+    return few[:1] if policy == "sponge" else few
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--days", default="9,10", help="trace days to report (9,10; tune on 1-8)")
@@ -263,7 +274,7 @@ def main(argv=None) -> int:
     start, end = (int(v) for v in args.minutes.split("-"))
     runs = [Run(p, d, s, g, args.rate_scale, args.slo_ms, args.queue_limit, fc_dir, start, end,
                 args.gpus_per_replica)
-            for p in pols for g in _ints({"faro": args.gpus, "faro-batch1": args.batch1_gpus}.get(p, args.few_gpus))
+            for p in pols for g in _gpus_of(p, args)
             for d in _ints(args.days) for s in _ints(args.seeds)]
     runs.sort(key=lambda r: (-r.gpus if r.policy == "sponge" else 0, r.policy))  # long ones first
     t0 = time.perf_counter()

@@ -175,4 +175,34 @@ def test_profile_command_measures_on_ray_serve_fits_and_saves(tmp_path, capsys):
     for (b, c), m in med.items():
         assert float(prof.latency(b, c)) == pytest.approx(m, rel=0.5)
     assert "resnet18: gamma" in capsys.readouterr().out
+    assert doc["device"] == "cpu" and {r["device"] for r in doc["rows"]} == {"cpu"}
     assert main(["profile", "--batches", "1"]) == 2  # one batch size cannot be fitted
+
+
+def test_profile_of_a_users_batching_deployment_times_its_batches(tmp_path, capsys, monkeypatch):
+    """``faro-serve profile --deployment``: a user's @serve.batch deployment by import path,
+    deployed under Faro, each batch size set through the meter and timed by Faro's timer
+    around the user's batched function: its known curve (20 ms + 2 ms a request) comes back,
+    and the saved file is a batching profile an SLO takes."""
+    import json
+
+    from faro_serve.cli import main
+    from faro_serve.config import Batching
+
+    from conftest import ROOT
+
+    monkeypatch.chdir(ROOT)  # the user's package imports from here, as for a user
+    rc = main(["profile", "--deployment", "tests.user_apps.batcher:Batcher", "--init-kwargs",
+               '{"base_s": 0.02, "per_item_s": 0.002}', "--batches", "1,4,16", "--repeats", "3",
+               "--cpus", "0.5", "--out", str(tmp_path)])
+    assert rc == 0, capsys.readouterr()
+    doc = json.loads((tmp_path / "batcher.json").read_text())
+    got = {r["batch"]: r["latency_s"] for r in doc["rows"]}
+    assert set(got) == {1, 4, 16} and all(r["batches"] >= 3 for r in doc["rows"])
+    for b, t in got.items():  # the sleep, and a few ms of asyncio around it at most
+        assert 0.02 + 0.002 * b <= t <= 0.02 + 0.002 * b + 0.01, (b, t)
+    shape = Batching(profile=str(tmp_path / "batcher.json"), max_batch_size=16).shape()
+    assert shape[16] == pytest.approx(got[16] / got[1], rel=1e-6)
+    assert doc["hinge"]["r2"] > 0.99 and "hinge fit" in capsys.readouterr().out
+    assert main(["profile", "--deployment", "tests.user_apps.shop:Tag", "--out", str(tmp_path)]) == 2
+    assert "no @serve.batch method" in capsys.readouterr().err

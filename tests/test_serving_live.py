@@ -92,6 +92,10 @@ def test_every_model_answers_over_http(live):
     jpeg = torchvision.io.encode_jpeg(torch.randint(0, 255, (3, 120, 160), dtype=torch.uint8)).numpy().tobytes()
     r = c.post("/img/predict", content=jpeg, headers={"content-type": "image/jpeg"})
     assert r.status_code == 200 and len(r.json()["classes"]) == 3
+    assert r.json()["device"] == "cpu"  # the replica holds no GPU: the CPU, and it says so
+    # the replica tells its meter, the autoscaler's status shows it (issue 47)
+    assert wait_for(lambda: c.get("/faro/status").json()["models"].get("img", {}).get("device") == "cpu",
+                    30, every=1), c.get("/faro/status").json()["models"].get("img")
     import base64
     r = c.post("/img/predict", json={"image": base64.b64encode(jpeg).decode()})
     assert r.status_code == 200 and len(r.json()["scores"]) == 3

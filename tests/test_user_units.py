@@ -228,3 +228,54 @@ def test_a_pipeline_scales_its_stages_meters_its_ingress_and_names_a_wrong_stage
         faro_serve.scaled(Tag, faro_serve.SLO(name="t", slo_ms=100), stage="tag")
     with pytest.raises(ConfigError, match="its ingress is 'Api' but the deployment is 'Gallery'"):
         faro_serve.scaled(Gallery, p.model_copy(update={"ingress": "Api"}))
+
+
+def test_faro_serve_init_writes_the_batching_a_serve_batch_method_declares(cli, monkeypatch, tmp_path):
+    """Issue 47: a deployment whose method is @serve.batch gets the decorator's largest
+    batch and wait in its SLO (its curve measured live), and the config validates."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "b.yaml"
+    code, _, err = cli("init", "user_apps.batcher:Batcher", "--name", "b", "--gpus", "0.5", "-o", str(out))
+    assert code == 0 and "Batcher.infer is @serve.batch(max_batch_size=16" in err
+    faro = yaml.safe_load(out.read_text())["applications"][0]
+    cfg = parse_config({k: faro["args"][k] for k in ("cluster", "models")})
+    b = cfg.models[0].batching
+    assert (b.max_batch_size, b.batch_wait_s, b.measured) == (16, 0.004, True)
+
+
+def test_a_serve_batch_method_is_found_with_its_settings_and_checked_against_the_slo():
+    """What scaled() reads of a @serve.batch method, the batching it gives the SLO, and the
+    mistakes it names: an SLO that declares batching over a deployment that does not batch,
+    and a batching deployment asked for concurrency > 1."""
+    from faro_serve.config import Batching, ConfigError
+    from faro_serve.serving.batch_method import batch_methods, is_serve_batch
+    from faro_serve.serving.user import detected_batching
+    from user_apps.batcher import Batcher
+    from user_apps.shop import TextClassifier
+
+    (m,) = batch_methods(Batcher.func_or_class)
+    assert (m.attr, m.max_batch_size, m.wait_s, m.concurrent) == ("infer", 16, 0.004, 1)
+    assert is_serve_batch(Batcher.func_or_class.infer) and not batch_methods(TextClassifier.func_or_class)
+    got = detected_batching("Batcher", [m], None, 1)
+    assert (got.max_batch_size, got.batch_wait_s) == (16, 0.004)
+    mine = Batching(latency_ms={1: 10, 16: 12}, max_batch_size=8)
+    assert detected_batching("Batcher", [m], mine, 1) is mine  # the SLO's wins
+    with pytest.raises(ConfigError, match="declares batching but the deployment has no @serve.batch"):
+        detected_batching("TextClassifier", [], mine, 1)
+    with pytest.raises(ConfigError, match="give its SLO concurrency 1"):
+        detected_batching("Batcher", [m], None, 4)
+
+
+def test_the_gpu_like_example_sleeps_the_h200_resnet50_curve():
+    """examples/gpu_batch: its table is the H200 profile's ResNet50 curve (the breakpoints
+    the planner reads from profiles/h200-resnet50.json), interpolated as the planner does."""
+    from examples.gpu_batch.app import H200_RESNET50_MS, batch_ms
+    from faro_serve.config import Batching
+
+    from conftest import ROOT
+
+    planned = Batching(profile=str(ROOT / "profiles" / "h200-resnet50.json"), max_batch_size=64)
+    assert H200_RESNET50_MS == pytest.approx(planned.latency_ms, abs=1e-3)
+    curve = planned.curve()
+    for b in (1, 3, 16, 20, 64, 100):
+        assert batch_ms(b) == pytest.approx(float(curve.latency(b)) * 1e3, rel=1e-3)

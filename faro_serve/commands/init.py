@@ -50,13 +50,17 @@ FLAG_OF = {"models.0.slo_ms": "--slo-ms", "models.0.percentile": "--percentile",
            "models.0.name": "--name", "cluster.cpus": "--cluster-cpus"}
 
 
-def config_for(path: str, dep_name: str, args) -> dict:
+def config_for(path: str, dep_name: str, args, batching: dict | None = None) -> dict:
+    """The Serve config; ``batching``: what the deployment's ``@serve.batch`` method says
+    (issue 47), written into its SLO (the curve is measured live until given)."""
     import os
 
     name = args.name or dep_name.lower().replace("_", "-")
     cpus = args.cluster_cpus if args.cluster_cpus is not None else float(os.cpu_count() or 1)
     slo = {"name": name, "deployment": dep_name, "slo_ms": args.slo_ms,
            "percentile": args.percentile, "cpus": args.cpus, "max_replicas": args.max_replicas}
+    if batching:
+        slo["batching"] = batching
     app_args = {"model": name, "deployment": path, "init_kwargs": {}, "cpus": args.cpus}
     for key, default in (("gpus", 0.0), ("concurrency", 1)):
         if getattr(args, key) != default:
@@ -75,6 +79,21 @@ def config_for(path: str, dep_name: str, args) -> dict:
     }
 
 
+def _batching(dep) -> dict | None:
+    """The SLO's batching for a deployment with a ``@serve.batch`` method: the decorator's
+    largest batch and wait (``faro_serve.serving.batch_method``)."""
+    from faro_serve.serving.batch_method import batch_methods
+
+    found = batch_methods(dep.func_or_class) if not isinstance(dep.func_or_class, str) else []
+    if not found:
+        return None
+    m = max(found, key=lambda x: x.max_batch_size)
+    print(f"{dep.name}.{m.attr} is @serve.batch(max_batch_size={m.max_batch_size}, "
+          f"batch_wait_timeout_s={m.wait_s:g}): the SLO declares that batching; its latency "
+          "curve is measured live (or give one: faro-serve profile --deployment)", file=sys.stderr)
+    return {"max_batch_size": min(m.max_batch_size, 64), "batch_wait_s": min(m.wait_s, 1.0)}
+
+
 def run(args) -> int:
     from faro_serve.config import ConfigError, parse_config
 
@@ -87,7 +106,7 @@ def run(args) -> int:
         raise UsageError(f"--port must be in 1..65535 (got {args.port})")
     check_output_file(args.output, "-o")
     dep = load_deployment(args.import_path)  # a ConfigError names what is wrong
-    doc = config_for(args.import_path, dep.name, args)
+    doc = config_for(args.import_path, dep.name, args, _batching(dep))
     faro = doc["applications"][0]["args"]
     try:
         parse_config(faro, "the config these flags make")
