@@ -160,3 +160,29 @@ def test_the_kernel_batches_as_rays_decorator_or_as_farós_gate():
     assert lone[0] == pytest.approx(0.004 + 0.01)
     _, full = _kernel(np.full(16, 1.0), 16, 0.004, True, shape)  # a full batch does not wait
     assert full == pytest.approx(np.full(16, 0.01))
+
+
+def test_the_reactive_step_raises_a_flat_curves_batch_when_the_model_breaks_its_slo():
+    """A batching model over its SLO for the trigger period with a small batch in force gets
+    its largest batch at once beside its extra replica (a flat curve: full batches serve far
+    more); a linear one does not (a larger batch would serve no more)."""
+    from autoscaler import make_policy
+    from autoscaler.policy import Observation
+
+    def run(batching):
+        m = ModelSLO(name="m", slo_ms=100, processing_ms=10, batching=batching, max_replicas=8)
+        pol = make_policy("faro-fairsum", [m], ClusterSpec(cpus=8, replan=False, surge=False))
+        d = None
+        for t in range(0, 60, 10):  # the plan at 0, then over the SLO from 10 s on
+            o = _obs("m", arrival_rate=50.0, latency_ms=None if t == 0 else 400.0,
+                     batch_size=2, processing_ms=10.0)
+            d = pol.decide(Observation(now=float(t), capacity_cpus=8, capacity_memory_gb=None,
+                                       models={"m": o}))
+            if t > 0 and d is not None and d.kind == "reactive":
+                return d
+        return d
+
+    flat = run(FLAT)
+    assert flat.batch_sizes == {"m": 64} and flat.info["batch_raised"] == ["m"]
+    lin = run(LINEAR)
+    assert "m" not in lin.batch_sizes and "batch_raised" not in lin.info

@@ -1,0 +1,249 @@
+"""A GPU-like batching model live on this CPU machine, Faro against Ray Serve tuned with the
+same ``@serve.batch``, each beside what the simulator predicts (issue 47, item 5):
+``python -m bench.gpu_live``.
+
+The model is ``examples/gpu_batch/app.py``'s (a user's code: ``@serve.batch(max_batch_size=16,
+batch_wait_timeout_s=0.004)``, a batch of ``b`` sleeps 40 x the H200's ResNet50 ``l(b)``: 133 ms
+alone, 170 ms for 16, so the model, not Serve's proxy, is what saturates), each replica
+reserving one GPU of a Ray started with 4 declared GPUs. A slice of the Faro trace (one job,
+per-minute counts x ``--rate-scale``, real time) is replayed open-loop twice on a fresh
+deployment: under Faro (``faro_serve.scaled``/``run``, the SLO declaring the curve) and on
+plain Ray Serve with Ray's autoscaler as its guide tunes it for a batching deployment
+(``RAY_TUNED_BATCH``). The simulator then runs the same arrivals (the replay draws them with
+the simulator's own generator) under the same policies and settings: batches as Faro's gate
+forms them for Faro, as Ray's decorator forms them for Ray (a batch closes 4 ms after its
+first request); the proxy's overhead measured live before the replay. Reported: p99 and SLO
+violations live and simulated, their ratio, the GPUs held, and the batch and replica
+changes Faro made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT.parent / "shared" / "traces" / "faro10_days1-10.csv"
+SCALE = 40.0  # the example's default: x the H200 curve
+
+
+def slo_and_cluster(args):
+    from examples.gpu_batch.app import batch_ms
+    from faro_serve import SLO, Cluster
+    from faro_serve.config import Batching
+
+    curve = {b: SCALE * batch_ms(b) for b in (1, 2, 4, 8, 16, 32, 64)}
+    slo = SLO(name="gpu", slo_ms=args.slo_ms, cpus=0.2, gpus=1, max_replicas=args.gpus,
+              processing_ms=curve[1], batching=Batching(max_batch_size=16, batch_wait_s=0.004,
+                                                        latency_ms=curve))
+    cluster = Cluster(cpus=2, gpus=args.gpus, long_term_interval_s=args.plan_every,
+                      window_s=2 * args.plan_every, cold_start_s=args.cold_start)
+    return slo, cluster
+
+
+def schedule(args):
+    from faro_serve.replay.loadgen import build_schedule
+    from faro_serve.traces import load_trace
+
+    tr = load_trace(str(TRACE), days=args.day, sample=0, jobs=[args.job])
+    start, end = (int(v) for v in args.minutes.split("-"))
+    tr = tr.window(start, end)
+    return tr, build_schedule(tr, names=["gpu"], rate_scale=args.rate_scale, seed=args.seed)
+
+
+def overhead_ms(url: str, n: int = 20) -> float:
+    """What a lone request spends beyond the model's sleep: Serve's proxy and the router
+    (median of ``n`` sequential requests, each a batch of one)."""
+    import httpx
+
+    from examples.gpu_batch.app import batch_ms
+
+    lat = []
+    with httpx.Client(timeout=30, trust_env=False) as c:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            c.post(url, content=b"x" * 64)
+            lat.append(time.perf_counter() - t0)
+    return max(float(np.median(lat)) * 1e3 - SCALE * batch_ms(1), 0.1)
+
+
+def replay(url: str, sched, status: bool):
+    from faro_serve.replay.client import send_schedule
+
+    return asyncio.run(send_schedule(sched, url, path="/{model}", body=b"x" * 64,
+                                     status_every_s=5.0 if status else None, timeout_s=60.0))
+
+
+def live(args) -> dict:
+    """Both live runs, each on a freshly started Ray: records, overhead, status polls."""
+    import ray
+    from ray import serve
+
+    import faro_serve
+    from autoscaler.baselines import RAY_TUNED_BATCH
+    from examples.gpu_batch.app import GpuLikeClassifier
+    from faro_serve.ports import free_port
+
+    tr, sched = schedule(args)
+    slo, cluster = slo_and_cluster(args)
+    out = {}
+    for run in ("faro", "ray-tuned-b16"):
+        port = free_port()
+        ray.init(address="local", num_cpus=2, num_gpus=args.gpus, include_dashboard=False,
+                 log_to_driver=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        url = f"http://127.0.0.1:{port}"
+        try:
+            if run == "faro":
+                faro_serve.run({"gpu": faro_serve.scaled(GpuLikeClassifier, slo).bind(seed=args.seed)},
+                               [slo], cluster, forecaster=args.forecaster)
+            else:
+                s = RAY_TUNED_BATCH(16)
+                dep = GpuLikeClassifier.options(
+                    autoscaling_config={**s["autoscaling_config"], "min_replicas": 1,
+                                        "max_replicas": args.gpus, "initial_replicas": 1},
+                    max_ongoing_requests=s["max_ongoing_requests"],
+                    max_queued_requests=s["max_queued_requests"],
+                    ray_actor_options={"num_cpus": 0.2, "num_gpus": 1})
+                serve.run(dep.bind(seed=args.seed), name="gpu", route_prefix="/gpu")
+            ovh = overhead_ms(url + "/gpu")
+            print(f"{run}: overhead {ovh:.1f} ms; replaying {sched.size} requests over "
+                  f"{sched.minutes} minutes", flush=True)
+            rec = replay(url, sched, status=(run == "faro"))
+            replicas = []
+            if run != "faro":
+                replicas = [serve.status().applications["gpu"].deployments[
+                    "GpuLikeClassifier"].replica_states.get("RUNNING", 0)]
+            out[run] = {"records": rec, "overhead_ms": ovh, "replicas_end": replicas}
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+    out["trace"], out["schedule"] = tr, sched
+    return out
+
+
+def simulate_both(args, tr, overhead: dict) -> dict:
+    """The simulator on the same arrivals, each policy as it ran live."""
+    from autoscaler import make_policy
+    from autoscaler.baselines import RAY_TUNED_BATCH, ray_serve_policy
+    from autoscaler.forecasters import choose_forecaster
+    from faro_serve.distributions import TimeDist
+    from faro_serve.sim.runner import SimConfig, simulate
+
+    slo, cluster = slo_and_cluster(args)
+    counts = tr.counts * args.rate_scale
+    res = {}
+    for run in ("faro", "ray-tuned-b16"):
+        ray = run != "faro"
+        if ray:
+            s = RAY_TUNED_BATCH(16)
+            pol = ray_serve_policy(s, run)([slo], cluster)
+        else:
+            fc, _ = choose_forecaster(args.forecaster)
+            pol = make_policy("faro-fairsum", [slo], cluster, fc)
+        cfg = SimConfig(capacity_cpus=2, capacity_gpus=args.gpus, cold_start_s=args.cold_start,
+                        queue_limit=50, queue_per_replica=RAY_TUNED_BATCH(16)["max_ongoing_requests"] if ray else 0,
+                        processing=TimeDist("lognorm", (0.05, 0.0, slo.processing_ms / 1e3)),
+                        router_overhead=TimeDist("const", (overhead[run] / 1e3,)),
+                        client_timeout_s=60.0, cancel_timed_out=not ray, seed=args.seed,
+                        ray_batching=ray, keep_records=True)
+        res[run] = simulate(counts, [slo], pol, cfg)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--day", type=int, default=9)
+    ap.add_argument("--job", default="job4")
+    ap.add_argument("--minutes", default="100-115", help="the trace's minutes replayed (real time)")
+    ap.add_argument("--rate-scale", type=float, default=4.0)
+    ap.add_argument("--slo-ms", type=float, default=600.0)
+    ap.add_argument("--gpus", type=int, default=4)
+    ap.add_argument("--plan-every", type=float, default=60.0, help="Faro's long-term interval (s)")
+    ap.add_argument("--cold-start", type=float, default=10.0)
+    ap.add_argument("--forecaster", default="fallback")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "gpu-live.md"))
+    args = ap.parse_args(argv)
+
+    from faro_serve.replay.report import replay_result
+
+    t0 = time.time()
+    got = live(args)
+    tr, sched = got["trace"], got["schedule"]
+    slo, _ = slo_and_cluster(args)
+    sims = simulate_both(args, tr, {k: got[k]["overhead_ms"] for k in ("faro", "ray-tuned-b16")})
+    rows, doc = [], {"args": vars(args), "runs": {}}
+    for run in ("faro", "ray-tuned-b16"):
+        rec = got[run]["records"]
+        lv = replay_result(sched, rec, {"gpu": slo.slo_ms}, {"gpu": slo.percentile}, run, 2.0).summary
+        sm = sims[run].summary
+        p_live, p_sim = _p99(sched, rec), _sim_p99(sims[run])
+        held = (float(np.nanmean(sims[run].targets)) if sims[run].targets.size else math.nan)
+        rows.append((run, p_live, p_sim, lv.cluster_slo_violation_rate, sm.cluster_slo_violation_rate,
+                     lv.lost_cluster_utility, sm.lost_cluster_utility, held))
+        doc["runs"][run] = {"p99_live_ms": p_live, "p99_sim_ms": p_sim,
+                            "violations_live": lv.cluster_slo_violation_rate,
+                            "violations_sim": sm.cluster_slo_violation_rate,
+                            "lost_live": lv.lost_cluster_utility, "lost_sim": sm.lost_cluster_utility,
+                            "sim_mean_replicas": held, "overhead_ms": got[run]["overhead_ms"],
+                            "accounting": rec.counts()}
+    changes = _faro_changes(got["faro"]["records"])
+    doc["faro_changes"] = changes
+    lines = ["# A GPU-like batching model live: Faro against Ray Serve tuned, and the simulator's "
+             "prediction (issue 47)", "",
+             f"`python -m bench.gpu_live --day {args.day} --job {args.job} --minutes {args.minutes} "
+             f"--rate-scale {args.rate_scale:g}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+             f"this 2-core machine, {(time.time() - t0) / 60:.0f} min, one run). {sched.size} requests; "
+             f"SLO {slo.slo_ms:g} ms at p99; up to {args.gpus} replicas of one declared GPU each.", "",
+             "| run | p99 live ms | p99 simulated ms | sim / live | SLO violations live | simulated | "
+             "lost utility live | simulated |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for run, pl, ps, vl, vs, ll, ls, _ in rows:
+        lines.append(f"| {run} | {pl:.0f} | {ps:.0f} | {ps / pl:.2f} | {100 * vl:.2f} % | "
+                     f"{100 * vs:.2f} % | {ll:.3f} | {ls:.3f} |")
+    lines += ["", "Faro's settings over the run (status polls): " + ", ".join(
+        f"{c['t']:.0f} s: {c['target']} replicas, batch {c['batch_size']}" for c in changes)]
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    Path(args.out).with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str))
+    print("\n".join(lines))
+    return 0
+
+
+def _p99(sched, rec) -> float:
+    """The p99 of every request sent, as its client saw it (a 503 or a failure: infinite)."""
+    from faro_serve.replay.client import NOT_SENT
+    from faro_serve.replay.report import client_latency
+
+    _, lat = client_latency(sched, rec)
+    sent = np.array([s != NOT_SENT for s in rec.status])
+    return float(np.percentile(lat[sent], 99)) * 1e3
+
+
+def _sim_p99(res) -> float:
+    """The p99 of every simulated request (a drop: infinite), as :func:`_p99` live."""
+    r = res.records
+    lat = np.where(r["dropped"], np.inf, r["latency_s"])
+    return float(np.percentile(lat, 99)) * 1e3
+
+
+def _faro_changes(rec) -> list[dict]:
+    out, last = [], None
+    for t, st in rec.status_polls:
+        m = (st.get("models") or {}).get("gpu")
+        if not m:
+            continue
+        now = (m.get("target"), m.get("batch_size"))
+        if now != last:
+            out.append({"t": t, "target": now[0], "batch_size": now[1]})
+            last = now
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
