@@ -87,6 +87,16 @@ def test_every_request_is_answered_in_batches_of_the_size_the_autoscaler_set(liv
     assert m["mean_batch"] > 2 and {int(r[0]) for r in m["batch_times"]} <= {1, 2, 3, 4}
 
 
+def test_the_status_shows_the_batch_in_force_and_the_batches_served(live, cli):
+    """``/faro/status`` and ``faro-serve status``, as an operator reads them."""
+    def seen():
+        r = httpx.get(live["base"] + "/faro/status", timeout=10).json()["models"].get("batcher", {})
+        return r if r.get("batch_size") == 4 and (r.get("mean_batch") or 0) > 1 else None
+    assert wait_for(seen, 30), httpx.get(live["base"] + "/faro/status").json()["models"]
+    code, out, _ = cli("status", "--url", live["base"])
+    assert code == 0 and "batcher: batch 4 in force" in out
+
+
 def test_the_batched_method_over_a_handle_is_a_request_of_its_own(live):
     """A handle call of the @serve.batch method itself (``handle.infer.remote(x)``): the
     guard's drop rate and slots apply, and the calls batch together."""

@@ -79,6 +79,8 @@ def run(args) -> int:
                       _fmt(m.get("predicted_utility"), ".3f"), f"{m.get('drop_rate', 0):.1%}",
                       m.get("predictor") or loaded or "-", style=style)
     console().print(table)
+    for line in batch_lines(st.get("models", {})):
+        print(line)
     for line in pipeline_lines(st.get("pipelines")):
         print(line)
     for name, err in (st.get("front_errors") or {}).items():  # left out of the plan this tick
@@ -93,6 +95,21 @@ def run(args) -> int:
         for line in explain(decisions):
             print(line)
     return 0
+
+
+def batch_lines(models: dict) -> list[str]:
+    """Per model that batches or says where it runs: its batch in force, the mean batch its
+    replicas served and its device (issue 47)."""
+    out = []
+    for name, m in models.items():
+        parts = []
+        if m.get("batch_size") is not None:
+            parts.append(f"batch {m['batch_size']} in force, {m.get('mean_batch') or 1:.1f} served on average")
+        if m.get("device"):
+            parts.append(f"on {m['device']}")
+        if parts:
+            out.append(f"{name}: " + ", ".join(parts))
+    return out
 
 
 def pipeline_lines(pipes: dict | None) -> list[str]:
