@@ -203,33 +203,65 @@ def gpus_for(agg: dict, policy: str, lost: float) -> int | None:
     return ok[0] if ok else None
 
 
+def _table(agg: dict, caps: list[int], pols: list[str], cell) -> list[str]:
+    out = ["| GPUs | " + " | ".join(pols) + " |", "|---:|" + "---:|" * len(pols)]
+    for g in caps:
+        out.append(f"| {g} | " + " | ".join("" if (p, g) not in agg else cell(agg[(p, g)])
+                                            for p in pols) + " |")
+    return out
+
+
+def targets(agg: dict, violations: float = 0.01) -> list[str]:
+    """Issue 47's three targets, from the aggregate: GPUs for the same loss against Faro at
+    batch 1, the loss against Ray tuned at equal GPUs, against the oracle."""
+    out = []
+    ok = sorted(g for (p, g), a in agg.items() if p == "faro" and a["viol"] <= violations)
+    if ok and any(p == "faro-batch1" for p, _ in agg):
+        g = ok[0]
+        lost = agg[("faro", g)]["lost"]
+        g1 = gpus_for(agg, "faro-batch1", lost)
+        most = max(gg for p, gg in agg if p == "faro-batch1")
+        out.append(f"- Batching-aware Faro meets the SLO (violations at most {100 * violations:g} %) "
+                   f"from {g} GPUs, losing {lost:.3f}; Faro at batch 1 loses at most that "
+                   + (f"from {g1} GPUs: **{g / g1:.2f}x the GPUs** (target: at most 0.4x)" if g1 else
+                      f"at none of the counts run (up to {most}, where it loses "
+                      f"{agg[('faro-batch1', most)]['lost']:.3f}): **below {g / most:.2f}x the GPUs** "
+                      "(target: at most 0.4x)"))
+    for ray in ("ray-tuned-b16", "ray-tuned-b32"):
+        pairs = [(g, agg[("faro", g)]["lost"], a["lost"]) for (p, g), a in sorted(agg.items())
+                 if p == ray and ("faro", g) in agg]
+        if pairs:
+            out.append(f"- Against {ray} at equal GPUs: " + ", ".join(
+                f"{g} GPUs {f:.3f} vs {r:.3f} (**{f / r:.2f}x**)" if r > 0 else f"{g} GPUs {f:.3f} vs 0"
+                for g, f, r in pairs) + " (target: at most 0.5x)")
+    pairs = [(g, agg[("faro", g)]["lost"], a["lost"]) for (p, g), a in sorted(agg.items())
+             if p == "oracle" and ("faro", g) in agg]
+    if pairs:
+        out.append("- Against the oracle: " + ", ".join(
+            f"{g} GPUs {f:.3f} vs {o:.3f} (**{f / o:.2f}x**)" if o > 0 else f"{g} GPUs {f:.3f} vs 0"
+            for g, f, o in pairs) + " (target: within 1.5x)")
+    return out
+
+
 def report(agg: dict, args, wall: float) -> str:
     caps = sorted({g for _, g in agg})
     pols = [p for p in POLICIES if any(k[0] == p for k in agg)]
+    share = args.gpus_per_replica
     lines = ["# A GPU cluster, simulated on the measured H200 profiles (issue 47)", "",
              f"`python -m bench.gpu_cluster --days {args.days} --seeds {args.seeds} --rate-scale "
-             f"{args.rate_scale:g} --slo-ms {args.slo_ms:g} --minutes {args.minutes} --gpus "
-             f"{args.gpus} --batch1-gpus {args.batch1_gpus} --few-gpus {args.few_gpus}` "
-             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {wall / 60:.0f} min on this "
-             "machine). Ten jobs of the Faro trace (per-minute counts x the rate scale), jobs 0-3 "
-             "ResNet18, 4-6 ResNet34, 7-9 ResNet50 on whole H200 GPUs (fp32 forward pass, "
-             f"profiles/h200-*.json); SLO {args.slo_ms:g} ms at p99, proxy overhead included; "
-             "cold start 60 s; lost cluster utility, mean (SD) over days and seeds.", "",
-             "| GPUs | " + " | ".join(pols) + " |", "|---:|" + "---:|" * len(pols)]
-    for g in caps:
-        cells = []
-        for p in pols:
-            a = agg.get((p, g))
-            cells.append("" if a is None else f"{a['lost']:.3f} ({a['sd']:.3f})")
-        lines.append(f"| {g} | " + " | ".join(cells) + " |")
-    lines += ["", "SLO violations (share of requests late or dropped) and GPUs held on average:", "",
-              "| GPUs | " + " | ".join(pols) + " |", "|---:|" + "---:|" * len(pols)]
-    for g in caps:
-        cells = []
-        for p in pols:
-            a = agg.get((p, g))
-            cells.append("" if a is None else f"{100 * a['viol']:.2f} % / {a['gpus_used']:.1f}")
-        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+             f"{args.rate_scale:g} --slo-ms {args.slo_ms:g} --minutes {args.minutes} "
+             f"--gpus-per-replica {share:g} --gpus {args.gpus} --batch1-gpus {args.batch1_gpus} "
+             f"--few-gpus {args.few_gpus}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+             f"{wall / 60:.0f} min on this 2-core machine). Ten jobs of the Faro trace (per-minute "
+             f"counts x {args.rate_scale:g}, minutes {args.minutes} of each day, the minutes before as "
+             "history), jobs 0-3 ResNet18, 4-6 ResNet34, 7-9 ResNet50 on H200s (fp32 forward pass, "
+             f"profiles/h200-*.json), {share:g} GPU per replica; SLO {args.slo_ms:g} ms at p99, "
+             "proxy overhead included; cold start 60 s. Lost cluster utility, mean (SD) over days "
+             "and seeds (runs per cell: " + str(max(a["runs"] for a in agg.values())) + "):", ""]
+    lines += _table(agg, caps, pols, lambda a: f"{a['lost']:.3f} ({a['sd']:.3f})")
+    lines += ["", "SLO violations (share of requests late or dropped) / GPUs held on average:", ""]
+    lines += _table(agg, caps, pols, lambda a: f"{100 * a['viol']:.2f} % / {a['gpus_used']:.2f}")
+    lines += ["", "Issue 47's targets:", "", *targets(agg)]
     return "\n".join(lines) + "\n"
 
 
@@ -260,7 +292,15 @@ def main(argv=None) -> int:
                     "(120-240: the day's middle two hours; the minutes before are history)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "gpu-cluster.md"))
+    ap.add_argument("--report-only", default=None, metavar="JSON", help="write the report from a "
+                    "run's saved rows (the .json beside its report) instead of running")
     args = ap.parse_args(argv)
+    if args.report_only:
+        saved = json.loads(Path(args.report_only).read_text())
+        args = argparse.Namespace(**{**vars(args), **saved["args"], "out": args.out})
+        Path(args.out).write_text(report(aggregate(saved["rows"]), args, saved.get("wall_s", 0.0)))
+        print(Path(args.out).read_text())
+        return 0
     pols = [p for p in args.policies.split(",") if p]
     bad = [p for p in pols if p not in POLICIES]
     if bad:
@@ -290,7 +330,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report(agg, args, time.perf_counter() - t0))
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "rows": rows,
+                                                    "wall_s": time.perf_counter() - t0}, indent=1))
     print(out.read_text())
     return 0
 

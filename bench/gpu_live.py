@@ -160,9 +160,9 @@ def simulate_both(args, tr, overhead: dict) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--day", type=int, default=9)
-    ap.add_argument("--job", default="job4")
-    ap.add_argument("--minutes", default="100-115", help="the trace's minutes replayed (real time)")
-    ap.add_argument("--rate-scale", type=float, default=4.0)
+    ap.add_argument("--job", default="job7", help="job7, minutes 90-105: its rate climbs from 1.4 to 21 requests/s (x the rate scale), the most varying 15 minutes of day 9")
+    ap.add_argument("--minutes", default="90-105", help="the trace's minutes replayed (real time)")
+    ap.add_argument("--rate-scale", type=float, default=3.5)
     ap.add_argument("--slo-ms", type=float, default=600.0)
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--plan-every", type=float, default=60.0, help="Faro's long-term interval (s)")
