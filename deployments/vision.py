@@ -2,6 +2,9 @@
 
 There is no model hub here: weights are random unless ``checkpoint`` names a local
 state_dict file. Input is JPEG/PNG bytes; output is the top-k class ids and softmax scores.
+An image of more than ``max_pixels`` is refused from its header, before it is decoded (a
+379 KB PNG of 20,000 x 20,000 pixels would decode to 1.2 GB; issue 50): 413, naming the
+limit.
 
 It serves one request (:meth:`predict`) or a batch (:meth:`predict_batch`, one forward
 pass), with ``threads`` torch intra-op threads that :meth:`set_threads` changes in place:
@@ -18,15 +21,43 @@ to the device for the forward pass. Every answer says which device served it.
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from pathlib import Path
 
 import torch
+from PIL import Image
 import torchvision
 from torchvision.transforms import v2 as T
 
 ARCHS = ("resnet18", "resnet34", "resnet50")
+# the most pixels an image may have: a 12-megapixel photo passes, with room; about 1,000 x the
+# model's 224 x 224 input, so a decoded image stays under 150 MB
+MAX_PIXELS = 50_000_000
+
+
+class TooManyPixels(ValueError):
+    """An image larger than the model takes, found from its header."""
+
+
+def image_pixels(payload: bytes) -> tuple[int, int] | None:
+    """An image's width and height from its header alone (Pillow reads no pixels until
+    asked), or None when Pillow cannot tell (the decoder then says what is wrong)."""
+    try:
+        with Image.open(io.BytesIO(payload)) as im:
+            return im.size
+    except Image.DecompressionBombError:  # past Pillow's own bound, far above ours: no size
+        return (2 * Image.MAX_IMAGE_PIXELS + 1, 1) if Image.MAX_IMAGE_PIXELS else None
+    except Exception:
+        return None
+
+
+def refused(err: ValueError) -> dict:
+    """The answer to an image the model will not take: 413 for too many pixels, else 400."""
+    if isinstance(err, TooManyPixels):
+        return {"error": str(err), "status": 413, "reason": "too_many_pixels"}
+    return {"error": str(err), "status": 400}
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -43,9 +74,11 @@ def pick_device(device: str = "auto") -> torch.device:
 
 class ImageClassifier:
     def __init__(self, arch: str = "resnet18", checkpoint: str | None = None, top_k: int = 5,
-                 image_size: int = 224, threads: int = 1, device: str = "auto"):
+                 image_size: int = 224, threads: int = 1, device: str = "auto",
+                 max_pixels: int = MAX_PIXELS):
         if arch not in ARCHS:
             raise ValueError(f"arch must be one of {', '.join(ARCHS)} (got {arch!r})")
+        self.max_pixels = int(max_pixels)
         torch.set_num_threads(threads)
         self.device = pick_device(device)
         self.model = getattr(torchvision.models, arch)(weights=None)
@@ -69,6 +102,11 @@ class ImageClassifier:
     def decode(self, payload: bytes) -> torch.Tensor:
         if not payload:
             raise ValueError("empty body: send JPEG or PNG bytes")
+        size = image_pixels(payload)
+        if size is not None and size[0] * size[1] > self.max_pixels:
+            what = (f"of {size[0]:,} x {size[1]:,} pixels" if size[1] > 1 else
+                    f"of more than {size[0] - 1:,} pixels")  # past Pillow's bound: no size
+            raise TooManyPixels(f"image {what} exceeds the limit of {self.max_pixels:,} pixels")
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         try:
             return torchvision.io.decode_image(data, mode=torchvision.io.ImageReadMode.RGB)
@@ -103,7 +141,7 @@ class ImageClassifier:
                 try:
                     images.append((k, self.transform(self.decode(payload))))
                 except ValueError as err:
-                    out[k] = {"error": str(err), "status": 400}
+                    out[k] = refused(err)
             if images:
                 with torch.inference_mode():
                     probs = self._forward(torch.stack([x for _, x in images]))
@@ -151,7 +189,7 @@ class ImageClassifier:
             try:
                 img = self.decode(payload)
             except ValueError as err:
-                return {"error": str(err), "status": 400}
+                return refused(err)
             with torch.inference_mode():
                 probs = self._forward(self.transform(img).unsqueeze(0))[0]
             classes, scores = self._top(probs)

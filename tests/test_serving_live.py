@@ -102,8 +102,13 @@ def test_every_model_answers_over_http(live):
     r = c.post("/img/predict", content=b"\x00garbage bytes")
     assert r.status_code == 400 and "not a decodable" in r.json()["error"]
     assert c.post("/img/predict", content=b"x" * (600 * 1024)).status_code == 413
+    from test_vision_device import pixel_bomb  # 20,000 x 20,000 pixels in a few hundred bytes
+
+    r = c.post("/img/predict", content=pixel_bomb(20_000, 20_000))
+    assert r.status_code == 413 and r.json()["reason"] == "too_many_pixels", r.text
     # counted as what it was (the replica reports to the model's meter once a second)
     assert wait_for(lambda: c.get("/img/metrics").json()["dropped"].get("too_large") == 1, 10, every=0.5)
+    assert c.get("/img/metrics").json()["dropped"].get("too_many_pixels") == 1
     assert c.post("/nope/predict", content=b"x").status_code == 404
     assert c.post("/synth-a/predict", content=b"").status_code == 200
     assert "/predict" in c.get("/img/openapi.json").json()["paths"]

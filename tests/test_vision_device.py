@@ -31,3 +31,36 @@ def test_on_a_gpu_it_runs_there_and_says_so():
     assert {a["device"] for a in out} == {str(m.device)} and out[0]["batch"] == 4
     rows = m.profile([1, 4], [1], repeats=2, image_size=64)
     assert {r["device"] for r in rows} == {str(m.device)}
+
+
+def pixel_bomb(width: int, height: int) -> bytes:
+    """A PNG whose header declares ``width`` x ``height`` pixels and whose data is a few
+    bytes: what a decompression bomb looks like before it is decoded."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+
+
+def test_an_image_of_too_many_pixels_is_refused_from_its_header():
+    """Issue 50: 20,000 x 20,000 pixels (a 1.2 GB tensor once decoded) is a 413 naming the
+    limit, answered before any pixel is decoded; a photo-sized image passes the check."""
+    import time
+
+    m = ImageClassifier("resnet18", image_size=64)
+    t0 = time.perf_counter()
+    out = m.predict(pixel_bomb(20_000, 20_000))
+    assert time.perf_counter() - t0 < 1.0
+    assert out == {"error": "image of more than 178,956,970 pixels exceeds the limit of 50,000,000 "
+                   "pixels", "status": 413, "reason": "too_many_pixels"}
+    assert m.predict(pixel_bomb(10_000, 5_001))["error"] == (
+        "image of 10,000 x 5,001 pixels exceeds the limit of 50,000,000 pixels")
+    assert m.predict_batch([pixel_bomb(20_000, 20_000), JPEG])[0]["status"] == 413
+    small = ImageClassifier("resnet18", image_size=64, max_pixels=1000)
+    assert small.predict(JPEG)["status"] == 413  # 96 x 72 = 6,912 pixels
+    assert "classes" in m.predict(JPEG)

@@ -70,7 +70,8 @@ def _spec_class(model) -> tuple[type, dict]:
 
     return ImageClassifier, {"arch": model.arch, "checkpoint": model.checkpoint,
                              "top_k": model.top_k, "image_size": model.image_size,
-                             "threads": model.threads, "device": model.device}
+                             "threads": model.threads, "device": model.device,
+                             "max_pixels": model.max_pixels}
 
 
 def model_deployment(args: dict | ModelAppArgs):

@@ -149,7 +149,7 @@ class DirectModel:
         else:
             result = await run_model(self.model, self.name, payload)
         if isinstance(result, JSONResponse):
-            self._event(Dropped(time.time(), "bad_request"))
+            self._event(Dropped(time.time(), refusal_reason(result)))
             return result
         proc = result.get("processing_ms") if isinstance(result, dict) else None
         if proc is not None:  # a batch's time comes with its size (the planner divides it out)

@@ -33,7 +33,7 @@ from ray.serve.exceptions import BackPressureError
 
 from ..measures import REPLICA_POLL_S
 from .control import FrontControl
-from .payload import drop_rate_refusal, read_payload, refusal_reason, reject
+from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, reject
 from .routing import DispatchGate, running_replicas
 
 api = FastAPI(title="faro-serve model endpoint",
@@ -90,9 +90,7 @@ class Front(FrontControl):
         now = time.time()
         proc = result.get("processing_ms") if isinstance(result, dict) else None
         self.stats.completed(now, now - t0, None if proc is None else proc / 1e3)
-        if isinstance(result, dict) and "error" in result:
-            return reject(int(result.get("status", 400)), self.name, "bad_request", result["error"])
-        return result
+        return answer(result, self.name)  # the model's own refusal, with its status and reason
 
     async def _call(self, payload: bytes):
         if self._ticker is None:

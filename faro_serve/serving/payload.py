@@ -57,7 +57,9 @@ async def run_model(model, name: str, payload: bytes) -> dict | JSONResponse:
 
 
 def answer(result, name: str) -> dict | JSONResponse:
-    """A model's answer, or the refusal it asked for (``{"error": ..., "status": ...}``)."""
+    """A model's answer, or the refusal it asked for (``{"error": ..., "status": ...,
+    "reason": ...}``; the reason defaults to ``bad_request``)."""
     if isinstance(result, dict) and "error" in result:
-        return reject(int(result.get("status", 400)), name, "bad_request", result["error"])
+        return reject(int(result.get("status", 400)), name, str(result.get("reason", "bad_request")),
+                      result["error"])
     return result

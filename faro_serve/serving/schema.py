@@ -49,6 +49,8 @@ class VisionModelSpec(BaseModel):
     threads: int = Field(1, ge=1, le=64, description="torch intra-op threads per replica")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$", description="auto: the "
                         "GPU the replica holds (gpus > 0), else the CPU; or cpu, cuda, cuda:N")
+    max_pixels: int = Field(50_000_000, ge=1, description="an image with more pixels is "
+                            "refused from its header, before decoding (413 too_many_pixels)")
 
 
 class ModelAppArgs(BaseModel):
