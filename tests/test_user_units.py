@@ -82,7 +82,10 @@ def test_a_raise_or_a_5xx_counts_failed_once_and_reaches_the_caller():
     async def send(msg):
         sent.append(msg)
 
-    asyncio.run(g.asgi(app, {"type": "http"}, None, send))
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    asyncio.run(g.asgi(app, {"type": "http"}, receive, send))
     assert [m.get("status") for m in sent] == [500, None]  # passed through untouched
     assert [e.reason for e in g.seen if isinstance(e, DroppedEvent)] == ["error", "error"]
 
@@ -279,3 +282,95 @@ def test_the_gpu_like_example_sleeps_the_h200_resnet50_curve():
     curve = planned.curve()
     for b in (1, 3, 16, 20, 64, 100):
         assert batch_ms(b) == pytest.approx(float(curve.latency(b)) * 1e3, rel=1e-3)
+
+
+def _trickle(first: bytes, then_wait: bool):
+    """An ASGI receive: one chunk of the body, then either the rest or nothing ever (a slow
+    client that sent a few bytes and waits)."""
+    sent = []
+
+    async def receive():
+        if not sent:
+            sent.append(1)
+            return {"type": "http.request", "body": first, "more_body": True}
+        if then_wait:
+            await asyncio.sleep(3600)
+        return {"type": "http.request", "body": b"-rest", "more_body": False}
+    return receive
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_408_and_takes_no_slot():
+    """Issue 50: a request whose body has not all come within the bound is answered 408
+    (reason body_timeout) without reaching the user's code or holding a slot; a body that
+    comes in pieces reaches the user whole, as sent."""
+    g = ReplicaGuard(None, "m", 1, body_timeout_s=0.2)
+    g.seen = []
+    g._event = g.seen.append
+    called, got = [], []
+
+    async def app(scope, receive, send):
+        called.append(1)
+        msg = await receive()
+        body = msg["body"]
+        while msg.get("more_body"):
+            msg = await receive()
+            body += msg["body"]
+        got.append(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def run(receive):
+        sent = []
+
+        async def send(m):
+            sent.append(m)
+        scope = {"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b""}
+        asyncio.run(g.asgi(app, scope, receive, send))
+        return sent
+
+    slow = run(_trickle(b"abc", then_wait=True))
+    assert slow[0]["status"] == 408 and b'"reason":"body_timeout"' in slow[1]["body"]
+    assert called == [] and g.slots._value == 1 and g.seen[0].reason == "body_timeout"
+    fine = run(_trickle(b"abc", then_wait=False))
+    assert fine[0]["status"] == 200 and got == [b"abc-rest"]
+
+    async def hangs():
+        await asyncio.sleep(3600)
+    req = Request({"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b""}, hangs)
+    resp = asyncio.run(g.request(lambda r: 1, req))
+    assert resp.status_code == 408 and b"within 0.2 s" in resp.body
+
+
+def test_the_direct_paths_body_read_has_the_same_bound():
+    from faro_serve.serving.payload import read_payload
+
+    async def hangs():
+        await asyncio.sleep(3600)
+    req = Request({"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b""}, hangs)
+    resp = asyncio.run(read_payload(req, "m", 1 << 20, 0.2))
+    assert resp.status_code == 408 and b'"reason":"body_timeout"' in resp.body
+    assert asyncio.run(read_payload(request(b"xyz"), "m", 1 << 20, 0.2)) == b"xyz"
+
+
+def test_one_slow_body_per_replica_the_next_is_refused_at_once_and_fast_ones_pass():
+    """uploads.py: a body still arriving after the grace takes the replica's one place for
+    slow bodies; a second slow one is refused (503 uploads) after the grace, not after the
+    deadline; a body that comes at once never counts."""
+    from faro_serve.serving.uploads import TooManyUploads, Uploads
+
+    async def main():
+        up = Uploads(limit=1, grace_s=0.05)
+        slow = asyncio.ensure_future(up.read(asyncio.sleep(0.5, b"slow"), 2.0))
+        await asyncio.sleep(0.1)
+        assert up.active == 1
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(TooManyUploads):
+            await up.read(asyncio.sleep(0.5, b"second"), 2.0)
+        assert asyncio.get_running_loop().time() - t0 < 0.2
+        assert await up.read(asyncio.sleep(0.01, b"fast"), 2.0) == b"fast"
+        assert await slow == b"slow" and up.active == 0
+        with pytest.raises(asyncio.TimeoutError):
+            await up.read(asyncio.sleep(5, b"late"), 0.2)
+        assert up.active == 0
+
+    asyncio.run(main())

@@ -95,7 +95,8 @@ def direct_model_app(spec: ModelAppArgs):
                            max_queued_requests=spec.queue_limit,
                            request_router_config=DIRECT_ROUTER,
                            ray_actor_options=spec.actor_options())
-    return dep.bind(meter, spec.name, cls, kwargs, spec.max_body_kb * 1024, spec.max_batch_size)
+    return dep.bind(meter, spec.name, cls, kwargs, spec.max_body_kb * 1024, spec.max_batch_size,
+                    spec.body_timeout_s)
 
 
 def model_app(args: dict):
@@ -105,7 +106,8 @@ def model_app(args: dict):
         return direct_model_app(spec)
     front = Front.options(name=FRONT, ray_actor_options=FRONT_ACTOR)
     return front.bind(model_deployment(spec), spec.name, spec.max_body_kb * 1024,
-                      queue_limit=spec.queue_limit, replica_cpus=spec.cpus)
+                      queue_limit=spec.queue_limit, replica_cpus=spec.cpus,
+                      body_timeout_s=spec.body_timeout_s)
 
 
 def autoscaler_app(args: dict):

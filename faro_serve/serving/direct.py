@@ -32,6 +32,7 @@ from .edf_gate import EDFGate
 from .messages import (Answered, Arrival, Dropped, Event, GaveUp, MessageError, MeterAnswer,
                        NetworkTime, Processed, ReplicaReport, RouterReport, decode)
 from .replica_report import ReplicaReporter
+from .uploads import Uploads
 from .names import NETWORK_HEADER
 from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, run_model
 from .proxy_queue import MAX_EVENTS
@@ -54,9 +55,12 @@ class DirectModel:
     deployment's ``user_config`` or live from the autoscaler through the meter (issue 20)."""
 
     def __init__(self, meter, name: str, model_cls: type, model_kwargs: dict,
-                 max_body_bytes: int = 8 << 20, max_batch_size: int = 1):
+                 max_body_bytes: int = 8 << 20, max_batch_size: int = 1,
+                 body_timeout_s: float | None = 5.0):
         self.meter = meter
         self.name = name
+        self.body_timeout_s = body_timeout_s
+        self.uploads = Uploads()  # bodies still arriving here (uploads.py)
         self.model = model_cls(**model_kwargs)
         self.max_body_bytes = max_body_bytes
         self.drop_rate = 0.0
@@ -139,7 +143,8 @@ class DirectModel:
         if self.drop_rate > 0 and random.random() < self.drop_rate:
             self._event(Dropped(time.time(), "drop_rate"))
             return drop_rate_refusal(self.name, self.drop_rate)
-        payload = await read_payload(request, self.name, self.max_body_bytes)
+        payload = await read_payload(request, self.name, self.max_body_bytes, self.body_timeout_s,
+                                     self.uploads)
         if isinstance(payload, JSONResponse):
             self._event(Dropped(time.time(), refusal_reason(payload)))
             return payload

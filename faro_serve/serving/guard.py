@@ -27,6 +27,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from .edf_gate import EDFGate
 from .messages import Dropped as DroppedEvent
 from .messages import MeterAnswer, Processed
+from .payload import drop_rate_refusal, read_body, refusal_reason
+from .uploads import Uploads
 from .replica_report import ReplicaReporter
 
 # set while a request runs in the user's code: a method the user's route calls on ``self``
@@ -39,19 +41,17 @@ class Dropped(RuntimeError):
     dropped (the autoscaler's drop rate, paper section 4.4): the caller may answer 503."""
 
 
-def refusal(model: str, drop_rate: float) -> JSONResponse:
-    return JSONResponse({"error": f"dropped by the autoscaler (drop rate {drop_rate:.3f})",
-                         "reason": "drop_rate", "model": model}, status_code=503)
-
-
 class ReplicaGuard:
     """One per replica of a user's deployment under Faro. ``batching``: the deployment's
     ``@serve.batch`` wrappers (``batch_method.faro_method``), its largest batch, concurrent
     batches and batch wait; None: it serves requests as they come."""
 
-    def __init__(self, meter, name: str, concurrency: int = 1, batching: dict | None = None):
+    def __init__(self, meter, name: str, concurrency: int = 1, batching: dict | None = None,
+                 body_timeout_s: float | None = 5.0):
         self.name = name
         self.drop_rate = 0.0
+        self.body_timeout_s = body_timeout_s  # a body not all arrived by then: 408 (issue 50)
+        self.uploads = Uploads()  # bodies still arriving at this replica (uploads.py)
         self.slots = asyncio.Semaphore(max(1, int(concurrency)))
         self.batching = batching
         self.held = self.held_peak = 0  # requests in the user's code now, most since the last report
@@ -146,10 +146,18 @@ class ReplicaGuard:
     # -- HTTP --------------------------------------------------------------------------------
     async def asgi(self, call, scope, receive, send) -> None:
         """An ASGI ingress (FastAPI via ``serve.ingress``): the answer streams through;
-        a 5xx status counts the request as failed."""
+        a 5xx status counts the request as failed. The body is read first, within the
+        body deadline and before a slot is taken, and handed to the app as it came."""
         if self.drops():
-            await refusal(self.name, self.drop_rate)(scope, receive, send)
+            await drop_rate_refusal(self.name, self.drop_rate)(scope, receive, send)
             return
+        replay = await read_body(lambda: self._read_body(receive), self.name, self.body_timeout_s,
+                                 self.uploads)
+        if isinstance(replay, JSONResponse):  # 408 or 503: the body was too slow
+            self._event(DroppedEvent(time.time(), refusal_reason(replay)))
+            await replay(scope, receive, send)
+            return
+        receive = replay
         status = {}
 
         async def watch(message):
@@ -166,7 +174,12 @@ class ReplicaGuard:
         """A plain deployment's ``__call__(request)``: its answer, or 503 for a drop. A
         streaming answer holds its slot until the last chunk is sent."""
         if self.drops():
-            return refusal(self.name, self.drop_rate)
+            return drop_rate_refusal(self.name, self.drop_rate)
+        # the body, within its deadline and before a slot: the user's body() reads it again
+        body = await read_body(request.body, self.name, self.body_timeout_s, self.uploads)
+        if isinstance(body, JSONResponse):
+            self._event(DroppedEvent(time.time(), refusal_reason(body)))
+            return body
         slot = self.serving()
         await slot.__aenter__()
         try:
@@ -181,6 +194,21 @@ class ReplicaGuard:
         if getattr(result, "status_code", 200) >= 500:
             self.failed()
         return result
+
+    @staticmethod
+    async def _read_body(receive):
+        """Every ``http.request`` message until the last; a ``receive`` that hands them to
+        the app again, then passes on to the real one."""
+        messages = []
+        while True:
+            msg = await receive()
+            messages.append(msg)
+            if msg["type"] != "http.request" or not msg.get("more_body", False):
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+        return replay
 
     # -- handles -------------------------------------------------------------------------
     async def call(self, call, *args, **kwargs):

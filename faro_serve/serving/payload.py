@@ -10,6 +10,8 @@ import json
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from .uploads import TooManyUploads, Uploads
+
 
 def reject(status: int, model: str, reason: str, detail: str) -> JSONResponse:
     return JSONResponse({"error": detail, "reason": reason, "model": model}, status_code=status)
@@ -24,13 +26,45 @@ def drop_rate_refusal(model: str, drop_rate: float) -> JSONResponse:
     return reject(503, model, "drop_rate", f"dropped by the autoscaler (drop rate {drop_rate:.3f})")
 
 
-async def read_payload(request: Request, model: str, max_body_bytes: int) -> bytes | JSONResponse:
-    """The model's input bytes, or the refusal to answer with."""
+def body_timeout(model: str, seconds: float) -> JSONResponse:
+    """408: the request's body did not all arrive within the model's bound (issue 50: two
+    clients that sent a few bytes and waited held every slot of a model)."""
+    return reject(408, model, "body_timeout", f"the request's body did not arrive within "
+                  f"{seconds:g} s")
+
+
+def too_many_uploads(model: str) -> JSONResponse:
+    """503: this replica already receives a slow body (``uploads.py``): try again."""
+    return reject(503, model, "uploads", "this replica is receiving another slow request "
+                  "body; retry")
+
+
+async def read_body(read, model: str, body_timeout_s: float | None, uploads: Uploads | None):
+    """``read()`` (a body's bytes), within the deadline and the replica's cap on partial
+    uploads (``uploads.py``): the bytes, or the refusal to answer with."""
+    try:
+        if uploads is None:
+            return await asyncio.wait_for(read(), body_timeout_s)
+        return await uploads.read(read(), body_timeout_s)
+    except asyncio.TimeoutError:
+        return body_timeout(model, body_timeout_s)
+    except TooManyUploads:
+        return too_many_uploads(model)
+
+
+async def read_payload(request: Request, model: str, max_body_bytes: int,
+                       body_timeout_s: float | None = None,
+                       uploads: Uploads | None = None) -> bytes | JSONResponse:
+    """The model's input bytes, or the refusal to answer with; ``body_timeout_s``: how long
+    the whole body may take to arrive (None: as long as it takes); ``uploads``: the
+    replica's cap on bodies still arriving."""
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > max_body_bytes:
         return reject(413, model, "too_large", f"body of {length} bytes exceeds the "
                       f"limit of {max_body_bytes} bytes")
-    body = await request.body()
+    body = await read_body(request.body, model, body_timeout_s, uploads)
+    if isinstance(body, JSONResponse):
+        return body
     if len(body) > max_body_bytes:
         return reject(413, model, "too_large", f"body exceeds {max_body_bytes} bytes")
     if request.headers.get("content-type", "").startswith("application/json"):

@@ -68,6 +68,9 @@ class ModelAppArgs(BaseModel):
     initial_replicas: int = Field(1, ge=1)
     queue_limit: int = Field(50, ge=1, description="requests queued at the router before 503")
     max_body_kb: int = Field(8192, ge=1, description="larger request bodies get 413")
+    body_timeout_s: float | None = Field(5.0, gt=0, description="a request whose body has not "
+                                         "all arrived within this long gets 408 and frees its "
+                                         "replica (null: no bound)")
     data_path: Literal["direct", "front"] = Field(
         "direct", description="direct: the model replicas are the HTTP ingress and the queue is "
         "kept in Ray Serve's proxy (one hop, the default); front: requests pass a router front "

@@ -78,7 +78,8 @@ def _guarded_method(name: str, fn):
     return method
 
 
-def _faro_class(cls: type, name: str, concurrency: int, batching: dict | None = None) -> type:
+def _faro_class(cls: type, name: str, concurrency: int, batching: dict | None = None,
+                body_timeout_s: float | None = 5.0) -> type:
     """The user's class with Faro's guard in front of its entry points; ``batching``: its
     ``@serve.batch`` methods (``BatchMethod``) under ``methods``, with the largest batch,
     concurrent batches and batch wait in force (``ScaledDeployment``)."""
@@ -93,11 +94,13 @@ def _faro_class(cls: type, name: str, concurrency: int, batching: dict | None = 
 
     if inspect.iscoroutinefunction(cls.__init__):  # Serve's ingress classes (Ray 2.60)
         async def __init__(self, *args, _faro_meter=None, **kwargs):
-            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency, guard_batching)
+            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency, guard_batching,
+                                            body_timeout_s)
             await cls.__init__(self, *args, **kwargs)
     else:
         def __init__(self, *args, _faro_meter=None, **kwargs):
-            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency, guard_batching)
+            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency, guard_batching,
+                                            body_timeout_s)
             cls.__init__(self, *args, **kwargs)
 
     ns["__init__"] = __init__
@@ -137,7 +140,7 @@ class ScaledDeployment:
     def __init__(self, deployment: Deployment, model: str, *, cpus: float = 1.0, gpus: float = 0.0,
                  resources: Mapping[str, float] | None = None, concurrency: int = 1,
                  queue_limit: int = 50, initial_replicas: int | None = 1,
-                 batching: Batching | None = None):
+                 batching: Batching | None = None, body_timeout_s: float | None = 5.0):
         cls = deployment.func_or_class
         if isinstance(cls, str) or not inspect.isclass(cls):
             raise ConfigError(f"{deployment.name}: Faro scales deployment classes; this deployment "
@@ -162,7 +165,7 @@ class ScaledDeployment:
             concurrency = 1  # to the router: one batch at a time, two batches held (proxy_queue.py)
         router = RequestRouterConfig(request_router_class=ProxyQueueRouter, request_router_kwargs={
             "meter": meter_name(deployment.name), "concurrency": concurrency})
-        options = dict(func_or_class=_faro_class(cls, model, slots, guard_batching),
+        options = dict(func_or_class=_faro_class(cls, model, slots, guard_batching, body_timeout_s),
                        max_ongoing_requests=ongoing, max_queued_requests=queue_limit,
                        request_router_config=router, ray_actor_options=actor)
         if initial_replicas is not None:  # Faro scales it (a pipeline's ingress: the user)
@@ -215,7 +218,8 @@ def _check_deployment(deployment, where: str) -> Deployment:
 
 
 def scaled(deployment, slo: "ModelSLO | PipelineSLO", *, stage: str | None = None,
-           queue_limit: int = 50, initial_replicas: int | None = None) -> ScaledDeployment:
+           queue_limit: int = 50, initial_replicas: int | None = None,
+           body_timeout_s: float | None = 5.0) -> ScaledDeployment:
     """``deployment`` (a ``@serve.deployment`` class) with Faro attached; ``slo`` names the
     model (``slo.name``), its resources per replica and its concurrency. Bind the result as
     the deployment itself: ``scaled(Classifier, slo).bind(path="model.pt")``.
@@ -223,11 +227,13 @@ def scaled(deployment, slo: "ModelSLO | PipelineSLO", *, stage: str | None = Non
     With a :class:`~faro_serve.pipelines.PipelineSLO`: ``stage="det"`` scales that stage
     (as a model); without ``stage``, ``deployment`` is the pipeline's ingress, metered
     (arrivals, end-to-end latency) but not scaled: it keeps its own replicas, resources and
-    ``max_ongoing_requests`` (give it room: each query holds a slot while its stages run)."""
+    ``max_ongoing_requests`` (give it room: each query holds a slot while its stages run).
+    ``body_timeout_s``: an HTTP request whose body has not all arrived within this long is
+    answered 408 and frees its replica (None: no bound; issue 50)."""
     _check_deployment(deployment, repr(getattr(deployment, "name", getattr(deployment, "__name__", deployment))))
     if isinstance(slo, PipelineSLO):
         if stage is None:
-            return _ingress(deployment, slo, queue_limit)
+            return _ingress(deployment, slo, queue_limit, body_timeout_s)
         try:
             slo = slo.stage_model(stage)
         except KeyError as err:
@@ -245,13 +251,14 @@ def scaled(deployment, slo: "ModelSLO | PipelineSLO", *, stage: str | None = Non
     scaled_dep = ScaledDeployment(deployment, slo.name, cpus=slo.cpus, gpus=slo.gpus,
                                   resources=slo.resources, concurrency=slo.concurrency,
                                   queue_limit=queue_limit, initial_replicas=initial,
-                                  batching=slo.batching)
+                                  batching=slo.batching, body_timeout_s=body_timeout_s)
     if scaled_dep.batching is not None and slo.batching is None:  # run() fills the SLO in
         _BATCHING[slo.name] = scaled_dep.batching
     return scaled_dep
 
 
-def _ingress(deployment: Deployment, pipeline: PipelineSLO, queue_limit: int) -> ScaledDeployment:
+def _ingress(deployment: Deployment, pipeline: PipelineSLO, queue_limit: int,
+             body_timeout_s: float | None = 5.0) -> ScaledDeployment:
     """A pipeline's ingress, metered under the pipeline's name and left at its own scaling."""
     if pipeline.ingress is not None and pipeline.ingress != deployment.name:
         raise ConfigError(f"pipeline {pipeline.name!r}: its ingress is {pipeline.ingress!r} but "
@@ -261,7 +268,8 @@ def _ingress(deployment: Deployment, pipeline: PipelineSLO, queue_limit: int) ->
     return ScaledDeployment(deployment, pipeline.name, cpus=float(actor.get("num_cpus", 1.0)),
                             gpus=float(actor.get("num_gpus", 0.0)), resources=actor.get("resources"),
                             concurrency=max(1, int(deployment.max_ongoing_requests)),
-                            queue_limit=queue_limit, initial_replicas=None)
+                            queue_limit=queue_limit, initial_replicas=None,
+                            body_timeout_s=body_timeout_s)
 
 
 def _located(pipeline: PipelineSLO) -> PipelineSLO:

@@ -39,6 +39,8 @@ class UserAppArgs(BaseModel):
     concurrency: int = Field(1, ge=1, le=1024, description="requests one replica serves at "
                              "once: the same as the SLO's")
     queue_limit: int = Field(50, ge=1, description="requests queued before 503")
+    body_timeout_s: float | None = Field(5.0, gt=0, description="a request whose body has not "
+                                         "all arrived within this long gets 408 (null: no bound)")
     initial_replicas: int = Field(1, ge=1)
 
     @field_validator("deployment")
@@ -71,5 +73,6 @@ def build(args: dict):
     dep = load_deployment(spec.deployment)
     scaled = ScaledDeployment(dep, spec.model, cpus=spec.cpus, gpus=spec.gpus,
                               resources=spec.resources, concurrency=spec.concurrency,
-                              queue_limit=spec.queue_limit, initial_replicas=spec.initial_replicas)
+                              queue_limit=spec.queue_limit, initial_replicas=spec.initial_replicas,
+                              body_timeout_s=spec.body_timeout_s)
     return scaled.bind(*spec.init_args, **spec.init_kwargs)
