@@ -127,3 +127,41 @@ def test_status_names_a_url_without_its_scheme(cli, url):
     code, out, err = cli("status", "--url", url)
     assert (code, out) == (2, "")
     assert err == f"faro-serve: error: --url must look like http://127.0.0.1:8000 (got {url!r})\n"
+
+
+def _serve_once(body: bytes, content_type: str, status: int = 200):
+    """A one-thread HTTP server on a free loopback port answering every GET with ``body``."""
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(status)
+            self.send_header("content-type", content_type)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def test_status_of_something_else_or_of_a_fresh_autoscaler_says_so(cli):
+    """Issue 50's rough edges: another server on that address is named in one line, not
+    printed (it printed that server's whole HTML page); an autoscaler that has not ticked
+    yet (just started or restarted) says so and exits 1 (it printed 'capacity None CPUs' and
+    an empty table, exit 0)."""
+    page = b"<html><body>" + b"welcome " * 500 + b"</body></html>"
+    srv, url = _serve_once(page, "text/html")
+    code, out, err = cli("status", "--url", url)
+    srv.shutdown()
+    assert code == 2 and out == "" and err.count("\n") == 1 and "welcome" not in err
+    assert f"(text/html, {len(page)} bytes), not a faro-serve status" in err
+    srv, url = _serve_once(b'{"policy": "faro-fairsum", "models": {}, "ticks": 0, "restored": true}',
+                           "application/json")
+    code, out, _ = cli("status", "--url", url)
+    srv.shutdown()
+    assert code == 1 and "has not observed the cluster yet since it restarted" in out

@@ -25,7 +25,7 @@ from live_helpers import check_drop_share, check_flood, fire, local_serve, wait_
 
 pytestmark = pytest.mark.slow
 
-CAPACITY = 1.5  # CPUs; 0.25 per replica -> 6 replicas
+CAPACITY = 2.0  # CPUs; 0.25 per replica -> 8 replicas
 SLOS = [
     (ModelSLO(name="dir-a", slo_ms=720, processing_ms=154, cpus=0.25, max_replicas=4),
      {"model": {"kind": "synthetic"}, "initial_replicas": 3, "data_path": "direct"}),
@@ -35,6 +35,10 @@ SLOS = [
     (ModelSLO(name="frt", slo_ms=200, processing_ms=20, cpus=0.25, max_replicas=2),
      {"model": {"kind": "synthetic", "processing": "const:0.02"}, "queue_limit": 20,
       "initial_replicas": 2, "data_path": "front"}),
+    # slow request bodies (issue 50): a deadline of 3 s, a queue that holds 100 slow clients
+    (ModelSLO(name="dir-slow", slo_ms=500, processing_ms=100, cpus=0.25, max_replicas=2),
+     {"model": {"kind": "synthetic", "processing": "const:0.1"}, "initial_replicas": 2,
+      "queue_limit": 200, "body_timeout_s": 3.0, "data_path": "direct"}),
 ]
 
 
@@ -168,3 +172,47 @@ def test_the_front_retries_a_request_whose_replica_died(live):
     assert codes.count(200) >= 140
     assert wait_for(lambda: running("frt") == 2, 60)
     assert live["client"].post("/frt/predict", content=b"").status_code == 200
+
+
+async def _slow_clients(port: int, n: int, hold_s: float) -> list[str]:
+    """``n`` clients that send their headers and 10 bytes of a 100 KB body, then wait: each
+    one's status line, or what became of it within ``hold_s``."""
+    async def one():
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"POST /dir-slow/predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
+                    b"100000\r\nContent-Type: application/octet-stream\r\n\r\n" + b"x" * 10)
+            await w.drain()
+            line = await asyncio.wait_for(r.readline(), hold_s)
+            w.close()
+            return line.decode().strip()
+        except asyncio.TimeoutError:
+            return "no answer"
+        except OSError as err:
+            return type(err).__name__
+    return await asyncio.gather(*(one() for _ in range(n)))
+
+
+def test_slow_clients_do_not_stall_a_model(live, report):
+    """Issue 50: 100 clients that send a few bytes of their body and wait, against a model of
+    two replicas (before: two such clients held every slot, normal requests timed out). The
+    normal requests sent meanwhile are all answered within the SLO plus the body deadline;
+    the slow ones get 408 (body_timeout) or 503 (uploads: the replica already receives a
+    slow body), none is left unanswered."""
+    port = int(live["base"].rsplit(":", 1)[1])
+    slow = {}
+    t = threading.Thread(target=lambda: slow.update(r=asyncio.run(_slow_clients(port, 100, 60.0))),
+                         daemon=True)
+    t.start()
+    time.sleep(0.5)
+    normal = fire(live["base"], "/dir-slow/predict", 60, 60, 4.0)
+    t.join(timeout=90)
+    codes = [r[0] for r in normal]
+    lat = sorted(r[1] for r in normal)
+    assert codes == [200] * 60, sorted(set(map(str, codes)))
+    assert lat[-1] <= 0.5 + 3.0, lat[-5:]  # p99 of 60: the slowest
+    lines = slow["r"]
+    kinds = {k: sum(k in line for line in lines) for k in ("408", "503", "200")}
+    assert kinds["408"] >= 1 and kinds["408"] + kinds["503"] == 100, lines[:5]
+    report(f"slow bodies: 100 slow clients -> {kinds['408']} x 408, {kinds['503']} x 503; "
+           f"60 normal requests all 200, slowest {lat[-1]:.2f} s (bound 3.5 s)")

@@ -36,9 +36,16 @@ def fetch_status(url: str, app: str = "faro", timeout: float = 10.0, path: str =
         r = httpx.get(target, timeout=timeout, trust_env=not loopback)
     except httpx.HTTPError as err:
         raise UsageError(f"cannot reach {target}: {err}. Is `serve run serve_config.yaml` running?") from None
-    if r.status_code != 200:
-        raise UsageError(f"{target} answered HTTP {r.status_code}: {r.text[:200]}")
-    return r.json()
+    kind = r.headers.get("content-type", "").split(";")[0].strip() or "no content type"
+    if r.status_code != 200 or kind != "application/json":
+        # another server on that address (an HTML page, a 404): say what, not its page
+        raise UsageError(f"{target} answered HTTP {r.status_code} ({kind}, {len(r.content)} bytes), "
+                         f"not a faro-serve status: is the faro application deployed there, with "
+                         f"route_prefix /{app.strip('/')} (--app)?")
+    try:
+        return r.json()
+    except ValueError:
+        raise UsageError(f"{target} answered JSON that does not parse: not a faro-serve status") from None
 
 
 def _fmt(v, spec=".0f", none="-"):
@@ -54,6 +61,13 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(st if decisions is None else {"status": st, "decisions": decisions}, indent=2))
         return 0
+    if not st.get("models") and not st.get("ticks"):  # just started or restarted: no tick yet
+        restored = st.get("restored")
+        print(f"the autoscaler ({st.get('policy', '?')}) has not observed the cluster yet"
+              + (" since it restarted (its state restored)" if restored else "")
+              + ": its first tick comes within its reactive interval (10 s by default); "
+              "run faro-serve status again")
+        return 1
     from ._console import console
     from rich.table import Table
 
