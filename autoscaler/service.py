@@ -125,7 +125,9 @@ def measured_shape(batch_times, bmax: int) -> np.ndarray | None:
     rows = rows[(rows[:, 1] >= MIN_BATCHES) & (rows[:, 2] > 0)]
     if np.unique(rows[:, 0]).size < 2:
         return None
-    return fit_hinge(rows[:, 0], rows[:, 2]).shape(bmax)
+    # to 1 %: the next minutes' medians move it a little, and each new shape costs the
+    # estimator a table (batched_latency.batch_table, about half a second)
+    return np.round(fit_hinge(rows[:, 0], rows[:, 2]).shape(bmax), 2)
 
 
 def service_of(model: ModelSLO, o=None) -> Service:

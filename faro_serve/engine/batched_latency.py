@@ -28,6 +28,8 @@ it is exactly the paper's M/D/c estimate, not a table.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 from numba import njit
 
@@ -99,7 +101,8 @@ def fill_table(shape: np.ndarray, bmax: int, q: float, c_grid: np.ndarray, rho_g
     return out
 
 
-_TABLES: dict = {}  # (shape, B, q) -> table; a process builds each once
+_TABLES: OrderedDict = OrderedDict()  # (shape, B, q) -> table, the most recently used last
+TABLES_KEPT = 256  # tables a process keeps (about 1.6 KB each)
 
 
 def batch_table(shape: np.ndarray, bmax: int, q: float) -> np.ndarray:
@@ -112,6 +115,9 @@ def batch_table(shape: np.ndarray, bmax: int, q: float) -> np.ndarray:
     if tab is None:
         tab = fill_table(f, int(bmax), float(q), C_GRID, RHO_GRID, N_REQUESTS, SEED)
         _TABLES[key] = tab
+        while len(_TABLES) > TABLES_KEPT:
+            _TABLES.popitem(last=False)
+    _TABLES.move_to_end(key)
     return tab
 
 

@@ -35,8 +35,8 @@ from ray.serve.deployment import Application, Deployment
 from starlette.requests import Request
 
 from ..config import ClusterSpec, ConfigError, ModelSLO
-from ..pipelines import PipelineSLO
 from ..model_slo import Batching
+from ..pipelines import PipelineSLO
 from .batch_method import BatchMethod, batch_methods, faro_method, is_serve_batch
 from .direct import Meter
 from .guard import Dropped, ReplicaGuard, run_user  # noqa: F401 (Dropped re-exported)
