@@ -151,13 +151,13 @@ class ReplicaGuard:
         if self.drops():
             await drop_rate_refusal(self.name, self.drop_rate)(scope, receive, send)
             return
-        replay = await read_body(lambda: self._read_body(receive), self.name, self.body_timeout_s,
-                                 self.uploads)
-        if isinstance(replay, JSONResponse):  # 408 or 503: the body was too slow
-            self._event(DroppedEvent(time.time(), refusal_reason(replay)))
-            await replay(scope, receive, send)
+        messages: list = []
+        body = await read_body(_pieces(receive, messages), self.name, self.body_timeout_s, self.uploads)
+        if isinstance(body, JSONResponse):  # 408 or 503: the body was too slow
+            self._event(DroppedEvent(time.time(), refusal_reason(body)))
+            await body(scope, receive, send)
             return
-        receive = replay
+        receive = _replay(messages, receive)
         status = {}
 
         async def watch(message):
@@ -175,11 +175,14 @@ class ReplicaGuard:
         streaming answer holds its slot until the last chunk is sent."""
         if self.drops():
             return drop_rate_refusal(self.name, self.drop_rate)
-        # the body, within its deadline and before a slot: the user's body() reads it again
-        body = await read_body(request.body, self.name, self.body_timeout_s, self.uploads)
+        # the body, within its deadline and before a slot; the user's code gets a request
+        # that hands it the same body (body(), json(), stream(): as written)
+        body = await read_body(request.stream(), self.name, self.body_timeout_s, self.uploads)
         if isinstance(body, JSONResponse):
             self._event(DroppedEvent(time.time(), refusal_reason(body)))
             return body
+        request = Request(request.scope, _replay(
+            [{"type": "http.request", "body": body, "more_body": False}], request.receive))
         slot = self.serving()
         await slot.__aenter__()
         try:
@@ -194,21 +197,6 @@ class ReplicaGuard:
         if getattr(result, "status_code", 200) >= 500:
             self.failed()
         return result
-
-    @staticmethod
-    async def _read_body(receive):
-        """Every ``http.request`` message until the last; a ``receive`` that hands them to
-        the app again, then passes on to the real one."""
-        messages = []
-        while True:
-            msg = await receive()
-            messages.append(msg)
-            if msg["type"] != "http.request" or not msg.get("more_body", False):
-                break
-
-        async def replay():
-            return messages.pop(0) if messages else await receive()
-        return replay
 
     # -- handles -------------------------------------------------------------------------
     async def call(self, call, *args, **kwargs):
@@ -230,6 +218,26 @@ class ReplicaGuard:
                 coro.close()
                 raise RuntimeError(f"{self.name}: no event loop to serve this call on") from None
             return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+
+async def _pieces(receive, messages: list):
+    """The body's pieces from ASGI ``http.request`` messages, each message kept in
+    ``messages`` to be handed to the app again (``_replay``)."""
+    while True:
+        msg = await receive()
+        messages.append(msg)
+        if msg["type"] != "http.request":
+            return
+        yield msg.get("body", b"")
+        if not msg.get("more_body", False):
+            return
+
+
+def _replay(messages: list, receive):
+    """A ``receive`` that gives ``messages`` first, then the real one's."""
+    async def replay():
+        return messages.pop(0) if messages else await receive()
+    return replay
 
 
 async def run_user(call, *args, **kwargs):

@@ -39,13 +39,16 @@ def too_many_uploads(model: str) -> JSONResponse:
                   "body; retry")
 
 
-async def read_body(read, model: str, body_timeout_s: float | None, uploads: Uploads | None):
-    """``read()`` (a body's bytes), within the deadline and the replica's cap on partial
-    uploads (``uploads.py``): the bytes, or the refusal to answer with."""
+async def read_body(chunks, model: str, body_timeout_s: float | None, uploads: Uploads | None):
+    """The body from ``chunks`` (an async iterator of its pieces, ``Request.stream()``),
+    within the deadline and the replica's cap on partial uploads (``uploads.py``): the
+    bytes, or the refusal to answer with."""
     try:
         if uploads is None:
-            return await asyncio.wait_for(read(), body_timeout_s)
-        return await uploads.read(read(), body_timeout_s)
+            async def whole():
+                return b"".join([c async for c in chunks])
+            return await asyncio.wait_for(whole(), body_timeout_s)
+        return await uploads.read(chunks, body_timeout_s)
     except asyncio.TimeoutError:
         return body_timeout(model, body_timeout_s)
     except TooManyUploads:
@@ -62,7 +65,7 @@ async def read_payload(request: Request, model: str, max_body_bytes: int,
     if length and length.isdigit() and int(length) > max_body_bytes:
         return reject(413, model, "too_large", f"body of {length} bytes exceeds the "
                       f"limit of {max_body_bytes} bytes")
-    body = await read_body(request.body, model, body_timeout_s, uploads)
+    body = await read_body(request.stream(), model, body_timeout_s, uploads)
     if isinstance(body, JSONResponse):
         return body
     if len(body) > max_body_bytes:
