@@ -248,8 +248,13 @@ def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | Non
         rates = np.ascontiguousarray(j.rates, dtype=float)
         frac = cold_start_fractions(rates.shape[1], window_s, cold_start_s)
         # A batching job: W for every largest batch it may allow, then per entry the best
-        # (the planner picks replicas and batch together; batch 1 is always a choice)
+        # (the planner picks replicas and batch together; batch 1 is always a choice). On a
+        # tie (the load needs no larger batch) a larger one is kept where it serves a fifth
+        # more and a full batch takes at most half the SLO: a flat (GPU) curve's headroom for
+        # a burst, free until the queue forms it; on a CPU's line the smaller stays
         w, wb = None, None
+        thr = None if j.batch_shape is None else np.arange(len(j.batch_shape)) / np.maximum(
+            j.batch_shape, 1e-12)
         for b in batch_choices(j.max_batch if j.batch_shape is not None else 1):
             if b > 1:
                 tab, f_b = batch_table(j.batch_shape, b, j.quantile), float(j.batch_shape[b])
@@ -263,6 +268,8 @@ def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | Non
                 w, wb = wn, np.ones(wn.shape, dtype=np.int64)
             else:
                 better = wn > w + 1e-9
+                if thr is not None and j.proc_s * j.batch_shape[b] <= 0.5 * j.slo_s:
+                    better |= (wn >= w - 1e-9) & (thr[b] >= 1.2 * thr[wb])
                 w = np.where(better, wn, w)
                 wb = np.where(better, b, wb)
         tables[i, : len(jgrid), :width] = w
