@@ -383,3 +383,25 @@ def test_one_slow_body_per_replica_the_next_is_refused_at_once_and_fast_ones_pas
         assert up.active == 0
 
     asyncio.run(main())
+
+
+def test_the_users_own_batch_setters_set_the_gate_and_rays_queue():
+    """Ray's docs set the batch from a config with ``self.infer.set_max_batch_size(n)`` and
+    ``set_batch_wait_timeout_s(s)``: under Faro they reach the replica's gate and Ray's
+    queue (the wait is the gate's; Ray's queue waits 0 behind it)."""
+    from faro_serve.serving.batch_method import batch_methods
+    from user_apps.batcher import Batcher
+
+    cls = Batcher.func_or_class
+    methods = batch_methods(cls)
+    faro_cls = _faro_class(cls, "b", 32, {"methods": methods, "max_batch_size": 16,
+                                          "concurrent": 1, "wait_s": 0.004})
+    obj = faro_cls()
+    g = obj._faro_guard
+    assert (g.batch_size, g.gate.batch_size, g.gate.wait_s) == (16, 16, 0.004)
+    obj.infer.set_batch_wait_timeout_s(0.1)
+    obj.infer.set_max_batch_size(4)
+    assert (g.batch_size, g.gate.batch_size, g.gate.wait_s) == (4, 4, 0.1)
+    assert obj.infer._get_max_batch_size() == 4 and obj.infer._get_batch_wait_timeout_s() == 0.1
+    assert g.batching["wrappers"][0]._get_max_batch_size() == 4  # Ray's queue
+    assert g.batching["wrappers"][0]._get_batch_wait_timeout_s() == 0.0

@@ -39,9 +39,12 @@ def batch_ms(b: int, points: dict[int, float] = H200_RESNET50_MS) -> float:
 
 @serve.deployment
 class GpuLikeClassifier:
-    def __init__(self, scale: float = 40.0, jitter: float = 0.05, seed: int | None = None):
+    def __init__(self, scale: float = 40.0, jitter: float = 0.05, seed: int | None = None,
+                 batch_wait_s: float | None = None):
         self.scale, self.jitter = float(scale), float(jitter)
         self.rng = random.Random(seed)
+        if batch_wait_s is not None:  # Ray's documented way to set it from a config
+            self.infer.set_batch_wait_timeout_s(batch_wait_s)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.004)
     async def infer(self, bodies: list[bytes]) -> list[dict]:

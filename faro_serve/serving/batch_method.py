@@ -92,9 +92,10 @@ def _get(fn, getter: str, holder, field: str, default):
     return getattr(holder, field, default)
 
 
-def faro_method(spec: BatchMethod, max_batch_size: int) -> tuple[Callable, Any]:
+def faro_method(spec: BatchMethod, max_batch_size: int, guards: list) -> tuple[Callable, Any]:
     """The method the Faro subclass holds instead of the user's ``@serve.batch`` one, and
-    the ``serve.batch`` wrapper it feeds (module docstring)."""
+    the ``serve.batch`` wrapper it feeds (module docstring). ``guards``: the replica guards
+    of this process (one replica a process), where the user's own calls of the setters go."""
     user_fn = spec.fn.__wrapped__
 
     @functools.wraps(user_fn)
@@ -118,8 +119,21 @@ def faro_method(spec: BatchMethod, max_batch_size: int) -> tuple[Callable, Any]:
     method.__name__ = method.__qualname__ = spec.attr
     method.__doc__ = user_fn.__doc__
     method.__wrapped__ = timed  # what Ray's wrapper looks for on self (module docstring)
-    for setter in ("set_max_batch_size", "set_batch_wait_timeout_s", "_get_max_batch_size",
-                   "_get_batch_wait_timeout_s"):
-        if hasattr(batched, setter):
-            setattr(method, setter, getattr(batched, setter))
+
+    # The user's own code sets the batch as Ray's docs show, self.infer.set_max_batch_size(n)
+    # or .set_batch_wait_timeout_s(s) (in __init__ or reconfigure): under Faro both go to the
+    # replica's guard (its gate and Ray's queue together; the wait is the gate's, Ray's queue
+    # waits 0 behind it), until the autoscaler sets the batch
+    def set_max_batch_size(size: int) -> None:
+        for g in guards:
+            g.set_batch(size)
+
+    def set_batch_wait_timeout_s(seconds: float) -> None:
+        for g in guards:
+            g.set_wait(seconds)
+
+    method.set_max_batch_size = set_max_batch_size
+    method.set_batch_wait_timeout_s = set_batch_wait_timeout_s
+    method._get_max_batch_size = lambda: guards[-1].batch_size if guards else max_batch_size
+    method._get_batch_wait_timeout_s = lambda: guards[-1].gate.wait_s if guards else spec.wait_s
     return method, batched

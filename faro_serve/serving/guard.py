@@ -59,6 +59,7 @@ class ReplicaGuard:
             self.batch_size = int(batching["max_batch_size"])  # in force until the autoscaler says
             self.gate = EDFGate(self.batch_size, batching["concurrent"], batching["wait_s"])
             self.set_batch(self.batch_size)
+            batching.get("guards", []).append(self)
         fields = self._report_fields if batching is not None else None
         self.reporter = (ReplicaReporter(meter, name, self._apply, fields)
                          if meter is not None else None)
@@ -88,6 +89,10 @@ class ReplicaGuard:
         self.gate.batch_size = self.batch_size
         for batched in self.batching["wrappers"]:
             batched.set_max_batch_size(self.batch_size)
+
+    def set_wait(self, seconds: float) -> None:
+        """How long a batch that is not full waits, with no batch running (the gate's)."""
+        self.gate.wait_s = max(0.0, float(seconds))
 
     async def batched(self, batched, owner, *args, **kwargs):
         """One request's share of a batch: through the gate into Ray's batch queue."""

@@ -86,11 +86,12 @@ def _faro_class(cls: type, name: str, concurrency: int, batching: dict | None = 
     ns: dict = {"__module__": cls.__module__, "__doc__": cls.__doc__}
     guard_batching = None
     if batching is not None:
-        wrappers = []
+        wrappers, guards = [], []  # the replica's guard joins guards (batch_method.faro_method)
         for spec in batching["methods"]:
-            ns[spec.attr], batched = faro_method(spec, batching["max_batch_size"])
+            ns[spec.attr], batched = faro_method(spec, batching["max_batch_size"], guards)
             wrappers.append(batched)
-        guard_batching = {k: v for k, v in batching.items() if k != "methods"} | {"wrappers": wrappers}
+        guard_batching = {k: v for k, v in batching.items() if k != "methods"} | {
+            "wrappers": wrappers, "guards": guards}
 
     if inspect.iscoroutinefunction(cls.__init__):  # Serve's ingress classes (Ray 2.60)
         async def __init__(self, *args, _faro_meter=None, **kwargs):
