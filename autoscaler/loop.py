@@ -252,8 +252,9 @@ class AutoscalerLoop:
         for n in names:
             if n not in self.settings:  # (re)start: resume from what is running
                 restored = self.restored_settings.get(n, Setting())
-                self.settings[n] = Setting(replicas=self.slo[n].clamp(running[n]), drop_rate=0.0
-                                           ).merged(restored)
+                self.settings[n] = Setting(replicas=running[n], drop_rate=0.0).merged(restored)
+        if self.cfg.enabled:
+            self._enforce_bounds(names)
         snaps = {n: fronts.get(n) or FrontSnapshot(np.zeros(0)) for n in names}
         obs = observe(now - self.start, cap, None, snaps, running, self.settings,
                       slo_s={n: self.slo[n].slo_ms / 1e3 for n in names})
@@ -293,6 +294,17 @@ class AutoscalerLoop:
             except Exception as err:  # the next tick saves again
                 log.warning("cannot save the autoscaler state: %s", err)
         return record
+
+    def _enforce_bounds(self, names: list[str]) -> None:
+        """Scale a model whose target lies outside its SLO's replica bounds into them, at
+        once: after a (re)start or a config that moved the bounds, no plan may change that
+        model's target (a decision is clamped to the bounds too), so Serve would never hear
+        of them. A refused scale fails the tick, and the next tick tries again."""
+        for n in names:
+            r = self.settings[n].replicas
+            if r is not None and r != (want := self.slo[n].clamp(r)):
+                self.cluster.scale(n, want)
+                self.settings[n] = self.settings[n].merged(Setting(replicas=want))
 
     def _policy_for(self, names: list[str]) -> Policy:
         """The policy over the running models only, while others named in the config are

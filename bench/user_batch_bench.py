@@ -76,8 +76,11 @@ def main(argv=None) -> int:
     from faro_serve import SLO, Cluster
     from faro_serve.ports import free_port
 
-    port = free_port()
-    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    port, dash = free_port(), free_port()
+    # the dashboard serves the REST API the autoscaler scales through (one replica here, but
+    # its ticks must not fail: a failing tick applies nothing)
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=True, dashboard_host="127.0.0.1",
+             dashboard_port=dash, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     url, out = f"http://127.0.0.1:{port}", {}
     try:
@@ -89,7 +92,7 @@ def main(argv=None) -> int:
         slo = SLO(name="gpu", slo_ms=2000, cpus=0.2, gpus=1, max_replicas=1)
         app = faro_serve.scaled(GpuLikeClassifier.options(ray_actor_options={"num_cpus": 0.2}), slo)
         faro_serve.run({"gpu": app.bind(scale=args.scale, seed=0)}, [slo], Cluster(cpus=2, gpus=1),
-                       forecaster="fallback")
+                       forecaster="fallback", dashboard_url=f"http://127.0.0.1:{dash}")
         asyncio.run(_clients(url + "/gpu", 4, 2.0))
         out["faro"] = _summary(asyncio.run(_clients(url + "/gpu", args.clients, args.seconds)), args.seconds)
     finally:

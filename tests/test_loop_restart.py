@@ -177,3 +177,63 @@ def test_a_restarted_loop_restores_each_models_setting_and_reads_the_old_state_t
     bad = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=store)
     bad.step()
     assert bad.settings["a"].drop_rate == 0.0
+
+
+
+class Refusing(Cluster):
+    """Serve's REST API refuses every scale (as when Ray runs without its dashboard)."""
+    refuse = True
+
+    def scale(self, name, replicas):
+        if self.refuse:
+            raise ConnectionError("[Errno 111] Connection refused")
+        super().scale(name, replicas)
+
+
+def test_a_failing_apply_stays_in_the_status_across_the_ticks_that_decide_nothing():
+    """Issue 50: where Serve's REST API cannot be reached, only the ticks that decide fail (a
+    plan every long-term interval); the no-op ticks between used to reset the count the
+    status showed, so the failure was invisible. TickFailures keeps it until a tick applies
+    a decision, on a real loop whose load grows."""
+    from autoscaler.tick_failures import TickFailures
+    from faro_serve.commands.status import tick_error_lines
+
+    cluster = Refusing()
+    failures = TickFailures(clock=lambda: cluster.t)
+    loop = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t)
+    shown_after_an_ok_tick = 0
+    while cluster.t < 900:
+        try:
+            failures.ok(loop.step())
+            shown_after_an_ok_tick += failures.status() is not None
+        except ConnectionError as err:
+            failures.fail(err)
+        cluster.t += loop.tick_s
+    st = failures.status()
+    assert st is not None and st["failed"] >= 2 and shown_after_an_ok_tick > 0, st
+    assert st["error"] == "ConnectionError: [Errno 111] Connection refused"
+    assert tick_error_lines(st)[0].startswith(f"{st['failed']} autoscaler ticks failed since it "
+                                              "last applied a decision")
+    assert cluster.scaled == []
+    cluster.refuse = False  # the URL fixed: the next decision applied clears it
+    while failures.status() is not None and cluster.t < 1800:
+        failures.ok(loop.step())
+        cluster.t += loop.tick_s
+    assert failures.status() is None and cluster.scaled and tick_error_lines(None) == []
+
+
+def test_replicas_outside_new_bounds_are_scaled_into_them_at_once():
+    """A loop (re)started over a model whose running replicas lie outside its SLO's bounds
+    (the user raised min_replicas) scales it into them at its first tick: no plan would,
+    since every decision is clamped to the bounds, and the target shown said 3 while 1 ran."""
+    pinned = config().model_copy(update={"models": [
+        config().models[0].model_copy(update={"min_replicas": 3, "max_replicas": 3}),
+        config().models[1]]})
+    cluster = Cluster()
+    loop = AutoscalerLoop(pinned, cluster, clock=lambda: cluster.t)
+    loop.step()
+    assert cluster.scaled[0] == (0.0, "a", 3) and loop.targets["a"] == 3
+    for _ in range(30):
+        loop.step()
+        cluster.t += loop.tick_s
+    assert cluster.running["a"] == 3

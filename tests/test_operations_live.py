@@ -20,7 +20,7 @@ import ray
 from ray import serve
 
 from faro_serve.config import ClusterSpec, ModelSLO
-from faro_serve.serving.app import deploy
+from faro_serve.serving.app import deploy, run_autoscaler
 from forecasting.prometheus import prometheus_history
 from live_helpers import fire, free_port, local_serve, wait_for
 
@@ -42,7 +42,7 @@ def cluster():
                        cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
     deploy(SLOS, spec, dashboard_url=dashboard, forecaster="fallback")  # the label: "fallback: chosen"
     assert wait_for(lambda: httpx.get(f"{base}/faro/status").json().get("ticks", 0) >= 2, 60)
-    yield {"base": base}
+    yield {"base": base, "dashboard": dashboard, "spec": spec}
     serve.shutdown()
     ray.shutdown()
 
@@ -228,3 +228,33 @@ def test_the_status_page_shows_the_status_in_a_real_browser(cluster, tmp_path):
     assert shot.is_file() and shot.stat().st_size > 10_000
     if os.environ.get("FARO_DOCS_SCREENSHOT"):  # refresh docs/img/status-page.png
         shutil.copy(shot, Path(__file__).parents[1] / "docs" / "img" / "status-page.png")
+
+
+def test_failing_ticks_show_in_the_status_and_clear_when_fixed(cluster, cli):
+    """Issue 50: an autoscaler whose ticks fail (here its dashboard URL refuses: Ray started
+    without a dashboard, the mistake a live bench of ours made) applied nothing while its
+    status looked healthy, the error only in the replica's log. Now GET /faro/status carries
+    the newest error and how many ticks failed since a decision was last applied,
+    `faro-serve status` prints it, and both clear once the URL is right again. The pinned
+    bounds make the very first tick scale (AutoscalerLoop._enforce_bounds)."""
+    base = cluster["base"]
+    now = httpx.get(f"{base}/faro/status").json()["models"]["ops-a"]["replicas"]
+    want = 1 if now > 1 else 3  # a replica count the next tick must ask Serve for
+    pinned = [SLOS[0][0].model_copy(update={"min_replicas": want, "max_replicas": want}), SLOS[1][0]]
+    closed = f"http://127.0.0.1:{free_port()}"
+    try:
+        run_autoscaler(pinned, cluster["spec"], dashboard_url=closed, forecaster="fallback")
+        st = wait_for(lambda: httpx.get(f"{base}/faro/status").json().get("tick_errors"), 60)
+        assert st and st["failed"] >= 1 and "ConnectError" in st["error"], st
+        code, out, _ = cli("status", "--url", base)
+        assert code == 1, out  # a check that runs it sees the failure
+        assert "has not observed" not in out, out  # waiting would not help
+        assert re.search(r"\d+ autoscaler ticks? failed since it last applied a decision, so its "
+                         r"decisions are not being applied: ConnectError", out), out
+    finally:
+        run_autoscaler([m for m, _ in SLOS], cluster["spec"], dashboard_url=cluster["dashboard"],
+                       forecaster="fallback")
+    assert wait_for(lambda: (lambda s: s.get("ticks", 0) >= 1 and s.get("models") and "tick_errors" not in s)(
+        httpx.get(f"{base}/faro/status").json()), 60)
+    code, out, _ = cli("status", "--url", base)
+    assert code == 0 and "ticks failed since" not in out and "tick failed since" not in out, out

@@ -36,18 +36,21 @@ CLUSTER = Cluster(cpus=1.0, long_term_interval_s=600, reactive_interval_s=1, col
 
 @pytest.fixture(scope="module")
 def live():
-    http = free_port()
+    http, dash = free_port(), free_port()
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), str(TESTS.parent), old) if p)
     try:  # the raylet and every worker inherit it: the user's package is installed
-        ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+        # the dashboard serves the REST API the autoscaler scales through, as a user's Ray does
+        ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=True,
+                 dashboard_host="127.0.0.1", dashboard_port=dash, log_to_driver=False)
     finally:
         os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
     serve.start(http_options={"host": "127.0.0.1", "port": http})
     apps = {"batcher": faro_serve.scaled(Batcher, BATCHER).bind(base_s=0.1),
             "dropper": faro_serve.scaled(Batcher.options(name="Dropper"), DROPPER, queue_limit=20).bind(base_s=0.1)}
     faro_serve.run(apps, [BATCHER, DROPPER], CLUSTER, forecaster="fallback",
-                   policy="user_plugins.my_policies:BatchesAndDrops")
+                   policy="user_plugins.my_policies:BatchesAndDrops",
+                   dashboard_url=f"http://127.0.0.1:{dash}")
     base = f"http://127.0.0.1:{http}"
     yield {"base": base}
     serve.shutdown()

@@ -61,7 +61,11 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(st if decisions is None else {"status": st, "decisions": decisions}, indent=2))
         return 0
+    failing = tick_error_lines(st.get("tick_errors"))
     if not st.get("models") and not st.get("ticks"):  # just started or restarted: no tick yet
+        if failing:  # its ticks fail before they observe: waiting will not help
+            print("\n".join(failing))
+            return 1
         restored = st.get("restored")
         print(f"the autoscaler ({st.get('policy', '?')}) has not observed the cluster yet"
               + (" since it restarted (its state restored)" if restored else "")
@@ -93,6 +97,8 @@ def run(args) -> int:
                       _fmt(m.get("predicted_utility"), ".3f"), f"{m.get('drop_rate', 0):.1%}",
                       m.get("predictor") or loaded or "-", style=style)
     console().print(table)
+    for line in failing:
+        print(line)
     for line in batch_lines(st.get("models", {})):
         print(line)
     for line in pipeline_lines(st.get("pipelines")):
@@ -108,7 +114,21 @@ def run(args) -> int:
 
         for line in explain(decisions):
             print(line)
-    return 0
+    return 1 if failing else 0  # decisions not applied: a check that runs this must see it
+
+
+def tick_error_lines(errors: dict | None) -> list[str]:
+    """When ticks failed since the autoscaler last applied a decision: how many, the newest
+    error and what it means (its decisions are not being applied), so a mistake (e.g. Ray
+    started without its dashboard, whose REST API scales) shows here, not only in the
+    replica's log (issue 50)."""
+    if not errors:
+        return []
+    n = errors.get("failed", 1)
+    return [f"{n} autoscaler tick{'s' if n != 1 else ''} failed since it last applied a decision, "
+            f"so its decisions are not being applied: {errors.get('error')}",
+            "  (the faro replica's log has the traceback; a connection refused to the dashboard "
+            "URL: start Ray with its dashboard, or set dashboard_url)"]
 
 
 def batch_lines(models: dict) -> list[str]:

@@ -23,6 +23,7 @@ from ray import serve
 
 from autoscaler.config import AutoscalerConfig, parse_autoscaler_config
 from autoscaler.loop import AutoscalerLoop
+from autoscaler.tick_failures import TickFailures
 from autoscaler.setting import Setting
 from faro_serve.resources import Capacity
 
@@ -289,7 +290,7 @@ class FaroAutoscaler:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
-        self.errors = 0
+        self.failures = TickFailures()  # shown by /status until a decision is applied again
         self.store = ActorStateStore(serve.get_replica_context().app_name)
         self.gauges = AutoscalerGauges()
         self.forecaster_why: str | None = None
@@ -317,18 +318,19 @@ class FaroAutoscaler:
             with self.lock:
                 loop = self.loop
             try:
-                self.gauges.publish(loop.step())
-                self.errors = 0
-            except Exception:
-                self.errors += 1
-                log.exception("autoscaler tick failed (%d in a row)", self.errors)
+                record = loop.step()
+                self.gauges.publish(record)
+                self.failures.ok(record)
+            except Exception as err:
+                self.failures.fail(err)
+                log.exception("autoscaler tick failed (%d in a row)", self.failures.in_a_row)
             self.stopping.wait(max(0.5, loop.tick_s - (time.time() - t0)))
 
     def check_health(self) -> None:
         if self.thread is not None and not self.thread.is_alive():
             raise RuntimeError("the autoscaler loop stopped")
-        if self.errors >= 30:
-            raise RuntimeError(f"{self.errors} autoscaler ticks failed in a row")
+        if self.failures.in_a_row >= 30:
+            raise RuntimeError(f"{self.failures.in_a_row} autoscaler ticks failed in a row")
 
     def __del__(self):
         """A graceful stop (the application deleted or redeployed): the saved state goes
@@ -346,7 +348,11 @@ class FaroAutoscaler:
                 return {"models": {}}
             # which forecaster the policy plans with, and why (each model's plan names the
             # predictor that served it: "predictor")
-            return {**self.loop.status(), "forecaster": self.forecaster_why}
+            out = {**self.loop.status(), "forecaster": self.forecaster_why}
+        failures = self.failures.status()
+        if failures:
+            out["tick_errors"] = failures
+        return out
 
     @api.get("/", response_class=HTMLResponse, summary="The status page (refreshes itself)")
     def page(self) -> HTMLResponse:
