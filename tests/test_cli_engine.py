@@ -165,3 +165,8 @@ def test_status_of_something_else_or_of_a_fresh_autoscaler_says_so(cli):
     code, out, _ = cli("status", "--url", url)
     srv.shutdown()
     assert code == 1 and "has not observed the cluster yet since it restarted" in out
+    srv, url = _serve_once(b'{"policy": "faro-fairsum", "models": {}, "ticks": 0, "restored": '
+                           b'{"from": "the previous configuration", "age_s": 0.1}}', "application/json")
+    code, out, _ = cli("status", "--url", url)  # a redeploy with a new config: not a restart
+    srv.shutdown()
+    assert code == 1 and "has not observed the cluster yet since its config changed" in out

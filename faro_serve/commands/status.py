@@ -67,8 +67,10 @@ def run(args) -> int:
             print("\n".join(failing))
             return 1
         restored = st.get("restored")
-        print(f"the autoscaler ({st.get('policy', '?')}) has not observed the cluster yet"
-              + (" since it restarted (its state restored)" if restored else "")
+        source = restored.get("from") if isinstance(restored, dict) else None
+        since = ("" if not restored else " since its config changed" if source == "the previous configuration"
+                 else " since it restarted (its state restored)")
+        print(f"the autoscaler ({st.get('policy', '?')}) has not observed the cluster yet{since}"
               + ": its first tick comes within its reactive interval (10 s by default); "
               "run faro-serve status again")
         return 1
