@@ -243,7 +243,7 @@ def targets(agg: dict, violations: float = 0.01) -> list[str]:
     return out
 
 
-def report(agg: dict, args, wall: float) -> str:
+def report(agg: dict, args, wall: float, when: str | None = None) -> str:
     caps = sorted({g for _, g in agg})
     pols = [p for p in POLICIES if any(k[0] == p for k in agg)]
     share = args.gpus_per_replica
@@ -251,7 +251,7 @@ def report(agg: dict, args, wall: float) -> str:
              f"`python -m bench.gpu_cluster --days {args.days} --seeds {args.seeds} --rate-scale "
              f"{args.rate_scale:g} --slo-ms {args.slo_ms:g} --minutes {args.minutes} "
              f"--gpus-per-replica {share:g} --gpus {args.gpus} --batch1-gpus {args.batch1_gpus} "
-             f"--few-gpus {args.few_gpus}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+             f"--few-gpus {args.few_gpus}` ({when or time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
              f"{wall / 60:.0f} min on this 2-core machine). Ten jobs of the Faro trace (per-minute "
              f"counts x {args.rate_scale:g}, minutes {args.minutes} of each day, the minutes before as "
              "history), jobs 0-3 ResNet18, 4-6 ResNet34, 7-9 ResNet50 on H200s (fp32 forward pass, "
@@ -298,7 +298,13 @@ def main(argv=None) -> int:
     if args.report_only:
         saved = json.loads(Path(args.report_only).read_text())
         args = argparse.Namespace(**{**vars(args), **saved["args"], "out": args.out})
-        Path(args.out).write_text(report(aggregate(saved["rows"]), args, saved.get("wall_s", 0.0)))
+        text = report(aggregate(saved["rows"]), args, saved.get("wall_s", 0.0), saved.get("when"))
+        if saved.get("rerun"):  # some policies' rows come from a later run of the same command
+            r = saved["rerun"]
+            text += (f"\nThe rows of {', '.join(r['policies'])} are from a later run of the same "
+                     f"command with --policies {','.join(r['policies'])} ({r['wall_s'] / 60:.0f} min): "
+                     f"{r['why']}.\n")
+        Path(args.out).write_text(text)
         print(Path(args.out).read_text())
         return 0
     pols = [p for p in args.policies.split(",") if p]
@@ -331,6 +337,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report(agg, args, time.perf_counter() - t0))
     out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "rows": rows,
+                                                    "when": time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
                                                     "wall_s": time.perf_counter() - t0}, indent=1))
     print(out.read_text())
     return 0
