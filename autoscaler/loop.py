@@ -299,10 +299,12 @@ class AutoscalerLoop:
         """Scale a model whose target lies outside its SLO's replica bounds into them, at
         once: after a (re)start or a config that moved the bounds, no plan may change that
         model's target (a decision is clamped to the bounds too), so Serve would never hear
-        of them. A refused scale fails the tick, and the next tick tries again."""
+        of them. A refused scale fails the tick, and the next tick tries again. None running
+        is left to the next decision (which differs from 0, so it scales): its replicas may be
+        starting, and scaling to the minimum now could stop some of them."""
         for n in names:
             r = self.settings[n].replicas
-            if r is not None and r != (want := self.slo[n].clamp(r)):
+            if r and r != (want := self.slo[n].clamp(r)):
                 self.cluster.scale(n, want)
                 self.settings[n] = self.settings[n].merged(Setting(replicas=want))
 

@@ -237,3 +237,26 @@ def test_replicas_outside_new_bounds_are_scaled_into_them_at_once():
         loop.step()
         cluster.t += loop.tick_s
     assert cluster.running["a"] == 3
+
+
+
+
+def test_a_model_with_none_running_is_left_to_the_next_decision():
+    """No replica running may mean replicas starting: observing does not force the minimum
+    (that could stop some), as it does force a count above the maximum; the next decision,
+    clamped to at least the minimum, scales it."""
+    from front_reports import FakeCluster
+
+    t = [0.0]
+    cluster = FakeCluster({"a": 0, "b": 5})  # b's SLO allows at most 4
+    loop = AutoscalerLoop(config().model_copy(update={"models": [
+        config().models[0], config().models[1].model_copy(update={"max_replicas": 4})]}),
+        cluster, clock=lambda: t[0])
+    loop._observe(t[0])  # the observation alone, before any decision
+    assert cluster.scaled == [("b", 4)] and loop.targets == {"a": 0, "b": 4}
+    for _ in range(200):
+        loop.step()
+        if ("a", 1) in cluster.scaled:
+            break
+        t[0] += loop.tick_s
+    assert ("a", 1) in cluster.scaled and cluster.running["a"] == 1
