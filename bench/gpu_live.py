@@ -64,8 +64,8 @@ def overhead_ms(url: str, n: int = 20, batch_wait_s: float = 0.0) -> float:
     """What a lone request spends beyond the model's sleep and its batch wait: Serve's proxy
     and the router (median of ``n`` sequential requests, each a batch of one). Ray's
     decorator holds a lone request the whole ``batch_wait_s`` (its batch never fills), which
-    the simulator adds itself, so it is taken out here; Faro's gate hands a lone request on
-    at once."""
+    the simulator adds itself, so it is taken out here; so does Faro's gate at a batch
+    larger than one (at batch 1 it hands a lone request on at once)."""
     import httpx
 
     from examples.gpu_batch.app import batch_ms
@@ -77,6 +77,17 @@ def overhead_ms(url: str, n: int = 20, batch_wait_s: float = 0.0) -> float:
             c.post(url, content=b"x" * 64)
             lat.append(time.perf_counter() - t0)
     return max(float(np.median(lat)) * 1e3 - SCALE * batch_ms(1) - 1e3 * batch_wait_s, 0.1)
+
+
+def _waits(run: str, url: str) -> bool:
+    """Whether a lone request waits the batch wait: always under Ray's decorator; under
+    Faro's gate when the batch in force is larger than one (its status says)."""
+    if run != "faro":
+        return True
+    import httpx
+
+    m = httpx.get(f"{url}/faro/status", timeout=10).json().get("models", {}).get("gpu", {})
+    return (m.get("batch_size") or 1) > 1
 
 
 def replay(url: str, sched, status: bool):
@@ -122,7 +133,7 @@ def live(args) -> dict:
                     ray_actor_options={"num_cpus": 0.2, "num_gpus": 1})
                 serve.run(dep.bind(scale=SCALE, seed=args.seed, batch_wait_s=args.batch_wait),
                           name="gpu", route_prefix="/gpu")
-            ovh = overhead_ms(url + "/gpu", batch_wait_s=0.0 if run == "faro" else args.batch_wait)
+            ovh = overhead_ms(url + "/gpu", batch_wait_s=args.batch_wait if _waits(run, url) else 0.0)
             print(f"{run}: overhead {ovh:.1f} ms; replaying {sched.size} requests over "
                   f"{sched.minutes} minutes", flush=True)
             rec = replay(url, sched, status=(run == "faro"))
