@@ -127,6 +127,7 @@ class AutoscalerLoop:
         self.front_errors: dict[str, str] = {}  # models whose report was refused this tick
         self._partial: tuple[list[str], Policy] | None = None  # _policy_for's last
         self.not_running: dict[str, str] = {}  # models of the config not running: why
+        self._deployed_at: dict[str, float | None] = {}  # model -> when its app was deployed (last look)
         self.pipeline_fronts: dict[str, FrontSnapshot] = {}  # each pipeline's ingress meter
         self.restored: dict | None = None  # where the state came from, for the status
         if previous is not None:
@@ -254,6 +255,7 @@ class AutoscalerLoop:
                 restored = self.restored_settings.get(n, Setting())
                 self.settings[n] = Setting(replicas=running[n], drop_rate=0.0).merged(restored)
         if self.cfg.enabled:
+            self._rescale_redeployed(names)
             self._enforce_bounds(names)
         snaps = {n: fronts.get(n) or FrontSnapshot(np.zeros(0)) for n in names}
         obs = observe(now - self.start, cap, None, snaps, running, self.settings,
@@ -294,6 +296,19 @@ class AutoscalerLoop:
             except Exception as err:  # the next tick saves again
                 log.warning("cannot save the autoscaler state: %s", err)
         return record
+
+    def _rescale_redeployed(self, names: list[str]) -> None:
+        """A model application deployed again (``serve deploy`` of a changed config) comes
+        back with Ray's ``initial_replicas``, while our target stands: tell Serve our target
+        at once, not when a plan next changes it (issue 50). The cluster says when each
+        model's application was last deployed (``deployed_at``; a simulated one does not)."""
+        deployed = getattr(self.cluster, "deployed_at", {})
+        for n in names:
+            at, seen = deployed.get(n), self._deployed_at.get(n)
+            if at is not None and seen is not None and at != seen and self.settings[n].replicas:
+                log.info("%s was redeployed: scaling it back to %d replicas", n, self.settings[n].replicas)
+                self.cluster.scale(n, self.settings[n].replicas)
+            self._deployed_at[n] = at
 
     def _enforce_bounds(self, names: list[str]) -> None:
         """Scale a model whose target lies outside its SLO's replica bounds into them, at

@@ -28,6 +28,8 @@ COMMANDS = [
     "faro_serve.commands.policies",
     "faro_serve.commands.profile",
     "faro_serve.commands.init",
+    "faro_serve.commands.run",
+    "faro_serve.commands.drain",
 ]
 
 

@@ -30,6 +30,12 @@ def integer(v) -> int:
     return int(v)
 
 
+def flag(v) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError("true or false")
+    return v
+
+
 def text(v) -> str:
     if not isinstance(v, str):
         raise TypeError("a string")

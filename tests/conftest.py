@@ -29,11 +29,41 @@ def report():
     return _REPORT.append
 
 
+_CHAOS: list[dict] = []
+CHAOS_COLUMNS = ("fault", "requests", "answered", "5xx", "lost", "recovered in", "what happened")
+
+
+@pytest.fixture
+def chaos():
+    """``chaos(fault, requests=, answered=, bare_5xx=, lost=, recover_s=, note=)``: one row of
+    the chaos suite's table (issue 50), printed in the terminal summary and written as
+    markdown to ``$FARO_CHAOS_TABLE`` when set (docs/reliability.md shows it)."""
+    def row(fault: str, requests: int, answered: int, bare_5xx: int, lost: int,
+            recover_s: float | None, note: str) -> None:
+        _CHAOS.append({"fault": fault, "requests": requests, "answered": answered, "5xx": bare_5xx,
+                       "lost": lost, "recovered in": "-" if recover_s is None else f"{recover_s:.1f} s",
+                       "what happened": note})
+    return row
+
+
+def chaos_table() -> list[str]:
+    lines = ["| " + " | ".join(CHAOS_COLUMNS) + " |", "|" + "---|" * len(CHAOS_COLUMNS)]
+    lines += ["| " + " | ".join(str(r[c]) for c in CHAOS_COLUMNS) + " |" for r in _CHAOS]
+    return lines
+
+
 def pytest_terminal_summary(terminalreporter):
     if _REPORT:
         terminalreporter.section("faro-serve figures")
         for line in _REPORT:
             terminalreporter.write_line(line)
+    if _CHAOS:
+        terminalreporter.section("faro-serve chaos suite (issue 50)")
+        for line in chaos_table():
+            terminalreporter.write_line(line)
+        out = os.environ.get("FARO_CHAOS_TABLE")
+        if out:
+            Path(out).write_text("\n".join(chaos_table()) + "\n")
 
 
 @pytest.fixture

@@ -83,3 +83,92 @@ def day_trace(path, counts: dict[str, list[int]], day: int = 1, sample: int = 0)
                 if m < len(c):
                     f.write(f"{day},{sample},{m},{job},{c[m]}\n")
     return path
+
+
+# -- the chaos suite's load (issue 50) ----------------------------------------------------
+LOST = ("ServerDisconnectedError", "ClientOSError", "ClientPayloadError", "ClientResponseError")
+
+
+class SteadyLoad:
+    """``clients`` closed-loop clients POSTing ``body`` to each of ``urls`` from a thread of
+    their own, until :meth:`stop`. Each honours ``Retry-After`` on a 503 (as a client of a
+    draining server should). Every request ends in exactly one of: an HTTP status (answered),
+    ``refused`` (the connection was refused: never accepted), a name in :data:`LOST` (accepted,
+    then cut off with no answer) or ``hung`` (no answer within ``hang_s``).
+    :meth:`tally` counts them, with the 503 reasons."""
+
+    def __init__(self, urls: list[str], clients: int = 4, body: bytes = b"x", hang_s: float = 30.0):
+        import collections
+        import threading
+
+        self.urls, self.clients, self.body, self.hang_s = urls, clients, body, hang_s
+        self.outcomes: list[tuple[str, str, float]] = []  # (url, outcome, time it ended)
+        self.reasons: collections.Counter = collections.Counter()
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        self._thread.join(timeout=timeout or self.hang_s + 15)
+        assert not self._thread.is_alive(), "the load's clients did not finish"
+
+    async def _client(self, session, url: str) -> None:
+        import json as _json
+
+        import aiohttp
+
+        while not self._stop.is_set():
+            self.sent += 1
+            pause = 0.0
+            try:
+                async with session.post(url, data=self.body) as r:
+                    raw = await r.read()
+                    outcome = str(r.status)
+                    if r.status != 200:
+                        try:
+                            self.reasons[f"{r.status} {_json.loads(raw).get('reason')}"] += 1
+                        except ValueError:
+                            self.reasons[f"{r.status} ray"] += 1  # Ray's own text errors
+                        pause = float(r.headers.get("Retry-After", 0) or 0)
+            except aiohttp.ClientConnectorError:
+                outcome, pause = "refused", 0.5
+            except asyncio.TimeoutError:
+                outcome = "hung"
+            except aiohttp.ClientError as err:
+                outcome, pause = type(err).__name__, 0.2
+            self.outcomes.append((url, outcome, time.time()))
+            if pause:
+                end = time.time() + pause
+                while time.time() < end and not self._stop.is_set():
+                    await asyncio.sleep(0.1)
+
+    async def _run(self) -> None:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=self.hang_s)
+        async with aiohttp.ClientSession(timeout=timeout) as s:
+            await asyncio.gather(*(self._client(s, u) for u in self.urls for _ in range(self.clients)))
+
+    def tally(self, url: str | None = None, since: float = 0.0) -> dict:
+        """``sent`` (all, or of one ``url`` from ``since``), ``answered`` (any status),
+        ``5xx`` (500-599 but the 503s that say why), ``lost``, ``hung``, ``refused``, and the
+        non-200 answers by status and reason."""
+        import collections
+
+        got = collections.Counter(o for u, o, t in self.outcomes if (url is None or u == url) and t >= since)
+        answered = sum(n for o, n in got.items() if o.isdigit())
+        bare_5xx = sum(n for o, n in got.items() if o.isdigit() and 500 <= int(o) < 600 and o != "503")
+        return {"sent": sum(got.values()), "answered": answered, "200": got.get("200", 0),
+                "5xx": bare_5xx, "503": got.get("503", 0),
+                "lost": sum(got.get(k, 0) for k in LOST), "hung": got.get("hung", 0),
+                "refused": got.get("refused", 0), "other": {o: n for o, n in got.items()
+                                                            if not o.isdigit() and o not in LOST
+                                                            and o not in ("hung", "refused")}}

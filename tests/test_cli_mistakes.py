@@ -277,3 +277,21 @@ def test_a_forecaster_that_renames_its_models_is_refused_at_start(cli, trace):
         f"faro-serve: error: forecaster '{USER}:RenamesModels': RenamesModels.predict must "
         "forecast the models it is given, in their order (['check-a', 'check-b']); got "
         "['m0', 'm1']")
+
+
+def test_run_and_drain_name_bad_input_before_starting_anything(cli, tmp_path):
+    """Issue 50's commands: a Ray address where nothing listens is one line at once (Ray
+    itself would wait a minute or more), and a config that cannot be served is named."""
+    from faro_serve.ports import free_port
+
+    code, _, err = cli("drain", "--address", f"127.0.0.1:{free_port()}")
+    assert code == 2 and "nothing answers at 127.0.0.1:" in err and "Traceback" not in err
+    code, _, err = cli("drain", "--timeout", "0")
+    assert code == 2 and "--timeout must be > 0 seconds" in err
+    code, _, err = cli("run", str(tmp_path / "none.yaml"))
+    assert code == 2 and "no such file" in err
+    (tmp_path / "c.yaml").write_text("applications: []\n")
+    code, _, err = cli("run", str(tmp_path / "c.yaml"))
+    assert code == 2 and "needs exactly one application" in err
+    code, _, err = cli("run", str(tmp_path / "c.yaml"), "--drain-timeout", "-1")
+    assert code == 2 and "--drain-timeout must be > 0" in err

@@ -289,3 +289,41 @@ def test_proxy_queue_with_another_proxy_counts_a_refusal_once_and_looks_elsewher
         assert router._loads(reps) == {"a": 0, "b": 0}  # the other proxy's are done by now
 
     asyncio.run(run())
+
+
+def test_a_draining_meter_tells_its_replicas_and_knows_when_they_are_done():
+    """Issue 50, the drain: the meter's answers say ``draining`` from the moment it is told;
+    a replica counts as told once a report sent after that says it refuses new requests, and
+    the model is drained when every replica is told, none is busy and nothing is queued."""
+    from faro_serve.serving.drain import is_drained
+
+    m = Meter.func_or_class("m")
+    m.ingest("router-1", RouterReport((), waiting=0, dispatched=2, replicas=2).wire())
+    for r in ("replica-x", "replica-y"):
+        ans = decode(m.ingest(r, ReplicaReport((), draining=False, busy=1).wire()), MeterAnswer)
+        assert ans.draining is False
+    st = m.drain()
+    assert st == {"model": "m", "draining": True, "replicas": 2, "told": 0, "busy": 2, "queued": 2}
+    assert decode(m.ingest("replica-x", ReplicaReport((), draining=False, busy=1).wire())).draining
+    assert m.drain_state()["told"] == 0  # it had not heard yet
+    m.ingest("replica-x", ReplicaReport((Dropped(time.time(), "shutting_down"),), draining=True, busy=0).wire())
+    m.ingest("replica-y", ReplicaReport((), draining=True, busy=1).wire())
+    st = m.drain_state()
+    assert (st["told"], st["busy"]) == (2, 1) and not is_drained(st)
+    m.ingest("replica-y", ReplicaReport((), draining=True, busy=0).wire())
+    assert not is_drained(m.drain_state())  # the proxy's router still holds two
+    m.ingest("router-1", RouterReport((), waiting=0, dispatched=0, replicas=2).wire())
+    assert is_drained(m.drain_state()) and m.drain() == m.drain_state()  # idempotent
+    assert m.metrics(reset_mean=False)["dropped"] == {"shutting_down": 1}
+
+
+def test_a_replica_refuses_new_requests_once_draining_and_counts_the_admitted_ones():
+    from faro_serve.serving.replica_report import ReplicaReporter
+
+    rep = ReplicaReporter(None, "m", lambda ans: None)
+    assert rep.admit() and rep.admit() and rep.busy == 2
+    rep.draining = True
+    assert not rep.admit() and rep.busy == 2
+    rep.release()
+    rep.release()
+    assert rep.busy == 0

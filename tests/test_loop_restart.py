@@ -260,3 +260,41 @@ def test_a_model_with_none_running_is_left_to_the_next_decision():
             break
         t[0] += loop.tick_s
     assert ("a", 1) in cluster.scaled and cluster.running["a"] == 1
+
+
+class Redeploying(Cluster):
+    """Serve's applications with the time each was last deployed, as Ray reports them."""
+
+    def __init__(self):
+        super().__init__()
+        self.deployed_at = {"a": 100.0, "b": 100.0}
+
+    def redeploy(self, name, initial_replicas=1):
+        """``serve deploy`` of a changed config: Ray resets the count to initial_replicas."""
+        self.deployed_at[name] += 1
+        self.running[name] = initial_replicas
+
+
+def test_a_redeployed_model_application_is_scaled_back_at_the_next_tick():
+    """Issue 50: ``serve deploy`` of a model application with changed args brings it back at
+    Ray's initial_replicas while the loop's target stands; no decision differs from that
+    target, so before, the model ran below its target (and its SLO's min_replicas) until a
+    plan moved it. The next tick tells Serve the target again; a model not redeployed is left."""
+    pinned = config().model_copy(update={"models": [
+        config().models[0].model_copy(update={"min_replicas": 3, "max_replicas": 3}), config().models[1]]})
+    cluster = Redeploying()
+    loop = AutoscalerLoop(pinned, cluster, clock=lambda: cluster.t)
+    loop.step()  # into a's bounds: 3
+    cluster.t += loop.tick_s
+    loop.step()
+    assert cluster.running["a"] == 3 and loop.targets["a"] == 3
+    cluster.redeploy("a")
+    cluster.t += loop.tick_s
+    n = len(cluster.scaled)
+    loop.step()
+    assert ("a", 3) in [(name, r) for _, name, r in cluster.scaled[n:]] and cluster.running["a"] == 3
+    assert all(name != "b" or r == loop.targets["b"] for _, name, r in cluster.scaled[n:])
+    n = len(cluster.scaled)
+    cluster.t += loop.tick_s
+    loop.step()  # nothing redeployed since: no scale call for it
+    assert [s for s in cluster.scaled[n:] if s[1] == "a"] == []

@@ -30,7 +30,9 @@ MESSAGES = [
     ReplicaReport((Processed(NOW, 0.15), Processed(NOW, 0.3, 4), Dropped(NOW, "drop_rate"),
                    NetworkTime(NOW, 0.02))),
     ReplicaReport((), batch_size=4, threads=2, variant="resnet18"),
+    ReplicaReport((), draining=True, busy=3),
     MeterAnswer(drop_rate=0.25, batch_in_force=1),
+    MeterAnswer(drop_rate=0.0, batch_in_force=1, draining=True),
     MeterAnswer(drop_rate=0.0, batch_in_force=8, batch_size=8, threads=2, variant="v", refused="why"),
 ]
 
@@ -48,8 +50,8 @@ GOOD = RouterReport((Arrival(NOW), Answered(NOW, 0.5)), waiting=1, dispatched=1,
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"waiting": None}, "router report v2: missing field 'waiting'"),
-    ({"waiting": "2"}, "router report v2: field 'waiting' must be an integer >= 0 (got '2')"),
+    ({"waiting": None}, "router report v3: missing field 'waiting'"),
+    ({"waiting": "2"}, "router report v3: field 'waiting' must be an integer >= 0 (got '2')"),
     ({"waiting": True}, "field 'waiting' must be an integer"),
     ({"waiting_since": [NOW, "x"]}, "field 'waiting_since' must be a finite number or null"),
     ({"events": [("q", NOW)]}, "events[0] has unknown kind 'q'"),
@@ -58,11 +60,11 @@ GOOD = RouterReport((Arrival(NOW), Answered(NOW, 0.5)), waiting=1, dispatched=1,
     ({"events": [("a", NOW, 1.0)]}, "events[0] (Arrival) has 2 fields, at most 1"),
     ({"events": [("d", NOW, 3)]}, "events[0] (Dropped) field 'reason' must be a string"),
     ({"events": ["a"]}, "events[0] must be a tuple"),
-    ({"v": 1}, "router report: version 1 is not supported (this side speaks v2)"),
+    ({"v": 1}, "router report: version 1 is not supported (this side speaks v3)"),
     ({"v": None}, "router report: version None is not supported"),
     ({"type": "telegram"}, "message: unknown type 'telegram'"),
     ({"type": "meter-answer"}, "meter answer: not expected here (expected RouterReport or ReplicaReport)"),
-    ({"color": "red"}, "router report v2: unknown field 'color'"),
+    ({"color": "red"}, "router report v3: unknown field 'color'"),
 ])
 def test_a_malformed_report_is_refused_naming_the_field_and_the_meter_reads_the_next(change, message):
     raw = {k: v for k, v in {**GOOD, **change}.items() if v is not None or k in ("v", "waiting_since")}

@@ -97,7 +97,7 @@ def _meter(client: httpx.Client, model: str) -> dict:
 
 
 @pytest.mark.slow
-def test_two_proxies_serve_count_and_bound_and_survive_losing_a_node(two_nodes, report):
+def test_two_proxies_serve_count_and_bound_and_survive_losing_a_node(two_nodes, report, chaos):
     from ray.util.state import list_actors, list_nodes
 
     n = two_nodes
@@ -189,6 +189,12 @@ def test_two_proxies_serve_count_and_bound_and_survive_losing_a_node(two_nodes, 
     assert st, client.get("/faro/status").text
     survivors = replicas()
     assert survivors and {a.node_id for a in survivors} == {nid for nid in nodes if nid != worker_id}
+    bare_5xx = sum(1 for c, _ in head_after if isinstance(c, int) and c >= 500 and c != 503)
+    cut = sum(1 for c, _ in head_after if not isinstance(c, int))
+    chaos("the worker node killed (its proxy and replicas), load through the head's proxy",
+          len(head_after), len(head_after) - cut, bare_5xx, cut, t_ok - t_kill[0],
+          f"{len(failed)} not 200 of {len(head_after)} ({len(lost)} replicas lost, at most "
+          f"{PIPELINE} each); the worker's own proxy went with it")
     report(f"multinode, two proxies: {len(sent)} requests through both, all 200, meters counted each; "
            f"most held by one replica {held} (bound {PIPELINE}); worker killed under load: head proxy "
            f"failed {len(failed)} of {len(head_after)} after the kill ({len(lost)} replicas lost); "

@@ -115,7 +115,7 @@ def test_direct_drop_rate_half_gives_half_503s(live):
     assert meter("dir-b")["dropped"]["drop_rate"] == dropped
 
 
-def test_a_flood_gets_503s_and_every_request_an_answer(live, report):
+def test_a_flood_gets_503s_and_every_request_an_answer(live, report, chaos):
     """The flood of issue 19: 1,500 requests, 300 at a time, at a model with 3 replicas of
     the paper's ResNet34 time (mean 154 ms) and a queue limit of 50. Nothing is lost:
     sent = 200s + 503s, the refusals are Ray's tail-drop, and they come at once. Every 200
@@ -126,6 +126,9 @@ def test_a_flood_gets_503s_and_every_request_an_answer(live, report):
     f = check_flood(res, 1500, "ray")
     report(f"flood 1500 x 300 at 3 replicas: {f['200']} x 200 (max {f['max_200_s']:.1f} s), "
            f"{f['503']} x 503 (median {f['median_503_s']:.2f} s, p90 {f['p90_503_s']:.2f} s)")
+    chaos("a flood: 1,500 requests 300 at a time at 3 replicas and a queue of 50", 1500,
+          f["200"] + f["503"], 0, 0, None, f"{f['200']} x 200 (slowest {f['max_200_s']:.1f} s), "
+          f"{f['503']} x 503 from Ray's tail-drop (median {f['median_503_s']:.2f} s)")
 
 
 def test_the_front_tail_drops_with_its_own_json(live, report):
@@ -193,7 +196,7 @@ async def _slow_clients(port: int, n: int, hold_s: float) -> list[str]:
     return await asyncio.gather(*(one() for _ in range(n)))
 
 
-def test_slow_clients_do_not_stall_a_model(live, report):
+def test_slow_clients_do_not_stall_a_model(live, report, chaos):
     """Issue 50: 100 clients that send a few bytes of their body and wait, against a model of
     two replicas (before: two such clients held every slot, normal requests timed out). The
     normal requests sent meanwhile are all answered within the SLO plus the body deadline;
@@ -216,3 +219,7 @@ def test_slow_clients_do_not_stall_a_model(live, report):
     assert kinds["408"] >= 1 and kinds["408"] + kinds["503"] == 100, lines[:5]
     report(f"slow bodies: 100 slow clients -> {kinds['408']} x 408, {kinds['503']} x 503; "
            f"60 normal requests all 200, slowest {lat[-1]:.2f} s (bound 3.5 s)")
+    chaos("100 slow bodies (headers and 10 bytes, then silence) at 2 replicas", 160,
+          60 + kinds["408"] + kinds["503"], 0, 100 - kinds["408"] - kinds["503"], None,
+          f"the slow ones {kinds['408']} x 408 body_timeout, {kinds['503']} x 503 uploads; 60 "
+          f"normal requests meanwhile all 200, slowest {lat[-1]:.2f} s")

@@ -405,3 +405,39 @@ def test_the_users_own_batch_setters_set_the_gate_and_rays_queue():
     assert obj.infer._get_max_batch_size() == 4 and obj.infer._get_batch_wait_timeout_s() == 0.1
     assert g.batching["wrappers"][0]._get_max_batch_size() == 4  # Ray's queue
     assert g.batching["wrappers"][0]._get_batch_wait_timeout_s() == 0.0
+
+
+def test_a_draining_user_deployment_refuses_new_http_requests_and_serves_handle_calls():
+    """Issue 50, the drain on a user's deployment under Faro: new HTTP requests get 503
+    shutting_down (counted), an admitted streaming answer stays busy until its last chunk,
+    and handle calls (a pipeline's stages) are still served: an admitted request is seen
+    through."""
+    import json
+
+    from faro_serve.serving.replica_report import ReplicaReporter
+
+    g = guard()
+    g.reporter = ReplicaReporter(None, "m", lambda ans: None)
+
+    def stream(_req):
+        async def chunks():
+            yield b"a"
+            await asyncio.sleep(0.02)
+            yield b"b"
+        return StreamingResponse(chunks())
+
+    async def main():
+        first = await g.request(stream, request())
+        busy_while_streaming = g.reporter.busy
+        g.reporter.draining = True
+        refused = await g.request(lambda req: {"ok": True}, request())
+        body = [c async for c in first.body_iterator]
+        via_handle = await g.call(lambda: "served")
+        return busy_while_streaming, refused, body, via_handle
+
+    busy, refused, body, via_handle = asyncio.run(main())
+    assert busy == 1 and body == [b"a", b"b"] and g.reporter.busy == 0
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
+    assert json.loads(refused.body)["reason"] == "shutting_down"
+    assert via_handle == "served"
+    assert [e.reason for e in g.seen if isinstance(e, DroppedEvent)] == ["shutting_down"]

@@ -81,8 +81,9 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def read_config(path: str | Path) -> ServeTarget:
-    """The HTTP address, dashboard port and models of a Serve config (``ValueError`` if unusable)."""
+def read_config(path: str | Path, loopback_only: bool = True) -> ServeTarget:
+    """The HTTP address, dashboard port and models of a Serve config (``ValueError`` if
+    unusable). ``loopback_only``: the demo sends load, so to this machine only."""
     import yaml
 
     from ..config import ConfigError
@@ -104,7 +105,7 @@ def read_config(path: str | Path) -> ServeTarget:
         raise ValueError(f"--config {p}: http_options.port must be a port number (got {port!r})")
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"  # listens everywhere, loopback included
-    if not _loopback(host):
+    if loopback_only and not _loopback(host):
         raise ValueError(f"--config {p}: http_options.host {host} is not a loopback address; "
                          f"the demo sends load to this machine only")
     apps = [a for a in doc["applications"] if isinstance(a, dict)]
@@ -184,7 +185,14 @@ def session_members(sids) -> list[int]:
 class LocalDeployment:
     """A private Ray and ``serve run <config>``; see the module docstring."""
 
-    def __init__(self, target: ServeTarget, log_dir: Path):
+    def __init__(self, target: ServeTarget, log_dir: Path, private: bool = True,
+                 temp_dir: str | None = None):
+        """``private``: Ray in a temporary directory of its own, found by no other Ray
+        program (the demo's); otherwise in ``temp_dir`` (default: Ray's own), on port 6379
+        when free, so that ``ray``/``serve`` commands in other shells find it
+        (``faro-serve run``)."""
+        self.private = private
+        self.ray_temp_dir = temp_dir
         self.target = target
         self.log_dir = Path(log_dir)
         self.ray_log = self.log_dir / "ray.log"
@@ -243,16 +251,17 @@ class LocalDeployment:
 
         self.check_ports()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        # short: Ray puts unix sockets under it (108-byte path limit)
-        self.temp_dir = tempfile.mkdtemp(prefix="faro-ray-", dir="/tmp")
-        gcs = free_port()
+        if self.private:  # short: Ray puts unix sockets under it (108-byte path limit)
+            self.temp_dir = tempfile.mkdtemp(prefix="faro-ray-", dir="/tmp")
+        temp_dir = self.temp_dir or self.ray_temp_dir
+        gcs = 6379 if not self.private and bindable(6379) else free_port()
         self.gcs_address = f"127.0.0.1:{gcs}"
         self.ray_proc = self._spawn([
             _tool("ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
             f"--port={gcs}", "--dashboard-host=127.0.0.1",
             f"--dashboard-port={self.target.dashboard_port}",
             f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-            f"--temp-dir={self.temp_dir}", "--disable-usage-stats"], self.ray_log)
+            *([f"--temp-dir={temp_dir}"] if temp_dir else []), "--disable-usage-stats"], self.ray_log)
         dash = f"http://127.0.0.1:{self.target.dashboard_port}/api/version"
         end = time.monotonic() + timeout_s
         while True:

@@ -64,6 +64,7 @@ class RayServeCluster:
         self.http = httpx.Client(timeout=timeout_s)
         self.where: dict[str, tuple[str, str]] = {}  # model -> (application, deployment)
         self.absent: dict[str, str] = {}  # model -> why it is not running (last look)
+        self.deployed_at: dict[str, float] = {}  # model -> when its application was last deployed
 
     def locate(self, models, pipelines=()) -> None:
         """Where each model runs: its SLO's ``app`` and ``deployment`` (faro-serve's own
@@ -93,23 +94,25 @@ class RayServeCluster:
         """Running replicas of every located model, and of every faro-serve model
         application besides; :attr:`absent` says why a located model is missing."""
         apps = serve.status().applications
-        out, absent = {}, {}
+        out, absent, deployed = {}, {}, {}
         for name, app in apps.items():
             dep = app.deployments.get(MODEL)
             if dep is not None:
                 out[name] = int(dep.replica_states.get("RUNNING", 0))
+                deployed[name] = app.last_deployed_time_s
         for name, (app_name, dep_name) in self.where.items():
             out.pop(name, None)
             app = apps.get(app_name)
             dep = None if app is None else app.deployments.get(dep_name)
             if dep is not None:
                 out[name] = int(dep.replica_states.get("RUNNING", 0))
+                deployed[name] = app.last_deployed_time_s
             elif app is None:
                 absent[name] = f"no application {app_name!r} is running"
             else:
                 absent[name] = (f"application {app_name!r} has no deployment {dep_name!r} "
                                 f"(it has {', '.join(sorted(app.deployments)) or 'none'})")
-        self.absent = absent
+        self.absent, self.deployed_at = absent, deployed
         return out
 
     def front_metrics(self, names: list[str]) -> dict[str, dict]:

@@ -31,6 +31,7 @@ class FrontControl:
         self.threads: int | None = None
         self.variant: str | None = None  # a task with variants: the one to serve
         self.told: dict = {}  # the setting the autoscaler told (its fields by name), echoed
+        self.draining_since: float | None = None  # a shutdown drains the model (drain.py)
         tags = ("model",)
         self._requests = ray_metrics.Counter("faro_requests", "requests by outcome",
                                              tag_keys=("model", "outcome"))
@@ -70,6 +71,23 @@ class FrontControl:
         self._queue.set(snap["queue_length"], tags=tags)
         if snap["latency_ms"] is not None:
             self._latency.set(snap["latency_ms"], tags=tags)
+
+    # -- drain (issue 50): before Serve stops, what was admitted is answered -------------
+    def drain(self) -> dict:
+        """From now on the model's new HTTP requests get 503 ``shutting_down``; the answer
+        is :meth:`drain_state`. Called by ``faro-serve drain`` (``drain.py``) over a handle;
+        idempotent. Requests between a model's own deployments (handle calls of a
+        pipeline) are not refused: an admitted request is seen through."""
+        if self.draining_since is None:
+            self.draining_since = time.time()
+        return self.drain_state()
+
+    def drain_state(self) -> dict:
+        """``{"model", "draining", "replicas", "told", "busy", "queued"}``: of the replicas
+        that report, how many refuse new requests already, how many admitted requests are
+        still unanswered, and how many wait in the proxies' queues. Drained: ``told ==
+        replicas`` and nothing busy or queued."""
+        raise NotImplementedError
 
     def control(self, percentile: float | None = None, reset_stats: bool = False,
                 **setting) -> dict:

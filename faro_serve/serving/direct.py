@@ -34,7 +34,8 @@ from .messages import (Answered, Arrival, Dropped, Event, GaveUp, MessageError, 
 from .replica_report import ReplicaReporter
 from .uploads import Uploads
 from .names import NETWORK_HEADER
-from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, run_model
+from .payload import (answer, drop_rate_refusal, read_payload, refusal_reason, run_model,
+                      shutting_down)
 from .proxy_queue import MAX_EVENTS
 
 BATCH_TIMES_S = 600.0  # a batch curve measured live fits the last ten minutes' batches
@@ -117,12 +118,16 @@ class DirectModel:
               description="Body: JPEG/PNG bytes, or JSON {\"image\": base64}. 503 when the "
                           "autoscaler drops the request or the queue is full.")
     async def predict(self, request: Request):
+        if not self.reporter.admit():  # a shutdown drains this model (drain.py)
+            self._event(Dropped(time.time(), "shutting_down"))
+            return shutting_down(self.name)
         self.held += 1  # what the proxies' routers put here: PIPELINE at most (docs/multinode.md)
         self.held_peak = max(self.held_peak, self.held)
         try:
             return await self._predict(request)
         finally:
             self.held -= 1
+            self.reporter.release()
 
     async def _predict(self, request: Request):
         self.reporter.start()
@@ -210,6 +215,7 @@ class Meter(FrontControl):
         self._network: deque[tuple[float, float]] = deque(maxlen=MAX_EVENTS)  # (time, network s)
         self.refused = 0  # reports refused (malformed): logged, then the next one is read
         self.held_max: int | None = None  # most requests one replica held at once (its reports)
+        self._drains: dict[str, tuple[float, bool, int]] = {}  # replica -> (time, draining, busy)
 
     def ingest(self, source: str, raw: dict) -> dict:
         """Merge one report (messages.py: a router's or a replica's); the answer is a
@@ -255,12 +261,25 @@ class Meter(FrontControl):
                 self._variants[source] = (now, report.variant)
             if report.device is not None:
                 self._devices[source] = (now, report.device)
+            if report.busy is not None:
+                self._drains[source] = (now, bool(report.draining), report.busy)
         return self._answer()
 
     def _answer(self, refused: str | None = None) -> dict:
         return MeterAnswer(drop_rate=self.drop_rate, batch_in_force=self._batch_in_force(),
                            batch_size=self.batch_size, threads=self.threads, variant=self.variant,
-                           refused=refused).wire()
+                           refused=refused, draining=self.draining_since is not None).wire()
+
+    def drain_state(self) -> dict:
+        """The replicas' last reports (fresh ones): a replica counts as told once a report
+        sent after the drain began says it refuses new requests."""
+        now, since = time.time(), self.draining_since
+        reps = [(t, d, b) for t, d, b in self._drains.values() if now - t < REPORT_STALE_S]
+        routers = [q for t, q in self._queues.values() if now - t < REPORT_STALE_S]
+        return {"model": self.name, "draining": since is not None, "replicas": len(reps),
+                "told": sum(1 for t, d, _ in reps if d and since is not None and t >= since),
+                "busy": sum(b for _, _, b in reps),
+                "queued": sum(q.waiting + q.dispatched for q in routers)}
 
     def _batch_in_force(self) -> int:
         """The autoscaler's batch size, else the largest the replicas report (their

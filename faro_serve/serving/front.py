@@ -33,7 +33,8 @@ from ray.serve.exceptions import BackPressureError
 
 from ..measures import REPLICA_POLL_S
 from .control import FrontControl
-from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, reject
+from .payload import (answer, drop_rate_refusal, read_payload, refusal_reason, reject,
+                      shutting_down)
 from .routing import DispatchGate, running_replicas
 
 api = FastAPI(title="faro-serve model endpoint",
@@ -59,6 +60,7 @@ class Front(FrontControl):
         # before the router's first replica update, one request at a time
         self.gate = DispatchGate(lambda: running_replicas(app) or 1)
         self._ticker: asyncio.Task | None = None
+        self.busy = 0  # requests admitted and not answered yet (a drain waits for them)
 
     # -- data path -----------------------------------------------------------------------
     @api.post("/predict", summary="Run the model on one request",
@@ -67,6 +69,16 @@ class Front(FrontControl):
     async def predict(self, request: Request):
         t0 = time.time()
         self.stats.arrival(t0)
+        if self.draining_since is not None:  # a shutdown drains this model (drain.py)
+            self.stats.drop(t0, "shutting_down")
+            return shutting_down(self.name)
+        self.busy += 1
+        try:
+            return await self._admitted(request, t0)
+        finally:
+            self.busy -= 1
+
+    async def _admitted(self, request: Request, t0: float):
         if self.drop_rate > 0 and random.random() < self.drop_rate:
             self.stats.drop(t0, "drop_rate")
             return drop_rate_refusal(self.name, self.drop_rate)
@@ -121,6 +133,11 @@ class Front(FrontControl):
         return self.metrics(reset_mean=False)  # a person looking must not reset the average
 
     # -- control path (autoscaler, over handles): FrontControl ---------------------------
+    def drain_state(self) -> dict:
+        """One front replica holds the model's whole queue: it is told at once."""
+        return {"model": self.name, "draining": self.draining_since is not None, "replicas": 1,
+                "told": int(self.draining_since is not None), "busy": self.busy, "queued": 0}
+
     def _queue_state(self) -> dict:
         return {"waiting": self.gate.waiting, "dispatched": self.gate.in_flight,
                 "dispatch_capacity": self.gate.capacity()}

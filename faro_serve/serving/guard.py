@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from .edf_gate import EDFGate
 from .messages import Dropped as DroppedEvent
 from .messages import MeterAnswer, Processed
-from .payload import drop_rate_refusal, read_body, refusal_reason
+from .payload import drop_rate_refusal, read_body, refusal_reason, shutting_down
 from .uploads import Uploads
 from .replica_report import ReplicaReporter
 
@@ -149,7 +149,45 @@ class ReplicaGuard:
                 self._event(Processed(time.time(), time.perf_counter() - t0))
 
     # -- HTTP --------------------------------------------------------------------------------
+    def _admit(self) -> bool:
+        """False while a shutdown drains the model (``drain.py``): the request is refused
+        503 ``shutting_down`` and counted; an admitted one is released when answered."""
+        if self.reporter is None or self.reporter.admit():
+            return True
+        self._event(DroppedEvent(time.time(), "shutting_down"))
+        return False
+
+    def _release(self) -> None:
+        if self.reporter is not None:
+            self.reporter.release()
+
     async def asgi(self, call, scope, receive, send) -> None:
+        """An ASGI ingress's request (:meth:`_asgi`), unless the model drains."""
+        if not self._admit():
+            await shutting_down(self.name)(scope, receive, send)
+            return
+        try:
+            await self._asgi(call, scope, receive, send)
+        finally:
+            self._release()
+
+    async def request(self, call, request: Request):
+        """A plain deployment's request (:meth:`_request`), unless the model drains; a
+        streaming answer counts as unanswered until its last chunk."""
+        if not self._admit():
+            return shutting_down(self.name)
+        try:
+            result = await self._request(call, request)
+        except BaseException:
+            self._release()
+            raise
+        if isinstance(result, StreamingResponse):
+            result.body_iterator = _then(result.body_iterator, self._release)
+        else:
+            self._release()
+        return result
+
+    async def _asgi(self, call, scope, receive, send) -> None:
         """An ASGI ingress (FastAPI via ``serve.ingress``): the answer streams through;
         a 5xx status counts the request as failed. The body is read first, within the
         body deadline and before a slot is taken, and handed to the app as it came."""
@@ -175,7 +213,7 @@ class ReplicaGuard:
         if status.get("code", 200) >= 500:
             self.failed()
 
-    async def request(self, call, request: Request):
+    async def _request(self, call, request: Request):
         """A plain deployment's ``__call__(request)``: its answer, or 503 for a drop. A
         streaming answer holds its slot until the last chunk is sent."""
         if self.drops():
@@ -264,6 +302,15 @@ async def run_user(call, *args, **kwargs):
         finally:
             _IN_REQUEST.reset(token)
     return result
+
+
+async def _then(body, done):
+    """``body``'s chunks, then ``done()``, however the stream ends."""
+    try:
+        async for chunk in body:
+            yield chunk
+    finally:
+        done()
 
 
 async def _release_after(body, slot):

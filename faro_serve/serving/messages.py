@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Union
 
-from ..wire import check_version, integer, number, numbers, optional, read_fields, text
+from ..wire import check_version, flag, integer, number, numbers, optional, read_fields, text
 
-VERSION = 2  # 2: a replica says where it runs the model (issue 47)
+VERSION = 3  # 2: a replica says where it runs the model (issue 47); 3: drain (issue 50)
 
 
 class MessageError(ValueError):
@@ -129,13 +129,16 @@ class ReplicaReport:
     variant: str | None = None  # a task with variants: the one it serves
     held_peak: int | None = None  # most requests it held at once since the last report
     device: str | None = None  # where it runs the model ("cuda:0", "cpu"), if it says
+    draining: bool | None = None  # it refuses new HTTP requests: the model drains (drain.py)
+    busy: int | None = None  # HTTP requests it admitted and has not answered yet
 
     TYPE = "replica"
 
     def wire(self) -> dict:
         return {"v": VERSION, "type": self.TYPE, "events": [e.wire() for e in self.events],
                 "batch_size": self.batch_size, "threads": self.threads, "variant": self.variant,
-                "held_peak": self.held_peak, "device": self.device}
+                "held_peak": self.held_peak, "device": self.device, "draining": self.draining,
+                "busy": self.busy}
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,13 +152,15 @@ class MeterAnswer:
     threads: int | None = None
     variant: str | None = None
     refused: str | None = None
+    draining: bool = False  # refuse new HTTP requests (503 shutting_down): a shutdown drains
 
     TYPE = "meter-answer"
 
     def wire(self) -> dict:
         return {"v": VERSION, "type": self.TYPE, "drop_rate": self.drop_rate,
                 "batch_in_force": self.batch_in_force, "batch_size": self.batch_size,
-                "threads": self.threads, "variant": self.variant, "refused": self.refused}
+                "threads": self.threads, "variant": self.variant, "refused": self.refused,
+                "draining": self.draining}
 
 
 Message = Union[RouterReport, ReplicaReport, MeterAnswer]
@@ -219,10 +224,12 @@ _MESSAGES = {
         "waiting_since": optional(numbers)}),
     ReplicaReport.TYPE: (ReplicaReport, "replica report", {
         "events": _events, "batch_size": optional(integer), "threads": optional(integer),
-        "variant": optional(text), "held_peak": optional(integer), "device": optional(text)}),
+        "variant": optional(text), "held_peak": optional(integer), "device": optional(text),
+        "draining": optional(flag), "busy": optional(integer)}),
     MeterAnswer.TYPE: (MeterAnswer, "meter answer", {
         "drop_rate": number, "batch_in_force": integer, "batch_size": optional(integer),
-        "threads": optional(integer), "variant": optional(text), "refused": optional(text)}),
+        "threads": optional(integer), "variant": optional(text), "refused": optional(text),
+        "draining": flag}),
 }
 
 

@@ -26,6 +26,18 @@ def drop_rate_refusal(model: str, drop_rate: float) -> JSONResponse:
     return reject(503, model, "drop_rate", f"dropped by the autoscaler (drop rate {drop_rate:.3f})")
 
 
+SHUTDOWN_RETRY_S = 5  # a refusal while draining asks the client to come back after this
+
+
+def shutting_down(model: str) -> JSONResponse:
+    """503 while the model drains for a shutdown (``drain.py``, issue 50): what was admitted
+    is answered, what comes now is refused at once, with ``Retry-After`` so that a client
+    that honours it does not hammer a proxy about to go away."""
+    r = reject(503, model, "shutting_down", "the model is shutting down; retry later")
+    r.headers["Retry-After"] = str(SHUTDOWN_RETRY_S)
+    return r
+
+
 def body_timeout(model: str, seconds: float) -> JSONResponse:
     """408: the request's body did not all arrive within the model's bound (issue 50: two
     clients that sent a few bytes and waited held every slot of a model)."""

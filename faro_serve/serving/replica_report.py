@@ -22,7 +22,11 @@ log = logging.getLogger("faro_serve.serving")
 class ReplicaReporter:
     """Events kept until the meter takes them (at most :data:`MAX_EVENTS`, the oldest go
     first while the meter is away). ``fields()`` adds what the replica runs to each report
-    (``batch_size``, ``threads``, ``variant``); ``on_answer`` gets every answer."""
+    (``batch_size``, ``threads``, ``variant``); ``on_answer`` gets every answer.
+
+    It also keeps the replica's part of a drain (``drain.py``): once the meter's answer says
+    the model drains, :meth:`admit` refuses new HTTP requests, and each report says how many
+    admitted ones are still unanswered (``busy``), so the drain knows when to let Serve stop."""
 
     def __init__(self, meter, name: str, on_answer: Callable[[MeterAnswer], None],
                  fields: Callable[[], dict] | None = None):
@@ -32,6 +36,19 @@ class ReplicaReporter:
         self.fields = fields or dict
         self.events: list[Event] = []
         self._task: asyncio.Task | None = None
+        self.draining = False  # the meter's last answer: refuse new HTTP requests
+        self.busy = 0  # HTTP requests admitted and not answered yet
+
+    def admit(self) -> bool:
+        """Whether to take a new HTTP request (False: the model drains; answer 503
+        ``shutting_down``). Each admitted request is :meth:`release`d when answered."""
+        if self.draining:
+            return False
+        self.busy += 1
+        return True
+
+    def release(self) -> None:
+        self.busy -= 1
 
     def start(self) -> None:
         """Start reporting on the running event loop (a no-op without one, or once started):
@@ -48,7 +65,7 @@ class ReplicaReporter:
             del self.events[:len(self.events) - MAX_EVENTS]
 
     async def _send(self, source: str, events: list[Event]) -> MeterAnswer:
-        report = ReplicaReport(tuple(events), **self.fields())
+        report = ReplicaReport(tuple(events), **self.fields(), draining=self.draining, busy=self.busy)
         return decode(await self.meter.ingest.remote(source, report.wire()), MeterAnswer)
 
     async def _loop(self) -> None:
@@ -68,6 +85,7 @@ class ReplicaReporter:
             if ans.refused != refused and ans.refused:  # a bug or another version: say it once
                 log.error("the meter of %s refused a replica's report: %s", self.name, ans.refused)
             refused, warned = ans.refused, False
+            self.draining = ans.draining
             try:
                 self.on_answer(ans)
             except Exception as err:  # what the answer asks cannot be done: say so, go on
