@@ -29,7 +29,7 @@ from .wire import check_version, integer, number, numbers, optional, read_fields
 if TYPE_CHECKING:
     from faro_serve.config import ModelSLO
 
-VERSION = 3  # 2: the setting the meter was told, as one record (issue 33); 3: batch times, device (47)
+VERSION = 4  # 2: the setting the meter was told, as one record (issue 33); 3: batch times, device (47); 4: retried (50)
 
 log = logging.getLogger("faro_serve.autoscaler")
 
@@ -102,6 +102,9 @@ class FrontReport:
     # most requests one replica held at once since the meter started (the bound: docs/multinode.md)
     routers: int | None = None
     replica_held_max: int | None = None
+    # the router front: requests sent once more because their replica died (issue 50; None:
+    # a data path that does not retry)
+    retried: int | None = None
 
     def wire(self) -> dict:
         """The JSON form: every field, ``v`` first, sequences as lists."""
@@ -156,7 +159,7 @@ _CHECKS = {
     "queued_ages_s": optional(numbers), "batch_size": optional(integer),
     "threads": optional(integer), "mean_batch": optional(number),
     "batch_times": optional(_rows), "device": optional(text), "variant": optional(text),
-    "routers": optional(integer), "replica_held_max": optional(integer),
+    "routers": optional(integer), "replica_held_max": optional(integer), "retried": optional(integer),
 }
 assert set(_CHECKS) == {f.name for f in fields(FrontReport)}, "a field of FrontReport lacks its check"
 

@@ -220,11 +220,13 @@ def test_a_replica_killed_under_load(run, chaos):
         assert t["sent"] == t["answered"] and t["lost"] == t["hung"] == 0, t
     assert d["5xx"] <= PIPELINE and d["200"] >= d["sent"] - PIPELINE, d
     assert f["5xx"] == 0 and f["200"] >= f["sent"] - 2, f
+    retried = run.client.get("/chaos-front/metrics").json()["retried"]
+    assert 1 <= retried <= 4, retried  # the killed replica's requests, each sent once more
     chaos(f"a replica SIGKILLed (direct path, {len(before['chaos'])} replicas)", d["sent"], d["answered"], d["5xx"],
           d["lost"], recover, f"{d['5xx']} x 500 from Ray's proxy for what it held (no retry on "
           f"this path); {_note(d)}")
     chaos("a replica SIGKILLed (router front, 2 replicas)", f["sent"], f["answered"], f["5xx"], f["lost"],
-          recover, f"retried once on the other replica; {_note(f)}")
+          recover, f"{retried} retried once on the other replica (counted in the meter); {_note(f)}")
 
 
 def test_the_autoscaler_killed_under_load(run, chaos):

@@ -99,7 +99,7 @@ def test_the_meters_report_round_trips_and_a_missing_key_is_named():
     assert snap.latency_ms == pytest.approx(300) and snap.percentile == 99.0
     for key in ("queue_length", "processing", "arrivals_per_min", "replica_cpus"):
         broken = {k: v for k, v in raw.items() if k != key}
-        with pytest.raises(FrontReportError, match=f"front report of 'synth-a' v3: missing field '{key}'"):
+        with pytest.raises(FrontReportError, match=f"front report of 'synth-a' v4: missing field '{key}'"):
             FrontSnapshot.from_front(broken, model="synth-a")
     with pytest.raises(FrontReportError, match="field 'queue_length' must be a finite number"):
         FrontSnapshot.from_front({**raw, "queue_length": "3"})

@@ -62,7 +62,8 @@ class FrontControl:
         """Prometheus: request counters as deltas since the last read, plus gauges."""
         tags = {"model": self.name}
         counts = {"arrival": snap["arrivals_total"], "completed": snap["completed_total"],
-                  **{f"dropped_{k}": v for k, v in snap["dropped"].items()}}
+                  **{f"dropped_{k}": v for k, v in snap["dropped"].items()},
+                  **({"retried": snap["retried"]} if snap.get("retried") is not None else {})}
         for outcome, total in counts.items():
             delta = total - self._published.get(outcome, 0)
             if delta > 0:

@@ -61,6 +61,7 @@ class Front(FrontControl):
         self.gate = DispatchGate(lambda: running_replicas(app) or 1)
         self._ticker: asyncio.Task | None = None
         self.busy = 0  # requests admitted and not answered yet (a drain waits for them)
+        self.retried = 0  # requests sent again because their replica died (never twice)
 
     # -- data path -----------------------------------------------------------------------
     @api.post("/predict", summary="Run the model on one request",
@@ -126,6 +127,7 @@ class Front(FrontControl):
         try:
             return await self.model.predict.remote(payload)
         except RayActorError:  # the replica died (killed, node lost): once more elsewhere
+            self.retried += 1  # counted (FrontReport.retried, faro_requests{outcome="retried"})
             return await self.model.predict.remote(payload)
 
     @api.get("/metrics", summary="What the router front measured (JSON)")
@@ -140,4 +142,4 @@ class Front(FrontControl):
 
     def _queue_state(self) -> dict:
         return {"waiting": self.gate.waiting, "dispatched": self.gate.in_flight,
-                "dispatch_capacity": self.gate.capacity()}
+                "dispatch_capacity": self.gate.capacity(), "retried": self.retried}
