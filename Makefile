@@ -48,9 +48,9 @@ lock:
 run: install
 	$(BIN)/faro-serve demo
 
-# Just serve serve_config.yaml (Ctrl-C stops).
+# Just serve serve_config.yaml; Ctrl-C drains (admitted requests answered), then stops.
 serve: install
-	$(BIN)/serve run serve_config.yaml
+	$(BIN)/faro-serve run serve_config.yaml
 
 test: install
 	$(BIN)/python -m pytest
