@@ -24,6 +24,8 @@ the RayService fields KubeRay requires.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -152,6 +154,36 @@ def test_two_proxies_serve_count_and_bound_and_survive_losing_a_node(two_nodes, 
         assert snap["routers"] == 2, snap  # each proxy's router reports its own queue
         assert 1 <= snap["replica_held_max"] <= PIPELINE, snap  # the bound, whoever sent them
     held = {m: _meter(client, m)["replica_held_max"] for m in models}
+
+    # kill the worker's proxy alone under load through both proxies (issue 50): the head's
+    # proxy serves on untouched; the worker's cuts off at most what it held (2 clients per
+    # model), refuses connections until Serve has started it again, then serves
+    proxy = next(a for a in list_actors(address=n["dashboard"], filters=[("state", "=", "ALIVE")])
+                 if a.class_name == "ProxyActor" and a.node_id == worker_id)
+    stop_p, t_pk = asyncio.Event(), [0.0]
+
+    async def load_and_kill_proxy():
+        task = asyncio.create_task(_load([n["http"], n["http2"]], models, 10_000, clients=2, stop=stop_p))
+        await asyncio.sleep(3)
+        t_pk[0] = time.time()
+        os.kill(proxy.pid, signal.SIGKILL)
+        await asyncio.sleep(4)
+        stop_p.set()
+        return await task
+
+    during_p = asyncio.run(load_and_kill_proxy())
+    head_p = [c for base, _, c, _ in during_p if base == n["http"]]
+    assert head_p and all(c == 200 for c in head_p), set(map(str, head_p))
+    worker_p = [c for base, _, c, t in during_p if base == n["http2"] and t >= t_pk[0]]
+    cut = [c for c in worker_p if not isinstance(c, int) and c != "ConnectError"]
+    assert len(cut) <= 2 * len(models), cut
+    assert all(c == 200 or c == "ConnectError" or c in cut for c in worker_p), set(map(str, worker_p))
+    assert wait_for(lambda: all(httpx.post(f"{n['http2']}/{m}/predict", timeout=10, trust_env=False)
+                                .status_code == 200 for m in models), 120, every=1), "the worker's proxy did not come back"
+    chaos("a proxy SIGKILLed (the worker's, of two), load through both", len(head_p) + len(worker_p),
+          len(head_p) + sum(isinstance(c, int) for c in worker_p), 0, len(cut), time.time() - t_pk[0],
+          f"the head's proxy: {len(head_p)} x 200; the worker's: the {len(cut)} in flight on it cut "
+          f"off (its connections die with it), then refused at connect until Serve restarted it")
 
     # lose the worker node under load through both proxies
     lost = [a.class_name for a in placed if a.node_id == worker_id]
