@@ -1,5 +1,5 @@
-"""The demo's deployment: ``serve run <config>`` on a private local Ray, started and stopped
-by the demo as child process groups.
+"""The demo's deployment (and ``faro-serve run``'s, with a Ray other shells can find):
+``serve run <config>`` on a local Ray, started and stopped as child process groups.
 
 ``serve run`` alone starts Ray with the dashboard on the first free port from 8265, while the
 autoscaler reaches the dashboard's external scaling API at its config's ``dashboard_url``
