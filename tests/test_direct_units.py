@@ -327,3 +327,10 @@ def test_a_replica_refuses_new_requests_once_draining_and_counts_the_admitted_on
     rep.release()
     rep.release()
     assert rep.busy == 0
+
+
+def test_the_drain_finds_every_meter_and_nothing_else_by_name():
+    from faro_serve.serving.names import MODEL, is_meter, meter_name
+
+    assert is_meter(meter_name(MODEL)) and is_meter(meter_name("TextClassifier"))
+    assert not is_meter(MODEL) and not is_meter("TextClassifier") and not is_meter("FaroAutoscaler")

@@ -24,13 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .names import FRONT
-
-METER_SUFFIX = "-faro-meter"  # names.meter_name of a user's deployment under Faro
-
-
-def is_meter(deployment: str) -> bool:
-    return deployment == FRONT or deployment.endswith(METER_SUFFIX)
+from .names import is_meter
 
 
 def is_drained(state: dict) -> bool:

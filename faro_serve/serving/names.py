@@ -14,7 +14,15 @@ QUIET = {"enable_access_log": False}
 NETWORK_HEADER = "x-faro-network-ms"
 
 
+METER_SUFFIX = "-faro-meter"
+
+
 def meter_name(deployment: str) -> str:
     """The meter of a model deployment in its application: faro-serve's own model apps keep
     theirs as ``Front``; a user's deployment under Faro gets ``<deployment>-faro-meter``."""
-    return FRONT if deployment == MODEL else f"{deployment}-faro-meter"
+    return FRONT if deployment == MODEL else f"{deployment}{METER_SUFFIX}"
+
+
+def is_meter(deployment: str) -> bool:
+    """Whether a deployment of that name is a faro-serve meter (:func:`meter_name`'s)."""
+    return deployment == FRONT or deployment.endswith(METER_SUFFIX)
