@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from faro_serve.config import ClusterSpec, ModelSLO
 
@@ -54,6 +55,24 @@ def ray_serve_policy(settings: dict, name: str):
     return build
 
 
+# the autoscaling_config fields the rule reads, as Ray names them (also its keywords)
+RULE_FIELDS = ("target_ongoing_requests", "upscale_delay_s", "downscale_delay_s",
+               "look_back_period_s", "upscaling_factor", "downscaling_factor", "metrics_interval_s")
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """One deployment's settings of the rule (Ray's names, :data:`RULE_FIELDS`)."""
+
+    target_ongoing_requests: float
+    upscale_delay_s: float
+    downscale_delay_s: float
+    look_back_period_s: float
+    upscaling_factor: float
+    downscaling_factor: float
+    metrics_interval_s: float | None  # None: a sample every tick
+
+
 class RayServePolicy(Policy):
     """Ray Serve's request-based autoscaler with its defaults, as a user gets it out of the box.
 
@@ -70,6 +89,12 @@ class RayServePolicy(Policy):
     ``metrics_interval_s``: how often Ray's handles and replicas push the ongoing requests
     to the controller, so how often a new sample reaches the rule; given, it is the policy's
     tick (else the cluster's reactive interval, 10 s, Ray's default interval too).
+
+    ``per_model``: a model's own ``autoscaling_config`` (any of :data:`RULE_FIELDS`; None
+    values are Ray's unset fields, left at the keywords'), as a real cluster sets each
+    deployment apart (``faro-serve whatif``); min/max replicas are the models' bounds. A
+    model with its own ``metrics_interval_s`` takes a sample only that often, and the
+    policy ticks at the shortest interval.
     """
 
     name = "ray-serve"
@@ -79,7 +104,8 @@ class RayServePolicy(Policy):
                  target_ongoing_requests: float = 2.0, upscale_delay_s: float = 30.0,
                  downscale_delay_s: float = 600.0, look_back_period_s: float = 30.0,
                  upscaling_factor: float = 1.0, downscaling_factor: float = 1.0,
-                 metrics_interval_s: float | None = None, name: str | None = None):
+                 metrics_interval_s: float | None = None, name: str | None = None,
+                 per_model: Mapping[str, Mapping] | None = None):
         super().__init__(models, cluster)
         if name is not None:
             self.name = name
@@ -93,17 +119,42 @@ class RayServePolicy(Policy):
         self.look_back = look_back_period_s
         self.up_factor = upscaling_factor
         self.down_factor = downscaling_factor
+        self.rules = self._rules(per_model or {}, _Rule(
+            target_ongoing_requests, upscale_delay_s, downscale_delay_s, look_back_period_s,
+            upscaling_factor, downscaling_factor, None))
         self.ray_target: dict[str, int] = {}
         self.counter: dict[str, int] = {}
         self.stamp: dict[str, float | None] = {}
         self.samples: dict[str, deque] = {m.name: deque() for m in self.models}
         self.pending_since: dict[str, float] = {}
 
-    def _scaled(self, desired: float, running: int) -> int:
+    def _rules(self, per_model: Mapping[str, Mapping], base: _Rule) -> dict[str, _Rule]:
+        """Every model's rule: ``base`` with the model's own fields (checked) over it."""
+        unknown = sorted(set(per_model) - set(self.slo))
+        if unknown:
+            raise ValueError(f"per_model names {', '.join(unknown)}, not models of the policy")
+        rules = {}
+        for n in self.slo:
+            own = {k: v for k, v in per_model.get(n, {}).items() if v is not None}
+            bad = sorted(set(own) - set(RULE_FIELDS))
+            if bad:
+                raise ValueError(f"{n}: {', '.join(bad)} is not a setting of Ray's rule "
+                                 f"({', '.join(RULE_FIELDS)})")
+            for k in ("target_ongoing_requests", "metrics_interval_s", "look_back_period_s"):
+                if k in own and not float(own[k]) > 0:
+                    raise ValueError(f"{n}: {k} must be > 0 (got {own[k]!r})")
+            rules[n] = replace(base, **{k: float(v) for k, v in own.items()})
+        own_intervals = [r.metrics_interval_s for r in rules.values() if r.metrics_interval_s]
+        if own_intervals:
+            self.tick_s = min([float(self.tick_s), *own_intervals])
+        return rules
+
+    def _scaled(self, n: str, desired: float, running: int) -> int:
         if running == 0:
             return math.ceil(desired)
         delta = desired - running
-        factor = self.up_factor if delta > 0 else self.down_factor
+        rule = self.rules[n]
+        factor = rule.upscaling_factor if delta > 0 else rule.downscaling_factor
         scaled = math.ceil(running + factor * delta)
         if math.ceil(desired) < running and scaled == running:
             scaled -= 1
@@ -119,7 +170,7 @@ class RayServePolicy(Policy):
                 counter, stamp = 0, None
             counter += 1
             stamp = now if stamp is None else stamp
-            if now - stamp + 1e-6 >= self.up_delay:
+            if now - stamp + 1e-6 >= self.rules[n].upscale_delay_s:
                 counter, stamp, decision = 0, None, desired
         elif desired < cur:
             if counter > 0:
@@ -127,7 +178,7 @@ class RayServePolicy(Policy):
             counter -= 1
             desired = max(1, desired)
             stamp = now if stamp is None else stamp
-            if now - stamp + 1e-6 >= self.down_delay:
+            if now - stamp + 1e-6 >= self.rules[n].downscale_delay_s:
                 counter, stamp, decision = 0, None, desired
         else:
             counter, stamp = 0, None
@@ -137,16 +188,17 @@ class RayServePolicy(Policy):
     def decide(self, obs: Observation) -> Decision | None:
         now = obs.now
         for m in self.models:
-            o = obs.models[m.name]
+            o, rule = obs.models[m.name], self.rules[m.name]
             self.ray_target.setdefault(m.name, o.target_replicas)
             q = self.samples[m.name]
-            q.append((now, o.ongoing_per_replica * o.replicas))
-            while q and q[0][0] <= now - self.look_back:
+            if not q or rule.metrics_interval_s is None or now - q[-1][0] + 1e-6 >= rule.metrics_interval_s:
+                q.append((now, o.ongoing_per_replica * o.replicas))
+            while len(q) > 1 and q[0][0] <= now - rule.look_back_period_s:
                 q.popleft()
             total = sum(v for _, v in q) / len(q)
             running = o.replicas
-            desired = self.ray_target[m.name] if running == 0 else total / self.target_ongoing
-            final = self._delay(m.name, max(0, self._scaled(desired, running)), now)
+            desired = self.ray_target[m.name] if running == 0 else total / rule.target_ongoing_requests
+            final = self._delay(m.name, max(0, self._scaled(m.name, desired, running)), now)
             self.ray_target[m.name] = m.clamp(final)
         for m in self.models:  # Ray's target above what runs = pending replicas
             if self.ray_target[m.name] > obs.models[m.name].target_replicas:

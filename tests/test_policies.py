@@ -133,6 +133,40 @@ def test_ray_serve_gives_free_capacity_to_a_new_wish_at_once():
     assert pol.decide(obs(30, state, cap=10)).replicas == {"m0": 5}  # 4 free CPUs, all to m0
 
 
+def test_ray_serve_takes_each_models_own_autoscaling_config():
+    """per_model: each model under its own Ray settings (whatif's as-run cluster), the others
+    under the policy's; the policy ticks at the shortest metrics interval, and a model with
+    a longer one samples only that often."""
+    from autoscaler.ray_rule import RayServePolicy
+
+    ms = models(3)
+    pol = RayServePolicy(ms, ClusterSpec(cpus=50), per_model={
+        "m1": {"target_ongoing_requests": 1, "upscale_delay_s": 4, "downscale_delay_s": 20,
+               "metrics_interval_s": 2, "upscaling_factor": None},
+        "m2": {"metrics_interval_s": 8}})
+    assert pol.tick_s == 2 and pol.rules["m0"].target_ongoing_requests == 2.0
+    busy = {n: {"replicas": 2, "ongoing_per_replica": 5.0} for n in ("m0", "m1", "m2")}  # 10 ongoing
+    seen = {}
+    for t in range(0, 32, 2):
+        d = pol.decide(obs(t, busy, cap=50))
+        for n, r in (d.replicas if d else {}).items():
+            seen.setdefault(n, (t, r))
+    # m1: 10 / 1 = 10 replicas after its 4 s delay; m0 and m2: 10 / 2 = 5 after Ray's 30 s
+    assert seen == {"m1": (4, 10), "m0": (30, 5), "m2": (30, 5)}
+    assert [t for t, _ in pol.samples["m2"]] == [8, 16, 24] and len(pol.samples["m1"]) == 15
+    quiet = {n: {"replicas": r, "ongoing_per_replica": 0.1} for n, r in (("m0", 5), ("m1", 10), ("m2", 5))}
+    downs = {}
+    for t in range(32, 700, 2):
+        d = pol.decide(obs(t, quiet, cap=50))
+        for n in (d.replicas if d else {}):
+            downs.setdefault(n, t)
+    assert downs["m1"] < 32 + 20 + 12 < 600 < downs["m0"]  # its own 20 s (plus the 10 s look-back)
+    with pytest.raises(ValueError, match="not models of the policy"):
+        RayServePolicy(ms, ClusterSpec(cpus=50), per_model={"nope": {}})
+    with pytest.raises(ValueError, match="m0: min_replicas is not a setting"):
+        RayServePolicy(ms, ClusterSpec(cpus=50), per_model={"m0": {"min_replicas": 1}})
+
+
 def test_mark_provisions_the_forecast_peak_at_one_replica_capacity():
     class Const:
         input_size, horizon = 15, 7

@@ -284,6 +284,24 @@ def test_targets_are_clamped_to_model_bounds():
     assert res.targets[0, 0] == 2
 
 
+def test_initial_replicas_by_model_start_each_model_apart():
+    """A mapping starts each model named at its own count (clamped to its bounds), the others
+    at their minimum; an int still starts every model alike."""
+    m = [ModelSLO(name=n, slo_ms=720, processing_ms=154, max_replicas=4) for n in ("a", "b", "c")]
+    res = simulate(np.full((3, 1), 60.0), m, Hold(m, ClusterSpec(cpus=12)),
+                   SimConfig(capacity_cpus=12, initial_replicas={"a": 3, "b": 9}))
+    assert res.serving[0].tolist() == [3, 4, 1] and (res.targets == [3, 4, 1]).all()
+    res = simulate(np.full((3, 1), 60.0), m, Hold(m, ClusterSpec(cpus=12)),
+                   SimConfig(capacity_cpus=12, initial_replicas=2))
+    assert res.serving[0].tolist() == [2, 2, 2]
+    with pytest.raises(ValueError, match="initial replicas of nope: not models"):
+        simulate(np.full((3, 1), 60.0), m, Hold(m, ClusterSpec(cpus=12)),
+                 SimConfig(capacity_cpus=12, initial_replicas={"nope": 2}))
+    with pytest.raises(ValueError, match="initial replicas"):  # beyond the capacity
+        simulate(np.full((3, 1), 60.0), m, Hold(m, ClusterSpec(cpus=5)),
+                 SimConfig(capacity_cpus=5, initial_replicas={"a": 4, "b": 4}))
+
+
 def test_clients_give_up_after_their_timeout():
     """A client's timeout (a replay's 60 s): a request still queued after it leaves unserved
     and never takes a replica; one answered later than it fails too; the queue stays bounded."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,7 +85,9 @@ class SimConfig:
     # when it frees (kernels.advance)
     ray_batching: bool = False
     look_back_s: float = LOOK_BACK_S  # the live meters' too (faro_serve.measures)
-    initial_replicas: int | None = None  # None: each model's min_replicas
+    # None: each model's min_replicas; a mapping: by model name (a model not named: its
+    # min_replicas), e.g. what each deployment of a recorded cluster ran at its first minute
+    initial_replicas: int | Mapping[str, int] | None = None
     seed: int = 0
     draw: int = 0  # > 0: same counts, another draw of the per-request randomness (workload.Workload)
     keep_records: bool = False  # keep every request record (tests, live comparison)
@@ -219,7 +221,12 @@ class _Run:
             raise ValueError("the trace has no minutes")
         self.spec = {m.name: m for m in self.models}
         self.slo_of = {m.name: m.slo_ms / 1e3 for m in self.models}
-        init = [m.clamp(cfg.initial_replicas or m.min_replicas) for m in self.models]
+        given = cfg.initial_replicas
+        if isinstance(given, Mapping) and set(given) - set(self.model_names):
+            raise ValueError(f"initial replicas of {', '.join(sorted(set(given) - set(self.model_names)))}: "
+                             f"not models of the run")
+        init = [m.clamp((given.get(m.name) if isinstance(given, Mapping) else given) or m.min_replicas)
+                for m in self.models]
         over = cfg.capacity.over(usage({m.name: r for m, r in zip(self.models, init)},
                                        {m.name: demand(m) for m in self.models}))
         if over:
