@@ -30,6 +30,7 @@ COMMANDS = [
     "faro_serve.commands.init",
     "faro_serve.commands.run",
     "faro_serve.commands.drain",
+    "faro_serve.commands.whatif",
 ]
 
 

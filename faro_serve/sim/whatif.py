@@ -1,0 +1,360 @@
+"""``faro-serve whatif``'s core (issue 48): a plain Ray Serve cluster's recorded minutes
+replayed twice in the matched simulator, as it ran and under Faro.
+
+The history is a :class:`forecasting.rayserve.ServeHistory` (Prometheus or its export).
+Both runs share the minutes, the deployments, their processing times, the queue settings
+and the seed (so the very same requests): only the autoscaler differs.
+
+* as run: Ray's own rule (``autoscaler.ray_rule.RayServePolicy``) with each deployment's
+  ``autoscaling_config``; a fixed ``num_replicas`` is min = max; a deployment whose config
+  is unknown stays at its median recorded replicas. Each starts at its recorded replicas.
+* Faro: the policy named (Faro-FairSum by default, as the live autoscaler), each deployment
+  from one replica up to what the stated capacity holds.
+
+A deployment's simulated processing time is a lognormal through its recorded p50 and p90;
+the planner's prior is the recorded mean. The SLO is the user's, or the p99 its application
+measured end to end over the range ("derived"). The simulator checks itself: the as-run
+replay against what the cluster measured (violation rate, replicas). Ray-free.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.special import ndtr
+
+from autoscaler.common import faro_policy_name
+from autoscaler.ray_rule import RAY_DEFAULTS, RULE_FIELDS, RayServePolicy
+from autoscaler.registry import make_policy
+from faro_serve.config import ClusterSpec, ModelSLO
+from forecasting.rayserve import ServeHistory, bucket_quantile
+
+from ..distributions import PAPER_PROCESSING, TimeDist
+from .runner import SimConfig, SimResult, simulate
+
+DEFAULT_POLICY = faro_policy_name(ClusterSpec.model_fields["objective"].default)  # faro-fairsum
+AS_RUN = "ray-serve (as run)"
+UNBOUNDED_QUEUE = 10**6  # max_queued_requests -1 (no limit), as compare's simulation
+Z90 = 1.2815515655446004  # the standard normal's 0.9 quantile
+# Ray Serve 2.60's defaults for a field its REST API leaves out (or null)
+RAY_RULE = {**RAY_DEFAULTS["autoscaling_config"], "upscaling_factor": 1.0, "downscaling_factor": 1.0}
+RAY_MIN, RAY_MAX = 1, 1  # AutoscalingConfig's min_replicas / max_replicas
+AUTO_MAX = 100  # num_replicas "auto": Ray's max_replicas for it
+NO_TRAFFIC_SLO_MS = 1000.0
+
+
+@dataclass(frozen=True)
+class SLO:
+    ms: float
+    percentile: float = 99.0
+    derived: bool = False
+
+
+@dataclass
+class Deployment:
+    """One deployment as the replay takes it (``key`` is ``app/deployment``)."""
+
+    key: str
+    name: str  # the simulator's model name: the key with "/" as "." (made unique)
+    mode: str  # "autoscaling", "fixed" or "unknown" (no config: its median recorded replicas)
+    min_replicas: int  # as run
+    max_replicas: int
+    rule: dict  # Ray's autoscaling_config fields the rule reads (RULE_FIELDS)
+    cpus: float
+    gpus: float
+    initial: int  # recorded replicas at the first minute
+    processing: TimeDist
+    processing_mean_ms: float
+    slo: SLO
+    max_ongoing_requests: int
+    max_queued_requests: int
+    faro_max: int = 1  # what the capacity holds
+
+
+@dataclass
+class WhatIf:
+    """Both runs and what they were built from (``faro_serve.sim.whatif_report`` reports it)."""
+
+    hist: ServeHistory
+    deployments: list[Deployment]
+    as_run: SimResult
+    faro: SimResult
+    config: SimConfig
+    policy: str
+    capacity_cpus: float
+    capacity_gpus: float | None
+    queue: dict  # the deployments' max_ongoing_requests / max_queued_requests taken (queue_settings)
+    notes: list[str] = field(default_factory=list)
+
+
+def restore_infinite_edges(hist: ServeHistory) -> None:
+    """Histogram edges an export wrote as null back to +Inf (``ServeHistory.save`` turns
+    every non-finite number into null, the ``+Inf`` bucket's edge too), in place."""
+    def fix(le):
+        return [math.inf if x is None else float(x) for x in le]
+
+    for d in hist.deployments.values():
+        d.processing_le = fix(d.processing_le)
+    for a in hist.latency.values():
+        a.le = fix(a.le)
+
+
+def model_names(keys: list[str]) -> dict[str, str]:
+    """``app/deployment`` -> a model name the config accepts (``app.deployment``), unique."""
+    out, used = {}, set()
+    for k in keys:
+        base = re.sub(r"[^A-Za-z0-9_.-]", "_", k.replace("/", "."))
+        base = (base if base[:1].isalnum() else "d" + base)[:60]
+        name, i = base, 2
+        while name in used:
+            name, i = f"{base}-{i}", i + 1
+        used.add(name)
+        out[k] = name
+    return out
+
+
+def resolve(names: Mapping[str, object], hist: ServeHistory, what: str) -> dict[str, object]:
+    """A mapping by ``app/deployment`` or unique deployment name -> by key; an unknown or
+    ambiguous name raises, listing the deployments."""
+    out = {}
+    for n, v in names.items():
+        hits = [k for k, d in hist.deployments.items() if n in (k, d.deployment)]
+        if len(hits) != 1:
+            why = "matches several deployments" if hits else "is not a deployment of this history"
+            raise ValueError(f"{what} {n!r} {why}; it has {', '.join(sorted(hist.deployments))}")
+        out[hits[0]] = v
+    return out
+
+
+def fit_lognormal(le, counts, mean_ms: float) -> TimeDist | None:
+    """The lognormal of mean ``mean_ms`` whose CDF is nearest (least squares) to the
+    histogram's at its finite bucket edges: the mean (Prometheus's _sum / _count) is exact,
+    and every edge counts, not two quantiles read by interpolating inside a bucket."""
+    c = np.asarray(counts, float)
+    edges = np.asarray(le, float)
+    keep = np.isfinite(edges) & (edges > 0)
+    if not c.size or not c[-1] > 0 or not keep.any():
+        return None
+    x, frac = np.log(edges[keep]), c[keep] / c[-1]
+    best = None
+    for grid in (np.linspace(0.01, 3.0, 300), None):
+        if grid is None:  # refine around the best of the coarse grid
+            grid = np.linspace(max(0.001, best - 0.01), best + 0.01, 81)
+        mu = math.log(mean_ms) - grid ** 2 / 2
+        err = ((ndtr((x[None, :] - mu[:, None]) / grid[:, None]) - frac[None, :]) ** 2).sum(axis=1)
+        best = float(grid[int(np.argmin(err))])
+    return TimeDist("lognorm", (best, 0.0, math.exp(math.log(mean_ms) - best ** 2 / 2) / 1e3))
+
+
+def processing_of(d, notes: list[str]) -> tuple[TimeDist, float]:
+    """(the simulated processing time, its mean in ms): the lognormal of the recorded mean
+    fitted to the recorded histogram (:func:`fit_lognormal`); without a mean, through its
+    p50 and p90; without a histogram, the paper's shape at the recorded mean."""
+    p50, p90 = d.processing_quantile(0.5), d.processing_quantile(0.9)
+    mean = d.processing_mean_ms
+    fit = fit_lognormal(d.processing_le, d.processing_counts, mean) if mean and mean > 0 else None
+    if fit is not None:
+        return fit, float(mean)
+    if p50 is not None and p90 is not None and p50 > 0:
+        s = max(0.0, math.log(max(p90, p50) / p50) / Z90)
+        dist = TimeDist("lognorm", (s, 0.0, p50 / 1e3))
+        return dist, float(mean) if mean and mean > 0 else dist.mean * 1e3
+    if mean and mean > 0:
+        notes.append(f"{d.key}: no processing-time histogram; the paper's lognormal shape at its "
+                     f"recorded mean {mean:.1f} ms")
+        return PAPER_PROCESSING.scaled_to_mean(mean / 1e3), float(mean)
+    notes.append(f"{d.key}: no processing time recorded; the paper's {PAPER_PROCESSING.mean * 1e3:.0f} ms "
+                 f"assumed")
+    return PAPER_PROCESSING, PAPER_PROCESSING.mean * 1e3
+
+
+def derived_slo(hist: ServeHistory, d, proc_ms: float, notes: list[str]) -> SLO:
+    """The p99 the deployment's application measured end to end over the range."""
+    lat = hist.latency.get(d.application)
+    n = 0.0
+    if lat is not None and lat.counts:
+        tot = np.nansum(np.asarray(lat.counts, float), axis=0)
+        n = float(tot[-1]) if tot.size else 0.0
+    if n <= 0:
+        if sum(d.arrivals) <= 0:
+            notes.append(f"{d.key}: no requests in the range; SLO {NO_TRAFFIC_SLO_MS:g} ms assumed "
+                         f"(it does not matter)")
+            return SLO(max(NO_TRAFFIC_SLO_MS, 2 * proc_ms), 99.0, True)
+        raise ValueError(f"{d.key}: its application {d.application!r} has no end-to-end latency "
+                         f"recorded to derive an SLO from; give --slo {d.key}=MS")
+    p99 = bucket_quantile(lat.le, tot, 0.99)
+    finite = [x for x in lat.le if math.isfinite(x)]
+    if finite and p99 >= finite[-1]:
+        notes.append(f"{d.key}: its application's p99 lies beyond the latency histogram's last "
+                     f"bucket; SLO taken as that bucket's edge, {p99:g} ms")
+    if not p99 > proc_ms:
+        notes.append(f"{d.key}: its application's p99 ({p99:.0f} ms) is not above its mean "
+                     f"processing time ({proc_ms:.0f} ms); SLO 1.5 x that")
+        p99 = 1.5 * proc_ms
+    return SLO(round(p99, 1), 99.0, True)
+
+
+def ray_settings(d, notes: list[str]) -> tuple[str, int, int, dict]:
+    """(mode, min, max, rule) of a deployment's Serve config (Ray's defaults filled in)."""
+    cfg = d.config or {}
+    ac = cfg.get("autoscaling_config")
+    num = cfg.get("num_replicas")
+    if not ac and num == "auto":
+        ac = {"min_replicas": 1, "max_replicas": AUTO_MAX}
+    if ac:
+        rule = {k: RAY_RULE.get(k) if ac.get(k) is None else float(ac[k]) for k in RULE_FIELDS}
+        for k, old in (("upscaling_factor", "upscale_smoothing_factor"),
+                       ("downscaling_factor", "downscale_smoothing_factor")):
+            if ac.get(k) is None:
+                rule[k] = float(ac.get(old) or ac.get("smoothing_factor") or 1.0)
+        lo = RAY_MIN if ac.get("min_replicas") is None else int(ac["min_replicas"])
+        hi = RAY_MAX if ac.get("max_replicas") is None else int(ac["max_replicas"])
+        if lo < 1:
+            notes.append(f"{d.key}: min_replicas {lo} taken as 1 (the simulator keeps a replica)")
+            lo = 1
+        return "autoscaling", lo, max(lo, hi), rule
+    if isinstance(num, (int, float)) and num >= 1:
+        return "fixed", int(num), int(num), {}
+    rec = np.asarray(d.replicas, float)
+    n = int(round(float(np.nanmedian(rec)))) if np.isfinite(rec).any() else 1
+    n = max(1, n)
+    notes.append(f"{d.key}: no Serve config (read without --dashboard, or not running now): "
+                 f"fixed at its median recorded replicas, {n}")
+    return "unknown", n, n, {}
+
+
+def first_recorded(replicas) -> int | None:
+    rec = np.asarray(replicas, float)
+    seen = np.flatnonzero(np.isfinite(rec))
+    return None if not seen.size else int(round(rec[seen[0]]))
+
+
+def build(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | None = None,
+          slos: Mapping[str, tuple[float, float]] | None = None) -> tuple[list[Deployment], list[str]]:
+    """Every deployment as the replay takes it, and the notes on what was assumed."""
+    if not hist.deployments:
+        raise ValueError("the history has no deployments")
+    notes: list[str] = []
+    given = resolve(dict(slos or {}), hist, "--slo")
+    keys = sorted(hist.deployments)
+    names = model_names(keys)
+    out = []
+    for k in keys:
+        d = hist.deployments[k]
+        dist, mean = processing_of(d, notes)
+        if k in given:
+            ms, pct = given[k]
+            if not ms > mean:
+                raise ValueError(f"--slo {k}={ms:g}: not above its mean processing time ({mean:.0f} ms)")
+            slo = SLO(float(ms), float(pct), False)
+        else:
+            slo = derived_slo(hist, d, mean, notes)
+        mode, lo, hi, rule = ray_settings(d, notes)
+        opts = (d.config or {}).get("ray_actor_options") or {}
+        cpus = 1.0 if opts.get("num_cpus") is None else float(opts["num_cpus"])
+        if cpus <= 0:
+            notes.append(f"{k}: num_cpus {cpus:g} taken as 0.01 (the simulator counts every replica)")
+            cpus = 0.01
+        gpus = float(opts.get("num_gpus") or 0.0)
+        if gpus > 0 and capacity_gpus is None:
+            raise ValueError(f"{k} takes {gpus:g} GPU(s) per replica: give --capacity-gpus")
+        holds = math.floor(capacity_cpus / cpus + 1e-9)
+        if gpus > 0:
+            holds = min(holds, math.floor(capacity_gpus / gpus + 1e-9))
+        if holds < 1:
+            raise ValueError(f"--capacity holds no replica of {k} ({cpus:g} CPUs, {gpus:g} GPUs each)")
+        ongoing = (d.config or {}).get("max_ongoing_requests")
+        queued = (d.config or {}).get("max_queued_requests")
+        first = first_recorded(d.replicas)
+        out.append(Deployment(
+            key=k, name=names[k], mode=mode, min_replicas=lo, max_replicas=hi, rule=rule, cpus=cpus,
+            gpus=gpus, initial=lo if first is None else first, processing=dist,
+            processing_mean_ms=mean, slo=slo,
+            max_ongoing_requests=RAY_DEFAULTS["max_ongoing_requests"] if ongoing is None else int(ongoing),
+            max_queued_requests=RAY_DEFAULTS["max_queued_requests"] if queued is None else int(queued),
+            faro_max=holds))
+    check_fits(hist, out, capacity_cpus, capacity_gpus, notes)
+    return out, notes
+
+
+def check_fits(hist, deps: list[Deployment], cpus: float, gpus: float | None, notes: list[str]) -> None:
+    """The first minute's recorded replicas must fit the capacity (both runs start there);
+    a later minute that needed more is noted (the replay is held to the capacity)."""
+    start = {"CPUs": sum(max(min(d.initial, d.max_replicas), d.min_replicas) * d.cpus for d in deps),
+             "GPUs": sum(max(min(d.initial, d.max_replicas), d.min_replicas) * d.gpus for d in deps)}
+    for what, cap in (("CPUs", cpus), ("GPUs", gpus)):
+        if cap is not None and start[what] > cap + 1e-9:
+            flag = "--capacity" if what == "CPUs" else "--capacity-gpus"
+            raise ValueError(f"{flag} {cap:g}: the deployments start at {start[what]:g} {what} (their "
+                             f"recorded replicas at the first minute, within their bounds); give at "
+                             f"least that, or fewer --deployments")
+    rec = np.stack([np.asarray(hist.deployments[d.key].replicas, float) * d.cpus for d in deps])
+    used = np.nansum(rec, axis=0)
+    if used.size and used.max() > cpus + 1e-9:
+        m = int(np.argmax(used))
+        notes.append(f"the recorded replicas took up to {used[m]:g} CPUs (minute {m}), more than "
+                     f"--capacity {cpus:g}: the replay holds both runs to the capacity")
+
+
+def queue_settings(deps: list[Deployment], counts: np.ndarray, notes: list[str]) -> dict:
+    """SimConfig's one queue_limit and queue_per_replica: the deployments' most common
+    max_queued_requests and max_ongoing_requests (named when they differ)."""
+    picked = {}
+    for f in ("max_ongoing_requests", "max_queued_requests"):
+        c = Counter(getattr(d, f) for d in deps)
+        picked[f] = c.most_common(1)[0][0]
+        if len(c) > 1:
+            seen = ", ".join(f"{v} for {n}" for v, n in c.most_common())
+            notes.append(f"{f} differs between deployments ({seen}); the simulator takes one for "
+                         f"all: {picked[f]}, the most common")
+    limit = picked["max_queued_requests"]
+    # no limit: a queue cannot outgrow a deployment's requests (their Poisson draw: the mean
+    # and 6 SD), so that bound is exact and keeps the ring small
+    total = float(counts.sum(axis=1).max(initial=0.0))
+    most = int(total + 6 * math.sqrt(total) + 100)
+    return {"queue_limit": min(UNBOUNDED_QUEUE, most) if limit < 0 else limit,
+            "queue_per_replica": max(0, picked["max_ongoing_requests"] - 1),
+            "max_ongoing_requests": picked["max_ongoing_requests"], "max_queued_requests": limit}
+
+
+def as_run_models(deps: list[Deployment]) -> list[ModelSLO]:
+    return [ModelSLO(name=d.name, slo_ms=d.slo.ms, percentile=d.slo.percentile,
+                     processing_ms=d.processing_mean_ms, min_replicas=d.min_replicas,
+                     max_replicas=d.max_replicas, cpus=d.cpus, gpus=d.gpus) for d in deps]
+
+
+def faro_models(deps: list[Deployment]) -> list[ModelSLO]:
+    return [ModelSLO(name=d.name, slo_ms=d.slo.ms, percentile=d.slo.percentile,
+                     processing_ms=d.processing_mean_ms, min_replicas=1, max_replicas=d.faro_max,
+                     cpus=d.cpus, gpus=d.gpus) for d in deps]
+
+
+def run_whatif(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | None = None,
+               slos: Mapping[str, tuple[float, float]] | None = None, policy: str = DEFAULT_POLICY,
+               forecaster=None, seed: int = 0, cold_start_s: float = 60.0) -> WhatIf:
+    """Replay ``hist`` as it ran and under ``policy`` (module docstring); ``slos``: by
+    deployment (``app/deployment`` or a unique deployment name), ``(ms, percentile)``."""
+    if not (math.isfinite(capacity_cpus) and capacity_cpus > 0):
+        raise ValueError(f"--capacity must be a finite number > 0 (got {capacity_cpus:g})")
+    restore_infinite_edges(hist)
+    deps, notes = build(hist, capacity_cpus, capacity_gpus, slos)
+    counts = np.stack([np.asarray(hist.deployments[d.key].arrivals, float) for d in deps])
+    q = queue_settings(deps, counts, notes)
+    cfg = SimConfig(capacity_cpus=capacity_cpus, capacity_gpus=capacity_gpus, cold_start_s=cold_start_s,
+                    queue_limit=q["queue_limit"], queue_per_replica=q["queue_per_replica"],
+                    processing=tuple(d.processing for d in deps),
+                    initial_replicas={d.name: d.initial for d in deps}, seed=seed)
+    cluster = ClusterSpec(cpus=capacity_cpus, gpus=capacity_gpus)
+    ray_models = as_run_models(deps)
+    ray = RayServePolicy(ray_models, cluster, name=AS_RUN,
+                         per_model={d.name: d.rule for d in deps if d.rule})
+    as_run = simulate(counts, ray_models, ray, cfg)
+    fm = faro_models(deps)
+    faro = simulate(counts, fm, make_policy(policy, fm, cluster, forecaster), cfg)
+    return WhatIf(hist, deps, as_run, faro, cfg, policy, capacity_cpus, capacity_gpus, q,
+                  list(hist.notes) + notes)

@@ -1,0 +1,283 @@
+"""``faro-serve whatif``'s figures and report: ``whatif.json`` (every figure), ``report.md``
+(the tables docs/whatif.md explains) and one plot per deployment (arrivals; recorded, as-run
+and Faro replicas), from a :class:`faro_serve.sim.whatif.WhatIf`.
+
+Replica-hours count every replica a run asked for, starting ones included (what the cluster
+reserved); the recorded ones count the healthy replicas Prometheus saw each minute. A request
+violates its SLO when it is slower than the SLO's latency or dropped (the paper's rate).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .plots import _colour, _plt, _save
+from .whatif import WhatIf
+
+TOP_MINUTES = 10
+TOP_DAYS = 10
+
+
+def _r(x, nd=4):
+    return None if x is None or not np.isfinite(x) else round(float(x), nd)
+
+
+def minute_replicas(res) -> np.ndarray:
+    """Target replicas (models x minutes): the mean over each minute's ticks."""
+    minute = (res.tick_times // 60).astype(int)
+    n = res.table.minutes
+    ticks = np.bincount(minute, minlength=n)[:n]
+    out = np.stack([np.bincount(minute, weights=res.targets[:, i], minlength=n)[:n]
+                    for i in range(res.targets.shape[1])])
+    return out / np.maximum(ticks, 1)
+
+
+def _violating(res) -> np.ndarray:
+    """Requests over the SLO or dropped, models x minutes."""
+    return res.table.over_slo + res.table.dropped
+
+
+def _run_figures(res, i: int, gpus: float) -> dict:
+    s = res.summary
+    rh = float(res.targets[:, i].sum() * res.tick_s / 3600.0)
+    return {"slo_violation_rate": _r(s.job_slo_violation_rate[i], 6),
+            "violating": int(_violating(res)[i].sum()), "dropped": int(s.job_dropped[i]),
+            "replica_hours": round(rh, 3), "gpu_hours": round(rh * gpus, 3),
+            "mean_replicas": round(float(res.targets[:, i].mean()), 3)}
+
+
+def _total(runs: list[dict], requests: int) -> dict:
+    bad = sum(r["violating"] for r in runs)
+    return {"slo_violation_rate": _r(bad / requests, 6) if requests else 0.0, "violating": bad,
+            "dropped": sum(r["dropped"] for r in runs),
+            "replica_hours": round(sum(r["replica_hours"] for r in runs), 3),
+            "gpu_hours": round(sum(r["gpu_hours"] for r in runs), 3)}
+
+
+def _when(start: float, minute: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(start + 60.0 * minute))
+
+
+def figures(w: WhatIf) -> dict:
+    """Every figure of the report, JSON-ready."""
+    hist, deps = w.hist, w.deployments
+    per, runs = {}, {"as_run": [], "faro": []}
+    for i, d in enumerate(deps):
+        dh = hist.deployments[d.key]
+        rec = np.asarray(dh.replicas, float)
+        seen = np.isfinite(rec)
+        rec_h = float(np.nansum(rec) / 60.0)
+        lat = hist.latency.get(dh.application)
+        n, slow = lat.over(d.slo.ms) if lat is not None else (0.0, 0.0)
+        row = {"model": d.name, "mode": d.mode, "as_run_replicas": [d.min_replicas, d.max_replicas],
+               "rule": d.rule, "cpus": d.cpus, "gpus": d.gpus, "faro_replicas": [1, d.faro_max],
+               "initial_replicas": d.initial, "processing": str(d.processing),
+               "processing_mean_ms": round(d.processing_mean_ms, 3),
+               "slo_ms": d.slo.ms, "slo_percentile": d.slo.percentile, "slo_derived": d.slo.derived,
+               "requests": int(w.as_run.summary.job_requests[i]),
+               "recorded": {"mean_replicas": _r(np.nanmean(rec), 3) if seen.any() else None,
+                            "replica_hours": round(rec_h, 3), "gpu_hours": round(rec_h * d.gpus, 3),
+                            "minutes_without_replicas": int((~seen).sum())}}
+        for key, res in (("as_run", w.as_run), ("faro", w.faro)):
+            row[key] = _run_figures(res, i, d.gpus)
+            runs[key].append(row[key])
+        row["check"] = {"measured_requests": round(n, 1),
+                        "measured_violation_rate": _r(slow / n, 6) if n > 0 else None,
+                        "simulated_violation_rate": row["as_run"]["slo_violation_rate"],
+                        "recorded_mean_replicas": row["recorded"]["mean_replicas"],
+                        "simulated_mean_serving_replicas": round(float(w.as_run.serving[:, i].mean()), 3)}
+        per[d.key] = row
+    requests = int(w.as_run.summary.job_requests.sum())
+    total = {"requests": requests, "as_run": _total(runs["as_run"], requests),
+             "faro": _total(runs["faro"], requests),
+             "recorded": {"replica_hours": round(sum(r["recorded"]["replica_hours"] for r in per.values()), 3),
+                          "gpu_hours": round(sum(r["recorded"]["gpu_hours"] for r in per.values()), 3)}}
+    cpus = np.array([d.cpus for d in deps])[:, None]
+    ray_v, faro_v = _violating(w.as_run).sum(axis=0), _violating(w.faro).sum(axis=0)
+    ray_r, faro_r = minute_replicas(w.as_run), minute_replicas(w.faro)
+    rec = np.stack([np.asarray(hist.deployments[d.key].replicas, float) for d in deps])
+    per_minute = {"requests": w.as_run.table.requests.sum(axis=0).tolist(),
+                  "as_run_violating": ray_v.tolist(), "faro_violating": faro_v.tolist(),
+                  "as_run_cpus": np.round((ray_r * cpus).sum(axis=0), 3).tolist(),
+                  "faro_cpus": np.round((faro_r * cpus).sum(axis=0), 3).tolist(),
+                  "recorded_cpus": np.round(np.nansum(rec * cpus, axis=0), 3).tolist()}
+    diff = faro_v - ray_v
+    order = sorted(np.flatnonzero(diff), key=lambda m: (-abs(int(diff[m])), m))[:TOP_MINUTES]
+    top = [{"minute": int(m), "time": _when(hist.start, m), "requests": int(per_minute["requests"][m]),
+            "as_run_violating": int(ray_v[m]), "faro_violating": int(faro_v[m]),
+            "difference": int(diff[m]), "as_run_cpus": per_minute["as_run_cpus"][m],
+            "faro_cpus": per_minute["faro_cpus"][m]} for m in order]
+    return {"source": hist.source, "start": _when(hist.start, 0) + " UTC", "minutes": hist.minutes,
+            "capacity_cpus": w.capacity_cpus, "capacity_gpus": w.capacity_gpus, "policy": w.policy,
+            "as_run_policy": w.as_run.policy, "seed": w.config.seed, "cold_start_s": w.config.cold_start_s,
+            "queue": w.queue,
+            "deployments": per, "total": total, "top_minutes": top,
+            "days": _days(hist, w, ray_v, faro_v, ray_r, faro_r, rec),
+            "per_minute": per_minute, "notes": list(w.notes),
+            "wall_s": {"as_run": round(w.as_run.wall_s, 2), "faro": round(w.faro.wall_s, 2)}}
+
+
+def _days(hist, w, ray_v, faro_v, ray_r, faro_r, rec) -> list[dict]:
+    """Per UTC day (only for a range over a day), in time order."""
+    if hist.minutes <= 1440:
+        return []
+    day = ((hist.start + 60.0 * np.arange(hist.minutes)) // 86400).astype(int)
+    gpus = np.array([d.gpus for d in w.deployments])[:, None]
+    req = w.as_run.table.requests.sum(axis=0)
+    out = []
+    for k in np.unique(day):
+        sel = day == k
+        out.append({"day": time.strftime("%Y-%m-%d", time.gmtime(86400.0 * k)), "minutes": int(sel.sum()),
+                    "requests": int(req[sel].sum()), "as_run_violating": int(ray_v[sel].sum()),
+                    "faro_violating": int(faro_v[sel].sum()),
+                    "difference": int(faro_v[sel].sum() - ray_v[sel].sum()),
+                    "as_run_replica_hours": round(float(ray_r[:, sel].sum() / 60), 2),
+                    "faro_replica_hours": round(float(faro_r[:, sel].sum() / 60), 2),
+                    "recorded_replica_hours": round(float(np.nansum(rec[:, sel]) / 60), 2),
+                    "as_run_gpu_hours": round(float((ray_r[:, sel] * gpus).sum() / 60), 2),
+                    "faro_gpu_hours": round(float((faro_r[:, sel] * gpus).sum() / 60), 2)})
+    return out
+
+
+# -- report.md ------------------------------------------------------------------------------
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.2f} %"
+
+
+def _num(x, nd=1) -> str:
+    return "-" if x is None else f"{x:,.{nd}f}"
+
+
+def _table(head: list[str], rows: list[list], text: tuple[int, ...] = (0,)) -> list[str]:
+    """A markdown table, the columns ``text`` left-aligned and the others right (numbers)."""
+    out = ["| " + " | ".join(head) + " |",
+           "|" + "|".join("---" if i in text else "---:" for i in range(len(head))) + "|"]
+    return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+
+
+def _slo(r) -> str:
+    return f"{r['slo_ms']:g} ms @ p{r['slo_percentile']:g}" + (" (derived)" if r["slo_derived"] else "")
+
+
+def markdown(f: dict, plots: list[str]) -> str:
+    deps, tot = f["deployments"], f["total"]
+    lines = [f"# What if Faro had autoscaled: {f['minutes']:,} minutes from {f['start']}", "",
+             f"Source: `{f['source']}`. Capacity {f['capacity_cpus']:g} CPUs"
+             + (f", {f['capacity_gpus']:g} GPUs" if f["capacity_gpus"] is not None else "")
+             + f". Faro: `{f['policy']}`" + (f" (forecaster: {f['forecaster']})" if f.get("forecaster") else "")
+             + f"; as run: Ray Serve's rule with each deployment's own settings. Seed {f['seed']}, the same "
+             f"requests in both runs; cold start {f['cold_start_s']:g} s; every deployment's replicas "
+             f"hold max_ongoing_requests {f['queue']['max_ongoing_requests']}, its callers queue "
+             + ("without a limit" if f["queue"]["max_queued_requests"] < 0 else
+                f"up to max_queued_requests {f['queue']['max_queued_requests']}") + ". "
+             "docs/whatif.md explains every column.", "", "## SLO", ""]
+    rows = [["**total**", f"{tot['requests']:,}", "", _pct(tot["as_run"]["slo_violation_rate"]),
+             _pct(tot["faro"]["slo_violation_rate"]), f"{tot['as_run']['dropped']:,}", f"{tot['faro']['dropped']:,}"]]
+    rows += [[k, f"{r['requests']:,}", _slo(r), _pct(r["as_run"]["slo_violation_rate"]),
+              _pct(r["faro"]["slo_violation_rate"]), f"{r['as_run']['dropped']:,}", f"{r['faro']['dropped']:,}"]
+             for k, r in deps.items()]
+    lines += _table(["deployment", "requests", "SLO", "violations as run", "violations Faro",
+                     "dropped as run", "dropped Faro"], rows, (0, 2))
+    lines += ["", "## Cost", ""]
+    rows = [["**total**", "", _num(tot["recorded"]["replica_hours"]), _num(tot["as_run"]["replica_hours"]),
+             _num(tot["faro"]["replica_hours"]), _num(tot["as_run"]["gpu_hours"]), _num(tot["faro"]["gpu_hours"])]]
+    rows += [[k, _num(r["recorded"]["mean_replicas"], 2), _num(r["recorded"]["replica_hours"]),
+              _num(r["as_run"]["replica_hours"]), _num(r["faro"]["replica_hours"]),
+              _num(r["as_run"]["gpu_hours"]), _num(r["faro"]["gpu_hours"])] for k, r in deps.items()]
+    lines += _table(["deployment", "recorded mean replicas", "replica-h recorded", "replica-h as run",
+                     "replica-h Faro", "GPU-h as run", "GPU-h Faro"], rows)
+    lines += ["", "## How far to trust it: the as-run replay against what the cluster measured", ""]
+    rows = [[k, _pct(r["check"]["measured_violation_rate"]), _pct(r["check"]["simulated_violation_rate"]),
+             _num(r["check"]["recorded_mean_replicas"], 2), _num(r["check"]["simulated_mean_serving_replicas"], 2)]
+            for k, r in deps.items()]
+    lines += _table(["deployment", "violations measured (its app, end to end)", "violations simulated as run",
+                     "mean replicas recorded", "mean replicas simulated as run"], rows)
+    if f["top_minutes"]:
+        lines += ["", f"## The {len(f['top_minutes'])} minutes where the two differ most", ""]
+        lines += _table(["minute", "UTC", "requests", "violating as run", "violating Faro", "Faro - as run",
+                         "CPUs as run", "CPUs Faro"],
+                        [[m["minute"], m["time"], f"{m['requests']:,}", f"{m['as_run_violating']:,}",
+                          f"{m['faro_violating']:,}", f"{m['difference']:+,}", _num(m["as_run_cpus"]),
+                          _num(m["faro_cpus"])] for m in f["top_minutes"]], (0, 1))
+    if f["days"]:
+        days = sorted(f["days"], key=lambda d: -abs(d["difference"]))[:TOP_DAYS]
+        lines += ["", "## Days, the most different first", ""]
+        lines += _table(["day (UTC)", "minutes", "requests", "violating as run", "violating Faro",
+                         "replica-h recorded", "replica-h as run", "replica-h Faro"],
+                        [[d["day"], d["minutes"], f"{d['requests']:,}", f"{d['as_run_violating']:,}",
+                          f"{d['faro_violating']:,}", _num(d["recorded_replica_hours"]),
+                          _num(d["as_run_replica_hours"]), _num(d["faro_replica_hours"])] for d in days])
+    lines += ["", "## What each deployment was replayed with", ""]
+    lines += _table(["deployment", "as run", "Faro replicas", "CPUs/GPUs per replica", "processing (s)",
+                     "mean processing ms", "SLO"],
+                    [[k, _mode(r), f"1..{r['faro_replicas'][1]}", f"{r['cpus']:g}/{r['gpus']:g}",
+                      r["processing"], _num(r["processing_mean_ms"]), _slo(r)] for k, r in deps.items()],
+                    (0, 1, 2, 3, 4, 6))
+    derived = [k for k, r in deps.items() if r["slo_derived"]]
+    if derived:
+        lines += ["", f"SLOs derived (the application's measured p99 over the range, none given with "
+                      f"--slo): {', '.join(derived)}."]
+    if f["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in f["notes"]]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def _mode(r) -> str:
+    lo, hi = r["as_run_replicas"]
+    if r["mode"] == "autoscaling":
+        a = r["rule"]
+        return (f"autoscaling {lo}..{hi}, target {a['target_ongoing_requests']:g}, up {a['upscale_delay_s']:g} s, "
+                f"down {a['downscale_delay_s']:g} s")
+    return f"fixed {lo}" + (" (no config: recorded median)" if r["mode"] == "unknown" else "")
+
+
+# -- plots ----------------------------------------------------------------------------------
+def plot_deployment(w: WhatIf, i: int, path: Path, ray_r: np.ndarray, faro_r: np.ndarray) -> None:
+    """Arrivals per minute above; recorded, as-run and Faro replicas below (hours)."""
+    plt = _plt()
+    d = w.deployments[i]
+    dh = w.hist.deployments[d.key]
+    hours = np.arange(w.hist.minutes) / 60.0
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(10, 4.6), dpi=80, sharex=True)
+    a1.plot(hours, dh.arrivals, color="#444444", linewidth=0.7)
+    a1.set_ylabel("requests / min")
+    a1.set_title(f"{d.key}: SLO {d.slo.ms:g} ms p{d.slo.percentile:g}"
+                 + (" (derived)" if d.slo.derived else ""), fontsize=10)
+    a2.plot(hours, dh.replicas, color="#aaaaaa", linewidth=1.6, label="recorded")
+    a2.plot(hours, ray_r[i], color=_colour("ray-serve", 0), linewidth=0.9,
+            label="as run (simulated)")
+    a2.plot(hours, faro_r[i], color=_colour("faro-fairsum", 0), linewidth=0.9,
+            label=f"{w.policy} (simulated)")
+    a2.set_ylabel("replicas")
+    a2.set_xlabel("hours from the start")
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+    a2.legend(fontsize=7, frameon=False, loc="upper left")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def write_report(w: WhatIf, out: str | Path, extra: dict | None = None, plots: bool = True) -> dict:
+    """Write ``whatif.json``, ``report.md`` and ``plots/`` under ``out``; returns the figures."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    f = figures(w) | (extra or {})
+    names = []
+    if plots:
+        (out / "plots").mkdir(exist_ok=True)
+        ray_r, faro_r = minute_replicas(w.as_run), minute_replicas(w.faro)
+        for i, d in enumerate(w.deployments):
+            rel = f"plots/{d.name}.png"
+            plot_deployment(w, i, out / rel, ray_r, faro_r)
+            names.append(rel)
+    f["plots"] = names
+    (out / "whatif.json").write_text(json.dumps(f, indent=1) + "\n")
+    (out / "report.md").write_text(markdown(f, names))
+    return f
