@@ -7,6 +7,8 @@ It lives with the policies it names, so the policy layer never imports the servi
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, ValidationError, model_validator
 
 from faro_serve.config import ConfigError, FaroConfig, format_validation_error
@@ -59,12 +61,33 @@ class AutoscalerConfig(FaroConfig):
                                "scaling API)")
     decision_log: str | None = Field(None, description="JSON-lines file of every decision")
     enabled: bool = Field(True, description="false: measure and report, change nothing")
+    mode: Literal["control", "shadow"] = Field("control", description="control: scale the "
+                                               "models; shadow: plan every tick as in control "
+                                               "and publish what it would set (replicas, drop "
+                                               "rates, predicted latency) beside what runs, "
+                                               "changing nothing (docs/shadow.md)")
+    observe: Literal["meters", "prometheus"] = Field("meters", description="where the models' "
+                                                     "arrivals and latency come from: faro-serve's "
+                                                     "meters, or Ray Serve's own metrics in "
+                                                     "prometheus_url (deployments that run no "
+                                                     "faro-serve code)")
+    prometheus_url: str | None = Field(None, description="the Prometheus that scrapes this Ray "
+                                       "cluster: observe: prometheus reads it, and without "
+                                       "history_dir a new autoscaler's arrival history comes "
+                                       "from Ray Serve's request counters there")
 
     @model_validator(mode="after")
     def _one_forecaster(self):
         if self.forecaster and self.forecaster_dir:
             raise ValueError("give forecaster (an import path) or forecaster_dir (a trained "
                              "directory), not both")
+        return self
+
+    @model_validator(mode="after")
+    def _prometheus_named(self):
+        if self.observe == "prometheus" and not self.prometheus_url:
+            raise ValueError("observe: prometheus needs prometheus_url (the Prometheus that "
+                             "scrapes this Ray cluster)")
         return self
 
     @model_validator(mode="after")

@@ -118,6 +118,11 @@ class AutoscalerLoop:
         self.history: deque = deque(previous.history if previous else (),
                                     maxlen=history_length(len(self.models)))
         self.last: dict = {}
+        # shadow mode (issue 48): the setting the loop would have in force after its last
+        # decision, from what ran when it decided; nothing of it reaches the cluster
+        self.shadow = cfg.mode == "shadow"
+        self.advice: dict[str, Setting] = {n: s for n, s in previous.advice.items()
+                                           if n in self.slo} if previous else {}
         self.last_plan: dict = previous.last_plan if previous else {}
         self.ticks = 0
         self.keeper = HistoryKeeper.carry_on(history, previous.keeper if previous else None,
@@ -226,6 +231,11 @@ class AutoscalerLoop:
         return out
 
     @property
+    def acting(self) -> bool:
+        """Whether the loop changes the cluster: enabled, and not in shadow mode."""
+        return self.cfg.enabled and not self.shadow
+
+    @property
     def targets(self) -> dict[str, int]:
         """Every model's target replicas."""
         return field_map(self.settings, "replicas")
@@ -254,7 +264,9 @@ class AutoscalerLoop:
             if n not in self.settings:  # (re)start: resume from what is running
                 restored = self.restored_settings.get(n, Setting())
                 self.settings[n] = Setting(replicas=running[n], drop_rate=0.0).merged(restored)
-        if self.cfg.enabled:
+            elif self.shadow:  # the cluster's own autoscaling decides what runs
+                self.settings[n] = self.settings[n].merged(Setting(replicas=running[n]))
+        if self.acting:
             self._rescale_redeployed(names)
             self._enforce_bounds(names)
         snaps = {n: fronts.get(n) or FrontSnapshot(np.zeros(0)) for n in names}
@@ -282,7 +294,7 @@ class AutoscalerLoop:
                 decision = decide(self.policy, obs)  # as the simulator drives it
         if decision is not None:
             self._apply(decision, obs)
-        if self.cfg.enabled:
+        if self.acting:
             self._sync_fronts(obs, fronts)
             sync_pipeline_fronts(self.cluster, self.cfg.pipelines, self.pipeline_fronts)
         record = self._record(now, obs, decision, fronts)
@@ -350,15 +362,19 @@ class AutoscalerLoop:
     def _apply(self, decision: Decision, obs: Observation) -> None:
         done = apply_decision(decision, self.settings, self.models, obs.capacity,
                               policy=self.policy.name, now=obs.now)
+        if decision.plan:  # what the status shows as predicted, until the next plan
+            self.last_plan = {n: {"utility": round(p.utility, 4), "predictor": p.predictor,
+                                  "latency_ms": p.latency_ms} for n, p in decision.plan.items()}
+        if self.shadow:  # advise: the same decision, checked the same way, carried out nowhere
+            self.advice = {n: self.settings[n].merged(done.changed.get(n, Setting()))
+                           for n in self.settings}
+            return
         for n, r in done.changes:  # decreases first: they free what the increases take
             self.cluster.scale(n, r)
             self.settings[n] = self.settings[n].merged(Setting(replicas=r))
         # the other fields reach the fronts through _sync_fronts (the front tells the replicas)
         self.settings = {n: self.settings[n].merged(done.changed.get(n, Setting()))
                          for n in self.settings}
-        if decision.plan:  # what the status shows as predicted, until the next plan
-            self.last_plan = {n: {"utility": round(p.utility, 4), "predictor": p.predictor,
-                                  "latency_ms": p.latency_ms} for n, p in decision.plan.items()}
 
     def _record(self, now: float, obs: Observation, decision: Decision | None,
                 fronts: dict[str, FrontSnapshot] | None = None) -> dict:
@@ -383,11 +399,15 @@ class AutoscalerLoop:
             models[n].update({k: v for k, v in held.to_json().items() if k not in models[n]
                               and k not in ("replicas", "drop_rate")})
             models[n]["setting"] = held.to_json()  # the whole record in force
+            if self.shadow:  # what it would set, beside what runs ("replicas", "target")
+                advised = self.advice.get(n)
+                models[n]["advised"] = None if advised is None else advised.to_json()
             if front is not None and front.device is not None:  # where the model runs
                 models[n]["device"] = front.device
             if self.slo[n].batching is not None:  # the batches its replicas served
                 models[n]["mean_batch"] = round(float(o.mean_batch), 2)
         rec = {"time": round(now, 3), "t": round(obs.now, 3), "policy": self.policy.name,
+               "mode": self.cfg.mode,
                "capacity_cpus": obs.capacity_cpus, "capacity": obs.capacity.to_json(),
                "models": models,
                **({"pipelines": pipeline_records(self.cfg.pipelines, obs.pipelines, observed_utility)}
@@ -406,7 +426,7 @@ class AutoscalerLoop:
 
     def status(self) -> dict:
         return {"policy": self.policy.name, "objective": self.cfg.cluster.objective,
-                "enabled": self.cfg.enabled, "ticks": self.ticks,
+                "enabled": self.cfg.enabled, "mode": self.cfg.mode, "ticks": self.ticks,
                 "capacity_cpus": self.last.get("capacity_cpus"),
                 "capacity": self.last.get("capacity"),
                 "models": self.last.get("models", {}),

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -37,7 +38,12 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 @pytest.fixture(scope="module")
 def cluster():
-    dashboard, base = local_serve()
+    old = os.environ.get("PYTHONPATH")  # Ray's workers import tests/user_apps (the last test)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), old) if p)
+    try:
+        dashboard, base = local_serve()
+    finally:
+        os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
     spec = ClusterSpec(cpus=CAPACITY, objective="fair_sum", long_term_interval_s=20, window_s=120,
                        cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
     deploy(SLOS, spec, dashboard_url=dashboard, forecaster="fallback")  # the label: "fallback: chosen"
@@ -65,61 +71,70 @@ def _query(prom: str, q: str) -> list:
     return r.json()["data"]["result"]
 
 
-def test_a_real_prometheus_scrapes_the_faro_series_per_model(cluster, tmp_path, report, cli):
+@pytest.fixture(scope="module")
+def prometheus(cluster, tmp_path_factory):
+    """A real Prometheus scraping the module's Ray cluster every 2 s (its URL)."""
     exe = shutil.which("prometheus")
     if exe is None:
         pytest.skip("Debian's prometheus is not installed (make install as root installs it)")
+    tmp = tmp_path_factory.mktemp("prometheus")
     port = free_port()
     prom = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([exe, f"--config.file={_prometheus_config(tmp_path)}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}",
+    proc = subprocess.Popen([exe, f"--config.file={_prometheus_config(tmp)}",
+                             f"--storage.tsdb.path={tmp / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert wait_for(lambda: _ready(prom), 30), "prometheus did not start"
-        res = fire(cluster["base"], "/ops-a/predict", 300, 30, rate=15.0)  # about 20 s of load
-        assert len(res) == 300
-        wanted = {"faro_requests": "requests by outcome (rate: rate(...[1m]))",
-                  "faro_latency_ms": "SLO-percentile latency", "faro_queue_length": "queue",
-                  "faro_drop_rate": "drop rate", "faro_arrival_rate": "arrival rate",
-                  "faro_replicas_target": "replicas target", "faro_replicas_serving": "replicas serving"}
-
-        def series():
-            found = {}
-            for name in wanted:
-                for s in _query(prom, f'{{__name__=~".*{name}.*"}}'):
-                    found.setdefault(name, set()).add(s["metric"].get("model"))
-            return found if all("ops-a" in found.get(n, ()) for n in wanted) else None
-
-        found = wait_for(series, 60, every=2)
-        assert found, f"missing faro series for ops-a; Prometheus has {_names(prom)}"
-        lat = _query(prom, '{__name__=~".*faro_latency_ms.*", model="ops-a"}')
-        assert 0 < float(lat[0]["value"][1]) < 60000
-        target = _query(prom, '{__name__=~".*faro_replicas_target.*", model="ops-a"}')
-        assert 1 <= float(target[0]["value"][1]) <= 4
-        # the Grafana dashboard asks for series Prometheus has, and its queries answer
-        names = set(_names(prom))
-        dash = json.loads(DASHBOARD.read_text())
-        exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-        asked = {n for e in exprs for n in re.findall(r"ray_faro_\w+", e)}
-        assert asked <= names, f"the dashboard asks for {sorted(asked - names)}; Prometheus has {sorted(names)}"
-        for e in exprs:
-            if "dropped_" not in e:  # no drops under this load
-                assert _query(prom, e.replace("$model", "ops-a")), e
-        report(f"prometheus: faro series for ops-a: {sorted(found)}; names {sorted(names)}")
-        # the arrivals per minute a retrain reads from it (forecasting/prometheus.py, issue 32):
-        # a minute's increase shows once the minute after the load has ended and been scraped,
-        # up to a minute and a scrape away (30 s failed a fresh-clone run)
-        hist = wait_for(lambda: (lambda h: h if "ops-a" in h and h["ops-a"].max() > 0 else None)(
-            prometheus_history(prom, 10)), 75, every=2)
-        assert hist and (hist["ops-a"] >= 0).all() and hist["ops-a"].sum() <= 300 * 1.5, hist
-        code, _, err = cli("forecast", "train", "--from", prom, "--current", "fallback",
-                           "--out", str(tmp_path / "fc"))
-        assert code == 2 and "135 minutes of history" in err, err  # a few minutes: not enough
-        report(f"prometheus arrivals per minute of ops-a: {hist['ops-a'].round(1).tolist()}")
+        yield prom
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_real_prometheus_scrapes_the_faro_series_per_model(cluster, prometheus, tmp_path, report, cli):
+    prom = prometheus
+    res = fire(cluster["base"], "/ops-a/predict", 300, 30, rate=15.0)  # about 20 s of load
+    assert len(res) == 300
+    wanted = {"faro_requests": "requests by outcome (rate: rate(...[1m]))",
+              "faro_latency_ms": "SLO-percentile latency", "faro_queue_length": "queue",
+              "faro_drop_rate": "drop rate", "faro_arrival_rate": "arrival rate",
+              "faro_replicas_target": "replicas target", "faro_replicas_serving": "replicas serving"}
+
+    def series():
+        found = {}
+        for name in wanted:
+            for s in _query(prom, f'{{__name__=~".*{name}.*"}}'):
+                found.setdefault(name, set()).add(s["metric"].get("model"))
+        return found if all("ops-a" in found.get(n, ()) for n in wanted) else None
+
+    found = wait_for(series, 60, every=2)
+    assert found, f"missing faro series for ops-a; Prometheus has {_names(prom)}"
+    lat = _query(prom, '{__name__=~".*faro_latency_ms.*", model="ops-a"}')
+    assert 0 < float(lat[0]["value"][1]) < 60000
+    target = _query(prom, '{__name__=~".*faro_replicas_target.*", model="ops-a"}')
+    assert 1 <= float(target[0]["value"][1]) <= 4
+    # the Grafana dashboard asks for series Prometheus has, and its queries answer
+    names = set(_names(prom))
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs = [e for e in exprs if "_advised" not in e]  # shadow mode only: the last test's
+    asked = {n for e in exprs for n in re.findall(r"ray_faro_\w+", e)}
+    assert asked <= names, f"the dashboard asks for {sorted(asked - names)}; Prometheus has {sorted(names)}"
+    for e in exprs:
+        if "dropped_" not in e:  # no drops under this load
+            assert _query(prom, e.replace("$model", "ops-a")), e
+    report(f"prometheus: faro series for ops-a: {sorted(found)}; names {sorted(names)}")
+    # the arrivals per minute a retrain reads from it (forecasting/prometheus.py, issue 32):
+    # a minute's increase shows once the minute after the load has ended and been scraped,
+    # up to a minute and a scrape away (30 s failed a fresh-clone run)
+    hist = wait_for(lambda: (lambda h: h if "ops-a" in h and h["ops-a"].max() > 0 else None)(
+        prometheus_history(prom, 10)), 75, every=2)
+    assert hist and (hist["ops-a"] >= 0).all() and hist["ops-a"].sum() <= 300 * 1.5, hist
+    code, _, err = cli("forecast", "train", "--from", prom, "--current", "fallback",
+                       "--out", str(tmp_path / "fc"))
+    assert code == 2 and "135 minutes of history" in err, err  # a few minutes: not enough
+    report(f"prometheus arrivals per minute of ops-a: {hist['ops-a'].round(1).tolist()}")
 
 
 def _ready(prom: str) -> bool:
@@ -184,6 +199,7 @@ def _expected(st: dict) -> dict[str, dict[str, str]]:
                      "rate": fmt(m["arrival_rate"], 2), "replicas": f"{m['replicas']} / {m['target']}",
                      "utility_measured": fmt(m.get("observed_utility"), 3),
                      "utility_planned": fmt(m.get("predicted_utility"), 3),
+                     "advised": "-",  # control mode (shadow mode shows what it would set)
                      # the predictor of the last plan, else the forecaster loaded (issue 32)
                      "forecaster": m.get("predictor") or st.get("forecaster") or "-"}
     return out
@@ -258,3 +274,88 @@ def test_failing_ticks_show_in_the_status_and_clear_when_fixed(cluster, cli):
         httpx.get(f"{base}/faro/status").json()), 60)
     code, out, _ = cli("status", "--url", base)
     assert code == 0 and "ticks failed since" not in out and "tick failed since" not in out, out
+
+
+# --- issue 48: a plain Ray Serve cluster's history, and shadow mode over it ---------------
+def _replicas(app: str, dep: str) -> int:
+    st = serve.status().applications.get(app)
+    d = None if st is None else st.deployments.get(dep)
+    return 0 if d is None else int(d.replica_states.get("RUNNING", 0))
+
+
+def test_plain_ray_serve_deployments_read_shadowed_then_handed_over(cluster, prometheus, tmp_path, report, cli):
+    """Last in this module: it replaces the ``faro`` application. Two deployments with no
+    faro-serve code (tests/user_apps/plain_serve.py) serve load; a shadow autoscaler that
+    observes them through Prometheus publishes its advice and changes nothing; the reader
+    gives back what was sent; switching the args to control scales the fixed one."""
+    from user_apps import plain_serve
+
+    base, dash, prom = cluster["base"], cluster["dashboard"], prometheus
+    serve.run(plain_serve.auto, name="auto", route_prefix="/auto", blocking=False)
+    serve.run(plain_serve.fixed, name="fixed", route_prefix="/fixed", external_scaler_enabled=True,
+              blocking=False)
+    assert wait_for(lambda: _replicas("auto", "Auto") and _replicas("fixed", "Fixed"), 60)
+    slos = [ModelSLO(name="auto", app="auto", deployment="Auto", slo_ms=100, processing_ms=50,
+                     cpus=0.1, max_replicas=2),
+            ModelSLO(name="fixed", app="fixed", deployment="Fixed", slo_ms=100, processing_ms=50,
+                     cpus=0.1, max_replicas=3)]
+    spec = ClusterSpec(cpus=1.0, objective="fair_sum", long_term_interval_s=20, window_s=120,
+                       cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
+    opts = {"dashboard_url": dash, "forecaster": "fallback", "observe": "prometheus", "prometheus_url": prom}
+    run_autoscaler(slos, spec, mode="shadow", **opts)
+    assert wait_for(lambda: httpx.get(f"{base}/faro/status").json().get("mode") == "shadow", 60)
+    sent, seen, stop = {}, [], threading.Event()
+
+    def load(app, phases):
+        sent[app] = sum(len(fire(base, f"/{app}", int(r * s), 16, rate=r)) for r, s in phases)
+
+    def watch():
+        while not stop.is_set():
+            st = httpx.get(f"{base}/faro/status").json()
+            seen.append((st, _replicas("fixed", "Fixed")))
+            stop.wait(2)
+    threads = [threading.Thread(target=load, args=("auto", [(4, 20), (14, 20), (4, 20)])),
+               threading.Thread(target=load, args=("fixed", [(16, 60)])), threading.Thread(target=watch)]
+    for t in threads:
+        t.start()
+    for t in threads[:2]:
+        t.join()
+    stop.set()
+    threads[2].join()
+    end = time.time()
+    # shadow: advice published with its predicted outcome, the fixed deployment never scaled
+    assert {r for _, r in seen} == {1}, "shadow mode changed a replica count"
+    advised = [st["models"]["fixed"]["advised"]["replicas"] for st, _ in seen
+               if (st.get("models", {}).get("fixed") or {}).get("advised")]
+    assert advised and max(advised) >= 2, [st.get("models") for st, _ in seen[-3:]]
+    last = seen[-1][0]["models"]["fixed"]
+    assert last["replicas"] == 1 and last["predicted_latency_ms"] is not None
+    assert all(st.get("mode") == "shadow" for st, _ in seen)
+    advice = [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]
+              if "_advised" in t["expr"]]  # the dashboard's panel of it answers
+    gauge = wait_for(lambda: _query(prom, advice[0].replace("$model", "fixed")), 30, every=2)
+    assert gauge and float(gauge[0]["value"][1]) >= 1
+    # switching to control is a change of the faro args: the fixed deployment is scaled
+    run_autoscaler(slos[1:], spec, mode="control", **opts)
+    assert wait_for(lambda: httpx.get(f"{base}/faro/status").json().get("mode") == "control", 60)
+    more = len(fire(base, "/fixed", 240, 16, rate=16))
+    n = wait_for(lambda: _replicas("fixed", "Fixed") >= 2 and _replicas("fixed", "Fixed"), 60)
+    report(f"shadow advised fixed up to {max(advised)} replicas while 1 ran; in control it ran {n} "
+           f"{time.time() - end:.0f} s after the shadowed load")
+    assert n and n >= 2
+    # the reader: Ray Serve's own counters give back what was sent, minute by minute
+    from forecasting.rayserve import read_serve_history
+
+    hist = wait_for(lambda: (lambda h: h if sum(h.deployments["fixed/Fixed"].arrivals) >= sent["fixed"] + more
+                             else None)(read_serve_history(prom, 6, end=time.time(), dashboard_url=dash)),
+                    90, every=5)
+    got = {k: sum(d.arrivals) for k, d in hist.deployments.items()}
+    report(f"whatif reader, plain Ray Serve: sent {sent} (+{more} to fixed in control), read {got}")
+    assert abs(got["auto/Auto"] - sent["auto"]) <= 0.02 * sent["auto"], (got, sent)
+    assert abs(got["fixed/Fixed"] - sent["fixed"] - more) <= 0.02 * (sent["fixed"] + more), (got, sent)
+    auto, fixed = hist.deployments["auto/Auto"], hist.deployments["fixed/Fixed"]
+    assert auto.config["autoscaling_config"]["upscale_delay_s"] == 5
+    assert not fixed.config.get("autoscaling_config")
+    assert 40 < auto.processing_quantile(0.5) < 100
+    assert {"auto", "fixed"} <= set(hist.latency)
+    assert "auto/Auto: appears at minute" in " ".join(hist.notes)

@@ -138,6 +138,15 @@ def run_train(args) -> int:
     return 0
 
 
+def _first_on(arrivals) -> "np.ndarray":
+    """A deployment's minutes from its first request on (zeros before it appeared are no history)."""
+    import numpy as np
+
+    a = np.asarray(arrivals, float)
+    seen = np.flatnonzero(a > 0)
+    return a[seen[0]:] if seen.size else a[:0]
+
+
 def _train_from_store(args, cfg, out: Path) -> int:
     """``forecast train --from``: what the live retrainer does (``autoscaler.retrainer``), by
     hand: train on the store's history without its last minutes, judge against the current
@@ -160,9 +169,20 @@ def _train_from_store(args, cfg, out: Path) -> int:
             history = prometheus_history(file, args.prometheus_minutes)
         except PrometheusError as err:
             raise UsageError(f"--from {err}") from None
-        if not history:
-            raise UsageError(f"--from {file}: Prometheus has no faro arrivals "
-                             f"(ray_faro_requests_total) in the last {args.prometheus_minutes} minutes")
+        if not history:  # a cluster without faro-serve: Ray Serve's own counters (issue 48)
+            from autoscaler.serve_metrics import contiguous_tail
+            from forecasting.rayserve import ServeHistoryError, read_serve_history
+
+            try:
+                served = read_serve_history(file, args.prometheus_minutes)
+            except ServeHistoryError as err:
+                raise UsageError(f"--from {file}: Prometheus has no faro arrivals "
+                                 f"(ray_faro_requests_total) and {err}") from None
+            except PrometheusError as err:
+                raise UsageError(f"--from {err}") from None
+            # one series per deployment (application/deployment), from its first minute on
+            history = {k: tail for k, d in served.deployments.items()
+                       if (tail := contiguous_tail(_first_on(d.arrivals))).size}
     else:
         src = Path(args.from_store).expanduser()
         file = src / FILE_NAME if src.is_dir() else src

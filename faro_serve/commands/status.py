@@ -84,8 +84,13 @@ def run(args) -> int:
                   caption="p99 measured: over the last 30 s; utility measured: min(SLO / that p99, 1); "
                           "utility planned: what the last plan expected over its window; forecaster: "
                           "the predictor of that plan (or, before one, the forecaster loaded)")
-    for col in ("model", "SLO", "rate/s", "p99 measured", "proc ms", "replicas", "utility measured",
-                "utility planned", "drop", "forecaster"):
+    shadow = st.get("mode") == "shadow"
+    cols = ["model", "SLO", "rate/s", "p99 measured", "proc ms", "replicas", "utility measured",
+            "utility planned", "drop", "forecaster"]
+    if shadow:  # issue 48: what it would set beside what runs
+        cols[5:5] = ["advised"]
+        cols[cols.index("utility planned")] = "utility advised"
+    for col in cols:
         if col == "forecaster":  # a long label wraps rather than squeezing the numbers
             table.add_column(col, justify="left", ratio=1, min_width=12, overflow="fold")
         else:
@@ -93,11 +98,16 @@ def run(args) -> int:
     for name, m in st.get("models", {}).items():
         lat = m.get("latency_ms")
         style = "red" if lat is not None and lat > m["slo_ms"] else None
-        table.add_row(name, f"{m['slo_ms']:g} ms p{m['percentile']:g}", _fmt(m.get("arrival_rate"), ".2f"),
-                      f"{_fmt(lat)} ms" if lat is not None else "-", _fmt(m.get("processing_ms")),
-                      f"{m.get('replicas')}/{m.get('target')}", _fmt(m.get("observed_utility"), ".3f"),
-                      _fmt(m.get("predicted_utility"), ".3f"), f"{m.get('drop_rate', 0):.1%}",
-                      m.get("predictor") or loaded or "-", style=style)
+        row = [name, f"{m['slo_ms']:g} ms p{m['percentile']:g}", _fmt(m.get("arrival_rate"), ".2f"),
+               f"{_fmt(lat)} ms" if lat is not None else "-", _fmt(m.get("processing_ms")),
+               f"{m.get('replicas')}/{m.get('target')}", _fmt(m.get("observed_utility"), ".3f"),
+               _fmt(m.get("predicted_utility"), ".3f"), f"{m.get('drop_rate', 0):.1%}",
+               m.get("predictor") or loaded or "-"]
+        if shadow:
+            adv = m.get("advised") or {}
+            row[5:5] = [f"{adv['replicas']} ({adv.get('drop_rate') or 0:.0%} drop)" if adv else "-"]
+            row[-2] = "-"  # the cluster's own autoscaler sets the drops: none
+        table.add_row(*row, style=style)
     console().print(table)
     for line in failing:
         print(line)
@@ -107,6 +117,9 @@ def run(args) -> int:
         print(line)
     for name, err in (st.get("front_errors") or {}).items():  # left out of the plan this tick
         print(f"{name}: not planned: {err}")
+    if shadow:
+        print("shadow mode: the autoscaler plans every tick and changes nothing; 'advised' is what it "
+              "would set, 'replicas' what runs (mode: control in the faro args hands it the replicas)")
     if not st.get("enabled", True):
         print("autoscaling is disabled (enabled: false): measuring only")
     for line in retrain_lines(st.get("retrain")):

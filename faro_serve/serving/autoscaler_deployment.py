@@ -26,20 +26,11 @@ from autoscaler.loop import AutoscalerLoop
 from autoscaler.tick_failures import TickFailures
 from autoscaler.setting import Setting
 from faro_serve.resources import Capacity
+from forecasting.rayserve import dashboard_headers  # noqa: F401 (imported from here too)
 
 from .names import MODEL, meter_name
 
 log = logging.getLogger("faro_serve.autoscaler")
-
-
-def dashboard_headers() -> dict[str, str]:
-    """Ray's token authentication for the dashboard's REST API, when a token is configured:
-    ``RAY_AUTH_TOKEN``, the file ``RAY_AUTH_TOKEN_PATH``, or ``~/.ray/auth_token``."""
-    token = os.environ.get("RAY_AUTH_TOKEN")
-    if not token:
-        path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
-        token = path.read_text().strip() if path.is_file() else ""
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def ray_capacity() -> Capacity:
@@ -65,12 +56,18 @@ class RayServeCluster:
         self.where: dict[str, tuple[str, str]] = {}  # model -> (application, deployment)
         self.absent: dict[str, str] = {}  # model -> why it is not running (last look)
         self.deployed_at: dict[str, float] = {}  # model -> when its application was last deployed
+        # observe: prometheus (issue 48): the models' reports come from Ray Serve's own
+        # metrics (autoscaler/serve_metrics.py), not from faro-serve meters
+        self.observer = None
+        self.percentile: dict[str, float] = {}
+        self.running: dict[str, int] = {}
 
     def locate(self, models, pipelines=()) -> None:
         """Where each model runs: its SLO's ``app`` and ``deployment`` (faro-serve's own
         model applications: the model's name and ``Model``); and each pipeline's ingress,
         under the pipeline's name (its meter measures the pipeline end to end)."""
         where = {m.name: (m.app_name, m.deployment_name) for m in models}
+        self.percentile = {m.name: m.percentile for m in models}
         where.update({p.name: (p.app_name, p.ingress) for p in pipelines if p.ingress is not None})
         if where != self.where:
             self.where, self._handles = where, {}
@@ -112,10 +109,13 @@ class RayServeCluster:
             else:
                 absent[name] = (f"application {app_name!r} has no deployment {dep_name!r} "
                                 f"(it has {', '.join(sorted(app.deployments)) or 'none'})")
-        self.absent, self.deployed_at = absent, deployed
+        self.absent, self.deployed_at, self.running = absent, deployed, out
         return out
 
     def front_metrics(self, names: list[str]) -> dict[str, dict]:
+        if self.observer is not None:  # Ray Serve's metrics in Prometheus, for all at once
+            return self.observer.reports({n: self._at(n) for n in names}, self.running,
+                                         {n: self.percentile.get(n, 99.0) for n in names})
         pending = {}
         for n in names:
             try:
@@ -140,6 +140,8 @@ class RayServeCluster:
         log.info("scaled %s to %d replicas", name, replicas)
 
     def control(self, name: str, setting: Setting, percentile: float) -> None:
+        if self.observer is not None:  # no faro-serve meter to tell: replicas only
+            return
         # the front's control takes the setting's fields by name (FrontControl.control)
         self._front(name).control.remote(percentile=percentile, **setting.to_json()
                                          ).result(timeout_s=self.timeout_s)
@@ -199,7 +201,10 @@ class AutoscalerGauges:
               "target": ("faro_replicas_target", "target replicas the autoscaler set"),
               "replicas": ("faro_replicas_serving", "replicas serving"),
               "observed_utility": ("faro_utility_observed", "min(SLO / measured p99, 1)"),
-              "predicted_utility": ("faro_utility_planned", "utility the last plan expected")}
+              "predicted_utility": ("faro_utility_planned", "utility the last plan expected"),
+              # shadow mode (issue 48): what the autoscaler would set, changing nothing
+              "advised_replicas": ("faro_replicas_advised", "replicas the autoscaler would set (shadow mode)"),
+              "advised_drop_rate": ("faro_drop_rate_advised", "drop rate the autoscaler would set (shadow mode)")}
 
     def __init__(self):
         from ray.util import metrics
@@ -210,8 +215,9 @@ class AutoscalerGauges:
     def publish(self, record: dict) -> None:
         for name, m in (record.get("models") or {}).items():
             for k, g in self.gauges.items():
-                if m.get(k) is not None:
-                    g.set(float(m[k]), tags={"model": name})
+                v = (m.get("advised") or {}).get(k.removeprefix("advised_")) if k.startswith("advised_") else m.get(k)
+                if v is not None:
+                    g.set(float(v), tags={"model": name})
 
 
 def choose_forecaster(cfg: AutoscalerConfig):
@@ -257,18 +263,41 @@ def load_forecaster(cfg: AutoscalerConfig):
     return choose_forecaster(cfg)[0]
 
 
+def observer_of(cfg: AutoscalerConfig, current=None):
+    """``observe: prometheus``: the reader of Ray Serve's metrics (``current`` kept when it
+    reads the same Prometheus for as many minutes); None: the meters."""
+    if cfg.observe != "prometheus":
+        return None
+    from autoscaler.serve_metrics import ServeMetricsObserver
+
+    if current is not None and current.url == cfg.prometheus_url.rstrip("/") \
+            and current.minutes == cfg.history_minutes():
+        return current
+    return ServeMetricsObserver(cfg.prometheus_url, cfg.history_minutes())
+
+
 def open_history(cfg: AutoscalerConfig, current=None):
     """The arrival store of ``history_dir`` (None: none); ``current`` kept when it is the
     same directory. A refused file is moved aside inside (``forecasting.store``); a
-    directory that cannot be created is logged and the loop runs without a store."""
+    directory that cannot be created is logged and the loop runs without a store. Without
+    ``history_dir`` but with ``prometheus_url``: Ray Serve's request counters there, read
+    only (``forecasting.rayserve.ServeMetricsStore``, issue 48)."""
     if not cfg.history_dir:
+        if cfg.prometheus_url:
+            from forecasting.rayserve import ServeMetricsStore
+
+            where = {m.name: (m.app_name, m.deployment_name) for m in cfg.all_models}
+            if isinstance(current, ServeMetricsStore) and current.url == cfg.prometheus_url.rstrip("/") \
+                    and current.where == where:
+                return current
+            return ServeMetricsStore(cfg.prometheus_url, where, cfg.history_days)
         return None
     import sqlite3
 
     from forecasting.store import ArrivalStore
 
     path = Path(cfg.history_dir).expanduser()
-    if current is not None and current.path.parent == path and \
+    if isinstance(current, ArrivalStore) and current.path.parent == path and \
             current.keep_minutes == round(cfg.history_days * 1440):
         return current
     try:
@@ -307,6 +336,7 @@ class FaroAutoscaler:
             if self.loop and self.loop.cfg.dashboard_url != cfg.dashboard_url:
                 cluster = RayServeCluster(cfg.dashboard_url)
             cluster.locate(cfg.all_models, cfg.pipelines)
+            cluster.observer = observer_of(cfg, cluster.observer)
             history = open_history(cfg, self.loop.keeper.store if self.loop and self.loop.keeper else None)
             self.loop = AutoscalerLoop(cfg, cluster, forecaster, previous=self.loop, store=self.store,
                                        history=history)

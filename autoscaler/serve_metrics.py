@@ -1,0 +1,122 @@
+"""What a model's meter would report, read instead from Ray Serve's own metrics in
+Prometheus (issue 48): how a shadow autoscaler (``observe: prometheus``) sees deployments
+that run no faro-serve code, under their own autoscaling.
+
+Each tick builds, per model, the :class:`~faro_serve.front_report.FrontReport` a meter
+sends, from the metrics ``forecasting/rayserve.py`` names: the completed minutes' arrivals
+(``increase`` of the request counter per minute, wall-clock minutes, the contiguous ones
+after the last gap), the rate over the look-back, the SLO-percentile latency of the
+application's HTTP requests at the proxy, the replicas' mean processing time, and the
+requests queued at the handles and in the replicas. What a meter knows that Serve does not
+export (drops by reason, the data path's queue) is reported empty: these models are planned
+as the simulator plans a model, from arrivals, latency and processing time.
+
+The minute history is read once per new completed minute; the rest every tick (a handful
+of queries for all models together).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from faro_serve.front_report import Processing, FrontReport
+from forecasting.prometheus import PrometheusError
+from forecasting.rayserve import HTTP_LATENCY, ONGOING, PROCESSING, QUEUED, REQUESTS, counter_minutes, query
+
+# rates and latency over this window: longer than the meters' 30 s look-back, so that a
+# scrape interval of 15 s (Prometheus's default) still gives each window several samples
+WINDOW_S = 60
+
+
+def contiguous_tail(grid: np.ndarray) -> np.ndarray:
+    """The minutes after the last gap (NaN) up to the newest value: the forecaster wants
+    contiguous minutes."""
+    seen = np.flatnonzero(~np.isnan(grid))
+    if not seen.size:
+        return np.zeros(0)
+    grid = grid[:seen[-1] + 1]
+    gaps = np.flatnonzero(np.isnan(grid))
+    return np.maximum(grid[gaps[-1] + 1:] if gaps.size else grid, 0.0)
+
+
+class ServeMetricsObserver:
+    """``url``: the Prometheus; ``minutes``: the completed minutes each report carries."""
+
+    def __init__(self, url: str, minutes: int, clock: Callable[[], float] = time.time,
+                 timeout_s: float = 10.0):
+        self.url = url.rstrip("/")
+        self.minutes = int(minutes)
+        self.clock = clock
+        self.timeout_s = timeout_s
+        self._minutes_at: float | None = None  # the minute the history was read for
+        self._history: dict[tuple[str, str], np.ndarray] = {}
+
+    def _q(self, q: str, t: float) -> list:
+        return query(self.url, q, t, self.timeout_s)
+
+    def _by(self, result: list, label: str = "deployment") -> dict:
+        out = {}
+        for s in result:
+            m = s.get("metric", {})
+            v = float(s["value"][1])
+            if math.isfinite(v):
+                out[(m.get("application", ""), m.get(label, ""))] = v
+        return out
+
+    def _read_history(self, minute_start: float) -> None:
+        if self._minutes_at == minute_start:
+            return
+        grids = counter_minutes(self.url, REQUESTS, minute_start - 60.0 * (self.minutes - 1),
+                                self.minutes, [], self.timeout_s)
+        hist = {key: contiguous_tail(g) for key, g in grids.items()}
+        self._history, self._minutes_at = hist, minute_start
+
+    def reports(self, where: Mapping[str, tuple[str, str]], running: Mapping[str, int],
+                percentile: Mapping[str, float]) -> dict[str, dict]:
+        """``{model: FrontReport JSON}`` of the models in ``where`` (model -> (application,
+        deployment)) that Prometheus has; raises :class:`PrometheusError` when it cannot be
+        read (the tick then fails, and says so in the status)."""
+        now = self.clock()
+        minute_start = math.floor(now / 60.0) * 60.0
+        self._read_history(minute_start)
+        w = f"{WINDOW_S}s"
+        by = "application, deployment"
+        rate = self._by(self._q(f"sum by ({by}) (rate({REQUESTS}[{w}]))", now))
+        proc = self._by(self._q(f"sum by ({by}) (rate({PROCESSING}_sum[{w}])) / "
+                                f"sum by ({by}) (rate({PROCESSING}_count[{w}]))", now))
+        queued = self._by(self._q(f"sum by ({by}) ({QUEUED})", now))
+        ongoing = self._by(self._q(f"sum by ({by}) ({ONGOING})", now))
+        latency: dict[float, dict] = {}
+        for pct in sorted(set(percentile.values())) + [50.0]:
+            latency[pct] = {k[0]: v for k, v in self._by(self._q(
+                f"histogram_quantile({pct / 100:g}, sum by (application, le) "
+                f"(rate({HTTP_LATENCY}_bucket[{w}])))", now), "application").items()}
+        out = {}
+        for name, (app, dep) in where.items():
+            key = (app, dep)
+            if key not in self._history and key not in rate:
+                continue
+            lam = rate.get(key, 0.0)
+            elapsed = now - minute_start
+            q, o = queued.get(key, 0.0), ongoing.get(key, 0.0)
+            pct = percentile[name]
+            out[name] = FrontReport(
+                model=name, now=now, arrival_rate=lam,
+                arrivals_per_min=tuple(float(x) for x in self._history.get(key, np.zeros(0))),
+                current_minute_count=lam * elapsed, current_minute_elapsed_s=elapsed,
+                latency_ms=latency[pct].get(app), latency_p50_ms=latency[50.0].get(app),
+                latency_mean_ms=None,
+                processing=Processing(proc.get(key), None, None, int(round(lam * WINDOW_S))),
+                in_flight=int(round(q + o)), mean_in_flight=q + o, queue_length=q,
+                arrivals_total=0, completed_total=0, dropped={}, drop_rate=0.0,
+                replicas=int(running.get(name, 0)), percentile=pct, setting={},
+                waiting=int(round(q)), dispatched=0, dispatch_capacity=0,
+                replica_cpus=None, replica_memory_gb=None).wire()
+        return out
+
+
+__all__ = ["ServeMetricsObserver", "PrometheusError", "contiguous_tail", "WINDOW_S"]

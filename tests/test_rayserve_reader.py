@@ -1,0 +1,167 @@
+"""The Ray Serve history reader (forecasting/rayserve.py, issue 48) against a real Prometheus
+serving a TSDB built with promtool from Ray Serve's own series, crafted so that the truth is
+known: a replica that restarts (a counter reset), a deployment that appears mid-range, a
+scrape gap. Every minute's arrivals must equal the requests counted in it; each oddity is
+named in the notes. The live version (a real Ray Serve app scraped as it runs) is in
+test_operations_live.py."""
+
+import math
+import re
+import shutil
+import subprocess
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from autoscaler.serve_metrics import ServeMetricsObserver
+from faro_serve.front_report import decode_front_report
+from forecasting.prometheus import PrometheusError
+from forecasting.rayserve import (REQUESTS, ServeHistory, ServeHistoryError, ServeMetricsStore,
+                                  read_serve_history)
+from live_helpers import free_port, wait_for
+
+M = 60  # minutes in the range
+SCRAPE = 15
+
+
+def _series(rng, t0, scrapes, start=0, reset_at=None, gap=None):
+    """(values at each scrape time, increments per scrape) of one replica's counter."""
+    inc = rng.poisson(5, scrapes).astype(float)
+    inc[:start] = 0
+    vals, times, c = [], [], 0.0
+    for j in range(scrapes):
+        if reset_at is not None and j == reset_at:
+            c = 0.0
+        c += inc[j]
+        t = t0 + SCRAPE * j
+        if j < start or (gap and gap[0] < t - t0 <= gap[1]):
+            continue
+        vals.append((t, c))
+    return vals, inc
+
+
+def _truth(inc, t0, minutes):
+    """Requests per minute (t0 + 60 k, t0 + 60 (k + 1)], scrape j at t0 + 15 j."""
+    out = np.zeros(minutes)
+    for j, x in enumerate(inc):
+        k = math.ceil(SCRAPE * j / 60.0) - 1
+        if 0 <= k < minutes:
+            out[k] += x
+    return out
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory):
+    if shutil.which("prometheus") is None or shutil.which("promtool") is None:
+        pytest.skip("Debian's prometheus (with promtool) is not installed (make install as root installs it)")
+    tmp = tmp_path_factory.mktemp("prom")
+    rng = np.random.default_rng(7)
+    t0 = (int(time.time()) // 60 - 180) * 60  # three hours ago: inside the retention
+    scrapes = (M + 1) * 60 // SCRAPE + 1
+    lines, truth = [], {}
+    rep = {"r1": _series(rng, t0, scrapes), "r2": _series(rng, t0, scrapes, reset_at=80)}
+    truth["a/A"] = sum(_truth(inc, t0, M) for _, inc in rep.values())
+    newb = _series(rng, t0, scrapes, start=101)  # appears in minute 25
+    truth["b/B"] = _truth(newb[1], t0, M)
+    gapc = _series(rng, t0, scrapes, gap=(1800, 2040))  # no scrape in minutes 30-33
+    truth["c/C"] = _truth(gapc[1], t0, M)
+    for (app, dep, rid), (vals, _) in {("a", "A", "r1"): rep["r1"], ("a", "A", "r2"): rep["r2"],
+                                       ("b", "B", "r3"): newb, ("c", "C", "r4"): gapc}.items():
+        lab = f'application="{app}",deployment="{dep}",replica="{rid}",route="/{app}"'
+        lines += [f"{REQUESTS}{{{lab}}} {v:g} {t}" for t, v in vals]
+    for j in range(scrapes):  # A: two healthy replicas; its processing time histogram
+        t = t0 + SCRAPE * j
+        lines += [f'ray_serve_deployment_replica_healthy{{application="a",deployment="A",replica="{r}"}} 1 {t}'
+                  for r in ("r1", "r2")]
+        for le, share in (("50.0", 0.5), ("100.0", 0.9), ("+Inf", 1.0)):
+            lines.append(f'ray_serve_deployment_processing_latency_ms_bucket{{application="a",'
+                         f'deployment="A",replica="r1",le="{le}"}} {share * 10 * j:g} {t}')
+    (tmp / "in.om").write_text("\n".join(lines) + "\n# EOF\n")
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "in.om"),
+                    str(tmp / "data")], check=True, capture_output=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    (tmp / "p.yml").write_text("global: {scrape_interval: 15s}\n")
+    proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'p.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: _ready(url), 30), "prometheus did not start"
+        yield {"url": url, "t0": t0, "truth": truth}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _ready(url):
+    try:
+        return httpx.get(f"{url}/-/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_every_minute_equals_the_requests_counted_in_it_and_each_oddity_is_named(prom, tmp_path):
+    h = read_serve_history(prom["url"], M, end=prom["t0"] + 60 * M)
+    assert h.start == prom["t0"] and h.minutes == M and sorted(h.deployments) == ["a/A", "b/B", "c/C"]
+    a, b, c = (np.array(h.deployments[k].arrivals) for k in ("a/A", "b/B", "c/C"))
+    truth = prom["truth"]
+    assert np.allclose(a, truth["a/A"]), (a - truth["a/A"])  # across r2's restart
+    assert np.allclose(b, truth["b/B"]) and b[:25].sum() == 0 and b[25] > 0
+    out = np.r_[30:35]
+    keep = np.setdiff1d(np.arange(M), out)
+    assert np.allclose(c[keep], truth["c/C"][keep])
+    assert c[out].sum() == pytest.approx(truth["c/C"][out].sum())  # spread over the gap
+    notes = " | ".join(h.notes)
+    assert "a/A: 1 counter reset(s)" in notes
+    assert "b/B: appears at minute 25" in notes
+    # (Prometheus 2 reads a range [t - 1m, t], 3 (t - 1m, t]: the gap starts one minute apart)
+    assert re.search(r"c/C: no scrape for [34] minute\(s\) after minute 3[01]: the requests", notes), notes
+    dep = h.deployments["a/A"]
+    assert set(dep.replicas) == {2.0}
+    assert dep.processing_quantile(0.5) == pytest.approx(50.0, rel=0.02)
+    assert 50 < dep.processing_quantile(0.7) < 100
+    # the export: saved and read back, the same history
+    back = ServeHistory.load(h.save(tmp_path / "export.json"))
+    assert back.deployments["a/A"].arrivals == dep.arrivals and back.notes == h.notes
+    assert back.select(["B"]).deployments.keys() == {"b/B"}
+    with pytest.raises(ServeHistoryError, match="'Z' is not a deployment of this history; it has a/A, b/B, c/C"):
+        back.select(["Z"])
+
+
+def test_the_same_minutes_serve_as_the_autoscalers_restore_source_and_its_observation(prom):
+    t0, truth = prom["t0"], prom["truth"]
+    store = ServeMetricsStore(prom["url"], {"mA": ("a", "A")})
+    got = store.load("mA", 40, end_minute=t0 // 60 + 40)  # minutes 0..39 of the range
+    assert np.allclose(got, truth["a/A"][:40])
+    # what a shadow autoscaler reads 5 s into minute 41: a meter's report of the 30
+    # completed minutes before it (10..40), decoded strictly
+    obs = ServeMetricsObserver(prom["url"], 30, clock=lambda: t0 + 60 * 41 + 5)
+    raw = obs.reports({"mA": ("a", "A"), "mB": ("b", "B"), "gone": ("x", "X")}, {"mA": 2, "mB": 1},
+                      {"mA": 99.0, "mB": 95.0})
+    assert sorted(raw) == ["mA", "mB"]
+    ra = decode_front_report(raw["mA"], "mA")
+    assert np.allclose(ra.arrivals_per_min, truth["a/A"][11:41]) and ra.replicas == 2
+    rb = decode_front_report(raw["mB"], "mB")
+    assert np.allclose(rb.arrivals_per_min, truth["b/B"][25:41])  # from its first minute on
+    assert ra.arrival_rate == pytest.approx(truth["a/A"][39:41].mean() / 60, rel=0.5)
+    assert ra.processing.mean_ms is None or ra.processing.mean_ms > 0
+
+
+def test_a_bad_url_an_empty_range_and_no_ray_metrics_are_one_clear_error(prom):
+    with pytest.raises(PrometheusError, match="cannot read Prometheus"):
+        read_serve_history(f"http://127.0.0.1:{free_port()}", 10)
+    with pytest.raises(ServeHistoryError, match="no Ray Serve requests in the 10 minutes before"):
+        read_serve_history(prom["url"], 10, end=prom["t0"] - 3600)
+    with pytest.raises(ServeHistoryError, match="minutes must be between 1 and"):
+        read_serve_history(prom["url"], 0)
+
+
+def test_forecast_train_reads_ray_serves_counters_where_there_are_no_faro_series(prom, cli, tmp_path):
+    code, out, err = cli("forecast", "train", "--from", prom["url"], "--current", "fallback",
+                         "--prometheus-minutes", "400", "--holdout-minutes", "20", "--max-steps", "5",
+                         "--out", str(tmp_path / "fc"))
+    # trained on the three deployments' minutes and judged (5 steps: saved or not, either way)
+    assert code in (0, 1) and "no faro arrivals" not in err, (code, out, err)
+    assert "loss" in out + err
