@@ -127,9 +127,8 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
             "bound": self._binding(alloc, obs),
             "models": {d.name: {"predictor": predictor.get(d.name, "?"),
                                 "forecast_mean_rps": round(float(samples[d.name].mean()), 4),
-                                "forecast_p90_rps": round(float(np.quantile(samples[d.name], 0.9)), 4),
-                                "forecast_rps": {f"p{q}": round(float(np.quantile(samples[d.name], q / 100)), 4)
-                                                 for q in (10, 50, 90)},
+                                "forecast_p90_rps": self.band[d.name][2],
+                                "forecast_rps": dict(zip(("p10", "p50", "p90"), self.band[d.name])),
                                 "processing_ms": round(d.processing_ms, 3),
                                 "current": d.current, "replicas": d.replicas,
                                 "drop_rate": d.drop_rate, "utility": round(d.utility, 4),

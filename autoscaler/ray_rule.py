@@ -209,6 +209,8 @@ class RayServePolicy(Policy):
         # what is free at once, first come first served (Ray starts a replica as soon as its
         # request finds room). Both as seen live (docs/compare.md).
         current = {n: o.target_replicas for n, o in obs.models.items()}
+        if all(self.ray_target[n] == current[n] for n in self.ray_target):
+            return None  # nothing pending, nothing to change: what the grants below would say
         waiting = sorted((n for n, t in self.pending_since.items() if t < now),
                          key=self.pending_since.get)
         fresh = [n for n in self.pending_since if self.pending_since[n] >= now]

@@ -35,8 +35,8 @@ Z_POISSON = 3.0  # standard deviations of a Poisson count that are not a surpris
 
 def band_of(samples: np.ndarray) -> tuple[float, float, float]:
     """p10, p50 and p90 (requests/s) of a model's forecast samples (samples x steps)."""
-    s = np.asarray(samples, float)
-    return tuple(round(float(np.quantile(s, q)), 4) for q in (0.1, 0.5, 0.9))
+    qs = np.quantile(np.asarray(samples, float), (0.1, 0.5, 0.9))  # one sort for the three
+    return tuple(round(float(q), 4) for q in qs)
 
 
 def surprise(rate: float, band: Sequence[float], margin: float, seconds: float) -> str | None:

@@ -321,3 +321,30 @@ def test_a_range_over_a_day_is_reported_by_day():
     assert f["days"][1]["as_run_replica_hours"] == pytest.approx(3 * 24, abs=0.01)  # fixed at 3
     assert f["days"][1]["recorded_replica_hours"] == pytest.approx(3 * 24, abs=0.01)
     assert "## Days, the most different first" in markdown(f, [])
+
+
+def test_the_as_run_replay_in_a_process_of_its_own_gives_the_same_figures():
+    from faro_serve.sim.whatif import run_whatif
+    from faro_serve.sim.whatif_report import figures
+
+    def run(parallel):
+        w = run_whatif(serve_history(), 16, 2, {"Ranker": (500, 99)}, forecaster=choose_forecaster("fallback")[0],
+                       parallel=parallel)
+        return {k: v for k, v in figures(w).items() if k != "wall_s"}
+
+    assert run(True) == run(False)
+
+
+def test_the_scale_bench_runs_on_a_tiny_cluster(tmp_path):
+    """bench/whatif_scale.py's export and timing on 4 deployments x 90 minutes (the week of
+    100 is a benchmark, not a test)."""
+    from bench.whatif_scale import main, synthetic_history
+
+    hist, cpus, gpus = synthetic_history(4, 90)
+    assert [d.config["autoscaling_config"].get("upscale_delay_s") for d in hist.deployments.values()] == [
+        None, 3, None, 3]  # Ray's defaults and its guide's latency settings, in turn
+    assert cpus >= max(np.nansum([d.replicas for d in hist.deployments.values()], axis=0))
+    assert main(["--deployments", "4", "--minutes", "90", "--forecaster", "fallback", "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "whatif_scale.json").read_text())["row"]
+    assert row["deployments"] == 4 and row["minutes"] == 90 and row["requests"] > 0
+    assert row["read_and_simulate_s"] <= row["target_s"] and (tmp_path / "whatif_scale_report" / "report.md").exists()

@@ -20,9 +20,12 @@ replay against what the cluster measured (violation rate, replicas). Ray-free.
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import re
 from collections import Counter
 from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +49,7 @@ RAY_RULE = {**RAY_DEFAULTS["autoscaling_config"], "upscaling_factor": 1.0, "down
 RAY_MIN, RAY_MAX = 1, 1  # AutoscalingConfig's min_replicas / max_replicas
 AUTO_MAX = 100  # num_replicas "auto": Ray's max_replicas for it
 NO_TRAFFIC_SLO_MS = 1000.0
+PARALLEL_FROM = 50_000  # deployment-minutes (a process's start, a few seconds, then pays)
 
 
 @dataclass(frozen=True)
@@ -334,11 +338,21 @@ def faro_models(deps: list[Deployment]) -> list[ModelSLO]:
                      cpus=d.cpus, gpus=d.gpus) for d in deps]
 
 
+def simulate_as_run(counts: np.ndarray, models: list[ModelSLO], rules: dict, cfg: SimConfig,
+                    cluster: ClusterSpec) -> SimResult:
+    """The as-run replay: Ray's rule with each model's own ``autoscaling_config`` (``rules``)."""
+    return simulate(counts, models, RayServePolicy(models, cluster, name=AS_RUN, per_model=rules), cfg)
+
+
 def run_whatif(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | None = None,
                slos: Mapping[str, tuple[float, float]] | None = None, policy: str = DEFAULT_POLICY,
-               forecaster=None, seed: int = 0, cold_start_s: float = 60.0) -> WhatIf:
+               forecaster=None, seed: int = 0, cold_start_s: float = 60.0,
+               parallel: bool | None = None) -> WhatIf:
     """Replay ``hist`` as it ran and under ``policy`` (module docstring); ``slos``: by
-    deployment (``app/deployment`` or a unique deployment name), ``(ms, percentile)``."""
+    deployment (``app/deployment`` or a unique deployment name), ``(ms, percentile)``.
+    ``parallel``: the as-run replay in a process of its own while this one runs Faro's, the
+    same results in about the time of the longer (None: when the history has over
+    :data:`PARALLEL_FROM` deployment-minutes and the machine two cores)."""
     if not (math.isfinite(capacity_cpus) and capacity_cpus > 0):
         raise ValueError(f"--capacity must be a finite number > 0 (got {capacity_cpus:g})")
     restore_infinite_edges(hist)
@@ -350,11 +364,19 @@ def run_whatif(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | 
                     processing=tuple(d.processing for d in deps),
                     initial_replicas={d.name: d.initial for d in deps}, seed=seed)
     cluster = ClusterSpec(cpus=capacity_cpus, gpus=capacity_gpus)
-    ray_models = as_run_models(deps)
-    ray = RayServePolicy(ray_models, cluster, name=AS_RUN,
-                         per_model={d.name: d.rule for d in deps if d.rule})
-    as_run = simulate(counts, ray_models, ray, cfg)
+    ray_args = (counts, as_run_models(deps), {d.name: d.rule for d in deps if d.rule}, cfg, cluster)
     fm = faro_models(deps)
-    faro = simulate(counts, fm, make_policy(policy, fm, cluster, forecaster), cfg)
+    faro_policy = make_policy(policy, fm, cluster, forecaster)  # a bad policy fails before any run
+    if parallel is None:
+        parallel = counts.size > PARALLEL_FROM and (os.cpu_count() or 1) > 1
+    if parallel:
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold torch
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+            job = pool.submit(simulate_as_run, *ray_args)
+            faro = simulate(counts, fm, faro_policy, cfg)
+            as_run = job.result()
+    else:
+        as_run = simulate_as_run(*ray_args)
+        faro = simulate(counts, fm, faro_policy, cfg)
     return WhatIf(hist, deps, as_run, faro, cfg, policy, capacity_cpus, capacity_gpus, q,
                   list(hist.notes) + notes)
