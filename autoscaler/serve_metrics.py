@@ -30,6 +30,10 @@ from forecasting.rayserve import HTTP_LATENCY, ONGOING, PROCESSING, QUEUED, REQU
 # rates and latency over this window: longer than the meters' 30 s look-back, so that a
 # scrape interval of 15 s (Prometheus's default) still gives each window several samples
 WINDOW_S = 60
+# a minute is complete this long after its end: Ray's metrics agent reports every 10 s and
+# Prometheus scrapes every 5-15 s, so a minute read at once would miss its last seconds (a
+# plan would forecast from a low last minute); until then it is the open minute
+LAG_S = 20.0
 
 
 def contiguous_tail(grid: np.ndarray) -> np.ndarray:
@@ -81,7 +85,7 @@ class ServeMetricsObserver:
         deployment)) that Prometheus has; raises :class:`PrometheusError` when it cannot be
         read (the tick then fails, and says so in the status)."""
         now = self.clock()
-        minute_start = math.floor(now / 60.0) * 60.0
+        minute_start = math.floor((now - LAG_S) / 60.0) * 60.0  # of the open minute (up to 80 s)
         self._read_history(minute_start)
         w = f"{WINDOW_S}s"
         by = "application, deployment"

@@ -72,6 +72,11 @@ class DeploymentHistory:
     processing_counts: list[float] = field(default_factory=list)  # cumulative, over the range
     processing_mean_ms: float | None = None
     config: dict = field(default_factory=dict)  # Serve's deployment_config (serve_configs)
+    # the processing histogram per step (the end-to-end latency's steps): cumulative counts
+    # and the summed milliseconds of each step, for :meth:`quiet_processing`
+    processing_step_s: float = 60.0
+    processing_steps: list[list[float]] = field(default_factory=list)
+    processing_step_ms: list[float] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -80,6 +85,36 @@ class DeploymentHistory:
     def processing_quantile(self, q: float) -> float | None:
         """The ``q`` quantile (0..1) of the processing time (ms), linear inside a bucket."""
         return bucket_quantile(self.processing_le, self.processing_counts, q)
+
+    def quiet_processing(self, share: float = 0.25) -> tuple[list[float], float | None]:
+        """(cumulative bucket counts, mean ms) of the processing time over the steps with the
+        fewest requests per replica: the ``share`` of the steps that served any, at least one.
+
+        Ray times a request from when a replica admits it (up to ``max_ongoing_requests`` at
+        once), so where the user's code serves one at a time the time of a busy step includes
+        the wait for it; a quiet step's is the service time the simulator wants. Without the
+        steps (an older export), the whole range's."""
+        rows = np.asarray(self.processing_steps, float)
+        if rows.ndim != 2 or not rows.size or len(self.processing_step_ms) != rows.shape[0]:
+            return list(self.processing_counts), self.processing_mean_ms
+        k = max(1, int(round(self.processing_step_s / 60.0)))
+        n = rows[:, -1]
+        arr = np.asarray(self.arrivals, float)
+        reps = np.asarray(self.replicas, float)
+        load = np.full(n.size, np.inf)
+        for j in range(n.size):  # step j: the k minutes ending at the range's end - k (n - 1 - j)
+            lo = max(0, arr.size - k * (n.size - j))
+            r = reps[lo:lo + k]
+            mean_r = float(np.nanmean(r)) if np.isfinite(r).any() else 1.0
+            if n[j] > 0:
+                load[j] = arr[lo:lo + k].sum() / max(mean_r, 1.0)
+        served = np.flatnonzero(n > 0)
+        if not served.size:
+            return list(self.processing_counts), self.processing_mean_ms
+        pick = served[np.argsort(load[served], kind="stable")][:max(1, math.ceil(share * served.size))]
+        ms = np.asarray(self.processing_step_ms, float)[pick].sum()
+        total = rows[pick].sum(axis=0)
+        return total.tolist(), (float(ms / total[-1]) if total[-1] > 0 else self.processing_mean_ms)
 
 
 @dataclass
@@ -375,6 +410,7 @@ def read_serve_history(url: str, minutes: int, end: float | None = None,
             processing_mean_ms=means.get((app, dep)))
     latency = read_app_latency(base, first_end, end_t, minutes, {d.application for d in deps.values()},
                                timeout_s)
+    read_processing_steps(base, end_t, minutes, deps, timeout_s)
     hist = ServeHistory(start=first_end - 60.0, minutes=minutes, deployments=deps, latency=latency,
                         notes=notes, source=base)
     if dashboard_url:
@@ -386,9 +422,7 @@ def read_app_latency(base: str, first_end: float, end_t: float, minutes: int, ap
                      timeout_s: float = 60.0) -> dict[str, AppLatency]:
     """Each application's end-to-end latency histogram per step (a minute, or longer so that
     the range has at most :data:`LATENCY_STEPS` steps)."""
-    k = max(1, math.ceil(minutes / LATENCY_STEPS))
-    step = 60.0 * k
-    n = math.ceil(minutes / k)
+    k, step, n = _steps(minutes)
     t0 = end_t - step * (n - 1)
     res = _get(base, "/api/v1/query_range",
                {"query": f"sum by (application, le) (increase({HTTP_LATENCY}_bucket[{k}m]))",
@@ -437,6 +471,39 @@ class ServeMetricsStore:
         got = counter_minutes(self.url, REQUESTS, 60.0 * (end - n + 1), n, [], self.timeout_s,
                               match=f'application="{app}",deployment="{dep}"')
         return got.get((app, dep), out)
+
+
+def _steps(minutes: int) -> tuple[int, float, int]:
+    """(minutes per step, step s, steps) of the per-step histograms: a minute, or longer so
+    that the range has at most :data:`LATENCY_STEPS` steps."""
+    k = max(1, math.ceil(minutes / LATENCY_STEPS))
+    return k, 60.0 * k, math.ceil(minutes / k)
+
+
+def read_processing_steps(base: str, end_t: float, minutes: int, deps: dict[str, DeploymentHistory],
+                          timeout_s: float = 60.0) -> None:
+    """Each deployment's processing histogram and summed milliseconds per step, into
+    ``processing_steps`` and ``processing_step_ms`` (:meth:`DeploymentHistory.quiet_processing`)."""
+    k, step, n = _steps(minutes)
+    t0 = end_t - step * (n - 1)
+    by = "application, deployment"
+    buckets = query_range(base, f"sum by ({by}, le) (increase({PROCESSING}_bucket[{k}m]))", t0, end_t, step,
+                          timeout_s)
+    sums = query_range(base, f"sum by ({by}) (increase({PROCESSING}_sum[{k}m]))", t0, end_t, step, timeout_s)
+    grids: dict[str, dict[float, np.ndarray]] = {}
+    for s in buckets:
+        m = s.get("metric", {})
+        grids.setdefault(f"{m.get('application', '')}/{m.get('deployment')}", {})[float(m.get("le", "inf"))] = \
+            _grid(s, t0, n, step)
+    ms = {f"{s['metric'].get('application', '')}/{s['metric'].get('deployment')}": _grid(s, t0, n, step)
+          for s in sums}
+    for key, d in deps.items():
+        if key not in grids or key not in ms:
+            continue
+        le = sorted(grids[key])
+        d.processing_step_s = step
+        d.processing_steps = np.nan_to_num(np.stack([grids[key][x] for x in le], axis=1)).round(3).tolist()
+        d.processing_step_ms = np.nan_to_num(ms[key]).round(3).tolist()
 
 
 # -- Serve's REST API ---------------------------------------------------------------------

@@ -359,3 +359,16 @@ def test_plain_ray_serve_deployments_read_shadowed_then_handed_over(cluster, pro
     assert 40 < auto.processing_quantile(0.5) < 100
     assert {"auto", "fixed"} <= set(hist.latency)
     assert "auto/Auto: appears at minute" in " ".join(hist.notes)
+    # whatif on the saved export, as a platform engineer runs it: its check of the settings as
+    # they ran stands beside what the proxy measured
+    export = hist.save(tmp_path / "export.json")
+    code, out, err = cli("whatif", "--export", str(export), "--capacity", "1", "--slo", "Auto=100",
+                         "--slo", "Fixed=100", "--deployments", "auto/Auto,fixed/Fixed",
+                         "--forecaster", "fallback", "--no-plots", "--out", str(tmp_path / "wi"))
+    assert code == 0, err
+    doc = json.loads((tmp_path / "wi" / "whatif.json").read_text())
+    chk = doc["deployments"]["auto/Auto"]["check"]
+    # the simulator draws each minute's requests around the recorded count (Poisson)
+    assert abs(doc["deployments"]["auto/Auto"]["requests"] - got["auto/Auto"]) <= 0.15 * got["auto/Auto"]
+    assert chk["measured_requests"] > 0 and chk["measured_violation_rate"] is not None
+    report(f"whatif on the live export: auto/Auto {chk}")

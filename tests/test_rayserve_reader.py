@@ -18,7 +18,7 @@ import pytest
 from autoscaler.serve_metrics import ServeMetricsObserver
 from faro_serve.front_report import decode_front_report
 from forecasting.prometheus import PrometheusError
-from forecasting.rayserve import (REQUESTS, ServeHistory, ServeHistoryError, ServeMetricsStore,
+from forecasting.rayserve import (REQUESTS, ServeHistory, ServeHistoryError, ServeMetricsStore, bucket_quantile,
                                   read_serve_history)
 from live_helpers import free_port, wait_for
 
@@ -135,16 +135,18 @@ def test_the_same_minutes_serve_as_the_autoscalers_restore_source_and_its_observ
     store = ServeMetricsStore(prom["url"], {"mA": ("a", "A")})
     got = store.load("mA", 40, end_minute=t0 // 60 + 40)  # minutes 0..39 of the range
     assert np.allclose(got, truth["a/A"][:40])
-    # what a shadow autoscaler reads 5 s into minute 41: a meter's report of the 30
-    # completed minutes before it (10..40), decoded strictly
+    # what a shadow autoscaler reads 5 s into minute 41: a meter's report of the 30 minutes
+    # before minute 40, the minute that ended 5 s ago still open (its last scrapes may be
+    # missing: serve_metrics.LAG_S), decoded strictly
     obs = ServeMetricsObserver(prom["url"], 30, clock=lambda: t0 + 60 * 41 + 5)
     raw = obs.reports({"mA": ("a", "A"), "mB": ("b", "B"), "gone": ("x", "X")}, {"mA": 2, "mB": 1},
                       {"mA": 99.0, "mB": 95.0})
     assert sorted(raw) == ["mA", "mB"]
     ra = decode_front_report(raw["mA"], "mA")
-    assert np.allclose(ra.arrivals_per_min, truth["a/A"][11:41]) and ra.replicas == 2
+    assert np.allclose(ra.arrivals_per_min, truth["a/A"][10:40]) and ra.replicas == 2
     rb = decode_front_report(raw["mB"], "mB")
-    assert np.allclose(rb.arrivals_per_min, truth["b/B"][25:41])  # from its first minute on
+    assert np.allclose(rb.arrivals_per_min, truth["b/B"][25:40])  # from its first minute on
+    assert ra.current_minute_elapsed_s == pytest.approx(65.0)
     assert ra.arrival_rate == pytest.approx(truth["a/A"][39:41].mean() / 60, rel=0.5)
     assert ra.processing.mean_ms is None or ra.processing.mean_ms > 0
 
@@ -165,3 +167,50 @@ def test_forecast_train_reads_ray_serves_counters_where_there_are_no_faro_series
     # trained on the three deployments' minutes and judged (5 steps: saved or not, either way)
     assert code in (0, 1) and "no faro arrivals" not in err, (code, out, err)
     assert "loss" in out + err
+
+
+def test_a_new_autoscaler_without_a_store_starts_from_the_clusters_prometheus_history(prom):
+    """``prometheus_url`` and no ``history_dir``: the first tick's history of a model whose
+    meter has just started (3 minutes) is Ray Serve's minutes before them, then the meter's."""
+    from autoscaler.driver import FrontSnapshot
+    from autoscaler.history import HistoryKeeper
+    from faro_serve.config import ModelSLO
+    from faro_serve.serving.autoscaler_deployment import open_history
+    from faro_serve.serving.schema import parse_autoscaler_config
+    from front_reports import front_report
+
+    t0, truth = prom["t0"], prom["truth"]
+    cfg = parse_autoscaler_config({"cluster": {"cpus": 2}, "prometheus_url": prom["url"], "models": [
+        ModelSLO(name="mA", app="a", deployment="A", slo_ms=720).model_dump()]})
+    store = open_history(cfg)
+    assert store is not None and store.where == {"mA": ("a", "A")}
+    keeper = HistoryKeeper(store, keep_minutes=40)
+    now = t0 + 60 * 45 + 10  # the meter's minutes: 42, 43, 44; minute 45 open for 10 s
+    raw = {"mA": front_report("mA", arrivals_per_min=[1.0, 2.0, 3.0], current_minute_elapsed_s=10.0)}
+    snaps = {"mA": FrontSnapshot.from_front(raw["mA"])}
+    joined = keeper.observe(now, raw, snaps)["mA"].arrivals_per_min
+    assert joined.size == 40 and list(joined[-3:]) == [1.0, 2.0, 3.0]
+    assert np.allclose(joined[:-3], truth["a/A"][5:42])  # Prometheus's minutes 5..41 before them
+    assert keeper.status()["joined_minutes"] == {"mA": 37}
+
+
+def test_the_service_time_is_read_in_the_quietest_minutes():
+    """Ray times a request from when a replica admits it: in a busy minute the wait for the
+    user's code is in it. The quietest quarter of the minutes (fewest requests per replica)
+    gives the service time."""
+    from forecasting.rayserve import DeploymentHistory
+
+    le = [50.0, 100.0, 200.0, math.inf]
+    quiet, busy = [80.0, 100.0, 100.0, 100.0], [0.0, 20.0, 300.0, 400.0]  # 80 % under 50 ms; mostly slow
+    d = DeploymentHistory("a", "A", arrivals=[100, 400, 100, 400, 400, 400, 400, 400],
+                          replicas=[1, 1, 1, 1, 2, 2, 1, 1], processing_le=le,
+                          processing_counts=list(np.add(np.multiply(quiet, 2), np.multiply(busy, 6))),
+                          processing_mean_ms=150.0, processing_step_s=60.0,
+                          processing_steps=[quiet, busy, quiet, busy, busy, busy, busy, busy],
+                          processing_step_ms=[4000.0, 60000.0, 4000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0])
+    counts, mean = d.quiet_processing()
+    assert counts == [160.0, 200.0, 200.0, 200.0] and mean == pytest.approx(40.0)  # the 2 quiet minutes
+    assert d.processing_quantile(0.5) > 100 > bucket_quantile(le, counts, 0.5)
+    old = DeploymentHistory("a", "A", arrivals=[1], replicas=[1], processing_le=le,
+                            processing_counts=[1, 2, 3, 4], processing_mean_ms=99.0)
+    assert old.quiet_processing() == ([1, 2, 3, 4], 99.0)  # an export without the steps

@@ -99,3 +99,30 @@ def test_observing_prometheus_needs_its_url():
     with pytest.raises(ConfigError, match="mode"):
         config("advise")
     assert config("shadow", observe="prometheus", prometheus_url="http://p:9090").observe == "prometheus"
+
+
+def test_faro_serve_status_shows_the_advice_beside_what_runs(cli):
+    """The shadow loop's own status, served over real HTTP, read by ``faro-serve status``."""
+    import json
+
+    from test_cli_engine import _serve_once
+
+    times = np.arange(0, 400, 10.0)
+    acting = Cluster()
+    run(AutoscalerLoop(config("control"), acting, clock=lambda: acting.t), acting, times)
+    own = OwnScaler(acting.scaled)
+    shadow = AutoscalerLoop(config("shadow"), own, clock=lambda: own.t)
+    for t in times:
+        own.t = t
+        shadow.step()
+    st = shadow.status()
+    srv, url = _serve_once(json.dumps(st, default=str).encode(), "application/json")
+    try:
+        code, out, err = cli("status", "--url", url)
+    finally:
+        srv.shutdown()
+    assert code == 0, err
+    assert "advised" in out and "shadow mode: the autoscaler plans every tick and changes nothing" in out
+    for n, m in st["models"].items():
+        line = next(x for x in out.splitlines() if x.strip("│ ").startswith(n + " "))
+        assert f"{m['advised']['replicas']} (" in line and f"{m['replicas']}/{m['target']}" in line

@@ -157,11 +157,14 @@ def fit_lognormal(le, counts, mean_ms: float) -> TimeDist | None:
 
 def processing_of(d, notes: list[str]) -> tuple[TimeDist, float]:
     """(the simulated processing time, its mean in ms): the lognormal of the recorded mean
-    fitted to the recorded histogram (:func:`fit_lognormal`); without a mean, through its
-    p50 and p90; without a histogram, the paper's shape at the recorded mean."""
-    p50, p90 = d.processing_quantile(0.5), d.processing_quantile(0.9)
-    mean = d.processing_mean_ms
-    fit = fit_lognormal(d.processing_le, d.processing_counts, mean) if mean and mean > 0 else None
+    fitted to the recorded histogram (:func:`fit_lognormal`), both of the quietest quarter of
+    the minutes (``DeploymentHistory.quiet_processing``: Ray's processing time includes the
+    wait inside a busy replica); without a mean, through its p50 and p90; without a
+    histogram, the paper's shape at the recorded mean."""
+    counts, mean = d.quiet_processing()  # the service time: the quietest steps' (forecasting/rayserve.py)
+    p50 = bucket_quantile(d.processing_le, counts, 0.5)
+    p90 = bucket_quantile(d.processing_le, counts, 0.9)
+    fit = fit_lognormal(d.processing_le, counts, mean) if mean and mean > 0 else None
     if fit is not None:
         return fit, float(mean)
     if p50 is not None and p90 is not None and p50 > 0:
