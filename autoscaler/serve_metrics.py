@@ -6,8 +6,11 @@ Each tick builds, per model, the :class:`~faro_serve.front_report.FrontReport` a
 sends, from the metrics ``forecasting/rayserve.py`` names: the completed minutes' arrivals
 (``increase`` of the request counter per minute, wall-clock minutes, the contiguous ones
 after the last gap), the rate over the look-back, the SLO-percentile latency of the
-application's HTTP requests at the proxy, the replicas' mean processing time, and the
-requests queued at the handles and in the replicas. What a meter knows that Serve does not
+application's HTTP requests at the proxy, the replicas' processing time, and the requests
+queued at the handles and in the replicas. The processing time is the service time of the
+last half hour (``forecasting.rayserve.service_time_ms``): Ray times a request from when a
+replica admits it, so a busy minute's includes the wait for the user's code, which a
+planner must not take for service. What a meter knows that Serve does not
 export (drops by reason, the data path's queue) is reported empty: these models are planned
 as the simulator plans a model, from arrivals, latency and processing time.
 
@@ -25,7 +28,8 @@ import numpy as np
 
 from faro_serve.front_report import Processing, FrontReport
 from forecasting.prometheus import PrometheusError
-from forecasting.rayserve import HTTP_LATENCY, ONGOING, PROCESSING, QUEUED, REQUESTS, counter_minutes, query
+from forecasting.rayserve import (HEALTHY, HTTP_LATENCY, ONGOING, PROCESSING, QUEUED, REQUESTS, counter_minutes,
+                                  query, query_range, service_time_ms)
 
 # rates and latency over this window: longer than the meters' 30 s look-back, so that a
 # scrape interval of 15 s (Prometheus's default) still gives each window several samples
@@ -34,6 +38,7 @@ WINDOW_S = 60
 # Prometheus scrapes every 5-15 s, so a minute read at once would miss its last seconds (a
 # plan would forecast from a low last minute); until then it is the open minute
 LAG_S = 20.0
+QUIET_MINUTES = 30
 
 
 def contiguous_tail(grid: np.ndarray) -> np.ndarray:
@@ -58,6 +63,7 @@ class ServeMetricsObserver:
         self.timeout_s = timeout_s
         self._minutes_at: float | None = None  # the minute the history was read for
         self._history: dict[tuple[str, str], np.ndarray] = {}
+        self._service: dict[tuple[str, str], float] = {}
 
     def _q(self, q: str, t: float) -> list:
         return query(self.url, q, t, self.timeout_s)
@@ -77,7 +83,35 @@ class ServeMetricsObserver:
         grids = counter_minutes(self.url, REQUESTS, minute_start - 60.0 * (self.minutes - 1),
                                 self.minutes, [], self.timeout_s)
         hist = {key: contiguous_tail(g) for key, g in grids.items()}
+        self._service = self._read_service(minute_start)
         self._history, self._minutes_at = hist, minute_start
+
+    def _read_service(self, minute_start: float) -> dict[tuple[str, str], float]:
+        """Each deployment's service time over the last :data:`QUIET_MINUTES` completed
+        minutes (``forecasting.rayserve.service_time_ms``: the wait inside a busy replica
+        taken out of Ray's processing time, as ``whatif`` does)."""
+        by = "application, deployment"
+        first = minute_start - 60.0 * (QUIET_MINUTES - 1)
+        grids = {}
+        for name, q in (("n", f"sum by ({by}) (increase({PROCESSING}_count[1m]))"),
+                        ("ms", f"sum by ({by}) (increase({PROCESSING}_sum[1m]))"),
+                        ("r", f"sum by ({by}) ({HEALTHY})")):
+            for s in query_range(self.url, q, first, minute_start, 60, self.timeout_s):
+                m = s.get("metric", {})
+                grid = np.full(QUIET_MINUTES, np.nan)
+                for t, v in s.get("values", []):
+                    k = int(round((float(t) - first) / 60.0))
+                    if 0 <= k < QUIET_MINUTES:
+                        grid[k] = float(v)
+                grids.setdefault((m.get("application", ""), m.get("deployment", "")), {})[name] = grid
+        out = {}
+        for key, g in grids.items():
+            if "n" in g and "ms" in g:
+                st = service_time_ms(np.nan_to_num(g["n"]), np.nan_to_num(g["ms"]),
+                                     g.get("r", np.ones(QUIET_MINUTES)))
+                if st is not None:
+                    out[key] = st
+        return out
 
     def reports(self, where: Mapping[str, tuple[str, str]], running: Mapping[str, int],
                 percentile: Mapping[str, float]) -> dict[str, dict]:
@@ -90,8 +124,7 @@ class ServeMetricsObserver:
         w = f"{WINDOW_S}s"
         by = "application, deployment"
         rate = self._by(self._q(f"sum by ({by}) (rate({REQUESTS}[{w}]))", now))
-        proc = self._by(self._q(f"sum by ({by}) (rate({PROCESSING}_sum[{w}])) / "
-                                f"sum by ({by}) (rate({PROCESSING}_count[{w}]))", now))
+        proc = self._service
         queued = self._by(self._q(f"sum by ({by}) ({QUEUED})", now))
         ongoing = self._by(self._q(f"sum by ({by}) ({ONGOING})", now))
         latency: dict[float, dict] = {}

@@ -86,6 +86,22 @@ class DeploymentHistory:
         """The ``q`` quantile (0..1) of the processing time (ms), linear inside a bucket."""
         return bucket_quantile(self.processing_le, self.processing_counts, q)
 
+    def service_time_ms(self) -> float | None:
+        """The mean service time behind the processing times (:func:`service_time_ms`) from
+        the per-step histograms, each step's replicas its minutes' mean; None without them."""
+        rows = np.asarray(self.processing_steps, float)
+        if rows.ndim != 2 or not rows.size or len(self.processing_step_ms) != rows.shape[0]:
+            return None
+        k = max(1, int(round(self.processing_step_s / 60.0)))
+        reps = np.asarray(self.replicas, float)
+        n = rows.shape[0]
+        per = []
+        for j in range(n):
+            lo = max(0, reps.size - k * (n - j))
+            r = reps[lo:lo + k]
+            per.append(float(np.nanmean(r)) if np.isfinite(r).any() else 1.0)
+        return service_time_ms(rows[:, -1], self.processing_step_ms, per, self.processing_step_s)
+
     def quiet_processing(self, share: float = 0.25) -> tuple[list[float], float | None]:
         """(cumulative bucket counts, mean ms) of the processing time over the steps with the
         fewest requests per replica: the ``share`` of the steps that served any, at least one.
@@ -198,6 +214,32 @@ class ServeHistory:
         apps = {d.application for d in keep.values()}
         return ServeHistory(self.start, self.minutes, keep,
                             {a: v for a, v in self.latency.items() if a in apps}, self.notes, self.source)
+
+
+def service_time_ms(counts, sums_ms, replicas, step_s: float = 60.0) -> float | None:
+    """The mean service time behind the processing times Ray recorded, per step: ``counts``
+    requests completed, ``sums_ms`` their summed processing time, ``replicas`` serving.
+
+    Ray times a request from when a replica admits it, and a replica admits up to
+    ``max_ongoing_requests`` at once, so where the user's code serves one at a time the time
+    is the replica's sojourn ``T``: service ``S`` plus the wait inside it. Taking the replica
+    as the simulator does (one at a time, Poisson arrivals, service about constant: M/D/1,
+    Pollaczek-Khinchine) ``T = S + lam S^2 / (2 (1 - lam S))`` at ``lam`` requests per ms
+    per replica, solved for ``S`` in each step; the median over the steps, weighted by
+    requests. ``None`` where nothing completed."""
+    n = np.asarray(counts, float)
+    tot = np.asarray(sums_ms, float)
+    reps = np.maximum(np.nan_to_num(np.asarray(replicas, float), nan=1.0), 1.0)
+    ok = (n > 0) & np.isfinite(tot) & (tot > 0)
+    if not ok.any():
+        return None
+    t = tot[ok] / n[ok]
+    lam = n[ok] / (step_s * 1e3 * reps[ok])
+    b = 2.0 + 2.0 * t * lam
+    x = (b - np.sqrt(np.maximum(b * b - 8.0 * lam * t, 0.0))) / (2.0 * lam)  # the root below T
+    order = np.argsort(x)
+    w = np.cumsum(n[ok][order])
+    return float(x[order][int(np.searchsorted(w, w[-1] / 2.0))])
 
 
 def bucket_quantile(le, counts, q: float) -> float | None:

@@ -214,3 +214,16 @@ def test_the_service_time_is_read_in_the_quietest_minutes():
     old = DeploymentHistory("a", "A", arrivals=[1], replicas=[1], processing_le=le,
                             processing_counts=[1, 2, 3, 4], processing_mean_ms=99.0)
     assert old.quiet_processing() == ([1, 2, 3, 4], 99.0)  # an export without the steps
+
+
+def test_the_service_time_is_taken_out_of_rays_processing_time():
+    """A replica of one-at-a-time code that admits several requests: Ray's processing time is
+    its sojourn, T = S + lam S^2 / (2 (1 - lam S)) (M/D/1). 600 requests a minute on one
+    replica of 50 ms service spend 75 ms each there; the service time read back is 50 ms, at
+    any load, and a quiet minute's is its own time."""
+    from forecasting.rayserve import service_time_ms
+
+    assert service_time_ms([600], [600 * 75.0], [1]) == pytest.approx(50.0)
+    assert service_time_ms([1200, 300], [1200 * 75.0, 300 * 75.0], [2, 1]) == pytest.approx(50.0)  # per replica
+    assert service_time_ms([3], [3 * 50.0], [1]) == pytest.approx(50.0, rel=0.01)  # hardly any wait
+    assert service_time_ms([0, 0], [0, 0], [1, 1]) is None

@@ -156,15 +156,23 @@ def fit_lognormal(le, counts, mean_ms: float) -> TimeDist | None:
 
 
 def processing_of(d, notes: list[str]) -> tuple[TimeDist, float]:
-    """(the simulated processing time, its mean in ms): the lognormal of the recorded mean
-    fitted to the recorded histogram (:func:`fit_lognormal`), both of the quietest quarter of
-    the minutes (``DeploymentHistory.quiet_processing``: Ray's processing time includes the
-    wait inside a busy replica); without a mean, through its p50 and p90; without a
-    histogram, the paper's shape at the recorded mean."""
-    counts, mean = d.quiet_processing()  # the service time: the quietest steps' (forecasting/rayserve.py)
+    """(the simulated processing time, its mean in ms). Ray's processing time includes the
+    wait inside a replica that admitted several requests, so the mean is the service time
+    behind it (``DeploymentHistory.service_time_ms``: M/D/1 solved per step), and the shape
+    the lognormal fitted (:func:`fit_lognormal`) to the quietest quarter of the minutes
+    (``quiet_processing``), where that wait is least; without the steps, the whole range's
+    histogram and mean; without a mean, through its p50 and p90; without a histogram, the
+    paper's shape at the recorded mean."""
+    counts, mean = d.quiet_processing()
+    service = d.service_time_ms()
     p50 = bucket_quantile(d.processing_le, counts, 0.5)
     p90 = bucket_quantile(d.processing_le, counts, 0.9)
     fit = fit_lognormal(d.processing_le, counts, mean) if mean and mean > 0 else None
+    if fit is not None and service is not None and service > 0:
+        if mean and service < 0.95 * mean:
+            notes.append(f"{d.key}: service time {service:.1f} ms behind a recorded processing time of "
+                         f"{d.processing_mean_ms or mean:.1f} ms (the rest: the wait inside its replicas)")
+        return fit.scaled_to_mean(service / 1e3), float(service)
     if fit is not None:
         return fit, float(mean)
     if p50 is not None and p90 is not None and p50 > 0:
