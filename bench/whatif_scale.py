@@ -124,7 +124,8 @@ def main(argv=None) -> int:
            "read_and_simulate_s": round(read_s + sim_s, 1), "report_s": round(report_s, 1),
            "plots": args.plots, "target_s": TARGET_S, "meets_target": read_s + sim_s <= TARGET_S,
            "violations": {k: f["total"][k]["slo_violation_rate"] for k in ("as_run", "faro")},
-           "replica_hours": {k: f["total"][k]["replica_hours"] for k in ("as_run", "faro")}}
+           "replica_hours": {k: f["total"][k]["replica_hours"] for k in ("as_run", "faro")},
+           "faro_decisions": f["decisions"]["faro"]}
     env = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
            "load_average": [round(x, 2) for x in os.getloadavg()]}
     (out / "whatif_scale.json").write_text(json.dumps({"env": env, "row": row}, indent=2) + "\n")

@@ -118,6 +118,7 @@ def figures(w: WhatIf) -> dict:
             "deployments": per, "total": total, "top_minutes": top,
             "days": _days(hist, w, ray_v, faro_v, ray_r, faro_r, rec),
             "per_minute": per_minute, "notes": list(w.notes),
+            "decisions": {"as_run": dict(w.as_run.decisions), "faro": dict(w.faro.decisions)},
             "wall_s": {"as_run": round(w.as_run.wall_s, 2), "faro": round(w.faro.wall_s, 2)}}
 
 
