@@ -29,14 +29,15 @@ import numpy as np
 from faro_serve.front_report import Processing, FrontReport
 from forecasting.prometheus import PrometheusError
 from forecasting.rayserve import (HEALTHY, HTTP_LATENCY, ONGOING, PROCESSING, QUEUED, REQUESTS, counter_minutes,
-                                  query, query_range, service_time_ms)
+                                  export_lag_s, query, query_range, service_time_ms)
 
 # rates and latency over this window: longer than the meters' 30 s look-back, so that a
 # scrape interval of 15 s (Prometheus's default) still gives each window several samples
 WINDOW_S = 60
 # a minute is complete this long after its end: Ray's metrics agent reports every 10 s and
 # Prometheus scrapes every 5-15 s, so a minute read at once would miss its last seconds (a
-# plan would forecast from a low last minute); until then it is the open minute
+# plan would forecast from a low last minute); until then it is the open minute. Its end is
+# read ``export_lag_s`` later (at most this, for a scrape interval up to 30 s)
 LAG_S = 20.0
 QUIET_MINUTES = 30
 
@@ -64,6 +65,7 @@ class ServeMetricsObserver:
         self._minutes_at: float | None = None  # the minute the history was read for
         self._history: dict[tuple[str, str], np.ndarray] = {}
         self._service: dict[tuple[str, str], float] = {}
+        self.lag_s: float | None = None  # read from Prometheus at the first report
 
     def _q(self, q: str, t: float) -> list:
         return query(self.url, q, t, self.timeout_s)
@@ -80,8 +82,10 @@ class ServeMetricsObserver:
     def _read_history(self, minute_start: float) -> None:
         if self._minutes_at == minute_start:
             return
+        if self.lag_s is None:
+            self.lag_s = export_lag_s(self.url, self.timeout_s)
         grids = counter_minutes(self.url, REQUESTS, minute_start - 60.0 * (self.minutes - 1),
-                                self.minutes, [], self.timeout_s)
+                                self.minutes, [], self.timeout_s, lag_s=self.lag_s)
         hist = {key: contiguous_tail(g) for key, g in grids.items()}
         self._service = self._read_service(minute_start)
         self._history, self._minutes_at = hist, minute_start

@@ -16,11 +16,14 @@ counters):
 * ``ray_serve_deployment_replica_healthy``: 1 per healthy replica (or the healthy count per
   deployment, by Ray's settings: a ``sum`` is right either way).
 
-Per-minute arrivals are ``sum by (application, deployment) (increase(...[1m]))`` at a 60 s
-step: Prometheus's ``increase`` handles counter resets and replicas that come and go. A
-minute Prometheus has no value for while the deployment ran before and after it is a gap:
-it is filled from the minutes beside it and named in :attr:`ServeHistory.notes`, as are a
-deployment that appears after the range starts (zero before) and a counter reset.
+Per-minute arrivals come from the request counter read per series at each minute's end
+(:func:`counter_minutes`: resets, replicas that come and go and scrape gaps handled there),
+read :func:`export_lag_s` after the minute's end: Ray's metrics agent exports a replica's
+counter every 10 s and Prometheus scrapes it at its own interval, so a value in Prometheus
+is on average that late. A minute Prometheus has no value for while the deployment ran
+before and after it is a gap: it is filled from the minutes beside it and named in
+:attr:`ServeHistory.notes`, as are a deployment that appears after the range starts (zero
+before) and a counter reset.
 
 Each application's deployment options (replica counts, ``autoscaling_config``, queue
 bounds, resources) come from Serve's REST API (``GET /api/serve/applications/`` on the
@@ -35,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,6 +58,10 @@ EXPORT_VERSION = 1
 # the end-to-end latency histogram at most this many steps over the range (one query per
 # application and bucket: a week at per-minute steps would be 25 M points for 100 apps)
 LATENCY_STEPS = 480
+# Ray's metrics agent exports every ``metrics_report_interval_ms`` (10,000 by default), and
+# the ``prometheus.yml`` Ray generates scrapes every 10 s
+RAY_EXPORT_S = 10.0
+RAY_SCRAPE_S = 10.0
 
 
 class ServeHistoryError(ValueError):
@@ -345,9 +353,10 @@ def fill_gaps(x: np.ndarray, key: str, notes: list[str]) -> np.ndarray:
 
 
 def counter_minutes(url: str, metric: str, first_end: float, minutes: int, notes: list[str],
-                    timeout_s: float = 60.0, match: str = "") -> dict[tuple[str, str], np.ndarray]:
+                    timeout_s: float = 60.0, match: str = "", lag_s: float = 0.0) -> dict[tuple[str, str], np.ndarray]:
     """Per (application, deployment): the counter's increase in each of ``minutes`` minutes,
-    the first ending at ``first_end``; NaN where no series of it had a value.
+    the first ending at ``first_end``; NaN where no series of it had a value. Each minute's
+    end is read ``lag_s`` later (:func:`export_lag_s`: what Prometheus holds is that late).
 
     Read per series (one per replica) as ``last_over_time(...[1m])`` at each minute's end,
     so that a replica that stopped inside a minute still counts its last requests; a series
@@ -356,6 +365,7 @@ def counter_minutes(url: str, metric: str, first_end: float, minutes: int, notes
     value below the one before is a reset (a restarted replica) and counts from 0; the
     requests of a series' scrape gap are spread over the gap's minutes."""
     sel = f"{metric}{{{match}}}" if match else metric
+    first_end += lag_s
     res = query_range(url, f"last_over_time({sel}[1m])", first_end - 60.0, first_end + 60.0 * (minutes - 1),
                       60, timeout_s)
     out: dict[tuple[str, str], np.ndarray] = {}
@@ -394,6 +404,29 @@ def counter_minutes(url: str, metric: str, first_end: float, minutes: int, notes
     return out
 
 
+def export_lag_s(url: str, timeout_s: float = 10.0) -> float:
+    """How late, on average, a request shows in Ray's counter in Prometheus: half Ray's export
+    period plus half the scrape interval (the longest of the active targets'; Ray's generated
+    10 s where Prometheus scrapes nothing now, as when it serves an archived TSDB). Measured
+    on issue 48's live bench: read at the minute's end, a deployment whose rate fell from 665
+    to 94 requests a minute lost 86 requests to the next minute (9 s of its rate)."""
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/api/v1/targets", params={"state": "active"}, timeout=timeout_s)
+        targets = r.json().get("data", {}).get("activeTargets", [])
+    except (httpx.HTTPError, ValueError, AttributeError):
+        targets = []
+    scrapes = [s for s in (_seconds(t.get("scrapeInterval", "")) for t in targets) if s]
+    return RAY_EXPORT_S / 2 + (max(scrapes) if scrapes else RAY_SCRAPE_S) / 2
+
+
+def _seconds(text: str) -> float | None:
+    """A Prometheus duration (``5s``, ``1m``, ``1m30s``) in seconds; None if not one."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text or "")
+    if not parts or "".join(a + b for a, b in parts) != text:
+        return None
+    return sum(float(a) * {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}[b] for a, b in parts)
+
+
 def _before_reset(url: str, metric: str, labels: dict, first_end: float, k: int, pv: float,
                   timeout_s: float) -> float:
     """What a series counted between its value ``pv`` at the start of the minute that ends at
@@ -407,10 +440,12 @@ def _before_reset(url: str, metric: str, labels: dict, first_end: float, k: int,
 
 
 def read_serve_history(url: str, minutes: int, end: float | None = None,
-                       dashboard_url: str | None = None, timeout_s: float = 60.0) -> ServeHistory:
+                       dashboard_url: str | None = None, timeout_s: float = 60.0,
+                       lag_s: float | None = None) -> ServeHistory:
     """The ``minutes`` completed minutes before ``end`` (default: now) of every Ray Serve
     deployment Prometheus at ``url`` has, with each application's config from the dashboard
-    at ``dashboard_url`` (optional)."""
+    at ``dashboard_url`` (optional); each minute's end read ``lag_s`` later (default:
+    :func:`export_lag_s`)."""
     if not 1 <= minutes < MAX_POINTS:
         raise ServeHistoryError(f"minutes must be between 1 and {MAX_POINTS - 1} (got {minutes})")
     base = url.rstrip("/")
@@ -418,7 +453,8 @@ def read_serve_history(url: str, minutes: int, end: float | None = None,
     first_end = end_t - 60.0 * (minutes - 1)  # the first minute's end
     rng = {"start": first_end, "end": end_t, "step": 60}
     notes: list[str] = []
-    arr = counter_minutes(base, REQUESTS, first_end, minutes, notes, timeout_s)
+    lag = export_lag_s(base) if lag_s is None else float(lag_s)
+    arr = counter_minutes(base, REQUESTS, first_end, minutes, notes, timeout_s, lag_s=lag)
     if not arr:
         raise ServeHistoryError(f"{base}: no Ray Serve requests in the {minutes} minutes before "
                                 f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(end_t))} UTC "
@@ -496,6 +532,7 @@ class ServeMetricsStore:
         self.keep_minutes = min(int(round(keep_days * 1440)), MAX_POINTS - 1)
         self.timeout_s = timeout_s
         self.refused: list[dict] = []
+        self.lag_s: float | None = None  # read from Prometheus at the first load
 
     def append_many(self, model: str, rows) -> int:
         return 0  # Prometheus keeps the minutes itself
@@ -510,8 +547,10 @@ class ServeMetricsStore:
             return out
         end = math.floor(time.time() / 60.0) if end_minute is None else int(end_minute)
         app, dep = self.where.get(model, (model, "Model"))
+        if self.lag_s is None:
+            self.lag_s = export_lag_s(self.url, self.timeout_s)
         got = counter_minutes(self.url, REQUESTS, 60.0 * (end - n + 1), n, [], self.timeout_s,
-                              match=f'application="{app}",deployment="{dep}"')
+                              match=f'application="{app}",deployment="{dep}"', lag_s=self.lag_s)
         return got.get((app, dep), out)
 
 

@@ -362,8 +362,8 @@ def test_plain_ray_serve_deployments_read_shadowed_then_handed_over(cluster, pro
     # whatif on the saved export, as a platform engineer runs it: its check of the settings as
     # they ran stands beside what the proxy measured
     export = hist.save(tmp_path / "export.json")
-    code, out, err = cli("whatif", "--export", str(export), "--capacity", "1", "--slo", "Auto=100",
-                         "--slo", "Fixed=100", "--deployments", "auto/Auto,fixed/Fixed",
+    code, out, err = cli("whatif", "--export", str(export), "--capacity", "1", "--slo", "Auto=1000",
+                         "--slo", "Fixed=1000", "--deployments", "auto/Auto,fixed/Fixed",
                          "--forecaster", "fallback", "--no-plots", "--out", str(tmp_path / "wi"))
     assert code == 0, err
     doc = json.loads((tmp_path / "wi" / "whatif.json").read_text())

@@ -18,8 +18,8 @@ import pytest
 from autoscaler.serve_metrics import ServeMetricsObserver
 from faro_serve.front_report import decode_front_report
 from forecasting.prometheus import PrometheusError
-from forecasting.rayserve import (REQUESTS, ServeHistory, ServeHistoryError, ServeMetricsStore, bucket_quantile,
-                                  read_serve_history)
+from forecasting.rayserve import (REQUESTS, ServeHistory, ServeHistoryError, ServeMetricsStore, _seconds,
+                                  bucket_quantile, export_lag_s, read_serve_history)
 from live_helpers import free_port, wait_for
 
 M = 60  # minutes in the range
@@ -89,7 +89,7 @@ def prom(tmp_path_factory):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert wait_for(lambda: _ready(url), 30), "prometheus did not start"
-        yield {"url": url, "t0": t0, "truth": truth}
+        yield {"url": url, "t0": t0, "truth": truth, "incs": {"c/C": gapc[1].tolist()}}
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -128,6 +128,19 @@ def test_every_minute_equals_the_requests_counted_in_it_and_each_oddity_is_named
     assert back.select(["B"]).deployments.keys() == {"b/B"}
     with pytest.raises(ServeHistoryError, match="'Z' is not a deployment of this history; it has a/A, b/B, c/C"):
         back.select(["Z"])
+
+
+def test_each_minute_is_read_as_late_as_ray_exports_and_prometheus_scrapes(prom):
+    # Prometheus scrapes nothing now (an archived TSDB): Ray's own 10 s export and 10 s scrape
+    assert export_lag_s(prom["url"]) == 10.0  # half of each
+    assert export_lag_s(f"http://127.0.0.1:{free_port()}") == 10.0
+    assert (_seconds("15s"), _seconds("1m30s"), _seconds("500ms"), _seconds("soon")) == (15.0, 90.0, 0.5, None)
+    # read one scrape late, each minute holds the requests of (t0 + 60 k + 15, t0 + 60 (k + 1) + 15]
+    t0, incs = prom["t0"], prom["incs"]["c/C"]
+    h = read_serve_history(prom["url"], 20, end=t0 + 60 * 20, lag_s=SCRAPE)
+    late = [sum(incs[4 * k + 2:4 * k + 6]) for k in range(20)]
+    assert h.deployments["c/C"].arrivals == late
+    assert late != list(prom["truth"]["c/C"][:20])
 
 
 def test_the_same_minutes_serve_as_the_autoscalers_restore_source_and_its_observation(prom):

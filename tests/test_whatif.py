@@ -178,6 +178,23 @@ def test_the_processing_time_is_the_lognormal_of_the_recorded_histogram(report):
         assert d.mean * 1e3 == pytest.approx(med * math.exp(s * s / 2), rel=1e-6)  # the recorded mean
 
 
+def test_service_scale_replays_every_service_time_scaled_and_says_so(report, export):
+    from faro_serve.sim.whatif import run_whatif
+    from faro_serve.sim.whatif_report import figures
+
+    slos = {"shop/Ranker": (500.0, 99.0)}
+    base = figures(run_whatif(ServeHistory.load(export), 16, 2, slos, forecaster=None, parallel=False))
+    fast = figures(run_whatif(ServeHistory.load(export), 16, 2, slos, forecaster=None, parallel=False,
+                              service_scale=0.8))
+    for k, r in base["deployments"].items():
+        assert fast["deployments"][k]["processing_mean_ms"] == pytest.approx(0.8 * r["processing_mean_ms"], rel=1e-3)
+        assert parse_dist(fast["deployments"][k]["processing"]).mean == pytest.approx(
+            0.8 * parse_dist(r["processing"]).mean, rel=1e-6)
+    ranker = "shop/Ranker"  # the same SLO, a faster model: fewer violations as run
+    assert fast["deployments"][ranker]["as_run"]["violating"] < base["deployments"][ranker]["as_run"]["violating"]
+    assert "every service time read back times 0.8 (--service-scale)" in fast["notes"]
+
+
 def test_the_as_run_replay_follows_each_deployments_own_settings():
     from faro_serve.sim.whatif import run_whatif
 
@@ -266,6 +283,7 @@ def test_prometheus_is_read_and_saved_as_an_export(cli, monkeypatch, tmp_path):
     (("--capacity-gpus", None), "search/Embed takes 0.5 GPU(s) per replica: give --capacity-gpus"),
     (("--minutes", "30"), "--minutes is taken with --prometheus, not with --export"),
     (("--policy", "nope"), "unknown policy 'nope'"),
+    (("--service-scale", "0"), "--service-scale must be a finite number > 0"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(cli, export, tmp_path, args, says):
     base = ["--export", str(export), "--capacity", "16", "--capacity-gpus", "2", "--forecaster", "fallback"]

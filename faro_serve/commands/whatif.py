@@ -44,6 +44,8 @@ def register(sub) -> None:
     p.add_argument("--forecaster", metavar="NAME|IMPORT_PATH",
                    help="the policy's forecaster: 'shipped' (default), 'fallback' (the fallback "
                         "predictor, quicker on weeks of many deployments), a plug-in or import path")
+    p.add_argument("--service-scale", type=float, default=1.0, metavar="F",
+                   help="replay every service time read back times F (1): how much the figures hang on it")
     p.add_argument("--cold-start-s", type=float, default=60.0, help="a new replica's start (60)")
     p.add_argument("--no-plots", action="store_true", help="write report.md and whatif.json only")
     p.add_argument("--seed", type=_args.seed, default=0, help="random seed of the replayed requests (0)")
@@ -117,6 +119,8 @@ def run(args) -> int:
         _args.check_capacity(args.capacity_gpus, "--capacity-gpus")
     if not (math.isfinite(args.cold_start_s) and args.cold_start_s >= 0):
         raise UsageError(f"--cold-start-s must be a finite number >= 0 (got {args.cold_start_s:g})")
+    if not (math.isfinite(args.service_scale) and args.service_scale > 0):
+        raise UsageError(f"--service-scale must be a finite number > 0 (got {args.service_scale:g})")
     slos = {}
     for text in args.slo:
         name, ms, pct = parse_slo(text)
@@ -139,7 +143,7 @@ def run(args) -> int:
         fc, kind = choose_forecaster(args.forecaster)
     with policy_failures(args.policy):
         w = run_whatif(hist, args.capacity, args.capacity_gpus, slos, args.policy, fc, args.seed,
-                       args.cold_start_s)
+                       args.cold_start_s, service_scale=args.service_scale)
     f = write_report(w, args.out, {"forecaster": kind}, plots=not args.no_plots)
     print_summary(f)
     print(f"report: {args.out}/report.md (whatif.json, {len(f['plots'])} plots)")

@@ -250,11 +250,18 @@ def first_recorded(replicas) -> int | None:
 
 
 def build(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | None = None,
-          slos: Mapping[str, tuple[float, float]] | None = None) -> tuple[list[Deployment], list[str]]:
-    """Every deployment as the replay takes it, and the notes on what was assumed."""
+          slos: Mapping[str, tuple[float, float]] | None = None,
+          service_scale: float = 1.0) -> tuple[list[Deployment], list[str]]:
+    """Every deployment as the replay takes it, and the notes on what was assumed;
+    ``service_scale``: every service time read back times this (how much the figures hang
+    on it)."""
     if not hist.deployments:
         raise ValueError("the history has no deployments")
+    if not (math.isfinite(service_scale) and service_scale > 0):
+        raise ValueError(f"--service-scale must be a finite number > 0 (got {service_scale:g})")
     notes: list[str] = []
+    if service_scale != 1.0:
+        notes.append(f"every service time read back times {service_scale:g} (--service-scale)")
     given = resolve(dict(slos or {}), hist, "--slo")
     keys = sorted(hist.deployments)
     names = model_names(keys)
@@ -262,6 +269,8 @@ def build(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | None 
     for k in keys:
         d = hist.deployments[k]
         dist, mean = processing_of(d, notes)
+        if service_scale != 1.0:
+            dist, mean = dist.scaled_to_mean(dist.mean * service_scale), mean * service_scale
         if k in given:
             ms, pct = given[k]
             if not ms > mean:
@@ -358,16 +367,17 @@ def simulate_as_run(counts: np.ndarray, models: list[ModelSLO], rules: dict, cfg
 def run_whatif(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | None = None,
                slos: Mapping[str, tuple[float, float]] | None = None, policy: str = DEFAULT_POLICY,
                forecaster=None, seed: int = 0, cold_start_s: float = 60.0,
-               parallel: bool | None = None) -> WhatIf:
+               parallel: bool | None = None, service_scale: float = 1.0) -> WhatIf:
     """Replay ``hist`` as it ran and under ``policy`` (module docstring); ``slos``: by
     deployment (``app/deployment`` or a unique deployment name), ``(ms, percentile)``.
     ``parallel``: the as-run replay in a process of its own while this one runs Faro's, the
     same results in about the time of the longer (None: when the history has over
-    :data:`PARALLEL_FROM` deployment-minutes and the machine two cores)."""
+    :data:`PARALLEL_FROM` deployment-minutes and the machine two cores). ``service_scale``:
+    every deployment's service time times this (:func:`build`)."""
     if not (math.isfinite(capacity_cpus) and capacity_cpus > 0):
         raise ValueError(f"--capacity must be a finite number > 0 (got {capacity_cpus:g})")
     restore_infinite_edges(hist)
-    deps, notes = build(hist, capacity_cpus, capacity_gpus, slos)
+    deps, notes = build(hist, capacity_cpus, capacity_gpus, slos, service_scale)
     counts = np.stack([np.asarray(hist.deployments[d.key].arrivals, float) for d in deps])
     q = queue_settings(deps, counts, notes)
     cfg = SimConfig(capacity_cpus=capacity_cpus, capacity_gpus=capacity_gpus, cold_start_s=cold_start_s,
