@@ -216,26 +216,26 @@ class MArkPolicy(Policy):
         return fcfs_decision(self, obs, wanted, due, "reactive", {"up": due})
 
 
-# This module's built-in policies as data, (name, factory, summary, needs_batching), which
-# autoscaler/builtin.py lists: the policy modules never import the registry.
+# This module's built-in policies as data, (name, factory, summary, needs_batching,
+# forecasts), which autoscaler/builtin.py lists: the policy modules never import the registry.
 POLICIES = (
     ("fairshare", lambda models, cluster, forecaster=None: FairSharePolicy(models, cluster),
-     "Baseline: no autoscaling, floor(capacity / models) replicas each", False),
+     "Baseline: no autoscaling, floor(capacity / models) replicas each", False, False),
     ("oneshot", lambda models, cluster, forecaster=None: OneshotPolicy(models, cluster),
      "Baseline: ceil(serving x latency / SLO) replicas after 30 s over or 5 min under the SLO",
-     False),
+     False, False),
     ("aiad", lambda models, cluster, forecaster=None: AIADPolicy(models, cluster),
-     "Baseline: +1 replica after 30 s over the SLO, -1 after 5 min under it", False),
+     "Baseline: +1 replica after 30 s over the SLO, -1 after 5 min under it", False, False),
     ("mark", lambda models, cluster, forecaster=None: MArkPolicy(models, cluster, forecaster),
      "MArk/Cocktail/Barista: per model, replicas for the forecast peak at the rate one "
-     "replica serves within the SLO, every 5 min", False),
+     "replica serves within the SLO, every 5 min", False, True),
     ("ray-serve", lambda models, cluster, forecaster=None: RayServePolicy(models, cluster),
      "Ray Serve's default rule, simulated: 2 ongoing requests per replica, 30 s up and "
-     "600 s down delays (live, use ray-native in validate/compare)", False),
+     "600 s down delays (live, use ray-native in validate/compare)", False, False),
     ("ray-serve-tuned", ray_serve_policy(RAY_TUNED, "ray-serve-tuned"),
      "Ray Serve's rule as its guide tunes it for latency, simulated: 1 ongoing request per "
-     "replica, 3 s up and 60 s down delays, 10 s look-back (live: ray-tuned in compare)", False),
+     "replica, 3 s up and 60 s down delays, 10 s look-back (live: ray-tuned in compare)", False, False),
     ("mark-saturation", lambda models, cluster, forecaster=None:
      MArkPolicy(models, cluster, forecaster, replica_rate="saturation"),
-     "MArk with one replica's rate at saturation (1 / processing time), no SLO margin", False),
+     "MArk with one replica's rate at saturation (1 / processing time), no SLO margin", False, True),
 )

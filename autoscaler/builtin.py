@@ -1,4 +1,6 @@
-"""The built-in policies, in one catalog: (name, factory, summary, needs_batching) rows.
+"""The built-in policies, in one catalog: (name, factory, summary, needs_batching, forecasts)
+rows. ``forecasts``: the policy plans with a forecaster, so the drivers load one for it
+(``autoscaler.forecasters.policy_forecasts``).
 
 This module imports the policy modules and lists what each declares in its ``POLICIES``;
 the registry reads the catalog. So imports run one way (registry -> catalog -> policies)
@@ -32,12 +34,12 @@ _OBJECTIVE_SUMMARY = {
     "penalty_fair_sum": "the fair total utility minus drop penalties",
 }
 
-FARO = tuple((name, _faro(obj, name), _FARO + _OBJECTIVE_SUMMARY[obj], False)
+FARO = tuple((name, _faro(obj, name), _FARO + _OBJECTIVE_SUMMARY[obj], False, True)
              for name, obj in FARO_OBJECTIVES.items()) + (
     ("oracle", lambda models, cluster, forecaster=None: OraclePolicy(models, cluster),
-     "Faro-FairSum planning with the true future arrivals (simulator only): the bound", False),
+     "Faro-FairSum planning with the true future arrivals (simulator only): the bound", False, False),
     ("faro-split", faro_split.build, "Faro-FairSum blind to pipelines: each stage a model "
-     "with a fixed share of its pipeline's SLO (equal split by default): the baseline", False),
+     "with a fixed share of its pipeline's SLO (equal split by default): the baseline", False, True),
 )
 
 #: every built-in policy; the registry keeps them in this order

@@ -13,7 +13,6 @@ from faro_serve.engine.latency import latency_mdc, min_replicas_for_slo
 from forecasting.base import FallbackForecaster, Forecast, Forecaster
 
 from .policy import Decision, Observation, Policy, grant_in_order
-from .service import DEFAULT_PROCESSING_MS
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +26,7 @@ def processing_s(model: ModelSLO, measured_ms: float | None) -> float:
     """Measured mean processing time, else the model's prior, else the engine default (s),
     for the policies that serve one request at a time (Faro's mechanisms ask
     ``service.service_of``, which also reads a batching replica's batches)."""
-    return (measured_ms or model.processing_ms or DEFAULT_PROCESSING_MS) / 1e3
+    return model.planning_ms(measured_ms) / 1e3
 
 
 def saturation_rate(model: ModelSLO, measured_ms: float | None) -> float:

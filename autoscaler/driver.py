@@ -31,7 +31,7 @@ from faro_serve.front_report import FrontReport, decode_front_report, read_repor
 from faro_serve.resources import Capacity, as_capacity, demand, usage
 
 from .policy import Decision, ModelObservation, Observation, PipelineObservation
-from .setting import Setting, field_map, largest_batch  # noqa: F401 (largest_batch re-exported)
+from .setting import Setting, field_map
 
 log = logging.getLogger("faro_serve.autoscaler")
 

@@ -14,27 +14,29 @@ Ray-free, like every module of the policy layer.
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 from forecasting.daily import DailyContext, check_daily
 from forecasting.recurrence import check_share
 from forecasting.shipped import BUILTIN_NAMES, FALLBACK, SHIPPED, default_forecaster
 
 from .plugins import make_forecaster
 
-__all__ = ["BUILTIN_NAMES", "FALLBACK", "SHIPPED", "choose_forecaster", "is_builtin", "policy_forecasts",
-           "set_daily", "set_recurrence"]
+log = logging.getLogger("faro_serve.autoscaler")
 
-FORECASTING = ("faro-", "mark")  # the built-in policies that plan with a forecaster
+__all__ = ["BUILTIN_NAMES", "FALLBACK", "SHIPPED", "choose_forecaster", "forecaster_of", "is_builtin",
+           "policy_forecasts", "set_daily", "set_recurrence"]
+
 
 
 def policy_forecasts(policy: str) -> bool:
-    """Faro's and MArk's policies plan with the forecaster; a plug-in or import-path policy
-    is given it too (one that does not forecast ignores it); the other built-ins need none,
-    so none is loaded for them."""
-    if policy.startswith(FORECASTING[0]) or policy == FORECASTING[1]:
-        return True
+    """Whether ``policy`` plans with a forecaster: a built-in says so in its catalogue row
+    (``autoscaler.builtin``); a plug-in, registered or import-path policy is given one too
+    (one that does not forecast ignores it). None is loaded for the others."""
     from .builtin import BUILTIN
 
-    return policy not in {row[0] for row in BUILTIN}
+    return {row[0]: row[4] for row in BUILTIN}.get(policy, True)
 
 
 def is_builtin(spec: str | None) -> bool:
@@ -92,3 +94,39 @@ def choose_forecaster(spec: str | None = None, directory: str | None = None,
         set_recurrence(fc, recurrence)
         return fc, why
     return make_forecaster(spec), spec
+
+
+def forecaster_of(cfg) -> tuple[object | None, str]:
+    """``(forecaster, why)`` of the live autoscaler's args (``autoscaler.config.AutoscalerConfig``):
+    the forecaster of ``forecaster`` (``fallback``, ``shipped``, a plug-in name or an import
+    path) or of ``forecaster_dir``; else what the retrainer saved under ``history_dir`` (what
+    the autoscaler learnt before a restart, issue 32); else the N-HiTS shipped with faro-serve;
+    none for a built-in policy that does not forecast. One that fails to load by default
+    leaves the fallback predictor, and ``why`` (also in the status) says so."""
+    if not (cfg.forecaster or cfg.forecaster_dir or policy_forecasts(cfg.policy_name())):
+        why = f"none: {cfg.policy_name()} does not forecast"
+        log.info("forecaster: %s", why)
+        return None, why
+    retrained = retrained_dir(cfg)
+    if retrained is not None:
+        try:
+            fc, why = choose_forecaster(None, str(retrained), cfg.short_history, cfg.daily)
+            why = f"{fc.name} (retrained on this cluster's traffic: {retrained})"
+            log.info("forecaster: %s", why)
+            return fc, why
+        except Exception as err:
+            log.warning("cannot load the retrained forecaster in %s: %s; using the default", retrained, err)
+    fc, why = choose_forecaster(cfg.forecaster, cfg.forecaster_dir, cfg.short_history, cfg.daily)
+    log.info("forecaster: %s", why)
+    return fc, why
+
+
+def retrained_dir(cfg) -> Path | None:
+    """The forecaster the retrainer saved under ``history_dir`` (``autoscaler.retrainer``),
+    when the args name no other (``forecaster`` or ``forecaster_dir``) and one was saved."""
+    from .retrainer import RETRAINED_DIR, retraining_on
+
+    if not retraining_on(cfg):
+        return None
+    d = Path(cfg.history_dir).expanduser() / RETRAINED_DIR
+    return d if (d / "meta.json").is_file() else None

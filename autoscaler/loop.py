@@ -44,7 +44,7 @@ log = logging.getLogger("faro_serve.autoscaler")
 # a model named in the config but not running (yet, or by a typo in its app/deployment) holds
 # back the plan this long after a start; then the running models are planned without it
 MISSING_GRACE_S = 60.0
-STATE_VERSION = 2  # 2: settings per model (issue 33); 1 kept parallel maps
+STATE_VERSION = 2  # 2: settings per model (issue 33)
 
 
 def history_length(n_models: int) -> int:
@@ -210,12 +210,8 @@ class AutoscalerLoop:
         clamped to the model's config as it is now; a field the model no longer takes (a
         batch size after its batching was removed) is left out."""
         docs = saved.get("settings")
-        if docs is None:  # a state of version 1 kept one map per field
-            docs = {}
-            for key, f in (("drop_rates", "drop_rate"), ("batch_sizes", "batch_size"),
-                           ("threads", "threads"), ("variants", "variant")):
-                for n, v in (saved.get(key) or {}).items():
-                    docs.setdefault(n, {})[f] = v
+        if not isinstance(docs, dict):
+            raise ValueError(f"a state of version {saved.get('version')} keeps no per-model settings")
         out = {}
         for n, doc in docs.items():
             if n not in self.slo:

@@ -20,7 +20,7 @@ from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.pipelines import PipelineSLO
 
 from . import plugins
-from .builtin import BUILTIN, FARO_OBJECTIVES  # noqa: F401  (FARO_OBJECTIVES: re-exported)
+from .builtin import BUILTIN
 from .policy import Policy
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class Entry:
 
 
 _REGISTRY: dict[str, Entry] = {name: Entry(factory, summary, nb, "built-in")
-                               for name, factory, summary, nb in BUILTIN}
+                               for name, factory, summary, nb, _ in BUILTIN}
 _WARNED: set[str] = set()
 
 

@@ -1,5 +1,5 @@
 """The comparison systems' autoscalers as policies: Swayam, INFaaS and (from
-``autoscaler/inferline.py``, re-exported here) InferLine.
+``autoscaler/inferline.py``) InferLine.
 
 Condensed from ``seed-notes.md``; each "[gap]" the papers leave open is decided here, in the
 class docstring, and is a constructor parameter. All three scale every job on its own and
@@ -25,7 +25,7 @@ from faro_serve.engine.variants import scale_up as variant_scale_up
 from faro_serve.engine.variants import select as variant_select
 
 from .common import fcfs_decision, processing_s, replicas_for_slo as _replicas_for, saturation_rate
-from .inferline import InferLineTunerPolicy  # noqa: F401  (moved; the old import path works)
+from .inferline import InferLineTunerPolicy
 from .policy import Decision, Observation, Policy
 
 
@@ -225,16 +225,16 @@ class INFaaSPolicy(Policy):
             chosen[m.name] = opt
 
 
-# This module's built-in policies as data, (name, factory, summary, needs_batching), which
-# autoscaler/builtin.py lists: the policy modules never import the registry.
+# This module's built-in policies as data, (name, factory, summary, needs_batching,
+# forecasts), which autoscaler/builtin.py lists: the policy modules never import the registry.
 POLICIES = (
     ("swayam", lambda models, cluster, forecaster=None: SwayamPolicy(models, cluster),
      "Swayam: per model, replicas for a regression-predicted, burst-padded rate; up at "
-     "once, down only to the most needed in the last 15 min", False),
+     "once, down only to the most needed in the last 15 min", False, False),
     ("inferline", lambda models, cluster, forecaster=None: InferLineTunerPolicy(models, cluster),
      "InferLine's tuner: up at once when the traffic envelope exceeds the plan's, down "
-     "after 15 s of calm", False),
+     "after 15 s of calm", False, False),
     ("infaas", lambda models, cluster, forecaster=None: INFaaSPolicy(models, cluster),
      "INFaaS: replicate when headroom falls below 1.05 x the load, one fewer once the "
-     "load fits for a load time (one variant)", False),
+     "load fits for a load time (one variant)", False, False),
 )

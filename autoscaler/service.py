@@ -9,7 +9,7 @@ and observation, so that a batching model is never sized as if it served one req
 time in one place and in batches in another.
 
 One request's time: the replicas' measured processing time, else the model's prior
-(``processing_ms``), else :data:`DEFAULT_PROCESSING_MS`. A batching replica times whole
+(``processing_ms``), else the default (``ModelSLO.planning_ms``). A batching replica times whole
 batches: the meter reports their request-weighted mean time and mean batch ``b``, so one
 request's time is ``measured / f(b)``, ``f`` the batch curve's shape; with per-size batch
 times it is their least-squares scale, ``sum(n t) / sum(n f(b))``.
@@ -34,7 +34,6 @@ from faro_serve.engine.batched_latency import curve_at, latency_batched, max_rat
 from faro_serve.engine.latency import ESTIMATORS, latency, max_rate_for_slo, min_replicas_for_slo
 
 # Processing time assumed for a model with neither a measurement nor a prior yet.
-DEFAULT_PROCESSING_MS = 100.0
 MIN_BATCHES = 20  # batches of one size before its median counts toward a measured curve
 
 
@@ -134,7 +133,7 @@ def service_of(model: ModelSLO, o=None) -> Service:
     """``model``'s :class:`Service` from what its replicas reported (``o``: its
     :class:`~autoscaler.policy.ModelObservation`, or None: its config alone)."""
     measured_ms = o.processing_ms if o is not None else None
-    p_ms = measured_ms or model.processing_ms or DEFAULT_PROCESSING_MS
+    p_ms = model.planning_ms(measured_ms)
     b = model.batching
     if b is None:
         return Service(model, p_ms / 1e3)

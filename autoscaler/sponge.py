@@ -87,12 +87,12 @@ def _profile(m: ModelSLO):
     return CurveProfile(b.curve(m.cpus))
 
 
-# This module's built-in policies as data, (name, factory, summary, needs_batching), which
-# autoscaler/builtin.py lists: the policy modules never import the registry.
+# This module's built-in policies as data, (name, factory, summary, needs_batching,
+# forecasts), which autoscaler/builtin.py lists: the policy modules never import the registry.
 POLICIES = (
     ("sponge", from_config, "Sponge: every 1 s the fewest cores (threads in a replica), then "
      "the smallest batch, meeting every queued request's budget (EDF) and the rate; needs "
-     "batching in each model's config", True),
+     "batching in each model's config", True, False),
 )
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .engine.utility import phi
+from .engine.utility import phi, utility_relaxed
 
 
 @dataclass
@@ -143,15 +143,13 @@ def minute_table(names: list[str], model: np.ndarray, arrival_s: np.ndarray, lat
 
 
 def utility_from_latency(p_lat: np.ndarray, slo_s, alpha: float = 1.0) -> np.ndarray:
-    """``min((SLO / p) ** alpha, 1)`` per cell; 0 for infinite latency, 1 where NaN (no requests)."""
+    """The paper's relaxed utility (``engine.utility.utility_relaxed``) per cell, a row of
+    ``slo_s`` per model; 1 where NaN (a minute without requests)."""
     p = np.asarray(p_lat, dtype=float)
     slo = np.asarray(slo_s, dtype=float)
     if slo.ndim == 1 and p.ndim == 2:
         slo = slo[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        u = np.minimum((slo / p) ** alpha, 1.0)
-    u = np.where(np.isinf(p), 0.0, u)
-    return np.where(np.isnan(p), 1.0, u)
+    return np.where(np.isnan(p), 1.0, utility_relaxed(p, slo, alpha))
 
 
 @dataclass

@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .batch_curve import BatchCurve, linear_shape
 
+#: the processing time planned with where a model has neither a measurement nor a prior (ms)
+DEFAULT_PROCESSING_MS = 100.0
+
 
 class Batching(BaseModel):
     """A model whose replicas serve dynamic batches (issues 20, 47): the largest batch a
@@ -211,6 +214,12 @@ class ModelSLO(BaseModel):
             raise ValueError(f"processing_ms ({self.processing_ms:g}) must be below slo_ms "
                              f"({self.slo_ms:g}): no replica count could meet the SLO")
         return self
+
+    def planning_ms(self, measured_ms: float | None = None) -> float:
+        """The processing time to plan with (ms): the measured mean, else this model's prior
+        ``processing_ms``, else :data:`DEFAULT_PROCESSING_MS` (every policy and the engine
+        take this one fallback)."""
+        return measured_ms or self.processing_ms or DEFAULT_PROCESSING_MS
 
     @field_validator("resources")
     @classmethod

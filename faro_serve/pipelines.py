@@ -177,9 +177,6 @@ class PipelineSLO(BaseModel):
         """Stages on the longest path."""
         return max(len(p) for p in self.paths())
 
-    def visit_fraction(self, name: str) -> float:
-        return self.stage(name).fraction
-
     def equal_split_ms(self) -> float:
         """A stage's share of the SLO under the fixed equal split: SLO / longest path."""
         return self.slo_ms / self.depth

@@ -216,11 +216,6 @@ class ArrivalStore:
 
         return self._run(read, out)
 
-    def newest_minute(self, model: str) -> int | None:
-        """The newest wall-clock minute stored for ``model`` (None: nothing)."""
-        return self._run(lambda db: db.execute("SELECT MAX(minute) FROM arrivals WHERE model = ?",
-                                               (str(model),)).fetchone()[0], None)
-
     def models(self) -> list[str]:
         """The models the store holds minutes of, sorted."""
         return self._run(lambda db: [r[0] for r in db.execute(

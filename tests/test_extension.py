@@ -145,10 +145,10 @@ def test_a_forecaster_by_import_path_reaches_the_faro_plan():
 
 
 def test_the_live_autoscaler_loads_the_forecaster_of_its_args():
-    from faro_serve.serving.autoscaler_deployment import load_forecaster
+    from autoscaler.forecasters import forecaster_of
 
     cfg = parse_autoscaler_config(faro_args(forecaster=f"{USER}:MyForecaster"))
-    assert isinstance(load_forecaster(cfg), my_policies.MyForecaster)
+    assert isinstance(forecaster_of(cfg)[0], my_policies.MyForecaster)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -144,11 +144,11 @@ def test_stale_or_foreign_state_is_not_restored():
     assert loop.restored is None and loop.step()["decision"]["kind"] == "long_term"  # still works
 
 
-def test_a_restarted_loop_restores_each_models_setting_and_reads_the_old_state_too():
+def test_a_restarted_loop_restores_each_models_setting():
     """The setting record (issue 33) is what the loop saves: a drop rate set before the
-    restart is in force after it and sent to the fronts; a state saved by the previous
-    version (one map per field) is read too; a saved field the config no longer allows is
-    left out; an unreadable setting starts from the fronts' defaults, never crashes."""
+    restart is in force after it and sent to the fronts; a saved field the config no longer
+    allows is left out; an unreadable setting, or a state without per-model settings, starts
+    from the fronts' defaults, never crashes."""
     from autoscaler.setting import Setting
 
     cluster, store = Cluster(), Store()
@@ -167,12 +167,17 @@ def test_a_restarted_loop_restores_each_models_setting_and_reads_the_old_state_t
     again.step()
     assert again.settings["a"].drop_rate == 0.3 and again.settings["a"].replicas == cluster.running["a"]
     assert ("a", again.settings["a"]) in sent
-    # the previous version's state: one map per field; b's batch size is not allowed any more
+    # b's batch size is not allowed any more: left out, a's drop rate restored
+    store.doc = json.dumps({**saved, "settings": {"a": {"drop_rate": 0.5}, "b": {"batch_size": 4}}})
+    later = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=store)
+    later.step()
+    assert later.settings["a"].drop_rate == 0.5 and later.settings["b"].batch_size is None
+    # a state without per-model settings (an older version's): the fronts' defaults, no crash
     old = {k: v for k, v in saved.items() if k != "settings"}
-    store.doc = json.dumps({**old, "version": 1, "drop_rates": {"a": 0.5}, "batch_sizes": {"b": 4}})
+    store.doc = json.dumps({**old, "version": 1, "drop_rates": {"a": 0.5}})
     v1 = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=store)
     v1.step()
-    assert v1.settings["a"].drop_rate == 0.5 and v1.settings["b"].batch_size is None
+    assert v1.settings["a"].drop_rate == 0.0
     store.doc = json.dumps({**saved, "settings": {"a": {"cores": 4}}})
     bad = AutoscalerLoop(config(), cluster, clock=lambda: cluster.t, store=store)
     bad.step()

@@ -243,7 +243,7 @@ def test_a_read_only_store_reads_what_the_autoscaler_wrote_and_writes_nothing(tm
 
 
 def test_a_restarted_autoscaler_loads_what_it_retrained_unless_told_otherwise(tmp_path, trained):
-    from faro_serve.serving.autoscaler_deployment import choose_forecaster
+    from autoscaler.forecasters import forecaster_of
 
     save_forecaster(trained[0], tmp_path / RETRAINED_DIR)
 
@@ -252,8 +252,8 @@ def test_a_restarted_autoscaler_loads_what_it_retrained_unless_told_otherwise(tm
             "cluster": {"cpus": 2}, "history_dir": str(tmp_path), **kw,
             "models": [{"name": "a", "slo_ms": 720, "processing_ms": 50, "cpus": 0.5}]})
 
-    fc, why = choose_forecaster(cfg())
+    fc, why = forecaster_of(cfg())
     assert fc.name.startswith("nhits") and "retrained on this cluster's traffic" in why
     assert fc.meta["train_series"] == ["a", "b"]
-    assert choose_forecaster(cfg(forecaster="fallback"))[1] == "fallback: chosen"
-    assert "retrained" not in choose_forecaster(cfg(retrain_every_h=0))[1]
+    assert forecaster_of(cfg(forecaster="fallback"))[1] == "fallback: chosen"
+    assert "retrained" not in forecaster_of(cfg(retrain_every_h=0))[1]

@@ -143,7 +143,7 @@ def test_a_shipped_forecaster_that_cannot_load_leaves_the_fallback_and_says_why(
 
 
 def test_the_live_autoscaler_chooses_from_its_args():
-    from faro_serve.serving.autoscaler_deployment import choose_forecaster as live_choice
+    from autoscaler.forecasters import forecaster_of as live_choice
 
     def args(**extra):
         return parse_autoscaler_config({"cluster": {"cpus": 2}, "models": [m.model_dump() for m in MODELS],
@@ -154,6 +154,8 @@ def test_the_live_autoscaler_chooses_from_its_args():
     assert live_choice(args(policy="aiad")) == (None, "none: aiad does not forecast")
     assert args(forecaster="shipped").forecaster == "shipped"
     assert policy_forecasts("mark") and policy_forecasts("my_pkg.p:P") and not policy_forecasts("oracle")
+    # the catalogue's column, not the name: MArk at saturation forecasts, Sponge does not
+    assert policy_forecasts("mark-saturation") and policy_forecasts("faro-split") and not policy_forecasts("sponge")
 
 
 # -- the label in the status -----------------------------------------------------------------

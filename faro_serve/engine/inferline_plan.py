@@ -240,7 +240,7 @@ def profiles(pipeline, processing_s: dict[str, float] | None = None,
     out = []
     for n in order:
         m, st = models[n], pipeline.stage(n)
-        p = (processing_s or {}).get(n) or (m.processing_ms or 100.0) / 1e3
+        p = (processing_s or {}).get(n) or m.planning_ms() / 1e3
         facs = cpu_factors if m.batching is not None else (1.0,)
         times = {m.cpus * f: batch_times(p, m.batching, m.cpus, m.cpus * f) for f in facs}
         out.append(StageProfile(StageSpec(n, tuple(index[x] for x in st.after), st.fraction),

@@ -33,7 +33,7 @@ def utility_relaxed(latency, slo, alpha: float = 1.0):
     """Relaxed utility ``min((s / l) ** alpha, 1)`` (paper eq. 1); 0 for infinite latency."""
     lat = np.asarray(latency, dtype=float)
     slo = np.asarray(slo, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         u = np.where(np.isinf(lat), 0.0, np.minimum((slo / np.maximum(lat, 1e-300)) ** alpha, 1.0))
     return u
 

@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse
 from ray import serve
 
 from autoscaler.config import AutoscalerConfig, parse_autoscaler_config
+from autoscaler.forecasters import forecaster_of
 from autoscaler.loop import AutoscalerLoop
 from autoscaler.tick_failures import TickFailures
 from autoscaler.setting import Setting
@@ -220,49 +221,6 @@ class AutoscalerGauges:
                     g.set(float(v), tags={"model": name})
 
 
-def choose_forecaster(cfg: AutoscalerConfig):
-    """``(forecaster, why)``: the forecaster of ``forecaster`` (``fallback``, ``shipped``, a
-    plug-in name or an import path) or of ``forecaster_dir``, else the N-HiTS shipped with
-    faro-serve (none for a built-in policy that does not forecast); one that fails to load by
-    default leaves the fallback predictor, and ``why`` (also in the status) says so
-    (``autoscaler.forecasters``)."""
-    from autoscaler.forecasters import choose_forecaster as choose
-    from autoscaler.forecasters import policy_forecasts
-
-    if not (cfg.forecaster or cfg.forecaster_dir or policy_forecasts(cfg.policy_name())):
-        why = f"none: {cfg.policy_name()} does not forecast"
-        log.info("forecaster: %s", why)
-        return None, why
-    retrained = retrained_dir(cfg)
-    if retrained is not None:  # what the autoscaler learnt before a restart (issue 32)
-        try:
-            fc, why = choose(None, str(retrained), cfg.short_history, cfg.daily)
-            why = f"{fc.name} (retrained on this cluster's traffic: {retrained})"
-            log.info("forecaster: %s", why)
-            return fc, why
-        except Exception as err:
-            log.warning("cannot load the retrained forecaster in %s: %s; using the default", retrained, err)
-    fc, why = choose(cfg.forecaster, cfg.forecaster_dir, cfg.short_history, cfg.daily)
-    log.info("forecaster: %s", why)
-    return fc, why
-
-
-def retrained_dir(cfg: AutoscalerConfig) -> Path | None:
-    """The forecaster the retrainer saved under ``history_dir`` (``autoscaler.retrainer``),
-    when the args name no other (``forecaster`` or ``forecaster_dir``) and one was saved."""
-    from autoscaler.retrainer import RETRAINED_DIR, retraining_on
-
-    if not retraining_on(cfg):
-        return None
-    d = Path(cfg.history_dir).expanduser() / RETRAINED_DIR
-    return d if (d / "meta.json").is_file() else None
-
-
-def load_forecaster(cfg: AutoscalerConfig):
-    """The forecaster of the args (:func:`choose_forecaster`)."""
-    return choose_forecaster(cfg)[0]
-
-
 def observer_of(cfg: AutoscalerConfig, current=None):
     """``observe: prometheus``: the reader of Ray Serve's metrics (``current`` kept when it
     reads the same Prometheus for as many minutes); None: the meters."""
@@ -330,7 +288,7 @@ class FaroAutoscaler:
     def reconfigure(self, config: dict) -> None:
         """New settings (e.g. an SLO or the objective) take effect without any restart."""
         cfg = parse_autoscaler_config(config)
-        forecaster, self.forecaster_why = choose_forecaster(cfg)
+        forecaster, self.forecaster_why = forecaster_of(cfg)
         with self.lock:
             cluster = self.loop.cluster if self.loop else RayServeCluster(cfg.dashboard_url)
             if self.loop and self.loop.cfg.dashboard_url != cfg.dashboard_url:
