@@ -32,11 +32,9 @@ from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.resources import demand
 from forecasting.base import Forecaster
 
-from .common import (Timers, fallback_for, fcfs_decision, forecast_or_fallback,  # noqa: F401
-                     max_rate_one_replica, processing_s)
+from .common import Timers, fallback_for, fcfs_decision, forecast_or_fallback, max_rate_one_replica, processing_s  # noqa: F401
 from .policy import Decision, Observation, Policy
-from .ray_rule import (RAY_DEFAULTS, RAY_TUNED, RAY_TUNED_BATCH, RayServePolicy,  # noqa: F401 (re-exported)
-                       ray_serve_policy)
+from .ray_rule import RAY_DEFAULTS, RAY_TUNED, RAY_TUNED_BATCH, RayServePolicy, ray_serve_policy  # noqa: F401 (re-exported)
 
 SCALE_UP_AFTER_S = 30.0
 SCALE_DOWN_AFTER_S = 300.0

@@ -14,8 +14,8 @@ from pydantic import Field, ValidationError, model_validator
 from faro_serve.config import ConfigError, FaroConfig, format_validation_error
 from faro_serve.measures import HISTORY_MINUTES
 from forecasting.daily import DAY_MINUTES, DEFAULT_WEIGHT
-from forecasting.recurrence import DEFAULT_SHARE
 from forecasting.nhits import DEFAULT_SHORT_RULE, SHORT_RULES
+from forecasting.recurrence import DEFAULT_SHARE
 
 from .common import faro_policy_name
 from .forecasters import is_builtin

@@ -45,9 +45,9 @@ from .common import Timers, fallback_for, faro_policy_name, fcfs_decision, forec
 from .faro_pipelines import PipelineAware
 from .guard import guard_cuts, heavy_overload, keep_saturated
 from .policy import Decision, ModelPlan, Observation, Policy
-from .surge import SurgeAware
 from .replan import band_of, best_move, donor_ok, move_problem, prune_changes, relevel, surprise
 from .service import Service, service_of
+from .surge import SurgeAware
 
 log = logging.getLogger(__name__)
 

@@ -17,14 +17,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.engine.problem import batch_choices
 from faro_serve.pipelines import PipelineSLO
 
-from faro_serve.engine.problem import batch_choices
-
 from .common import fcfs_decision, max_rate_one_replica, replicas_for_slo
-from .service import service_of
 from .inferline_pipeline import envelope_of, plan_pipelines, tune_pipelines
 from .policy import Decision, Observation, Policy
+from .service import service_of
 
 
 class InferLineTunerPolicy(Policy):

@@ -35,10 +35,10 @@ from .driver import FrontSnapshot, apply_decision, decide, observe
 from .forecasters import set_daily, set_recurrence
 from .history import HistoryKeeper
 from .pipeline_front import observe_pipelines, pipeline_records, sync_pipeline_fronts
-from .retrainer import Retrainer, retraining_on
 from .policy import Decision, Observation, Policy
-from .setting import FIELDS, Setting, field_map
 from .registry import make_policy
+from .retrainer import Retrainer, retraining_on
+from .setting import FIELDS, Setting, field_map
 
 log = logging.getLogger("faro_serve.autoscaler")
 # a model named in the config but not running (yet, or by a typo in its app/deployment) holds

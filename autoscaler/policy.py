@@ -118,11 +118,11 @@ class Decision:
         self.info = info if info is not None else {}  # JSON-able details for the decision log
         self.plan = plan if plan is not None else {}  # planning policies: per model
         self.settings: dict[str, Setting] = dict(settings or {})
-        for field, values in (("replicas", replicas), ("drop_rate", drop_rates),
-                              ("batch_size", batch_sizes), ("threads", threads),
-                              ("variant", variants)):
+        for name, values in (("replicas", replicas), ("drop_rate", drop_rates),
+                             ("batch_size", batch_sizes), ("threads", threads),
+                             ("variant", variants)):
             for n, v in (values or {}).items():
-                self.set(n, **{field: v})
+                self.set(n, **{name: v})
 
     def set(self, name: str, **fields) -> "Decision":
         """Set fields of ``name``'s setting (``dec.set("a", variant="resnet50")``)."""

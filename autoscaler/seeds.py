@@ -24,7 +24,8 @@ from faro_serve.engine.variants import scale_down as variant_scale_down
 from faro_serve.engine.variants import scale_up as variant_scale_up
 from faro_serve.engine.variants import select as variant_select
 
-from .common import fcfs_decision, processing_s, replicas_for_slo as _replicas_for, saturation_rate
+from .common import fcfs_decision, processing_s, saturation_rate
+from .common import replicas_for_slo as _replicas_for
 from .inferline import InferLineTunerPolicy
 from .policy import Decision, Observation, Policy
 

@@ -26,10 +26,21 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from faro_serve.front_report import Processing, FrontReport
+from faro_serve.front_report import FrontReport, Processing
 from forecasting.prometheus import PrometheusError
-from forecasting.rayserve import (HEALTHY, HTTP_LATENCY, ONGOING, PROCESSING, QUEUED, REQUESTS, counter_minutes,
-                                  export_lag_s, query, query_range, service_time_ms)
+from forecasting.rayserve import (
+    HEALTHY,
+    HTTP_LATENCY,
+    ONGOING,
+    PROCESSING,
+    QUEUED,
+    REQUESTS,
+    counter_minutes,
+    export_lag_s,
+    query,
+    query_range,
+    service_time_ms,
+)
 
 # rates and latency over this window: longer than the meters' 30 s look-back, so that a
 # scrape interval of 15 s (Prometheus's default) still gives each window several samples

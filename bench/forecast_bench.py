@@ -50,10 +50,10 @@ def train_and_reload(history, cfg, directory):
 
 
 def run(args) -> dict:
+    from faro_serve.traces import load_trace
     from forecasting.baselines import make_baseline
     from forecasting.evaluate import rolling_evaluation
     from forecasting.train import TrainConfig
-    from faro_serve.traces import load_trace
 
     train = load_trace(args.trace, days=args.train_days, sample=args.sample)
     test = load_trace(args.trace, days=args.eval_days, sample=args.sample)

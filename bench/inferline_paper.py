@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.start + args.minutes} peak {args.peak:g}/s, SLO {args.slo_ms:g} ms P99; "
           f"sample {meta['sample']} queries (first 25 %), live {meta['live']}; planner "
           f"{meta['evaluations']} DES runs in {meta['plan_s']:.1f} s")
-    print(f"| system | CPUs | x InferLine | live P99 ms | live miss % | configuration |")
+    print("| system | CPUs | x InferLine | live P99 ms | live miss % | configuration |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['system']} | {r['cost']:.1f} | {r['x_cost']:.2f} | {r['p99_ms']:.0f} | "

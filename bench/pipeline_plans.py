@@ -43,7 +43,8 @@ def main() -> int:
           f"{'e2e ms':>7s}  joint split of the SLO")
     for label, slo, stages, lam in CASES:
         r = run_case(slo, stages, lam)
-        fmt = lambda reps: "/".join(str(v) for v in reps.values()) + f" ={sum(reps.values())}"
+        def fmt(reps):
+            return "/".join(str(v) for v in reps.values()) + f" ={sum(reps.values())}"
         shares = " ".join(f"{n} {s:.0%}" for n, s in r["shares"].items())
         print(f"{label:24s} {fmt(r['joint']):>18s} {r['joint_ms']:7.1f} {fmt(r['split']):>18s} "
               f"{r['split_ms']:7.1f}  {shares}  (SLO {slo:g} ms, {lam:g} req/s)")

@@ -27,8 +27,8 @@ import ray
 from ray import serve
 from starlette.requests import Request
 
-from deployments.synthetic import SyntheticModel
 from bench.procstat import ray_cpu_seconds
+from deployments.synthetic import SyntheticModel
 from faro_serve.serving.app import ROUTER, model_app
 
 

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 import torch
-from PIL import Image
 import torchvision
+from PIL import Image
 from torchvision.transforms import v2 as T
 
 ARCHS = ("resnet18", "resnet34", "resnet50")

@@ -13,9 +13,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .resources import CPU, MEMORY, Capacity, as_capacity, demand, unit
 from .model_slo import Batching, ModelSLO, Variant  # noqa: F401  (re-exported)
 from .pipelines import PipelineSLO, check_unique, expand
+from .resources import CPU, MEMORY, Capacity, as_capacity, demand, unit
 
 Objective = Literal["sum", "fair", "fair_sum", "penalty_sum", "penalty_fair_sum"]
 Estimator = Literal["mdc", "upper", "mdc-exact"]

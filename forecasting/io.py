@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from .nhits import PREDICTORS, NHitsForecaster
-from .scripted import SCRIPT_FILE, export
 from .quiet import preserved_global_rng, quiet_lightning
+from .scripted import SCRIPT_FILE, export
 
 log = logging.getLogger("faro_serve.forecasting")
 FORMAT = "faro-serve-forecaster"

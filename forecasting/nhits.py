@@ -20,9 +20,9 @@ import numpy as np
 
 from .base import FallbackForecaster, Forecast
 from .daily import DAY_MINUTES, DEFAULT_WEIGHT, add_daily, check_daily
-from .recurrence import DEFAULT_SHARE, Recurrence, add_recurrence
 from .history import check_history
 from .quiet import torch_threads
+from .recurrence import DEFAULT_SHARE, Recurrence, add_recurrence
 
 # loss name (as stored in meta.json) -> predictor name reported in Forecast.predictor
 PREDICTORS = {"normal": "nhits-normal", "mae": "nhits-point"}

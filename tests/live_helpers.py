@@ -13,7 +13,6 @@ from faro_serve.ports import free_port  # noqa: F401  (the live tests import it 
 from faro_serve.replay.client import post_burst
 
 
-
 def local_serve(num_cpus: int = 2) -> tuple[str, str]:
     """A local Ray cluster with its dashboard and Serve's HTTP proxy on free loopback ports:
     (dashboard URL, Serve base URL). The caller shuts both down (serve.shutdown, ray.shutdown)."""

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from pydantic import ValidationError
 
 from autoscaler.policy import ModelObservation
@@ -17,8 +18,6 @@ from faro_serve.batch_curve import BatchCurve, fit_hinge, linear_shape
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.engine import plan
 from faro_serve.sim.kernels import DONE, advance
-
-from conftest import ROOT
 
 PROFILES = ROOT / "profiles"
 

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from autoscaler.driver import apply_decision
 from autoscaler.policy import Decision
@@ -15,8 +16,6 @@ from faro_serve.engine import plan
 from faro_serve.engine.batched_latency import latency_batched
 from faro_serve.engine.latency import EST_MDC, EST_MDC_EXACT, latency
 from faro_serve.sim.kernels import DONE, advance
-
-from conftest import ROOT
 
 # 30 ms of a request's 40 ms grows with the batch, 10 ms is paid once per batch
 P, SHARE = 0.040, 0.75
@@ -174,9 +173,9 @@ def test_the_driver_checks_batch_sizes():
 def test_batching_aware_faro_loses_less_in_the_simulator(tmp_path):
     """The whole loop on a short trace where the capacity binds: the same Faro policy, its
     models' replicas batching (with the planner choosing the batch) or not."""
-    from faro_serve.sim.scenario import Scenario, run_scenario
-
     from conftest import SHARED_TRACES
+
+    from faro_serve.sim.scenario import Scenario, run_scenario
 
     prof = tmp_path / "p.json"
     prof.write_text(json.dumps({"profile": {"gamma": 0.030, "eps": 0.010, "delta": 0.0, "eta": 0.0}}))

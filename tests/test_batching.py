@@ -5,8 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from faro_serve.engine.batching import (BatchProfile, edf_order, fit_profile, meets_budgets,
-                                        sponge_choice)
+from faro_serve.engine.batching import BatchProfile, edf_order, fit_profile, meets_budgets, sponge_choice
 
 TRUE = BatchProfile(gamma=0.040, eps=0.012, delta=0.003, eta=0.008)
 
@@ -186,10 +185,10 @@ def test_profile_of_a_users_batching_deployment_times_its_batches(tmp_path, caps
     and the saved file is a batching profile an SLO takes."""
     import json
 
+    from conftest import ROOT
+
     from faro_serve.cli import main
     from faro_serve.config import Batching
-
-    from conftest import ROOT
 
     monkeypatch.chdir(ROOT)  # the user's package imports from here, as for a user
     rc = main(["profile", "--deployment", "tests.user_apps.batcher:Batcher", "--init-kwargs",

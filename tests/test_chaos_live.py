@@ -27,12 +27,11 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from live_helpers import SteadyLoad, wait_for
 
 from faro_serve.ports import free_port
 from faro_serve.serving.autoscaler_deployment import dashboard_headers
 from faro_serve.serving.proxy_queue import PIPELINE
-
-from live_helpers import SteadyLoad, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,6 @@ import csv
 from pathlib import Path
 
 import pytest
-
 from live_helpers import day_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,7 +206,8 @@ def test_a_rescale_past_the_trace_limit_is_refused(cli, trace, tmp_path, command
     """The file's counts are held to MAX_REQUESTS_PER_MINUTE; a rescale may not lift them past it."""
     import numpy as np
 
-    from faro_serve.traces import MAX_REQUESTS_PER_MINUTE as MAX, Trace
+    from faro_serve.traces import MAX_REQUESTS_PER_MINUTE as MAX
+    from faro_serve.traces import Trace
 
     high = 2 * MAX
     if command == "simulate":

@@ -10,7 +10,6 @@ import time
 import httpx
 import numpy as np
 import pytest
-
 from live_helpers import day_trace, fire, wait_for
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,6 @@ from faro_serve.engine import max_rate_for_slo, min_replicas_for_slo, plan
 from faro_serve.engine.latency import EST_MDC, latency, latency_relaxed
 from faro_serve.engine.window import NO_DROP, step_utility_table
 from faro_serve.sim import NO_OVERHEAD, SimConfig, simulate
-from faro_serve.sim.state import ModelState
 
 P = PAPER_PROCESSING.mean  # the paper's ResNet34 on 1 vCPU: near-constant lognormal, 154 ms
 Q = 0.99

@@ -398,9 +398,10 @@ def test_live_demo_ctrl_c_writes_a_partial_report_and_shuts_down(tmp_path, repor
 def test_report_explains_decisions_and_says_when_the_machine_was_the_bottleneck(tmp_path):
     """The report's decisions (from a real autoscaler loop's records) and the machine
     section: minute 2 has an oversubscribed CPU and synth-a's processing time tripled."""
-    from faro_serve.demo.diagnosis import decisions_section, machine_minutes, machine_section
     from test_serving_units import FakeCluster, config
+
     from autoscaler.loop import AutoscalerLoop
+    from faro_serve.demo.diagnosis import decisions_section, machine_minutes, machine_section
 
     cluster = FakeCluster({"a": 1, "b": 1})
     t = [0.0]

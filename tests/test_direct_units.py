@@ -10,8 +10,18 @@ import pytest
 from ray.serve.request_router import PendingRequest
 
 from faro_serve.serving.direct import Meter
-from faro_serve.serving.messages import (Answered, Arrival, GaveUp, MeterAnswer, NetworkTime,
-                                         Processed, Dropped, ReplicaReport, RouterReport, decode)
+from faro_serve.serving.messages import (
+    Answered,
+    Arrival,
+    Dropped,
+    GaveUp,
+    MeterAnswer,
+    NetworkTime,
+    Processed,
+    ReplicaReport,
+    RouterReport,
+    decode,
+)
 from faro_serve.serving.proxy_queue import ProxyQueueRouter
 from faro_serve.serving.stats import RouterStats
 

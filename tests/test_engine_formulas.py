@@ -5,10 +5,22 @@ import math
 import numpy as np
 import pytest
 
-from faro_serve.engine import (cluster_objective, effective_utility, erlang_b, erlang_c,
-                               latency_mdc, latency_relaxed, latency_upper, min_replicas_for_slo,
-                               mmc_wait_quantile, penalty_relaxed, penalty_step, phi,
-                               utility_relaxed, utility_step)
+from faro_serve.engine import (
+    cluster_objective,
+    effective_utility,
+    erlang_b,
+    erlang_c,
+    latency_mdc,
+    latency_relaxed,
+    latency_upper,
+    min_replicas_for_slo,
+    mmc_wait_quantile,
+    penalty_relaxed,
+    penalty_step,
+    phi,
+    utility_relaxed,
+    utility_step,
+)
 from faro_serve.engine.latency import EST_MDC, EST_MDC_EXACT, EST_UPPER, latency_row, rho_max_factors
 from faro_serve.engine.window import cold_start_fractions, step_utility_table, window_table
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from live_helpers import day_trace, free_port, wait_for
 
 from autoscaler import ModelObservation, Observation, make_policy, policy_names
 from autoscaler.plugins import PluginError, make_forecaster
@@ -22,7 +23,6 @@ from autoscaler.registry import policy_factory
 from faro_serve.config import ClusterSpec, ConfigError, ModelSLO
 from faro_serve.serving.schema import parse_autoscaler_config
 from faro_serve.sim.scenario import Scenario, run_scenario
-from live_helpers import day_trace, free_port, wait_for
 from tests.user_plugins import my_policies
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,10 +8,10 @@ from autoscaler.policy import PipelineObservation
 from bench.pipeline_composition import case
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import plan
-from faro_serve.engine.planner import make_problem
-from faro_serve.engine.utility import phi
 from faro_serve.engine.latency import min_replicas_for_slo
 from faro_serve.engine.pipeline_latency import compose, path_matrix, shares
+from faro_serve.engine.planner import make_problem
+from faro_serve.engine.utility import phi
 from faro_serve.pipelines import PipelineSLO
 
 

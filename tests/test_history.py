@@ -8,16 +8,16 @@ import sqlite3
 
 import numpy as np
 import pytest
+from front_reports import front_report
 
 from autoscaler.forecasters import set_daily
 from autoscaler.history import HistoryKeeper, fill_short_gaps
 from autoscaler.loop import AutoscalerLoop
-from faro_serve.serving.schema import parse_autoscaler_config
 from faro_serve.measures import HISTORY_MINUTES
+from faro_serve.serving.schema import parse_autoscaler_config
 from forecasting.nhits import DEFAULT_SHORT_RULE, SHORT_RULES
 from forecasting.store import FILE_NAME, ArrivalStore
 from forecasting.train import TrainConfig, train_forecaster
-from front_reports import front_report
 
 T0 = 1_800_000_017.3  # wall clock at the first meter's start: 17.3 s into a minute
 

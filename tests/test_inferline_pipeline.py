@@ -14,8 +14,7 @@ from autoscaler import make_policy
 from autoscaler.inferline_pipeline import sample_arrivals
 from autoscaler.policy import ModelObservation, Observation, PipelineObservation
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
-from faro_serve.engine.inferline_plan import (StageConfig, StageProfile, batch_times, evaluate,
-                                              plan)
+from faro_serve.engine.inferline_plan import StageConfig, StageProfile, batch_times, evaluate, plan
 from faro_serve.engine.pipeline_des import StageSpec, simulate
 from faro_serve.pipelines import PipelineSLO
 from faro_serve.sim.kernels import DONE, advance

@@ -7,10 +7,10 @@ import json
 
 import numpy as np
 import pytest
+from front_reports import front_report
 
 from autoscaler.loop import AutoscalerLoop
 from faro_serve.serving.schema import parse_autoscaler_config
-from front_reports import front_report
 
 
 def config(policy=None):

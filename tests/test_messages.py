@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from front_reports import FakeCluster, front_report
 
 from autoscaler.driver import FrontSnapshot
 from autoscaler.loop import AutoscalerLoop
@@ -16,11 +17,21 @@ from faro_serve.config import ConfigError
 from faro_serve.front_report import FrontReportError, decode_front_report
 from faro_serve.serving.direct import Meter
 from faro_serve.serving.kuberay import load_serve_config
-from faro_serve.serving.messages import (VERSION, Answered, Arrival, Dropped, GaveUp, MessageError,
-                                         MeterAnswer, NetworkTime, Processed, ReplicaReport,
-                                         RouterReport, decode)
+from faro_serve.serving.messages import (
+    VERSION,
+    Answered,
+    Arrival,
+    Dropped,
+    GaveUp,
+    MessageError,
+    MeterAnswer,
+    NetworkTime,
+    Processed,
+    ReplicaReport,
+    RouterReport,
+    decode,
+)
 from faro_serve.serving.schema import parse_autoscaler_config
-from front_reports import FakeCluster, front_report
 
 NOW = 1_700_000_000.0
 MESSAGES = [

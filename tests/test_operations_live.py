@@ -18,12 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 import ray
+from live_helpers import fire, free_port, local_serve, wait_for
 from ray import serve
 
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.serving.app import deploy, run_autoscaler
 from forecasting.prometheus import prometheus_history
-from live_helpers import fire, free_port, local_serve, wait_for
 
 pytestmark = pytest.mark.slow
 CAPACITY = 2.0

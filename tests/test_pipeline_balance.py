@@ -6,8 +6,6 @@ load than replicas, the cluster starting from a plan that had put detect at 1 re
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from front_reports import front_report
 
 from autoscaler import make_policy
 from autoscaler.config import parse_autoscaler_config
 from autoscaler.loop import AutoscalerLoop
 from faro_serve import Pipeline, Stage
 from faro_serve.config import ConfigError, parse_config
-from front_reports import front_report
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,7 +124,7 @@ class FakeCluster:
 def test_the_loop_observes_a_pipeline_at_its_ingress_and_shows_it():
     args = {**doc(ingress="Api"), "policy": "aiad", "forecaster": "fallback"}
     cfg = parse_autoscaler_config(args)
-    reports = {n: front_report(n, latency_ms=l, arrival_rate=r) for n, l, r in
+    reports = {n: front_report(n, latency_ms=lat, arrival_rate=r) for n, lat, r in
                (("solo", 100.0, 2.0), ("det", 120.0, 4.0), ("cls", 300.0, 2.0), ("shop", 700.0, 4.0))}
     reports["shop"]["percentile"] = 95.0  # the ingress measures another percentile than the SLO's
     loop = AutoscalerLoop(cfg, FakeCluster(reports))

@@ -7,17 +7,16 @@ import math
 
 import numpy as np
 import pytest
+from conftest import with_batching
 
 from autoscaler import make_policy, policy_names
-from autoscaler.registry import needs_batching
 from autoscaler.common import max_rate_one_replica
 from autoscaler.policy import ModelObservation, Observation
+from autoscaler.registry import needs_batching
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine.latency import latency_mdc, min_replicas_for_slo
 from faro_serve.sim import SimConfig, simulate
 from forecasting.base import Forecast
-
-from conftest import with_batching
 
 SLO = 720.0
 EXPECTED = {"fairshare", "oneshot", "aiad", "mark", "ray-serve", "swayam", "inferline", "infaas",

@@ -11,16 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import with_batching
 
 from autoscaler import make_policy, policy_names
-from autoscaler.registry import needs_batching
 from autoscaler.common import Timers
+from autoscaler.registry import needs_batching
 from autoscaler.state import decode, encode
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.sim import SimConfig, simulate
 from faro_serve.traces import load_trace
-
-from conftest import with_batching
 
 TRACE = Path(__file__).parent / "data" / "guard_day9.csv"  # real minutes, bundled (data/README.md)
 

@@ -14,13 +14,21 @@ import time
 import httpx
 import numpy as np
 import pytest
+from live_helpers import free_port, wait_for
 
 from autoscaler.serve_metrics import ServeMetricsObserver
 from faro_serve.front_report import decode_front_report
 from forecasting.prometheus import PrometheusError
-from forecasting.rayserve import (REQUESTS, ServeHistory, ServeHistoryError, ServeMetricsStore, _seconds,
-                                  bucket_quantile, export_lag_s, read_serve_history)
-from live_helpers import free_port, wait_for
+from forecasting.rayserve import (
+    REQUESTS,
+    ServeHistory,
+    ServeHistoryError,
+    ServeMetricsStore,
+    _seconds,
+    bucket_quantile,
+    export_lag_s,
+    read_serve_history,
+)
 
 M = 60  # minutes in the range
 SCRAPE = 15
@@ -30,7 +38,7 @@ def _series(rng, t0, scrapes, start=0, reset_at=None, gap=None):
     """(values at each scrape time, increments per scrape) of one replica's counter."""
     inc = rng.poisson(5, scrapes).astype(float)
     inc[:start] = 0
-    vals, times, c = [], [], 0.0
+    vals, c = [], 0.0
     for j in range(scrapes):
         if reset_at is not None and j == reset_at:
             c = 0.0
@@ -185,12 +193,13 @@ def test_forecast_train_reads_ray_serves_counters_where_there_are_no_faro_series
 def test_a_new_autoscaler_without_a_store_starts_from_the_clusters_prometheus_history(prom):
     """``prometheus_url`` and no ``history_dir``: the first tick's history of a model whose
     meter has just started (3 minutes) is Ray Serve's minutes before them, then the meter's."""
+    from front_reports import front_report
+
     from autoscaler.driver import FrontSnapshot
     from autoscaler.history import HistoryKeeper
     from faro_serve.config import ModelSLO
     from faro_serve.serving.autoscaler_deployment import open_history
     from faro_serve.serving.schema import parse_autoscaler_config
-    from front_reports import front_report
 
     t0, truth = prom["t0"], prom["truth"]
     cfg = parse_autoscaler_config({"cluster": {"cpus": 2}, "prometheus_url": prom["url"], "models": [

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from forecasting.base import FallbackForecaster, Forecast
-from forecasting.recurrence import (Recurrence, add_recurrence, autocorrelation, detect_period,
-                                    recurring_path)
+from forecasting.recurrence import Recurrence, add_recurrence, autocorrelation, detect_period, recurring_path
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "azure12_days8-12.csv"
 

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from front_reports import FakeCluster
 
 from autoscaler.loop import AutoscalerLoop
 from autoscaler.retrainer import RETRAINED_DIR, Retrainer
@@ -17,7 +18,6 @@ from forecasting.io import load_forecaster, save_forecaster
 from forecasting.retrain import Score, candidate_config, held_back, judge, planner_loss, retrain
 from forecasting.store import ArrivalStore
 from forecasting.train import TrainConfig
-from front_reports import FakeCluster
 
 SMALL = dict(mlp_width=64, windows_batch_size=64, val_check_steps=50, threads=1, members=1)
 

@@ -9,12 +9,11 @@ import time
 import httpx
 import pytest
 import ray
+from live_helpers import local_serve, wait_for
 from ray import serve
 
 from faro_serve.config import Batching, ClusterSpec, ModelSLO, Variant
 from faro_serve.serving.app import deploy
-
-from live_helpers import local_serve, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -15,13 +15,12 @@ import time
 import httpx
 import pytest
 import ray
+from live_helpers import check_drop_share, check_flood, fire, local_serve, wait_for
 from ray import serve
 from ray.util.state import list_actors
 
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.serving.app import deploy
-
-from live_helpers import check_drop_share, check_flood, fire, local_serve, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 import ray
+from live_helpers import check_drop_share, check_flood, fire, free_port, wait_for
 from ray import serve
 from ray.util.state import list_actors
 
@@ -20,8 +21,6 @@ from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.serving.app import autoscaler_app, deploy
 from faro_serve.serving.proxy_queue import PIPELINE
 from forecasting.store import ArrivalStore
-
-from live_helpers import check_drop_share, check_flood, fire, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 

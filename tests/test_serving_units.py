@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import yaml
+from front_reports import FakeCluster, front_report
 from ray.serve.request_router import PendingRequest
 
 from autoscaler.loop import AutoscalerLoop
@@ -17,7 +18,6 @@ from faro_serve.config import ConfigError
 from faro_serve.serving.routing import DispatchGate, IdleFirstRouter
 from faro_serve.serving.schema import parse_autoscaler_config, parse_model_args
 from faro_serve.serving.stats import RouterStats
-from front_reports import FakeCluster, front_report
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,14 +4,13 @@ cluster whose own autoscaler moves replicas exactly as the acting loop did, its 
 the acting loop's decisions tick by tick (the same code path); switching the config to
 control acts at once. The live version is in test_operations_live.py."""
 
+import numpy as np
 import pytest
+from test_loop_restart import Cluster, run
 
 from autoscaler.loop import AutoscalerLoop
 from faro_serve.config import ConfigError
 from faro_serve.serving.schema import parse_autoscaler_config
-from test_loop_restart import Cluster, run
-
-import numpy as np
 
 
 def config(mode="control", policy=None, **extra):

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from front_reports import FakeCluster
 
 from autoscaler.forecasters import choose_forecaster, policy_forecasts
 from autoscaler.loop import AutoscalerLoop
@@ -28,7 +29,6 @@ from forecasting.base import FallbackForecaster
 from forecasting.io import ForecasterLoadError, member_file, read_meta
 from forecasting.nhits import NHitsForecaster
 from forecasting.shipped import shipped_dir
-from front_reports import FakeCluster
 
 ROOT = Path(__file__).parents[1]
 MODELS = [ModelSLO(name="a", slo_ms=720, processing_ms=154, cpus=0.25),

@@ -17,14 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 import ray
+from live_helpers import fire, free_port, wait_for
 from ray import serve
+from user_apps.batcher import Batcher
 
 import faro_serve
 from faro_serve import SLO, Cluster
 from faro_serve.serving.names import meter_name
-from user_apps.batcher import Batcher
-
-from live_helpers import fire, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent

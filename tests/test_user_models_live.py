@@ -19,16 +19,25 @@ from pathlib import Path
 import httpx
 import pytest
 import ray
+from live_helpers import day_trace, fire, free_port, wait_for
 from ray import serve
 from starlette.responses import JSONResponse
+from user_apps.shop import (
+    Caption,
+    ClassifierAPI,
+    Clean,
+    Gallery,
+    Preprocess,
+    Sentiment,
+    Shop,
+    Tag,
+    TextClassifier,
+    label,
+)
 
 import faro_serve
 from faro_serve import SLO, Cluster, Pipeline, Stage
 from faro_serve.serving.names import meter_name
-from user_apps.shop import (Caption, ClassifierAPI, Clean, Gallery, Preprocess, Sentiment, Shop, Tag,
-                            TextClassifier, label)
-
-from live_helpers import day_trace, fire, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent

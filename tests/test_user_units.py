@@ -10,6 +10,7 @@ import yaml
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
+from user_apps.shop import TextClassifier
 
 import faro_serve
 from faro_serve.config import ConfigError, parse_config
@@ -18,8 +19,6 @@ from faro_serve.serving.messages import Dropped as DroppedEvent
 from faro_serve.serving.messages import Processed
 from faro_serve.serving.user import _faro_class
 from faro_serve.serving.user_app import UserAppArgs, load_deployment
-
-from user_apps.shop import TextClassifier
 
 
 def guard(concurrency=1):
@@ -207,9 +206,10 @@ def test_a_pipeline_scales_its_stages_meters_its_ingress_and_names_a_wrong_stage
     """``scaled`` with a pipeline: a stage gets its model's resources and Faro's scaling; the
     ingress keeps its own replicas and concurrency, metered under the pipeline's name;
     ``run`` would plan the stages where scaled() put them."""
+    from user_apps.shop import Clean, Gallery, Tag
+
     from faro_serve import Pipeline, Stage
     from faro_serve.serving.user import _located
-    from user_apps.shop import Clean, Gallery, Tag
 
     p = Pipeline(name="gal", slo_ms=400, stages=[Stage(name="clean", cpus=0.1),
                                                  Stage(name="tag", after=["clean"], cpus=0.2)])
@@ -250,11 +250,12 @@ def test_a_serve_batch_method_is_found_with_its_settings_and_checked_against_the
     """What scaled() reads of a @serve.batch method, the batching it gives the SLO, and the
     mistakes it names: an SLO that declares batching over a deployment that does not batch,
     and a batching deployment asked for concurrency > 1."""
+    from user_apps.batcher import Batcher
+    from user_apps.shop import TextClassifier
+
     from faro_serve.config import Batching, ConfigError
     from faro_serve.serving.batch_method import batch_methods, is_serve_batch
     from faro_serve.serving.user import detected_batching
-    from user_apps.batcher import Batcher
-    from user_apps.shop import TextClassifier
 
     (m,) = batch_methods(Batcher.func_or_class)
     assert (m.attr, m.max_batch_size, m.wait_s, m.concurrent) == ("infer", 16, 0.004, 1)
@@ -272,10 +273,10 @@ def test_a_serve_batch_method_is_found_with_its_settings_and_checked_against_the
 def test_the_gpu_like_example_sleeps_the_h200_resnet50_curve():
     """examples/gpu_batch: its table is the H200 profile's ResNet50 curve (the breakpoints
     the planner reads from profiles/h200-resnet50.json), interpolated as the planner does."""
+    from conftest import ROOT
+
     from examples.gpu_batch.app import H200_RESNET50_MS, batch_ms
     from faro_serve.config import Batching
-
-    from conftest import ROOT
 
     planned = Batching(profile=str(ROOT / "profiles" / "h200-resnet50.json"), max_batch_size=64)
     assert H200_RESNET50_MS == pytest.approx(planned.latency_ms, abs=1e-3)
@@ -389,8 +390,9 @@ def test_the_users_own_batch_setters_set_the_gate_and_rays_queue():
     """Ray's docs set the batch from a config with ``self.infer.set_max_batch_size(n)`` and
     ``set_batch_wait_timeout_s(s)``: under Faro they reach the replica's gate and Ray's
     queue (the wait is the gate's; Ray's queue waits 0 behind it)."""
-    from faro_serve.serving.batch_method import batch_methods
     from user_apps.batcher import Batcher
+
+    from faro_serve.serving.batch_method import batch_methods
 
     cls = Batcher.func_or_class
     methods = batch_methods(cls)

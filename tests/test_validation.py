@@ -13,8 +13,14 @@ import pytest
 from faro_serve.distributions import PAPER_ROUTER_OVERHEAD
 from faro_serve.replay.client import ReplayRecords
 from faro_serve.replay.loadgen import build_schedule
-from faro_serve.validation.compare import (Workload, fit_overhead, kendall_distance, kendall_tau,
-                                           relative_difference, scale_up_lags)
+from faro_serve.validation.compare import (
+    Workload,
+    fit_overhead,
+    kendall_distance,
+    kendall_tau,
+    relative_difference,
+    scale_up_lags,
+)
 from faro_serve.validation.live import Calibration
 from faro_serve.validation.run import load_state, resimulate
 
@@ -214,10 +220,10 @@ def test_head_to_head_report_against_ray_native(trace_csv, tmp_path):
 def test_the_default_compare_slice_is_contended():
     """Issue 18's scenario: at least 6 jobs and 30 trace minutes whose busiest minutes
     together need more replicas than the cluster has."""
+    from conftest import SHARED_TRACES
+
     from faro_serve.commands.compare import DEFAULT_JOBS
     from faro_serve.validation.headtohead import contention
-
-    from conftest import SHARED_TRACES
 
     path = SHARED_TRACES / "faro10_days1-10.csv"
     if not path.exists():

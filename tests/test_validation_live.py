@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from live_helpers import day_trace
 
 pytestmark = pytest.mark.slow

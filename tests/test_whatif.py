@@ -20,7 +20,7 @@ from autoscaler import make_policy
 from autoscaler.forecasters import choose_forecaster
 from autoscaler.ray_rule import RayServePolicy
 from faro_serve.config import ClusterSpec, ModelSLO
-from faro_serve.sim import SimConfig, TimeDist, parse_dist, simulate
+from faro_serve.sim import SimConfig, parse_dist, simulate
 from faro_serve.traces import load_trace
 from forecasting.rayserve import AppLatency, DeploymentHistory, ServeHistory, bucket_quantile
 

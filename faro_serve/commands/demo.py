@@ -62,10 +62,11 @@ def _interrupt(signum, frame):
 
 def _load(args):
     """The schedule and what describes it, from the flags (all input errors before any start)."""
+    import numpy as np
+
     from ..demo import DEMO_MAP, DEMO_RATE_SCALE, DEMO_TRACE
     from ..replay.loadgen import build_schedule, parse_map, select_trace
     from ..traces import load_trace
-    import numpy as np
 
     for flag, v in (("--max-requests", args.max_requests), ("--max-in-flight", args.max_in_flight)):
         if v < 1:

@@ -138,7 +138,7 @@ def run_train(args) -> int:
     return 0
 
 
-def _first_on(arrivals) -> "np.ndarray":
+def _first_on(arrivals):
     """A deployment's minutes from its first request on (zeros before it appeared are no history)."""
     import numpy as np
 
@@ -151,11 +151,11 @@ def _train_from_store(args, cfg, out: Path) -> int:
     """``forecast train --from``: what the live retrainer does (``autoscaler.retrainer``), by
     hand: train on the store's history without its last minutes, judge against the current
     forecaster on them, save only a better one (or with ``--force``)."""
+    import sqlite3
+
     from autoscaler.forecasters import choose_forecaster
     from autoscaler.retrainer import RETRAINED_DIR, recent_history
     from forecasting.retrain import retrain
-    import sqlite3
-
     from forecasting.store import FILE_NAME, ArrivalStore, StoreRefused
 
     if args.days or args.sample:

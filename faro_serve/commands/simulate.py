@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ._output import check_output_file
 from . import _args
+from ._output import check_output_file
 from .errors import UsageError
 
 

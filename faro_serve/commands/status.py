@@ -74,8 +74,9 @@ def run(args) -> int:
               + ": its first tick comes within its reactive interval (10 s by default); "
               "run faro-serve status again")
         return 1
-    from ._console import console
     from rich.table import Table
+
+    from ._console import console
 
     loaded = st.get("forecaster")
     table = Table(title=f"faro-serve: policy {st.get('policy')} (objective {st.get('objective')}), "

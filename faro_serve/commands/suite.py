@@ -56,8 +56,7 @@ def run(args) -> int:
     from autoscaler import policy_names
     from autoscaler.registry import needs_batching, policy_factory
 
-    from ..sim.suite import (SuiteStopped, aggregate, markdown_table, run_suite,
-                             uses_forecaster, write_outputs)
+    from ..sim.suite import SuiteStopped, aggregate, markdown_table, run_suite, uses_forecaster, write_outputs
     from ._args import check_capacity
     from .simulate import scenario_from_args
 

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from . import _args
-from .errors import UsageError
 from ._args import check_capacity
+from .errors import UsageError
 
 
 def register(sub) -> None:

@@ -22,6 +22,7 @@ import os
 import numpy as np
 
 from autoscaler.explain import explain
+
 from ..validation.compare import scale_up_lags
 
 LOAD_FACTOR = 1.5  # load average above this many times the cores: the CPUs are oversubscribed

@@ -98,10 +98,10 @@ def batch_times(processing_s: float, batching=None, cpus: float = 1.0,
 
     g, e, d, h = (v or 0.0 for v in (batching.gamma, batching.eps, batching.delta, batching.eta))
 
-    def l(bb, cc):
+    def lat(bb, cc):  # Sponge's l(b, c)
         return g * bb / cc + e / cc + d * bb + h
 
-    return processing_s * l(b, c) / l(1.0, cpus)
+    return processing_s * lat(b, c) / lat(1.0, cpus)
 
 
 class _Search:

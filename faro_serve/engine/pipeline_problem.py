@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from .latency import rho_max_factors, latency_row
+from .latency import latency_row, rho_max_factors
 from .pipeline_balance import best_split, level_start
 from .pipeline_latency import compose, shares
 from .problem import JobInput, Problem
@@ -280,7 +280,8 @@ class PipelineProblem(Problem):
         cheaper split that needs a trade between stages)."""
         x = np.asarray(x, float).copy()
         cur = self.value(x, d)
-        same = lambda v: abs(v - cur) <= 1e-12 * max(1.0, abs(cur))
+        def same(v):
+            return abs(v - cur) <= 1e-12 * max(1.0, abs(cur))
         weight = self.need.sum(axis=1)  # a replica's resources, summed (to rank the trades)
         for _ in range(max_rounds):
             best, best_save = None, 1e-12

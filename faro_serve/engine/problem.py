@@ -16,8 +16,15 @@ from ..resources import CPU, MEMORY
 from .batched_latency import BATCH_CHOICES, batch_table
 from .latency import ESTIMATORS
 from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
-from .window import (DROP_GRID, NO_DROP, cold_start_fractions, interp_utilities,
-                     saturation_count, step_utility_table, window_table)
+from .window import (
+    DROP_GRID,
+    NO_DROP,
+    cold_start_fractions,
+    interp_utilities,
+    saturation_count,
+    step_utility_table,
+    window_table,
+)
 
 
 @dataclass

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 
+
 def deadline_s(n_jobs: int) -> float:
     """How long a relaxed solve of ``n_jobs`` jobs may take: it takes milliseconds for 10
     jobs and 7.5 s for 100 ungrouped (docs/engine.md, decision time), so 2 s + 0.2 s per job."""

@@ -22,9 +22,9 @@ from ray.serve.config import RequestRouterConfig
 from ..config import ClusterSpec, ModelSLO
 from .direct import DirectModel, Meter
 from .front import Front
+from .names import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL, QUIET
 from .proxy_queue import PIPELINE, ProxyQueueRouter
 from .routing import IdleFirstRouter
-from .names import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL, QUIET
 from .schema import ModelAppArgs, parse_autoscaler_config, parse_model_args
 
 # Each replica serves one request at a time (as the paper's M/D/c model and the simulator

@@ -10,7 +10,6 @@ deployments through Ray Serve's external scaling REST API (the model application
 
 
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -24,8 +23,8 @@ from ray import serve
 from autoscaler.config import AutoscalerConfig, parse_autoscaler_config
 from autoscaler.forecasters import forecaster_of
 from autoscaler.loop import AutoscalerLoop
-from autoscaler.tick_failures import TickFailures
 from autoscaler.setting import Setting
+from autoscaler.tick_failures import TickFailures
 from faro_serve.resources import Capacity
 from forecasting.rayserve import dashboard_headers  # noqa: F401 (imported from here too)
 

@@ -29,14 +29,25 @@ from ray import serve
 from ..measures import LOOK_BACK_S, NETWORK_S, REPORT_STALE_S
 from .control import FrontControl
 from .edf_gate import EDFGate
-from .messages import (Answered, Arrival, Dropped, Event, GaveUp, MessageError, MeterAnswer,
-                       NetworkTime, Processed, ReplicaReport, RouterReport, decode)
+from .messages import (
+    Answered,
+    Arrival,
+    Dropped,
+    Event,
+    GaveUp,
+    MessageError,
+    MeterAnswer,
+    NetworkTime,
+    Processed,
+    ReplicaReport,
+    RouterReport,
+    decode,
+)
+from .names import NETWORK_HEADER
+from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, run_model, shutting_down
+from .proxy_queue import MAX_EVENTS
 from .replica_report import ReplicaReporter
 from .uploads import Uploads
-from .names import NETWORK_HEADER
-from .payload import (answer, drop_rate_refusal, read_payload, refusal_reason, run_model,
-                      shutting_down)
-from .proxy_queue import MAX_EVENTS
 
 BATCH_TIMES_S = 600.0  # a batch curve measured live fits the last ten minutes' batches
 BATCH_TIMES_KEPT = 200  # batches kept per size

@@ -33,8 +33,7 @@ from ray.serve.exceptions import BackPressureError
 
 from ..measures import REPLICA_POLL_S
 from .control import FrontControl
-from .payload import (answer, drop_rate_refusal, read_payload, refusal_reason, reject,
-                      shutting_down)
+from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, reject, shutting_down
 from .routing import DispatchGate, running_replicas
 
 api = FastAPI(title="faro-serve model endpoint",

@@ -28,8 +28,8 @@ from .edf_gate import EDFGate
 from .messages import Dropped as DroppedEvent
 from .messages import MeterAnswer, Processed
 from .payload import drop_rate_refusal, read_body, refusal_reason, shutting_down
-from .uploads import Uploads
 from .replica_report import ReplicaReporter
+from .uploads import Uploads
 
 # set while a request runs in the user's code: a method the user's route calls on ``self``
 # is then part of that request, not a request of its own

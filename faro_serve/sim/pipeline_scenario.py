@@ -18,8 +18,7 @@ from autoscaler import make_policy
 from autoscaler.forecasters import set_daily, set_recurrence
 from faro_serve.config import ClusterSpec, FaroConfig, ModelSLO
 from faro_serve.pipelines import PipelineSLO, check_unique, expand
-from faro_serve.traces import (Trace, TraceError, day_minutes, default_warmup, load_trace,
-                               previous_day_tail)
+from faro_serve.traces import Trace, TraceError, day_minutes, default_warmup, load_trace, previous_day_tail
 from forecasting.daily import DEFAULT_WEIGHT
 from forecasting.recurrence import DEFAULT_SHARE
 

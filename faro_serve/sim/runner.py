@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoscaler.driver import (CapacityExceeded, FrontSnapshot, apply_decision, decide, observe,  # noqa: F401 (re-exported)
-                              with_open_minute)
+from autoscaler.driver import CapacityExceeded, FrontSnapshot, apply_decision, decide, observe, with_open_minute  # noqa: F401 (re-exported)
 from autoscaler.policy import Policy
 from autoscaler.setting import Setting
 from faro_serve.config import ModelSLO

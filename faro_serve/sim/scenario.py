@@ -22,8 +22,15 @@ import numpy as np
 from autoscaler import make_policy
 from autoscaler.forecasters import set_daily, set_recurrence
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
-from faro_serve.traces import (Trace, TraceError, day_minutes, default_warmup, duplicate_jobs,
-                               load_trace, previous_day_tail)
+from faro_serve.traces import (
+    Trace,
+    TraceError,
+    day_minutes,
+    default_warmup,
+    duplicate_jobs,
+    load_trace,
+    previous_day_tail,
+)
 from forecasting.base import check_fraction
 from forecasting.daily import DEFAULT_WEIGHT
 from forecasting.recurrence import DEFAULT_SHARE

@@ -29,7 +29,7 @@ from ..replay.loadgen import Schedule
 from ..replay.report import replay_result
 from ..serving.app import autoscaler_app, model_app
 from ..serving.names import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL
-from .compare import REPLAY_TIMEOUT_S, RAY_DEFAULTS
+from .compare import RAY_DEFAULTS, REPLAY_TIMEOUT_S
 
 log = logging.getLogger("faro_serve.validation")
 

@@ -18,8 +18,20 @@ from ..distributions import TimeDist, parse_dist
 from ..replay.loadgen import build_schedule
 from ..replay.report import replay_document, replay_result, write_records
 from ..sim.runner import SimConfig, simulate
-from .compare import (NATIVE, RAY_SETTINGS, SIM_DRAWS, REPLAY_TIMEOUT_S, Workload, cluster_spec, compare,
-                      fit_overhead, markdown, scale_up_lags, sim_policy, sim_queue)
+from .compare import (
+    NATIVE,
+    RAY_SETTINGS,
+    REPLAY_TIMEOUT_S,
+    SIM_DRAWS,
+    Workload,
+    cluster_spec,
+    compare,
+    fit_overhead,
+    markdown,
+    scale_up_lags,
+    sim_policy,
+    sim_queue,
+)
 
 
 def simulate_policy(policy: str, wl: Workload, capacity: float, overhead: TimeDist,
