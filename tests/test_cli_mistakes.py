@@ -236,7 +236,7 @@ def test_a_forecaster_trained_on_the_replayed_day_is_noted(tmp_path):
     days before it, another sample or another file do not."""
     from argparse import Namespace
 
-    from faro_serve.commands.simulate import warn_if_trained_on_the_day
+    from faro_serve.commands._scenario import warn_if_trained_on_the_day
 
     f = tmp_path / "t.csv"
     f.write_text("day,sample,minute,job,requests\n")

@@ -456,7 +456,7 @@ def test_status_on_loopback_ignores_a_proxy_from_the_environment(monkeypatch):
     import http.server
     import threading
 
-    from faro_serve.commands.status import fetch_status
+    from faro_serve.commands._live import fetch_status
 
     class Status(http.server.BaseHTTPRequestHandler):
         def do_GET(self):

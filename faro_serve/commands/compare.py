@@ -18,7 +18,7 @@ down 3x (processing and SLO x3, counts /3) so that the 2-core machine is not the
 
 from __future__ import annotations
 
-from .validate import add_live_args, run_validation
+from ._live import add_live_args, run_validation
 
 DEFAULT_JOBS = "job9,job0,job3,job1,job6,job5"
 

@@ -148,7 +148,7 @@ def run(args) -> int:
                 note(f"started ray start (pid {dep.ray_proc.pid}) and serve run (pid "
                      f"{dep.serve_proc.pid}), each in its own process group")
             else:
-                from .status import fetch_status
+                from ._live import fetch_status
 
                 known = fetch_status(url, timeout=10.0).get("models") or {}  # nothing there: exit 2
                 missing = [n for n in names if n not in known]
@@ -196,9 +196,9 @@ def _replay(args, sched, names, url, body):
     from types import SimpleNamespace
 
     from ..demo.live import replay_live
-    from .replay import _slos
+    from ._live import slos_of
 
-    slo_ms, _, _ = _slos(SimpleNamespace(slo_ms=None, percentile=99.0), url, names)
+    slo_ms, _, _ = slos_of(SimpleNamespace(slo_ms=None, percentile=99.0), url, names)
     return replay_live(sched, url, slo_ms, body=body, max_in_flight=args.max_in_flight,
                        timeout_s=args.timeout, live_table=not args.no_live,
                        title="faro-serve demo: ")
@@ -260,7 +260,7 @@ def _diagnosis(url, sched, rec, view, names, res, slo_ms) -> list[str]:
     import numpy as np
 
     from ..demo.diagnosis import decisions_section, machine_minutes, machine_section
-    from .status import fetch_status
+    from ._live import fetch_status
 
     try:
         records = fetch_status(url, path="decisions?limit=500")

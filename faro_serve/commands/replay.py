@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from . import _args
+from ._live import slos_of
 from ._output import check_output_dir
 from .errors import UsageError
 
@@ -62,32 +63,6 @@ def register(sub) -> None:
                         "model's recovery time and the requests dropped or over the SLO in the "
                         "step's first 2 minutes ('surge' in the JSON)")
     p.set_defaults(func=run)
-
-
-def _slos(args, url: str, names: list[str]) -> tuple[dict, dict, dict | None]:
-    """(slo_ms, percentile, status or None) per model: --slo-ms, else GET /faro/status."""
-    if args.slo_ms is not None:
-        if not args.slo_ms > 0:
-            raise UsageError(f"--slo-ms must be > 0 (got {args.slo_ms:g})")
-        if not 0 < args.percentile < 100:
-            raise UsageError(f"--percentile must lie in (0, 100) (got {args.percentile:g})")
-        st = None
-        try:
-            from .status import fetch_status
-            st = fetch_status(url, timeout=5.0)
-        except Exception:
-            pass  # the SLOs are given; the status only adds the policy and capacity
-        return {n: args.slo_ms for n in names}, {n: args.percentile for n in names}, st
-    from .status import fetch_status
-
-    st = fetch_status(url, timeout=10.0)
-    models = st.get("models") or {}
-    missing = [n for n in names if n not in models]
-    if missing:
-        raise UsageError(f"{url}/faro/status has no SLO for {', '.join(missing)} (it knows "
-                         f"{', '.join(models) or 'no model yet'}); use --map, or give --slo-ms")
-    return ({n: float(models[n]["slo_ms"]) for n in names},
-            {n: float(models[n].get("percentile", 99.0)) for n in names}, st)
 
 
 def _body(spec: str | None) -> tuple[bytes, str | None]:
@@ -139,7 +114,7 @@ def run(args) -> int:
     if "{model}" not in args.path or not args.path.startswith("/"):
         raise UsageError(f"--path {args.path!r} must start with / and contain {{model}}")
     body, content_type = _body(args.body)
-    slo_ms, pct, st = _slos(args, url, names)
+    slo_ms, pct, st = slos_of(args, url, names)
     check_output_dir(args.out, "--out")
     out_dir = Path(args.out)
 
@@ -174,7 +149,7 @@ def run(args) -> int:
     if args.json != "-":
         _print(res, doc, out_dir)
         if args.step_at is not None:
-            from .simulate import print_step
+            from ._scenario import print_step
 
             print_step(doc["surge"])
     a = doc["accounting"]
@@ -187,7 +162,7 @@ def run(args) -> int:
 
 
 def _print(res, doc: dict, out_dir: Path) -> None:
-    from .simulate import print_result
+    from ._scenario import print_result
 
     print_result(res, None)
     a = doc["accounting"]

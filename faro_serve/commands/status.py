@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from ._live import fetch_status
 from .errors import UsageError
 
 
@@ -19,33 +20,6 @@ def register(sub) -> None:
                    "model's estimated p99 and utility at the chosen replicas, the objective "
                    "value and the constraint that bound (GET <url>/faro/decisions)")
     p.set_defaults(func=run)
-
-
-def fetch_status(url: str, app: str = "faro", timeout: float = 10.0, path: str = "status"):
-    from urllib.parse import urlsplit
-
-    import httpx
-
-    if urlsplit(url).scheme not in ("http", "https"):
-        raise UsageError(f"--url must look like http://127.0.0.1:8000 (got {url!r})")
-    target = f"{url.rstrip('/')}/{app.strip('/')}/{path}"
-    host = httpx.URL(target).host
-    # a loopback address never goes through a proxy from the environment
-    loopback = host in ("localhost", "::1") or host.startswith("127.")
-    try:
-        r = httpx.get(target, timeout=timeout, trust_env=not loopback)
-    except httpx.HTTPError as err:
-        raise UsageError(f"cannot reach {target}: {err}. Is `serve run serve_config.yaml` running?") from None
-    kind = r.headers.get("content-type", "").split(";")[0].strip() or "no content type"
-    if r.status_code != 200 or kind != "application/json":
-        # another server on that address (an HTML page, a 404): say what, not its page
-        raise UsageError(f"{target} answered HTTP {r.status_code} ({kind}, {len(r.content)} bytes), "
-                         f"not a faro-serve status: is the faro application deployed there, with "
-                         f"route_prefix /{app.strip('/')} (--app)?")
-    try:
-        return r.json()
-    except ValueError:
-        raise UsageError(f"{target} answered JSON that does not parse: not a faro-serve status") from None
 
 
 def _fmt(v, spec=".0f", none="-"):

@@ -16,7 +16,7 @@ from .errors import UsageError
 
 
 def register(sub) -> None:
-    from .simulate import add_scenario_args
+    from ._scenario import add_scenario_args
 
     p = sub.add_parser("suite", help="compare policies x capacities x seeds in the simulator",
                        description=__doc__.split("\n\n", 1)[1])
@@ -58,7 +58,7 @@ def run(args) -> int:
 
     from ..sim.suite import SuiteStopped, aggregate, markdown_table, run_suite, uses_forecaster, write_outputs
     from ._args import check_capacity
-    from .simulate import scenario_from_args
+    from ._scenario import scenario_from_args
 
     known = policy_names()
     # 'all': Sponge only with --batch-profile (it needs every model's batch profile)
@@ -107,7 +107,7 @@ def run(args) -> int:
             raise UsageError(str(err)) from None
     elif args.history and any(uses_forecaster(p) for p in policies):
         from ..sim.forecaster import ensure_forecaster
-        from .simulate import warn_if_trained_on_the_day
+        from ._scenario import warn_if_trained_on_the_day
 
         warn_if_trained_on_the_day(args, lambda m: print(m, file=sys.stderr))
         fc_dir = str(ensure_forecaster(args.history, days=args.history_days, sample=args.history_sample,
