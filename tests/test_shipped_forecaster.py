@@ -299,6 +299,7 @@ def test_a_wheel_carries_the_forecaster_and_it_loads_from_the_install(tmp_path):
         names = set(z.namelist())
         z.extractall(tmp_path / "site")
     assert {"faro_serve/data/forecaster/meta.json", "faro_serve/data/forecaster/nhits.safetensors"} <= names
+    assert not any(n.startswith("bench/") for n in names)  # the benchmarks stay in the repository
     code = ("import json, numpy as np, faro_serve, forecasting.shipped as s\n"
             "fc, why = s.default_forecaster()\n"
             "f = fc.predict({'unseen-model': np.full(30, 120.0)}, 16, seed=1)\n"
