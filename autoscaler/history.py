@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from faro_serve.measures import HISTORY_MINUTES
-from forecasting.store import ArrivalStore, epoch_minute
+from forecasting.store import HistorySource, epoch_minute
 
 from .driver import FrontSnapshot
 
@@ -53,9 +53,10 @@ def fill_short_gaps(values: np.ndarray, max_gap: int, next_value: float | None =
 
 class HistoryKeeper:
     """Writes every model's newly completed meter minutes to ``store`` (once per minute) and
-    joins the store's earlier minutes to a shorter meter history."""
+    joins the store's earlier minutes to a shorter meter history; ``store``: any
+    ``forecasting.store.HistorySource``."""
 
-    def __init__(self, store: ArrivalStore, keep_minutes: int = HISTORY_MINUTES,
+    def __init__(self, store: HistorySource, keep_minutes: int = HISTORY_MINUTES,
                  max_gap_minutes: int = 5):
         self.store = store
         self.keep_minutes = keep_minutes
@@ -66,7 +67,7 @@ class HistoryKeeper:
         self._cache: dict[str, tuple[int, np.ndarray]] = {}  # model -> (meter's first minute, prefix)
 
     @classmethod
-    def carry_on(cls, store: ArrivalStore | None, previous: "HistoryKeeper | None",
+    def carry_on(cls, store: HistorySource | None, previous: "HistoryKeeper | None",
                  keep_minutes: int = HISTORY_MINUTES) -> "HistoryKeeper | None":
         """The keeper of a new loop: the previous loop's over the same store (its grids and
         what it wrote carry on), a new one over another store, None without one;

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from faro_serve.front_report import FrontReport, Processing
-from forecasting.prometheus import PrometheusError
+from forecasting.prometheus import PrometheusError, contiguous_tail
 from forecasting.rayserve import (
     HEALTHY,
     HTTP_LATENCY,
@@ -51,17 +51,6 @@ WINDOW_S = 60
 # read ``export_lag_s`` later (at most this, for a scrape interval up to 30 s)
 LAG_S = 20.0
 QUIET_MINUTES = 30
-
-
-def contiguous_tail(grid: np.ndarray) -> np.ndarray:
-    """The minutes after the last gap (NaN) up to the newest value: the forecaster wants
-    contiguous minutes."""
-    seen = np.flatnonzero(~np.isnan(grid))
-    if not seen.size:
-        return np.zeros(0)
-    grid = grid[:seen[-1] + 1]
-    gaps = np.flatnonzero(np.isnan(grid))
-    return np.maximum(grid[gaps[-1] + 1:] if gaps.size else grid, 0.0)
 
 
 class ServeMetricsObserver:
@@ -171,4 +160,4 @@ class ServeMetricsObserver:
         return out
 
 
-__all__ = ["ServeMetricsObserver", "PrometheusError", "contiguous_tail", "WINDOW_S"]
+__all__ = ["ServeMetricsObserver", "PrometheusError", "WINDOW_S"]

@@ -27,6 +27,17 @@ class PrometheusError(ValueError):
     """Prometheus could not be read or did not answer as expected (the text says why)."""
 
 
+def contiguous_tail(grid: np.ndarray) -> np.ndarray:
+    """The minutes after the last gap (NaN) up to the newest value: the forecaster wants
+    contiguous minutes."""
+    seen = np.flatnonzero(~np.isnan(grid))
+    if not seen.size:
+        return np.zeros(0)
+    grid = grid[:seen[-1] + 1]
+    gaps = np.flatnonzero(np.isnan(grid))
+    return np.maximum(grid[gaps[-1] + 1:] if gaps.size else grid, 0.0)
+
+
 def arrivals_query(metric: str = METRIC) -> str:
     return f'sum by (model) (increase({metric}{{outcome="arrival"}}[1m]))'
 
@@ -62,12 +73,7 @@ def prometheus_history(url: str, minutes: int = 7 * 1440, end: float | None = No
             k = int(round((float(t) - start) / 60.0))
             if 0 <= k < minutes:
                 grid[k] = max(float(v), 0.0)
-        seen = np.flatnonzero(~np.isnan(grid))
-        if not seen.size:
-            continue
-        grid = grid[:seen[-1] + 1]  # up to its newest minute (a model stopped earlier ends there)
-        gaps = np.flatnonzero(np.isnan(grid))
-        tail = grid[gaps[-1] + 1:] if gaps.size else grid
+        tail = contiguous_tail(grid)  # up to its newest minute (a model stopped earlier ends there)
         if tail.size:
             out[model] = tail
     return out

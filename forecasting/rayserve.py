@@ -521,9 +521,8 @@ def read_app_latency(base: str, first_end: float, end_t: float, minutes: int, ap
 class ServeMetricsStore:
     """The live loop's other restore source (issue 48): Ray Serve's request counters in
     Prometheus, read only, as the history a new autoscaler forecasts from at its first tick
-    where it has no arrival store of its own (``autoscaler.history.HistoryKeeper`` reads
-    ``load``, ``append_many``, ``path``, ``refused`` and ``keep_minutes``, as of
-    ``forecasting.store.ArrivalStore``). ``where``: model -> (application, deployment)."""
+    where it has no arrival store of its own: a ``forecasting.store.HistorySource``, as the
+    SQLite ``ArrivalStore`` is. ``where``: model -> (application, deployment)."""
 
     def __init__(self, url: str, where: dict[str, tuple[str, str]], keep_days: float = 7.0,
                  timeout_s: float = 10.0):

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -43,6 +44,28 @@ class StoreRefused(Exception):
 def epoch_minute(minute_start_epoch: float) -> int:
     """The wall-clock minute (minutes since the epoch) a minute starting at this time is."""
     return int(math.floor(float(minute_start_epoch) / 60.0 + 0.5))
+
+
+@runtime_checkable
+class HistorySource(Protocol):
+    """What the live loop's history reads and writes (``autoscaler.history.HistoryKeeper``):
+    the minutes of each model, by wall-clock minute. :class:`ArrivalStore` (SQLite, durable)
+    and ``forecasting.rayserve.ServeMetricsStore`` (Ray Serve's counters in Prometheus, read
+    only: ``append_many`` keeps nothing) both are one; a new history source implements
+    these five and ``faro_serve.serving.autoscaler_deployment.open_history`` opens it."""
+
+    path: Any  # where it reads from, for the status and logs
+    refused: list[dict]  # files or rows it set aside, with why
+    keep_minutes: int  # the newest minutes it keeps per model
+
+    def load(self, model: str, minutes: int, end_minute: int | None = None) -> np.ndarray:
+        """``model``'s requests in each of the ``minutes`` minutes before ``end_minute``
+        (epoch minutes, exclusive; default: the current one); NaN where none is known."""
+        ...
+
+    def append_many(self, model: str, rows) -> int:
+        """Store ``(epoch minute, requests)`` rows of ``model``; how many were kept."""
+        ...
 
 
 class ArrivalStore:

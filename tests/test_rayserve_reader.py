@@ -190,7 +190,7 @@ def test_forecast_train_reads_ray_serves_counters_where_there_are_no_faro_series
     assert "loss" in out + err
 
 
-def test_a_new_autoscaler_without_a_store_starts_from_the_clusters_prometheus_history(prom):
+def test_a_new_autoscaler_without_a_store_starts_from_the_clusters_prometheus_history(prom, tmp_path):
     """``prometheus_url`` and no ``history_dir``: the first tick's history of a model whose
     meter has just started (3 minutes) is Ray Serve's minutes before them, then the meter's."""
     from front_reports import front_report
@@ -206,6 +206,9 @@ def test_a_new_autoscaler_without_a_store_starts_from_the_clusters_prometheus_hi
         ModelSLO(name="mA", app="a", deployment="A", slo_ms=720).model_dump()]})
     store = open_history(cfg)
     assert store is not None and store.where == {"mA": ("a", "A")}
+    # one history source protocol: Prometheus's counters and the SQLite store both are one
+    from forecasting.store import ArrivalStore, HistorySource
+    assert isinstance(store, HistorySource) and isinstance(ArrivalStore(tmp_path), HistorySource)
     keeper = HistoryKeeper(store, keep_minutes=40)
     now = t0 + 60 * 45 + 10  # the meter's minutes: 42, 43, 44; minute 45 open for 10 s
     raw = {"mA": front_report("mA", arrivals_per_min=[1.0, 2.0, 3.0], current_minute_elapsed_s=10.0)}

@@ -170,7 +170,7 @@ def _train_from_store(args, cfg, out: Path) -> int:
         except PrometheusError as err:
             raise UsageError(f"--from {err}") from None
         if not history:  # a cluster without faro-serve: Ray Serve's own counters (issue 48)
-            from autoscaler.serve_metrics import contiguous_tail
+            from forecasting.prometheus import contiguous_tail
             from forecasting.rayserve import ServeHistoryError, read_serve_history
 
             try:
