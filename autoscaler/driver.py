@@ -23,6 +23,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,17 +31,17 @@ from faro_serve.config import ModelSLO
 from faro_serve.front_report import FrontReport, decode_front_report, read_reports
 from faro_serve.resources import Capacity, as_capacity, demand, usage
 
-from .policy import Decision, ModelObservation, Observation, PipelineObservation
+from .policy import Decision, ModelObservation, Observation, PipelineObservation, Policy
 from .setting import Setting, field_map
 
 log = logging.getLogger("faro_serve.autoscaler")
 
 
-class _AtTick:
+class _AtTick(Exception):
     """An exception of a decision tick: ``now``, the tick's time (s), for a caller that
     words its own message (``faro_serve.sim.suite.policy_failures``)."""
 
-    def __init__(self, message: str, now: float | None = None):
+    def __init__(self, message: str, now: float | None = None) -> None:
         super().__init__(message)
         self.now = now
 
@@ -58,7 +59,7 @@ STARTUP_MINUTES = 2  # below this many completed minutes the open one is added
 OPEN_MINUTE_MIN_S = 10.0  # once it is this old
 
 
-def with_open_minute(completed, open_count: float, elapsed_s: float,
+def with_open_minute(completed: Any, open_count: float, elapsed_s: float,
                      min_elapsed_s: float = OPEN_MINUTE_MIN_S,
                      startup_minutes: int = STARTUP_MINUTES) -> np.ndarray:
     """A model's arrival history as policies see it: the completed minutes, and right after a
@@ -97,7 +98,7 @@ class FrontSnapshot:
     told: Setting | None = None  # the setting the front was told and enforces (live only)
 
     @classmethod
-    def from_front(cls, front: Mapping, min_elapsed_s: float = OPEN_MINUTE_MIN_S,
+    def from_front(cls, front: Mapping[str, Any], min_elapsed_s: float = OPEN_MINUTE_MIN_S,
                    startup_minutes: int = STARTUP_MINUTES, model: str | None = None) -> "FrontSnapshot":
         """The live front's JSON (``FrontControl.metrics``), read strictly: a missing or
         ill-typed field raises :class:`~faro_serve.front_report.FrontReportError` naming
@@ -125,7 +126,7 @@ class FrontSnapshot:
                    told=Setting.from_json(r.setting, f"front report of {r.model!r}: setting"))
 
     @classmethod
-    def read_fronts(cls, raw: Mapping[str, Mapping], slos: Mapping[str, ModelSLO]
+    def read_fronts(cls, raw: Mapping[str, Mapping[str, Any]], slos: Mapping[str, ModelSLO]
                     ) -> tuple[dict[str, "FrontSnapshot"], dict[str, str]]:
         """Every model's front JSON as a snapshot, and the error of each model left out: a
         malformed report, or replicas reserving other resources than the SLO's
@@ -170,7 +171,7 @@ def observe(now: float, capacity_cpus: float | Capacity, capacity_memory_gb: flo
             budgets = np.sort(float(slo_s[n]) - s.queued_ages_s)
         held = settings[n]
         models[n] = ModelObservation(
-            name=n, replicas=int(running[n]), target_replicas=int(held.replicas),
+            name=n, replicas=int(running[n]), target_replicas=_held(held, n),
             arrivals_per_min=s.arrivals_per_min, arrival_rate=s.arrival_rate,
             latency_ms=s.latency_ms, processing_ms=s.processing_ms, queue_length=s.queue_length,
             ongoing_per_replica=s.mean_in_flight / max(int(running[n]), 1),
@@ -183,7 +184,7 @@ def observe(now: float, capacity_cpus: float | Capacity, capacity_memory_gb: flo
                        pipelines=dict(pipelines or {}))
 
 
-def decide(policy, obs: Observation) -> Decision | None:
+def decide(policy: Policy, obs: Observation) -> Decision | None:
     """``policy.decide(obs)``. What the policy raises leaves as it was (type, traceback) and
     with the tick's time as ``now`` unless it has one: a caller names the time without
     searching the traceback's frames for the observation."""
@@ -192,7 +193,7 @@ def decide(policy, obs: Observation) -> Decision | None:
     except Exception as err:
         if not hasattr(err, "now"):
             with contextlib.suppress(AttributeError):  # an exception that takes no attribute
-                err.now = obs.now
+                setattr(err, "now", obs.now)  # any exception type
         raise
 
 
@@ -208,7 +209,7 @@ class Applied:
     def targets(self) -> dict[str, int]:
         return field_map(self.settings, "replicas")
 
-    def field(self, field: str) -> dict:
+    def field(self, field: str) -> dict[str, Any]:
         """``{model: value}`` of one field the decision set."""
         return field_map(self.changed, field)
 
@@ -250,8 +251,8 @@ def apply_decision(decision: Decision, current: Mapping[str, Setting | int],
         except ValueError as err:
             raise DecisionRefused(f"policy {policy!r} at t={now:g}s: {err}", now) from None
     after = {n: held[n].merged(changed[n]) if n in changed else held[n] for n in held}
-    targets = {n: after[n].replicas for n in after}
-    before = {n: held[n].replicas for n in held}
+    targets = {n: _held(after[n], n) for n in after}
+    before = {n: _held(held[n], n) for n in held}
     # A decision that only shrinks is always carried out: after a restart into a smaller
     # cluster, the targets resumed from the running replicas may exceed it.
     grows = any(targets[n] > before[n] for n in targets)
@@ -263,3 +264,10 @@ def apply_decision(decision: Decision, current: Mapping[str, Setting | int],
     changes = [(n, targets[n]) for n in targets if targets[n] != before[n]]
     changes.sort(key=lambda c: c[1] > before[c[0]])  # decreases first, stable otherwise
     return Applied(after, changes, changed)
+
+
+def _held(setting: Setting, model: str) -> int:
+    """The replica count a held setting carries (every driver's settings hold one)."""
+    if setting.replicas is None:
+        raise ValueError(f"the setting held for {model!r} has no replica count")
+    return int(setting.replicas)

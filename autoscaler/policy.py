@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -109,11 +110,11 @@ class Decision:
 
     def __init__(self, replicas: Mapping[str, int] | None = None,
                  drop_rates: Mapping[str, float] | None = None, kind: str = "long_term",
-                 info: dict | None = None, plan: dict[str, ModelPlan] | None = None,
+                 info: dict[str, Any] | None = None, plan: dict[str, ModelPlan] | None = None,
                  threads: Mapping[str, int] | None = None,
                  batch_sizes: Mapping[str, int] | None = None,
                  variants: Mapping[str, str] | None = None, *,
-                 settings: Mapping[str, Setting] | None = None):
+                 settings: Mapping[str, Setting] | None = None) -> None:
         self.kind = kind  # "long_term", "reactive", "surge", ... (for logs)
         self.info = info if info is not None else {}  # JSON-able details for the decision log
         self.plan = plan if plan is not None else {}  # planning policies: per model
@@ -124,12 +125,12 @@ class Decision:
             for n, v in (values or {}).items():
                 self.set(n, **{name: v})
 
-    def set(self, name: str, **fields) -> "Decision":
+    def set(self, name: str, **fields: Any) -> "Decision":
         """Set fields of ``name``'s setting (``dec.set("a", variant="resnet50")``)."""
         self.settings[name] = self.settings.get(name, Setting()).merged(Setting(**fields))
         return self
 
-    def field(self, field: str) -> Mapping:
+    def field(self, field: str) -> Mapping[str, Any]:
         """``{model: value}`` of one setting field, where this decision sets it (read-only)."""
         return MappingProxyType(field_map(self.settings, field))
 
@@ -139,7 +140,7 @@ class Decision:
     threads = property(lambda self: self.field("threads"), doc="threads per replica per model")
     variants = property(lambda self: self.field("variant"), doc="variant served per model")
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Decision) and (self.settings, self.kind, self.info, self.plan) == (
             other.settings, other.kind, other.info, other.plan)
 
@@ -185,12 +186,12 @@ class Policy(ABC):
     def decide(self, obs: Observation) -> Decision | None:
         """Return the new targets, or None to leave everything as it is."""
 
-    def get_state(self) -> dict:
+    def get_state(self) -> dict[str, Any]:
         """This policy's state between decisions, JSON-able."""
         return {"policy": self.name, "models": sorted(self.slo),
                 "fields": {f: encode(getattr(self, f)) for f in self.state_fields}}
 
-    def set_state(self, state: dict) -> None:
+    def set_state(self, state: dict[str, Any]) -> None:
         """Carry on from ``state`` (from :meth:`get_state` of the same policy over the same
         models; raises ``ValueError`` otherwise, and the policy then starts afresh)."""
         if state.get("policy") != self.name or state.get("models") != sorted(self.slo):

@@ -13,6 +13,7 @@ the adapter that applies it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -48,7 +49,7 @@ class Setting:
         replica, so threads within the CPUs it reserved are its vertical scaling), the
         variant one it declares. ``ValueError`` names a field the model cannot take (a batch
         size for a model that does not batch, an unknown variant)."""
-        out = {}
+        out: dict[str, Any] = {}
         if self.replicas is not None:
             out["replicas"] = model.clamp(int(self.replicas))
         if self.drop_rate is not None:
@@ -107,7 +108,7 @@ def largest_batch(model: ModelSLO) -> int:
     return max(sizes, default=1)
 
 
-def field_map(settings: dict[str, Setting], field: str) -> dict:
+def field_map(settings: Mapping[str, Setting], field: str) -> dict[str, Any]:
     """``{model: value}`` of one field, for the models where it is set."""
     if field not in FIELDS:
         raise ValueError(f"unknown setting field {field!r}")

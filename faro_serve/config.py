@@ -13,7 +13,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .model_slo import Batching, ModelSLO, Variant  # noqa: F401  (re-exported)
+from .model_slo import Batching as Batching
+from .model_slo import ModelSLO as ModelSLO
+from .model_slo import Variant as Variant
 from .pipelines import PipelineSLO, check_unique, expand
 from .resources import CPU, MEMORY, Capacity, as_capacity, demand, unit
 
@@ -164,7 +166,7 @@ class FaroConfig(BaseModel):
         return expand(self.models, self.pipelines)
 
 
-def check_minimums_fit(models, cpus: "float | Capacity", memory_gb: float | None = None) -> None:
+def check_minimums_fit(models: list[ModelSLO], cpus: "float | Capacity", memory_gb: float | None = None) -> None:
     """Raise ValueError when the models' minimum replicas alone exceed the capacity: CPUs
     and memory as given, or every resource of a :class:`~faro_serve.resources.Capacity`."""
     cap = as_capacity(cpus, memory_gb)
@@ -202,7 +204,7 @@ def parse_config(data: Any, source: str = "") -> FaroConfig:
         raise ConfigError(format_validation_error(err, source)) from None
 
 
-def faro_applications(serve_config: Any) -> list[dict]:
+def faro_applications(serve_config: Any) -> list[dict[str, Any]]:
     """The applications of a Ray Serve config (``applications``, as serve_config.yaml) that
     run faro-serve's autoscaler (``import_path`` ending ``:autoscaler_app``): where a Serve
     config keeps its SLOs. One rule for every reader (``kuberay``, ``simulate --config``)."""

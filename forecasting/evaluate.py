@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -28,9 +29,9 @@ class Evaluation:
     predict_seconds: list[float] = field(default_factory=list)
     predictors: dict[str, str] = field(default_factory=dict)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """The ``forecast eval`` figures: errors (requests/min), coverages, median predict ms."""
-        out = metrics.summarise(self.samples, self.actual)
+        out: dict[str, Any] = dict(metrics.summarise(self.samples, self.actual))
         out["predict_ms"] = float(np.median(self.predict_seconds) * 1e3) if self.predict_seconds else None
         out.update(unit="requests per minute", origins=len(self.origins), jobs=len(self.names))
         return out

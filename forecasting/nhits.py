@@ -85,8 +85,8 @@ class NHitsForecaster:
                                               for m in members]
         self.loss = loss
         self.name = PREDICTORS[loss]
-        self.input_size = int(model.input_size if model is not None else input_size)
-        self.horizon = int(model.h if model is not None else horizon)
+        self.input_size = int(model.input_size if model is not None else input_size)  # type: ignore[arg-type]
+        self.horizon = int(model.h if model is not None else horizon)  # type: ignore[arg-type]
         self.meta: dict[str, Any] = dict(meta or {})
         # Intra-op threads for the forward pass: one is fastest for this small MLP and does
         # not stall when the autoscaler shares the cores (None: torch's global setting).
@@ -217,6 +217,8 @@ def neuralforecast_predict(forecaster: NHitsForecaster, history: Mapping[str, np
     names = list(hist)
     df = history_frame(hist)
     model = forecaster.model
+    if model is None:
+        raise ValueError("a traced forecaster (no network) has no neuralforecast reference forecast")
     with quiet_lightning(), preserved_global_rng():
         nf = NeuralForecast(models=[model], freq=1)
         nf.models = [model]

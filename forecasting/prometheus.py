@@ -50,7 +50,7 @@ def prometheus_history(url: str, minutes: int = 7 * 1440, end: float | None = No
         raise PrometheusError(f"minutes must be between 1 and {MAX_POINTS - 1} (got {minutes})")
     end = math.floor((time.time() if end is None else end) / 60.0) * 60.0
     start = end - 60.0 * (minutes - 1)
-    params = {"query": arrivals_query(metric), "start": start, "end": end, "step": 60}
+    params: dict[str, str | float] = {"query": arrivals_query(metric), "start": start, "end": end, "step": 60}
     base = url.rstrip("/")
     try:
         r = httpx.get(f"{base}/api/v1/query_range", params=params, timeout=timeout_s)

@@ -1,6 +1,8 @@
-"""``ruff check`` is clean over the repository (issue 49, item 6): pyflakes, pycodestyle's
-errors and warnings, import order, as ``[tool.ruff]`` in pyproject.toml selects. ruff is a
-dev dependency pinned in requirements.lock, so ``make test`` and CI run it."""
+"""``ruff check`` is clean over the repository, and mypy over the Ray-free core (issue 49,
+item 6): ruff's pyflakes, pycodestyle's errors and warnings and import order, as
+``[tool.ruff]`` in pyproject.toml selects; mypy ``--strict`` on the policy contract and the
+config, and mypy (not yet strict) on the engine and the forecasters. Both are dev
+dependencies pinned in requirements.lock, so ``make test`` and CI run them."""
 
 import shutil
 import subprocess
@@ -11,6 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent))
+MYPY = shutil.which("mypy", path=str(Path(sys.executable).parent))
+STRICT = ["faro_serve/config.py", "autoscaler/policy.py", "autoscaler/setting.py", "autoscaler/driver.py"]
+CHECKED = ["faro_serve/engine", "forecasting"]
 
 
 def _ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -31,3 +36,24 @@ def test_the_checker_sees_what_it_is_there_for(tmp_path):
     (tmp_path / "bad.py").write_text("import os\n\n\ndef f():\n    return undefined_name\n")
     out = _ruff(".", cwd=tmp_path)
     assert out.returncode == 1 and "F401" in out.stdout and "F821" in out.stdout, out.stdout
+
+
+def _mypy(*args: str, cache) -> subprocess.CompletedProcess:
+    if MYPY is None:
+        pytest.fail("mypy is not installed beside this Python: `make install` installs the dev extras")
+    return subprocess.run([MYPY, "--cache-dir", str(cache), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("strict, paths", [(True, STRICT), (False, CHECKED)], ids=["strict", "checked"])
+def test_mypy_is_clean_on_the_core(strict, paths, tmp_path):
+    out = _mypy(*(["--strict"] if strict else []), *paths, cache=tmp_path)
+    assert out.returncode == 0 and "Success" in out.stdout, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_mypy_sees_a_type_error(tmp_path):
+    """The same settings on a module that passes a str where an int is due: named."""
+    bad = tmp_path / "bad_types.py"
+    bad.write_text("def twice(n: int) -> int:\n    return 2 * n\n\n\ntwice('a')\n")
+    out = _mypy("--strict", str(bad), cache=tmp_path / "cache")
+    assert out.returncode == 1 and "arg-type" in out.stdout, out.stdout

@@ -107,7 +107,8 @@ def fit_profile(batch, cores, latency_s) -> BatchProfile:
     resid = y - x @ coef
     total = float(np.sum((y - y.mean()) ** 2))
     r2 = 1.0 - float(np.sum(resid ** 2)) / total if total > 0 else 1.0
-    return BatchProfile(*(float(v) for v in coef), r2=r2, points=int(y.size))
+    gamma, eps, delta, eta = (float(v) for v in coef)
+    return BatchProfile(gamma, eps, delta, eta, r2=r2, points=int(y.size))
 
 
 def edf_order(deadlines) -> np.ndarray:

@@ -166,7 +166,7 @@ def solve_grouped(full: Problem, n_groups: int, cluster: ClusterSpec, cap: Capac
     n = len(jobs)
     rng = np.random.default_rng(cluster.seed)
     nested = not isinstance(full, PipelineProblem)
-    if not nested:  # a pipeline's stages stay in one group
+    if isinstance(full, PipelineProblem):  # a pipeline's stages stay in one group
         groups = full.unit_groups(n_groups, rng)
         n_groups = len(groups)
     else:

@@ -172,9 +172,9 @@ class _Search:
                     yield down
 
     def downgrade(self, cfg, i: int, cpus: float) -> StageConfig | None:
-        trial = list(cfg)
-        trial[i] = StageConfig(self.stages[i].min_replicas, 1, cpus)
-        trial = self.grow(trial, only=i)
+        start = list(cfg)
+        start[i] = StageConfig(self.stages[i].min_replicas, 1, cpus)
+        trial = self.grow(start, only=i)
         if trial is None:
             return None
         trial = self.minimise(trial, only=i)

@@ -17,9 +17,14 @@ evaluations.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import numpy as np
 
 from .problem import Problem
+
+if TYPE_CHECKING:
+    from .pipeline_problem import PipelineProblem
 
 TOL = 1e-9
 
@@ -94,7 +99,7 @@ def level_start(prob: Problem, d: np.ndarray, max_levels: int = 256) -> np.ndarr
     Levels come from the tables (at most ``max_levels`` of them, evenly spread).
     """
     if not prob.separable:  # pipelines: a pipeline's value is not one table row
-        return prob.level_start(d, max_levels)
+        return cast("PipelineProblem", prob).level_start(d, max_levels)
     lo, hi = prob.lo.astype(int), prob.hi.astype(int)
     table = prob.tables[:, 0, :]
     cols = np.arange(table.shape[1])
@@ -188,7 +193,7 @@ def tune_drops(prob: Problem, x: np.ndarray, d: np.ndarray, passes: int = 2) -> 
 def balance(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
     """Pipelines only (the identity otherwise): the best split of each pipeline's replicas
     among its stages, where the objective does not fall (``PipelineProblem.balance``)."""
-    return x if prob.separable else prob.balance(x, d)
+    return x if prob.separable else cast("PipelineProblem", prob).balance(x, d)
 
 
 def shrink(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -216,5 +221,6 @@ def shrink(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
                 x[i] += 1
                 break
     if not prob.separable:  # pipelines: trades between a pipeline's stages (pipeline_problem),
-        x = prob.balance(prob.trade_down(x, d), d)  # then the healthiest split of what is left
+        pipes = cast("PipelineProblem", prob)  # then the healthiest split of what is left
+        x = pipes.balance(pipes.trade_down(x, d), d)
     return x

@@ -163,7 +163,7 @@ class PipelineTerm:
         f = self.new_fraction
         return float(((1 - f) * old + f * new).mean())
 
-    def split(self, xs: np.ndarray, d: float) -> tuple[np.ndarray, float]:
+    def split(self, xs: np.ndarray, d: float) -> tuple[np.ndarray, np.ndarray]:
         """Each stage's latency averaged over the forecast samples and steps, and its share
         of the end-to-end estimate composed from them (the SLO split the plan implies)."""
         lat = self.stage_latency(xs, d).mean(axis=(1, 2))
@@ -346,7 +346,7 @@ class PipelineProblem(Problem):
 
     def unit_groups(self, n_groups: int, rng: np.random.Generator) -> list[list[int]]:
         """Random groups of units (a pipeline's stages stay together), as variable lists."""
-        members = [[] for _ in range(self.units)]
+        members: list[list[int]] = [[] for _ in range(self.units)]
         for i, u in enumerate(self.owner):
             members[u].append(i)
         order = rng.permutation(self.units)

@@ -23,6 +23,7 @@ from .batched_latency import latency_batched
 from .hierarchy import Deadline, make, solve_grouped
 from .latency import ESTIMATORS
 from .pipeline_plan import entry_drops, pipeline_decisions, pipeline_problem, stage_forecasts, units
+from .pipeline_problem import PipelineProblem
 from .problem import JobInput, Problem
 from .solver import solve
 from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
@@ -258,6 +259,7 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
     pipe_decisions = []
     if pipelines:
         prob = probs[0][0]
+        assert isinstance(prob, PipelineProblem)  # pipelines are planned in one problem
         value = prob.value(reps.astype(float), drops)  # each pipeline counted once
         pipe_decisions = pipeline_decisions(prob, reps, drops, pipelines)
         for pd in pipe_decisions:  # a stage's effective utility is its pipeline's

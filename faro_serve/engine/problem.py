@@ -259,31 +259,33 @@ def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | Non
         # tie (the load needs no larger batch) a larger one is kept where it serves a fifth
         # more and a full batch takes at most half the SLO: a flat (GPU) curve's headroom for
         # a burst, free until the queue forms it; on a CPU's line the smaller stays
-        w, wb = None, None
-        thr = None if j.batch_shape is None else np.arange(len(j.batch_shape)) / np.maximum(
-            j.batch_shape, 1e-12)
-        for b in batch_choices(j.max_batch if j.batch_shape is not None else 1):
-            if b > 1:
-                tab, f_b = batch_table(j.batch_shape, b, j.quantile), float(j.batch_shape[b])
+        w: np.ndarray | None = None
+        wb: np.ndarray | None = None
+        shape = j.batch_shape
+        thr = None if shape is None else np.arange(len(shape)) / np.maximum(shape, 1e-12)
+        for b in batch_choices(j.max_batch if shape is not None else 1):
+            if shape is not None and b > 1:
+                tab, f_b = batch_table(shape, b, j.quantile), float(shape[b])
                 steps = step_utility_table(rates, j.proc_s, j.quantile, j.slo_s, alpha, rho_max,
                                            est, width - 1, jgrid, tab, f_b, b, j.concurrency)
             else:
                 steps = step_utility_table(rates, j.proc_s, j.quantile, j.slo_s, alpha, rho_max,
                                            est, width - 1, jgrid, k=j.concurrency)
             wn = window_table(steps, int(j.current), frac)
-            if w is None:
+            if w is None or wb is None:
                 w, wb = wn, np.ones(wn.shape, dtype=np.int64)
             else:
                 better = wn > w + 1e-9
-                if thr is not None and j.proc_s * j.batch_shape[b] <= 0.5 * j.slo_s:
+                if thr is not None and shape is not None and j.proc_s * shape[b] <= 0.5 * j.slo_s:
                     better |= (wn >= w - 1e-9) & (thr[b] >= 1.2 * thr[wb])
                 w = np.where(better, wn, w)
                 wb = np.where(better, b, wb)
+        assert w is not None and wb is not None  # batch 1 is always a choice
         tables[i, : len(jgrid), :width] = w
         tables[i, : len(jgrid), width:] = w[:, -1:]
         if len(jgrid) < len(grid):  # a job that may not drop: same utility at every grid point
             tables[i, len(jgrid):] = tables[i, 0]
-        if batching:
+        if batch_tables is not None:
             batch_tables[i, : len(jgrid), :width] = wb
             batch_tables[i, : len(jgrid), width:] = wb[:, -1:]
             if len(jgrid) < len(grid):

@@ -81,6 +81,7 @@ def _start() -> subprocess.Popen:
     child = subprocess.Popen([sys.executable, "-m", "faro_serve.engine.sandbox_child"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert child.stdout is not None and child.stdin is not None  # both PIPEs
         if _read(child.stdout.fileno(), time.monotonic() + START_TIMEOUT_S) != "ready":
             raise EOFError("unexpected greeting")
     except BaseException:
@@ -106,6 +107,7 @@ def relaxed(prob, rhobeg: float, maxeval: int | None, timeout_s: float | None = 
                 _child, _owner = None, os.getpid()
             if _child is None or _child.poll() is not None:
                 _child = _start()
+            assert _child.stdout is not None and _child.stdin is not None  # both PIPEs
             _write(_child.stdin, (prob, rhobeg, maxeval, maxtime))
             status, value = _read(_child.stdout.fileno(), time.monotonic() + timeout_s)
         except TimeoutError:
