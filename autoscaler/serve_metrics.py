@@ -8,7 +8,7 @@ sends, from the metrics ``forecasting/rayserve.py`` names: the completed minutes
 after the last gap), the rate over the look-back, the SLO-percentile latency of the
 application's HTTP requests at the proxy, the replicas' processing time, and the requests
 queued at the handles and in the replicas. The processing time is the service time of the
-last half hour (``forecasting.rayserve.service_time_ms``): Ray times a request from when a
+last half hour (``forecasting.serve_history.service_time_ms``): Ray times a request from when a
 replica admits it, so a busy minute's includes the wait for the user's code, which a
 planner must not take for service. What a meter knows that Serve does not
 export (drops by reason, the data path's queue) is reported empty: these models are planned
@@ -39,8 +39,8 @@ from forecasting.rayserve import (
     export_lag_s,
     query,
     query_range,
-    service_time_ms,
 )
+from forecasting.serve_history import service_time_ms
 
 # rates and latency over this window: longer than the meters' 30 s look-back, so that a
 # scrape interval of 15 s (Prometheus's default) still gives each window several samples
@@ -92,7 +92,7 @@ class ServeMetricsObserver:
 
     def _read_service(self, minute_start: float) -> dict[tuple[str, str], float]:
         """Each deployment's service time over the last :data:`QUIET_MINUTES` completed
-        minutes (``forecasting.rayserve.service_time_ms``: the wait inside a busy replica
+        minutes (``forecasting.serve_history.service_time_ms``: the wait inside a busy replica
         taken out of Ray's processing time, as ``whatif`` does)."""
         by = "application, deployment"
         first = minute_start - 60.0 * (QUIET_MINUTES - 1)

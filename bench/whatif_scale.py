@@ -44,7 +44,8 @@ def _cdf(le, median: float, shape: float) -> np.ndarray:
 
 def synthetic_history(deployments: int = 100, minutes: int = 10080, seed: int = 0):
     """(ServeHistory, capacity CPUs, capacity GPUs) of the cluster the module docstring says."""
-    from forecasting.rayserve import LATENCY_STEPS, AppLatency, DeploymentHistory, ServeHistory
+    from forecasting.rayserve import LATENCY_STEPS
+    from forecasting.serve_history import AppLatency, DeploymentHistory, ServeHistory
 
     rng = np.random.default_rng(seed)
     t = np.arange(minutes)
@@ -98,7 +99,7 @@ def main(argv=None) -> int:
     from autoscaler.forecasters import choose_forecaster
     from faro_serve.sim.whatif import DEFAULT_POLICY, run_whatif
     from faro_serve.sim.whatif_report import write_report
-    from forecasting.rayserve import ServeHistory
+    from forecasting.serve_history import ServeHistory
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -30,8 +30,8 @@ import yaml
 from live_helpers import SteadyLoad, wait_for
 
 from faro_serve.ports import free_port
-from faro_serve.serving.autoscaler_deployment import dashboard_headers
 from faro_serve.serving.proxy_queue import PIPELINE
+from forecasting.rayserve import dashboard_headers
 
 pytestmark = pytest.mark.slow
 

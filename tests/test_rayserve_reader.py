@@ -19,16 +19,8 @@ from live_helpers import free_port, wait_for
 from autoscaler.serve_metrics import ServeMetricsObserver
 from faro_serve.front_report import decode_front_report
 from forecasting.prometheus import PrometheusError
-from forecasting.rayserve import (
-    REQUESTS,
-    ServeHistory,
-    ServeHistoryError,
-    ServeMetricsStore,
-    _seconds,
-    bucket_quantile,
-    export_lag_s,
-    read_serve_history,
-)
+from forecasting.rayserve import REQUESTS, ServeMetricsStore, _seconds, export_lag_s, read_serve_history
+from forecasting.serve_history import ServeHistory, ServeHistoryError, bucket_quantile
 
 M = 60  # minutes in the range
 SCRAPE = 15
@@ -223,7 +215,7 @@ def test_the_service_time_is_read_in_the_quietest_minutes():
     """Ray times a request from when a replica admits it: in a busy minute the wait for the
     user's code is in it. The quietest quarter of the minutes (fewest requests per replica)
     gives the service time."""
-    from forecasting.rayserve import DeploymentHistory
+    from forecasting.serve_history import DeploymentHistory
 
     le = [50.0, 100.0, 200.0, math.inf]
     quiet, busy = [80.0, 100.0, 100.0, 100.0], [0.0, 20.0, 300.0, 400.0]  # 80 % under 50 ms; mostly slow
@@ -246,7 +238,7 @@ def test_the_service_time_is_taken_out_of_rays_processing_time():
     its sojourn, T = S + lam S^2 / (2 (1 - lam S)) (M/D/1). 600 requests a minute on one
     replica of 50 ms service spend 75 ms each there; the service time read back is 50 ms, at
     any load, and a quiet minute's is its own time."""
-    from forecasting.rayserve import service_time_ms
+    from forecasting.serve_history import service_time_ms
 
     assert service_time_ms([600], [600 * 75.0], [1]) == pytest.approx(50.0)
     assert service_time_ms([1200, 300], [1200 * 75.0, 300 * 75.0], [2, 1]) == pytest.approx(50.0)  # per replica

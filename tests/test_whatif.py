@@ -22,7 +22,7 @@ from autoscaler.ray_rule import RayServePolicy
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.sim import SimConfig, parse_dist, simulate
 from faro_serve.traces import load_trace
-from forecasting.rayserve import AppLatency, DeploymentHistory, ServeHistory, bucket_quantile
+from forecasting.serve_history import AppLatency, DeploymentHistory, ServeHistory, bucket_quantile
 
 DATA = Path(__file__).resolve().parent / "data" / "guard_day9.csv"
 START = 1_767_225_600.0  # 2026-01-01 00:00 UTC

@@ -171,7 +171,8 @@ def _train_from_store(args, cfg, out: Path) -> int:
             raise UsageError(f"--from {err}") from None
         if not history:  # a cluster without faro-serve: Ray Serve's own counters (issue 48)
             from forecasting.prometheus import contiguous_tail
-            from forecasting.rayserve import ServeHistoryError, read_serve_history
+            from forecasting.rayserve import read_serve_history
+            from forecasting.serve_history import ServeHistoryError
 
             try:
                 served = read_serve_history(file, args.prometheus_minutes)

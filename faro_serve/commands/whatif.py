@@ -84,7 +84,8 @@ def parse_end(text: str | None) -> float | None:
 def read_history(args):
     """The ServeHistory of --export or --prometheus; every reading error as a UsageError."""
     from forecasting.prometheus import PrometheusError
-    from forecasting.rayserve import ServeHistory, ServeHistoryError, read_serve_history
+    from forecasting.rayserve import read_serve_history
+    from forecasting.serve_history import ServeHistory, ServeHistoryError
 
     try:
         if args.export:
@@ -128,7 +129,7 @@ def run(args) -> int:
     check_output_dir(args.out, "--out", create=False)
     check_output_file(args.save, "--save")
     hist = read_history(args)
-    from forecasting.rayserve import ServeHistoryError
+    from forecasting.serve_history import ServeHistoryError
 
     try:
         hist = hist.select(_args.job_list(args.deployments, "--deployments"))

@@ -26,7 +26,7 @@ from autoscaler.loop import AutoscalerLoop
 from autoscaler.setting import Setting
 from autoscaler.tick_failures import TickFailures
 from faro_serve.resources import Capacity
-from forecasting.rayserve import dashboard_headers  # noqa: F401 (imported from here too)
+from forecasting.rayserve import dashboard_headers
 
 from .names import MODEL, meter_name
 

@@ -1,7 +1,7 @@
 """``faro-serve whatif``'s core (issue 48): a plain Ray Serve cluster's recorded minutes
 replayed twice in the matched simulator, as it ran and under Faro.
 
-The history is a :class:`forecasting.rayserve.ServeHistory` (Prometheus or its export).
+The history is a :class:`forecasting.serve_history.ServeHistory` (Prometheus or its export).
 Both runs share the minutes, the deployments, their processing times, the queue settings
 and the seed (so the very same requests): only the autoscaler differs.
 
@@ -35,7 +35,7 @@ from autoscaler.common import faro_policy_name
 from autoscaler.ray_rule import RAY_DEFAULTS, RULE_FIELDS, RayServePolicy
 from autoscaler.registry import make_policy
 from faro_serve.config import ClusterSpec, ModelSLO
-from forecasting.rayserve import ServeHistory, bucket_quantile
+from forecasting.serve_history import ServeHistory, bucket_quantile
 
 from ..distributions import PAPER_PROCESSING, TimeDist
 from .runner import SimConfig, SimResult, simulate
@@ -94,18 +94,6 @@ class WhatIf:
     capacity_gpus: float | None
     queue: dict  # the deployments' max_ongoing_requests / max_queued_requests taken (queue_settings)
     notes: list[str] = field(default_factory=list)
-
-
-def restore_infinite_edges(hist: ServeHistory) -> None:
-    """Histogram edges an export wrote as null back to +Inf (``ServeHistory.save`` turns
-    every non-finite number into null, the ``+Inf`` bucket's edge too), in place."""
-    def fix(le):
-        return [math.inf if x is None else float(x) for x in le]
-
-    for d in hist.deployments.values():
-        d.processing_le = fix(d.processing_le)
-    for a in hist.latency.values():
-        a.le = fix(a.le)
 
 
 def model_names(keys: list[str]) -> dict[str, str]:
@@ -376,7 +364,6 @@ def run_whatif(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | 
     every deployment's service time times this (:func:`build`)."""
     if not (math.isfinite(capacity_cpus) and capacity_cpus > 0):
         raise ValueError(f"--capacity must be a finite number > 0 (got {capacity_cpus:g})")
-    restore_infinite_edges(hist)
     deps, notes = build(hist, capacity_cpus, capacity_gpus, slos, service_scale)
     counts = np.stack([np.asarray(hist.deployments[d.key].arrivals, float) for d in deps])
     q = queue_settings(deps, counts, notes)

@@ -217,7 +217,7 @@ class LiveCluster:
         """The settings model ``name``'s deployment runs with, read back from Ray Serve's REST
         API (``GET /api/serve/applications/`` on the dashboard: the config in force, Serve's
         defaults included), as ``autoscaler.baselines.RAY_DEFAULTS`` names them."""
-        from ..serving.autoscaler_deployment import dashboard_headers
+        from forecasting.rayserve import dashboard_headers
 
         r = httpx.get(f"{self.dashboard}/api/serve/applications/", timeout=30, trust_env=False,
                       headers=dashboard_headers())
