@@ -39,7 +39,7 @@ log = logging.getLogger("faro_serve.autoscaler")
 
 class _AtTick(Exception):
     """An exception of a decision tick: ``now``, the tick's time (s), for a caller that
-    words its own message (``faro_serve.sim.suite.policy_failures``)."""
+    words its own message (``faro_serve.sim.policy_suite.policy_failures``)."""
 
     def __init__(self, message: str, now: float | None = None) -> None:
         super().__init__(message)

@@ -97,7 +97,7 @@ def choose_forecaster(spec: str | None = None, directory: str | None = None,
 
 
 def forecaster_of(cfg) -> tuple[object | None, str]:
-    """``(forecaster, why)`` of the live autoscaler's args (``autoscaler.config.AutoscalerConfig``):
+    """``(forecaster, why)`` of the live autoscaler's args (``autoscaler.loop_config.AutoscalerConfig``):
     the forecaster of ``forecaster`` (``fallback``, ``shipped``, a plug-in name or an import
     path) or of ``forecaster_dir``; else what the retrainer saved under ``history_dir`` (what
     the autoscaler learnt before a restart, issue 32); else the N-HiTS shipped with faro-serve;

@@ -30,10 +30,10 @@ from faro_serve.config import ClusterSpec
 from faro_serve.metrics import utility_from_latency
 from faro_serve.resources import MEMORY, Capacity, as_capacity
 
-from .config import AutoscalerConfig
 from .driver import FrontSnapshot, apply_decision, decide, observe
 from .forecasters import set_daily, set_recurrence
 from .history import HistoryKeeper
+from .loop_config import AutoscalerConfig
 from .pipeline_front import observe_pipelines, pipeline_records, sync_pipeline_fronts
 from .policy import Decision, Observation, Policy
 from .registry import make_policy

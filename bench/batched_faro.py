@@ -43,8 +43,8 @@ def main(argv=None) -> int:
 
     from faro_serve.config import Batching
     from faro_serve.sim.forecaster import ensure_forecaster
+    from faro_serve.sim.policy_suite import aggregate, run_suite
     from faro_serve.sim.scenario import Scenario
-    from faro_serve.sim.suite import aggregate, run_suite
 
     batching = Batching(profile=args.profile, max_batch_size=args.max_batch)
     caps = [float(c) for c in args.capacities.split(",")]

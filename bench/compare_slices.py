@@ -1,5 +1,5 @@
 """Simulate `faro-serve compare` slices: each policy on each slice, as `compare` simulates the
-live runs (``faro_serve.validation.run.simulate_policy``: every model new at one replica,
+live runs (``faro_serve.validation.matched.simulate_policy``: every model new at one replica,
 clients that give up after 60 s, Ray's queue behind the Ray policies), several draws of the
 per-request randomness at the slice's counts; lost cluster utility, SLO violations and the
 share of the loss in the first five minutes.
@@ -44,8 +44,8 @@ def simulate_slice(name: str, policy: str, spec: dict, draws: int, cold_start_s:
                    forecaster) -> dict:
     from faro_serve.distributions import parse_dist
     from faro_serve.metrics import utility_from_latency
-    from faro_serve.validation import run
-    from faro_serve.validation.compare import Workload
+    from faro_serve.validation import matched as run
+    from faro_serve.validation.comparison import Workload
 
     s = SLICES[name]
     wl = Workload(trace=TRACE, day=s["day"], sample=0, jobs=tuple(s["jobs"].split(",")),

@@ -19,7 +19,7 @@ import numpy as np
 
 from faro_serve.distributions import PAPER_PROCESSING
 from faro_serve.engine.latency import EST_MDC_EXACT, latency, max_rate_for_slo
-from faro_serve.sim.state import ModelState
+from faro_serve.sim.model_state import ModelState
 
 P = PAPER_PROCESSING.mean
 Q = 0.99

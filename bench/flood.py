@@ -22,7 +22,7 @@ import numpy as np
 
 from faro_serve.distributions import PAPER_PROCESSING
 from faro_serve.replay.client import post_burst
-from faro_serve.validation.live import LiveCluster
+from faro_serve.validation.live_runs import LiveCluster
 
 from .procstat import ray_cpu_seconds
 

@@ -51,7 +51,7 @@ def train_and_reload(history, cfg, directory):
 
 def run(args) -> dict:
     from faro_serve.traces import load_trace
-    from forecasting.baselines import make_baseline
+    from forecasting.baseline_forecasters import make_baseline
     from forecasting.evaluate import rolling_evaluation
     from forecasting.train import TrainConfig
 

@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "gpu-live.md"))
     args = ap.parse_args(argv)
 
-    from faro_serve.replay.report import replay_result
+    from faro_serve.replay.replay_report import replay_result
 
     t0 = time.time()
     got = live(args)
@@ -247,7 +247,7 @@ def _quantile_ms(lat: np.ndarray, q: float = 0.99) -> float:
 def _p99(sched, rec) -> float:
     """The p99 of every request sent, as its client saw it (a 503 or a failure: infinite)."""
     from faro_serve.replay.client import NOT_SENT
-    from faro_serve.replay.report import client_latency
+    from faro_serve.replay.replay_report import client_latency
 
     _, lat = client_latency(sched, rec)
     sent = np.array([s != NOT_SENT for s in rec.status])

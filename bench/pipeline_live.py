@@ -247,7 +247,7 @@ def simulate_same(args, pipe, models, proc, run) -> dict:
     from autoscaler import make_policy
     from faro_serve.pipelines import expand
     from faro_serve.sim.runner import SimConfig, simulate
-    from faro_serve.validation.compare import fit_overhead, scale_up_lags
+    from faro_serve.validation.comparison import fit_overhead, scale_up_lags
 
     cluster = cluster_spec(args)
     ovh = fit_overhead(np.asarray(run["calibration"]["model_s"]))

@@ -58,7 +58,7 @@ def _forecaster():
 
 
 def _run(task: tuple[str, float, int]) -> dict:
-    from faro_serve.sim.suite import uses_forecaster
+    from faro_serve.sim.policy_suite import uses_forecaster
 
     policy, capacity, seed = task
     sc = _W["scenario"]

@@ -21,7 +21,7 @@ import numpy as np
 from faro_serve.replay.client import send_schedule
 from faro_serve.replay.loadgen import build_schedule
 from faro_serve.traces import Trace
-from faro_serve.validation.live import LiveCluster
+from faro_serve.validation.live_runs import LiveCluster
 
 PROCESSING = "lognorm:0.4225,0.2379,0.2058"
 LOADED = ("m1", "m2", "m3")

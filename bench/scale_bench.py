@@ -243,9 +243,9 @@ class SizedStore:
 
 
 def part_loop(args) -> dict:
-    from autoscaler.config import AutoscalerConfig
     from autoscaler.forecasters import choose_forecaster
     from autoscaler.loop import AutoscalerLoop, _json_default
+    from autoscaler.loop_config import AutoscalerConfig
     from bench.solver_bench import base_rates
 
     n = args.jobs

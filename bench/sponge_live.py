@@ -51,10 +51,10 @@ def main() -> None:
     from faro_serve.demo.live import demo_image
     from faro_serve.replay.client import send_schedule
     from faro_serve.replay.loadgen import build_schedule
-    from faro_serve.replay.report import client_latency, replay_result
+    from faro_serve.replay.replay_report import client_latency, replay_result
     from faro_serve.serving.app import deploy
     from faro_serve.serving.names import FRONT
-    from faro_serve.validation.live import LiveCluster
+    from faro_serve.validation.live_runs import LiveCluster
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

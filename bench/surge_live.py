@@ -30,10 +30,10 @@ from faro_serve.engine import max_rate_for_slo
 from faro_serve.recovery import surge_report
 from faro_serve.replay.client import ERROR, NOT_SENT
 from faro_serve.replay.loadgen import build_schedule
-from faro_serve.replay.report import replay_step
+from faro_serve.replay.replay_report import replay_step
 from faro_serve.sim.runner import SimConfig, simulate
 from faro_serve.traces import Trace
-from faro_serve.validation.compare import REPLAY_TIMEOUT_S, cluster_spec, scale_up_lags
+from faro_serve.validation.comparison import REPLAY_TIMEOUT_S, cluster_spec, scale_up_lags
 
 CAPACITY = 12
 STEP_MIN, MINUTES = 3, 7
@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/surge-live", help="output directory (runs/surge-live)")
     ap.add_argument("--seed", type=int, default=0, help="schedule and simulator seed (0)")
     args = ap.parse_args()
-    from faro_serve.validation.live import LiveCluster
+    from faro_serve.validation.live_runs import LiveCluster
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -198,8 +198,8 @@ def analyse(hist, schedule, rec, decisions, polls, slos, spec, t0, out: Path) ->
     """The four checks of the module docstring, as figures."""
     from autoscaler.driver import decide as drive  # noqa: F401 (the sim drives it the same way)
     from autoscaler.registry import make_policy
+    from faro_serve.sim.history_replay import processing_of, run_whatif
     from faro_serve.sim.runner import SimConfig, simulate
-    from faro_serve.sim.whatif import processing_of, run_whatif
 
     # 1. reconstruction: requests answered per minute (by send time) against the reader's
     keys = {"a": "a/A", "b": "b/B"}
@@ -212,7 +212,7 @@ def analyse(hist, schedule, rec, decisions, polls, slos, spec, t0, out: Path) ->
                "per_minute": {"sent": sent.tolist(), "read": read.tolist()}}
     # 2. the simulator's check on the settings as they ran, and Faro's column
     w = run_whatif(hist.select(list(keys.values())), CAPACITY, slos={keys[n]: (SLO_MS, 99.0) for n in ("a", "b")}, forecaster=None)
-    from faro_serve.sim.whatif_report import figures
+    from faro_serve.sim.history_replay_report import figures
 
     fig = figures(w)
     # 2b. how much the as-run figure hangs on the service time read back: the same replay

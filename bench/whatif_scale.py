@@ -97,8 +97,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from autoscaler.forecasters import choose_forecaster
-    from faro_serve.sim.whatif import DEFAULT_POLICY, run_whatif
-    from faro_serve.sim.whatif_report import write_report
+    from faro_serve.sim.history_replay import DEFAULT_POLICY, run_whatif
+    from faro_serve.sim.history_replay_report import write_report
     from forecasting.serve_history import ServeHistory
 
     out = Path(args.out)

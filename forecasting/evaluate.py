@@ -2,7 +2,7 @@
 
 Every ``step`` minutes (5 by default, Faro's planning period) the forecaster gets the
 history before the origin for all jobs at once and forecasts the next ``horizon`` minutes;
-the samples are compared with what happened (:mod:`forecasting.metrics`). The first origin
+the samples are compared with what happened (:mod:`forecasting.forecast_metrics`). The first origin
 is at ``input_size``, so the evaluated days need no context before them.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import metrics
+from . import forecast_metrics as metrics
 from .base import Forecaster
 
 

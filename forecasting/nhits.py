@@ -20,7 +20,7 @@ import numpy as np
 
 from .base import FallbackForecaster, Forecast
 from .daily import DAY_MINUTES, DEFAULT_WEIGHT, add_daily, check_daily
-from .history import check_history
+from .history_check import check_history
 from .quiet import torch_threads
 from .recurrence import DEFAULT_SHARE, Recurrence, add_recurrence
 
@@ -210,7 +210,7 @@ def neuralforecast_predict(forecaster: NHitsForecaster, history: Mapping[str, np
     """
     from neuralforecast import NeuralForecast
 
-    from .history import history_frame
+    from .history_check import history_frame
     from .quiet import preserved_global_rng, quiet_lightning
 
     hist = check_history(history)

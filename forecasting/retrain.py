@@ -31,7 +31,7 @@ import numpy as np
 
 from .base import Forecaster
 from .evaluate import rolling_evaluation
-from .metrics import window_max_quantile
+from .forecast_metrics import window_max_quantile
 
 Q = 0.9
 

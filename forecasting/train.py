@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .history import check_history, history_frame
+from .history_check import check_history, history_frame
 from .nhits import PREDICTORS, NHitsForecaster
 from .quiet import QUIET_TRAINER_KWARGS, default_threads, preserved_global_rng, quiet_lightning, torch_threads
 

@@ -59,7 +59,7 @@ def test_the_driver_gives_a_failing_tick_its_time():
     from types import SimpleNamespace
 
     from autoscaler.driver import DecisionRefused, apply_decision, decide
-    from faro_serve.sim.suite import RunFailed, policy_failures
+    from faro_serve.sim.policy_suite import RunFailed, policy_failures
 
     class Boom:
         def decide(self, _):

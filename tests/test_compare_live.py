@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_ray_native_deploys_on_real_serve_and_ray_scales_it_under_load(report):
-    from faro_serve.validation.live import LiveCluster
+    from faro_serve.validation.live_runs import LiveCluster
 
     with LiveCluster(capacity=3) as lc:
         # Ray's defaults but a 2 s upscale delay, so the test sees Ray's decision in bounded time
@@ -69,7 +69,7 @@ def test_compare_short_slice_reports_both_runs_with_their_accounting(cli, tmp_pa
     assert doc["sim"]["ray-tuned"]["policy"] == "ray-serve-tuned"  # simulated as Ray's rule
     # the settings Ray held, read back at the Ray run, are printed
     from autoscaler.baselines import RAY_TUNED
-    from faro_serve.validation.compare import ray_settings_line
+    from faro_serve.validation.comparison import ray_settings_line
 
     assert f"- ray-tuned: {ray_settings_line(RAY_TUNED)}" in text
     for run in ("faro-fairsum", "ray-tuned"):
@@ -78,7 +78,7 @@ def test_compare_short_slice_reports_both_runs_with_their_accounting(cli, tmp_pa
         sent = f"{acc['sent']:,}"
         assert f"| {run} |" in text and f"| {sent} |" in text
     # ray-tuned's replicas come from Ray Serve's status, polled while the replay ran
-    from faro_serve.validation.run import load_state
+    from faro_serve.validation.matched import load_state
 
     polls = load_state(out)["runs"]["ray-tuned"][1].status_polls
     assert len(polls) >= 20 and all(set(st["models"]) == {"a", "b"} for _, st in polls)
@@ -95,8 +95,8 @@ def test_ray_tuned_deploys_its_settings_scales_in_seconds_and_refuses_past_its_q
     Serve's REST API, as ray-native's defaults are), scales past one replica within seconds
     of load, and a burst beyond 2 x replicas + 50 queued gets 503s at once, not a hang."""
     from autoscaler.baselines import RAY_DEFAULTS, RAY_TUNED
-    from faro_serve.validation.compare import RAY_SETTINGS
-    from faro_serve.validation.live import LiveCluster
+    from faro_serve.validation.comparison import RAY_SETTINGS
+    from faro_serve.validation.live_runs import LiveCluster
 
     with LiveCluster(capacity=4) as lc:
         # ray-native's settings are Ray's own defaults: what Ray reports for a bare deployment

@@ -109,7 +109,7 @@ def _fake_run(minutes=3, interrupted_at=None):
 
 def _render(s, rec, tmp_path, interrupted=False, reached=None):
     from faro_serve.demo.report import plot_timeline, render_markdown, trim
-    from faro_serve.replay.report import replay_document, replay_result
+    from faro_serve.replay.replay_report import replay_document, replay_result
 
     slo = {"synth-a": 720.0, "resnet18": 400.0}
     ms, mr = trim(s, rec, reached) if reached else (s, rec)

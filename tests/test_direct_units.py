@@ -225,7 +225,7 @@ def test_the_synthetic_model_serves_a_batch_in_one_pass():
 def test_a_variant_switch_loads_beside_the_variant_in_force():
     """INFaaS's switch in a replica: the variant in force answers while the next one loads
     (here 0.3 s), then requests go to the new one; switching back is immediate."""
-    from faro_serve.serving.variants import VariantModel
+    from faro_serve.serving.variant_model import VariantModel
 
     class Slow:  # a variant that takes 0.3 s to load
         def __init__(self, tag):
@@ -305,7 +305,7 @@ def test_a_draining_meter_tells_its_replicas_and_knows_when_they_are_done():
     """Issue 50, the drain: the meter's answers say ``draining`` from the moment it is told;
     a replica counts as told once a report sent after that says it refuses new requests, and
     the model is drained when every replica is told, none is busy and nothing is queued."""
-    from faro_serve.serving.drain import is_drained
+    from faro_serve.serving.draining import is_drained
 
     m = Meter.func_or_class("m")
     m.ingest("router-1", RouterReport((), waiting=0, dispatched=2, replicas=2).wire())

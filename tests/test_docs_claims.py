@@ -61,3 +61,15 @@ def test_the_policies_the_engine_the_forecasters_and_the_simulator_never_import_
     ray_free = ("autoscaler/", "faro_serve/engine/", "forecasting/", "faro_serve/sim/", "faro_serve/config.py")
     offenders = sorted(path for path, imps in _sources() if path.startswith(ray_free) and _uses(imps, "ray"))
     assert offenders == [], offenders
+
+
+def test_no_two_modules_of_the_package_share_a_file_name():
+    """One name per thing (issue 49, item 1): a file name means one kind of module wherever
+    it is (``__init__.py``, ``__main__.py`` aside)."""
+    seen: dict[str, list[str]] = {}
+    for path, _ in _sources():
+        name = path.rsplit("/", 1)[-1]
+        if name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(name, []).append(path)
+    shared = {n: p for n, p in seen.items() if len(p) > 1}
+    assert shared == {}, shared

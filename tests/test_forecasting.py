@@ -13,9 +13,14 @@ import pandas as pd
 import pytest
 
 from faro_serve.cli import main
-from forecasting import metrics
+from forecasting import forecast_metrics as metrics
 from forecasting.base import FallbackForecaster, Forecaster
-from forecasting.baselines import LastValueForecaster, MovingMaxForecaster, MovingMeanForecaster, make_baseline
+from forecasting.baseline_forecasters import (
+    LastValueForecaster,
+    MovingMaxForecaster,
+    MovingMeanForecaster,
+    make_baseline,
+)
 from forecasting.evaluate import forecast_origins, rolling_evaluation
 from forecasting.io import META_FILE, ForecasterLoadError, load_forecaster, read_meta, save_forecaster
 from forecasting.nhits import DEFAULT_SHORT_RULE, neuralforecast_predict

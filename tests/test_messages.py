@@ -16,7 +16,6 @@ from autoscaler.loop import AutoscalerLoop
 from faro_serve.config import ConfigError
 from faro_serve.front_report import FrontReportError, decode_front_report
 from faro_serve.serving.direct import Meter
-from faro_serve.serving.kuberay import load_serve_config
 from faro_serve.serving.messages import (
     VERSION,
     Answered,
@@ -31,6 +30,7 @@ from faro_serve.serving.messages import (
     RouterReport,
     decode,
 )
+from faro_serve.serving.rayservice import load_serve_config
 from faro_serve.serving.schema import parse_autoscaler_config
 
 NOW = 1_700_000_000.0

@@ -10,8 +10,8 @@ import yaml
 from front_reports import front_report
 
 from autoscaler import make_policy
-from autoscaler.config import parse_autoscaler_config
 from autoscaler.loop import AutoscalerLoop
+from autoscaler.loop_config import parse_autoscaler_config
 from faro_serve import Pipeline, Stage
 from faro_serve.config import ConfigError, parse_config
 

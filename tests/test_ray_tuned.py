@@ -13,7 +13,7 @@ from autoscaler.baselines import RAY_DEFAULTS, RAY_TUNED
 from autoscaler.policy import Policy
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.sim import NO_OVERHEAD, SimConfig, TimeDist, simulate
-from faro_serve.validation.compare import NATIVE, RAY_SETTINGS, ray_settings_line, sim_policy, sim_queue
+from faro_serve.validation.comparison import NATIVE, RAY_SETTINGS, ray_settings_line, sim_policy, sim_queue
 
 
 class Hold(Policy):

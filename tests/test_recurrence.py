@@ -121,7 +121,7 @@ def test_the_shipped_nhits_adds_recurring_peaks_and_set_recurrence_configures_it
 
 
 def test_a_bad_share_is_named_in_the_args_and_on_the_command_line(cli, tmp_path):
-    from autoscaler.config import parse_autoscaler_config
+    from autoscaler.loop_config import parse_autoscaler_config
     from faro_serve.config import ConfigError
 
     args = {"cluster": {"cpus": 4}, "models": [{"name": "m", "slo_ms": 720, "processing_ms": 154}]}

@@ -202,7 +202,7 @@ def test_a_network_delay_travels_in_a_header_and_counts_in_the_latency():
     time in x-faro-network-ms; the report's latency is that plus the answer time; the
     schedule's counts and instants are the ones without a network."""
     from faro_serve.replay.network import draw_network, parse_network
-    from faro_serve.replay.report import client_latency, replay_result
+    from faro_serve.replay.replay_report import client_latency, replay_result
 
     plain = build_schedule(_trace([[40]]), names=["slow"], time_scale=1 / 30, seed=2)
     s = build_schedule(_trace([[40]]), names=["slow"], time_scale=1 / 30, seed=2,
@@ -229,7 +229,7 @@ def test_a_network_delay_travels_in_a_header_and_counts_in_the_latency():
 
 
 def test_a_503_is_a_failed_request_not_resent_and_errors_are_counted():
-    from faro_serve.replay.report import replay_result
+    from faro_serve.replay.replay_report import replay_result
 
     s = build_schedule(_trace([[30, 30], [30, 30]]), names=["slow", "drop"], time_scale=1 / 60, seed=4)
     rec = _send(s, delay=0.05, timeout_s=10)

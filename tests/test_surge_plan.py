@@ -123,8 +123,8 @@ def test_simulated_new_deployment_loses_less_in_its_first_minutes():
     of the first five minutes than granting surges in turn (the rule before them)."""
     from faro_serve.distributions import parse_dist
     from faro_serve.metrics import utility_from_latency
-    from faro_serve.validation.compare import Workload
-    from faro_serve.validation.run import simulate_policy
+    from faro_serve.validation.comparison import Workload
+    from faro_serve.validation.matched import simulate_policy
 
     wl = Workload(trace="../shared/traces/faro10_days1-10.csv", day=9, sample=0,
                   jobs=("job9", "job0", "job3", "job1", "job6", "job5"), start=310, minutes=10,

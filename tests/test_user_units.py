@@ -14,9 +14,9 @@ from user_apps.shop import TextClassifier
 
 import faro_serve
 from faro_serve.config import ConfigError, parse_config
-from faro_serve.serving.guard import Dropped, ReplicaGuard
 from faro_serve.serving.messages import Dropped as DroppedEvent
 from faro_serve.serving.messages import Processed
+from faro_serve.serving.replica_guard import Dropped, ReplicaGuard
 from faro_serve.serving.user import _faro_class
 from faro_serve.serving.user_app import UserAppArgs, load_deployment
 

@@ -13,7 +13,7 @@ import pytest
 from faro_serve.distributions import PAPER_ROUTER_OVERHEAD
 from faro_serve.replay.client import ReplayRecords
 from faro_serve.replay.loadgen import build_schedule
-from faro_serve.validation.compare import (
+from faro_serve.validation.comparison import (
     Workload,
     fit_overhead,
     kendall_distance,
@@ -21,8 +21,8 @@ from faro_serve.validation.compare import (
     relative_difference,
     scale_up_lags,
 )
-from faro_serve.validation.live import Calibration
-from faro_serve.validation.run import load_state, resimulate
+from faro_serve.validation.live_runs import Calibration
+from faro_serve.validation.matched import load_state, resimulate
 
 
 @pytest.fixture(scope="module")

@@ -179,8 +179,8 @@ def test_the_processing_time_is_the_lognormal_of_the_recorded_histogram(report):
 
 
 def test_service_scale_replays_every_service_time_scaled_and_says_so(report, export):
-    from faro_serve.sim.whatif import run_whatif
-    from faro_serve.sim.whatif_report import figures
+    from faro_serve.sim.history_replay import run_whatif
+    from faro_serve.sim.history_replay_report import figures
 
     slos = {"shop/Ranker": (500.0, 99.0)}
     base = figures(run_whatif(ServeHistory.load(export), 16, 2, slos, forecaster=None, parallel=False))
@@ -196,7 +196,7 @@ def test_service_scale_replays_every_service_time_scaled_and_says_so(report, exp
 
 
 def test_the_as_run_replay_follows_each_deployments_own_settings():
-    from faro_serve.sim.whatif import run_whatif
+    from faro_serve.sim.history_replay import run_whatif
 
     fc = choose_forecaster("fallback")[0]
     fast = run_whatif(serve_history(), 16, 2, {"Ranker": (500, 99)}, forecaster=fc)
@@ -321,8 +321,8 @@ def test_bad_sources_are_one_clear_line_and_exit_2(cli, monkeypatch, tmp_path):
 def test_a_range_over_a_day_is_reported_by_day():
     """More than a day: the days table, in time order in the JSON, the most different first
     in the report (one fixed deployment against Faro, so the run is quick)."""
-    from faro_serve.sim.whatif import run_whatif
-    from faro_serve.sim.whatif_report import figures, markdown
+    from faro_serve.sim.history_replay import run_whatif
+    from faro_serve.sim.history_replay_report import figures, markdown
 
     n = 2 * 1440
     start = START - 30 * 60  # 23:30 UTC: the range touches three days
@@ -342,8 +342,8 @@ def test_a_range_over_a_day_is_reported_by_day():
 
 
 def test_the_as_run_replay_in_a_process_of_its_own_gives_the_same_figures():
-    from faro_serve.sim.whatif import run_whatif
-    from faro_serve.sim.whatif_report import figures
+    from faro_serve.sim.history_replay import run_whatif
+    from faro_serve.sim.history_replay_report import figures
 
     def run(parallel):
         w = run_whatif(serve_history(), 16, 2, {"Ranker": (500, 99)}, forecaster=choose_forecaster("fallback")[0],

@@ -48,13 +48,10 @@ def slos_of(args, url: str, names: list[str]) -> tuple[dict, dict, dict | None]:
             raise UsageError(f"--percentile must lie in (0, 100) (got {args.percentile:g})")
         st = None
         try:
-            from .status import fetch_status
             st = fetch_status(url, timeout=5.0)
         except Exception:
             pass  # the SLOs are given; the status only adds the policy and capacity
         return {n: args.slo_ms for n in names}, {n: args.percentile for n in names}, st
-    from .status import fetch_status
-
     st = fetch_status(url, timeout=10.0)
     models = st.get("models") or {}
     missing = [n for n in names if n not in models]
@@ -109,13 +106,13 @@ def add_live_args(p, *, day: int, jobs: str, start: int, minutes: int, capacity:
 def run_validation(args) -> tuple[Path, dict, dict]:
     """Live runs (or the saved ones), the matched simulations and validation.*: returns
     (out, the validation document, the saved live state)."""
-    from ..validation.compare import Workload
-    from ..validation.run import load_state, resimulate
+    from ..validation.comparison import Workload
+    from ..validation.matched import load_state, resimulate
 
     out = Path(args.out)
     if args.hold_ms is not None and not 0 <= args.hold_ms < 60000:  # before an hour of live runs
         raise UsageError(f"--hold-ms must be in [0, 60000) (got {args.hold_ms:g})")
-    from ..validation.compare import SIM_DRAWS
+    from ..validation.comparison import SIM_DRAWS
 
     # compare's report reads one simulation per run; validate compares the mean of several
     draws = getattr(args, "sim_draws", 1)
@@ -127,7 +124,7 @@ def run_validation(args) -> tuple[Path, dict, dict]:
     else:
         from autoscaler.registry import UnknownPolicy, policy_factory, policy_names
 
-        from ..validation.compare import NATIVE
+        from ..validation.comparison import NATIVE
 
         known = policy_names() + sorted(NATIVE)
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -171,7 +168,7 @@ def run_validation(args) -> tuple[Path, dict, dict]:
 def _live(wl, policies, capacity, out, forecaster_dir, previous, data_path):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..validation.run import run_live
+    from ..validation.matched import run_live
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn()) as bar:

@@ -210,7 +210,7 @@ def _finish(args, out, sched, rec, view, url, names, interrupted, trace_desc, wh
 
     from ..demo.live import unsent_after_stop
     from ..demo.report import plot_timeline, render_markdown, trim
-    from ..replay.report import replay_document, replay_result, write_json, write_records
+    from ..replay.replay_report import replay_document, replay_result, write_json, write_records
 
     status = {}
     for _, s in rec.status_polls:

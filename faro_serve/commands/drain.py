@@ -1,5 +1,5 @@
 """``faro-serve drain``: drain faro-serve's models before Serve stops (issue 50,
-``faro_serve/serving/drain.py``): admitted requests are answered, new ones get 503."""
+``faro_serve/serving/draining.py``): admitted requests are answered, new ones get 503."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def run(args) -> int:
 
     import ray
 
-    from ..serving.drain import drain
+    from ..serving.draining import drain
 
     host, _, port = args.address.rpartition(":")
     if host and port.isdigit():  # Ray waits a minute or more for a GCS that is not there

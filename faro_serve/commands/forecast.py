@@ -315,7 +315,7 @@ def _train_with_progress(train, history, cfg, verbose):
 
 
 def run_eval(args) -> int:
-    from forecasting.baselines import make_baseline
+    from forecasting.baseline_forecasters import make_baseline
     from forecasting.evaluate import rolling_evaluation
     from forecasting.io import load_forecaster
 

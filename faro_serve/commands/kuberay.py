@@ -33,7 +33,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..serving.kuberay import DEFAULT_IMAGE, dump_manifest, rayservice_manifest
+    from ..serving.rayservice import DEFAULT_IMAGE, dump_manifest, rayservice_manifest
 
     path = Path(args.config)
     try:

@@ -90,7 +90,7 @@ def run(args) -> int:
     from ..replay.client import send_schedule
     from ..replay.loadgen import build_schedule, check_url, parse_map, select_trace
     from ..replay.network import parse_network
-    from ..replay.report import replay_document, replay_result, replay_step, write_json, write_records
+    from ..replay.replay_report import replay_document, replay_result, replay_step, write_json, write_records
     from ..traces import load_trace
 
     url = check_url(args.url, args.allow_remote)

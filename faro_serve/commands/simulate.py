@@ -80,7 +80,7 @@ def run(args) -> int:
     if args.step_at is not None and not 0 <= args.step_at < 60 * loaded[1].shape[1]:
         raise UsageError(f"--step-at {args.step_at:g} s is outside the run's "
                          f"{60 * loaded[1].shape[1]} s")
-    from ..sim.suite import policy_failures, uses_forecaster
+    from ..sim.policy_suite import policy_failures, uses_forecaster
 
     forecasting = uses_forecaster(args.policy)
     fc, kind = forecaster_from_args(args) if forecasting else (None, "none")
@@ -116,7 +116,7 @@ def run_config(args) -> int:
     """``simulate --config``: a config's single models and pipelines on the trace's jobs of
     the same names (faro_serve.sim.pipeline_scenario)."""
     from ..sim.pipeline_scenario import PipelineScenario
-    from ..sim.suite import policy_failures, uses_forecaster
+    from ..sim.policy_suite import policy_failures, uses_forecaster
 
     for flag, given in (("--jobs", args.jobs), ("--rescale", args.rescale), ("--n-jobs", args.n_jobs),
                         ("--batch-profile", args.batch_profile), ("--step-at", args.step_at),
@@ -150,7 +150,7 @@ def read_config(path: str):
     """``--config``: a faro-serve config (cluster, models, pipelines), or a Ray Serve config
     (``applications``, like serve_config.yaml), of which the faro application's args are
     read (:func:`faro_serve.config.faro_applications`, as ``kuberay`` finds it)."""
-    from autoscaler.config import parse_autoscaler_config
+    from autoscaler.loop_config import parse_autoscaler_config
 
     from ..config import faro_applications, load_document, parse_config
 

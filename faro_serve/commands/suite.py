@@ -56,7 +56,7 @@ def run(args) -> int:
     from autoscaler import policy_names
     from autoscaler.registry import needs_batching, policy_factory
 
-    from ..sim.suite import SuiteStopped, aggregate, markdown_table, run_suite, uses_forecaster, write_outputs
+    from ..sim.policy_suite import SuiteStopped, aggregate, markdown_table, run_suite, uses_forecaster, write_outputs
     from ._args import check_capacity
     from ._scenario import scenario_from_args
 
@@ -150,7 +150,7 @@ def _stopped(stopped, rows, timelines, n, title, args) -> int:
     worker) or, for faro-serve's own bug, the traceback."""
     from pathlib import Path
 
-    from ..sim.suite import RunFailed, write_outputs
+    from ..sim.policy_suite import RunFailed, write_outputs
 
     left = ", ".join(f"{t.policy} at {t.capacity:g} (seed {t.seed})" for t in stopped.unfinished)
     if rows:

@@ -19,7 +19,7 @@ from .errors import UsageError
 
 
 def register(sub) -> None:
-    from ..sim.whatif import DEFAULT_POLICY
+    from ..sim.history_replay import DEFAULT_POLICY
 
     p = sub.add_parser("whatif", help="replay a Ray Serve cluster's recorded traffic as it ran "
                        "and under Faro", description=__doc__.split("\n\n", 1)[1])
@@ -107,9 +107,9 @@ def read_history(args):
 def run(args) -> int:
     from autoscaler.registry import policy_factory
 
-    from ..sim.suite import policy_failures, uses_forecaster
-    from ..sim.whatif import run_whatif
-    from ..sim.whatif_report import write_report
+    from ..sim.history_replay import run_whatif
+    from ..sim.history_replay_report import write_report
+    from ..sim.policy_suite import policy_failures, uses_forecaster
 
     try:
         policy_factory(args.policy)

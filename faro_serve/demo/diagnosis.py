@@ -23,7 +23,7 @@ import numpy as np
 
 from autoscaler.explain import explain
 
-from ..validation.compare import scale_up_lags
+from ..validation.comparison import scale_up_lags
 
 LOAD_FACTOR = 1.5  # load average above this many times the cores: the CPUs are oversubscribed
 DRIFT_FACTOR = 1.5  # processing time above this many times its baseline: replicas starved

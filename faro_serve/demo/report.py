@@ -1,7 +1,7 @@
 """The demo's report: ``report.md`` and ``timeline.png`` from a replay's records.
 
 Every figure comes from the replay's own outputs: the metrics from
-:func:`~faro_serve.replay.report.replay_result` (the simulator's metric code), the accounting
+:func:`~faro_serve.replay.replay_report.replay_result` (the simulator's metric code), the accounting
 from the sender's records, the replicas from the ``GET /faro/status`` polls made during the
 replay. Time is in trace minutes (a trace minute lasts ``60 x time_scale`` wall seconds).
 """

@@ -52,7 +52,7 @@ FRONT_ACTOR = {"num_cpus": 0, "runtime_env": {"env_vars": {
 def _model_class(spec: ModelAppArgs) -> tuple[type, dict]:
     """The model class and its arguments; a task with variants: the variant holder."""
     if spec.variants is not None:
-        from .variants import VariantModel
+        from .variant_model import VariantModel
 
         variants = {spec.initial_variant: _spec_class(spec.model),
                     **{n: _spec_class(m) for n, m in spec.variants.items()}}

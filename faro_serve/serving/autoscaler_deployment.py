@@ -20,9 +20,9 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from ray import serve
 
-from autoscaler.config import AutoscalerConfig, parse_autoscaler_config
 from autoscaler.forecasters import forecaster_of
 from autoscaler.loop import AutoscalerLoop
+from autoscaler.loop_config import AutoscalerConfig, parse_autoscaler_config
 from autoscaler.setting import Setting
 from autoscaler.tick_failures import TickFailures
 from faro_serve.resources import Capacity

@@ -94,7 +94,7 @@ class DirectModel:
         """``{"batch_size": b, "threads": t, "variant": name}`` (any may be left out): the
         batch size in force (clipped to 1..max_batch_size), the model's threads, and for a
         task with variants the variant to serve (loaded beside the one in force, which
-        answers until it is ready: serving/variants.py). Ray cannot resize a running
+        answers until it is ready: serving/variant_model.py). Ray cannot resize a running
         replica's CPUs, so threads within the CPUs it reserved are the vertical scaling a
         replica has (Sponge's cores, autoscaler/sponge.py)."""
         config = config or {}

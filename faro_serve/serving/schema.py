@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from autoscaler.config import AutoscalerConfig, parse_autoscaler_config  # noqa: F401 (re-exported)
+from autoscaler.loop_config import AutoscalerConfig, parse_autoscaler_config  # noqa: F401 (re-exported)
 
 from ..config import ConfigError, format_validation_error
 from ..distributions import PAPER_PROCESSING, parse_dist

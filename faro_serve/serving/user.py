@@ -4,7 +4,7 @@
 ``.bind()`` as usual (alone, or inside a composed application):
 
 * the user's class runs unchanged, as a subclass whose ``__call__`` and public methods pass
-  through a :class:`~faro_serve.serving.guard.ReplicaGuard` (drop control, at most
+  through a :class:`~faro_serve.serving.replica_guard.ReplicaGuard` (drop control, at most
   ``slo.concurrency`` requests at once, processing times and failures to the meter); its
   ``@serve.batch`` methods stay Ray's batches, gated, timed and sized by Faro
   (``batch_method.py``, issue 47);
@@ -39,9 +39,9 @@ from ..model_slo import Batching
 from ..pipelines import PipelineSLO
 from .batch_method import BatchMethod, batch_methods, faro_method, is_serve_batch
 from .direct import Meter
-from .guard import Dropped, ReplicaGuard, run_user  # noqa: F401 (Dropped re-exported)
 from .names import QUIET, meter_name
 from .proxy_queue import PIPELINE, ProxyQueueRouter
+from .replica_guard import Dropped, ReplicaGuard, run_user  # noqa: F401 (Dropped re-exported)
 
 # methods a subclass must not wrap: Serve's own hooks and the object's protocol
 _HOOKS = {"reconfigure", "check_health", "record_autoscaling_stats", "bind", "options"}

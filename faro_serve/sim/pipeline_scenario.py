@@ -23,7 +23,7 @@ from forecasting.daily import DEFAULT_WEIGHT
 from forecasting.recurrence import DEFAULT_SHARE
 
 from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, parse_dist
-from .pipelines import stage_processing
+from .pipeline_sim import stage_processing
 from .runner import SimConfig, SimResult, simulate
 from .scenario import check_forecast_flags
 

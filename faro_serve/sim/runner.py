@@ -43,10 +43,10 @@ from ..distributions import PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, TimeDist
 from ..measures import LOOK_BACK_S
 from ..pipelines import PipelineSLO
 from ..resources import Capacity, demand, usage
-from .pipelines import PipelineSet, StageMeter, StageState, check_pipelines, join_records, stage_rows
-from .pipelines import stage_processing as stage_processing_of
+from .model_state import ModelState
+from .pipeline_sim import PipelineSet, StageMeter, StageState, check_pipelines, join_records, stage_rows
+from .pipeline_sim import stage_processing as stage_processing_of
 from .rates import TickRates
-from .state import ModelState
 from .workload import Workload
 
 
@@ -91,7 +91,7 @@ class SimConfig:
     draw: int = 0  # > 0: same counts, another draw of the per-request randomness (workload.Workload)
     keep_records: bool = False  # keep every request record (tests, live comparison)
     # cut time at least this often (s) besides minute starts and ticks (None: only there);
-    # the kernels are exact at any cut, so this only checks that (sim/pipelines.py)
+    # the kernels are exact at any cut, so this only checks that (sim/pipeline_sim.py)
     max_step_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -174,7 +174,7 @@ def simulate(counts: np.ndarray, models: Sequence[ModelSLO], policy: Policy, cfg
     previous day's end), prepended to what the policy sees but not simulated.
     ``pipelines``: their stages are models of the cluster too (``policy`` must be built
     over ``models`` and the stages, ``make_policy(..., pipelines=...)``); queries move as
-    ``faro_serve.sim.pipelines`` says. ``stage_processing``: a stage's simulated processing
+    ``faro_serve.sim.pipeline_sim`` says. ``stage_processing``: a stage's simulated processing
     time (default: ``cfg.processing`` scaled to the stage's ``processing_ms``).
     """
     run = _Run(counts, models, policy, cfg, warmup_history, future_minutes, pipelines,

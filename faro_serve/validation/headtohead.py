@@ -3,9 +3,9 @@ its users run today, plain Ray Serve under Ray's own autoscaler (``ray-native`` 
 defaults, ``ray-tuned`` as Ray's guide tunes it for latency), on the same trace slice, each
 on freshly deployed models.
 
-Pure: it reads what :func:`faro_serve.validation.run.run_live` saved (each run's schedule
+Pure: it reads what :func:`faro_serve.validation.matched.run_live` saved (each run's schedule
 and request records) and the validation document of
-:func:`~faro_serve.validation.run.resimulate` (the simulated counterpart of each run), and
+:func:`~faro_serve.validation.matched.resimulate` (the simulated counterpart of each run), and
 writes markdown and plots. Every figure comes from the simulator's metric code.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from ..engine import min_replicas_for_slo
-from ..replay.report import replay_result
-from .compare import NATIVE, RAY_SETTINGS, Workload, ray_settings_line, sim_policy
+from ..replay.replay_report import replay_result
+from .comparison import NATIVE, RAY_SETTINGS, Workload, ray_settings_line, sim_policy
 
 
 def contention(wl: Workload, capacity: float) -> dict:

@@ -3,7 +3,7 @@
 A pipeline (:class:`~faro_serve.pipelines.PipelineSLO`) gets its queries at its entry (one
 row of the trace counts, drawn as a model's requests are: Poisson per minute, uniform
 instants). Each stage is a model of the cluster with its own router queue and replicas,
-simulated by the very same :class:`~faro_serve.sim.state.ModelState` and numba kernel as a
+simulated by the very same :class:`~faro_serve.sim.model_state.ModelState` and numba kernel as a
 single model (cold start, queue limit, drop rate, processing time per stage); the policy
 scales it like any model. What is added here is how a query moves between the stages:
 
@@ -44,8 +44,8 @@ from faro_serve.pipelines import PipelineSLO
 
 from ..distributions import PAPER_PROCESSING, TimeDist
 from .kernels import DONE
+from .model_state import ModelState
 from .rates import TickRates
-from .state import ModelState
 
 
 def stage_processing(pipelines: Sequence[PipelineSLO], base: TimeDist | None = None,

@@ -1,6 +1,6 @@
 """``faro-serve whatif``'s figures and report: ``whatif.json`` (every figure), ``report.md``
 (the tables docs/whatif.md explains) and one plot per deployment (arrivals; recorded, as-run
-and Faro replicas), from a :class:`faro_serve.sim.whatif.WhatIf`.
+and Faro replicas), from a :class:`faro_serve.sim.history_replay.WhatIf`.
 
 Replica-hours count every replica a run asked for, starting ones included (what the cluster
 reserved); the recorded ones count the healthy replicas Prometheus saw each minute. A request
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .history_replay import WhatIf
 from .plots import _colour, _plt, _save
-from .whatif import WhatIf
 
 TOP_MINUTES = 10
 TOP_DAYS = 10

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .base import Forecast
-from .history import check_history
+from .history_check import check_history
 
 
 class PointBaseline:

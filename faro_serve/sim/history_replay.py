@@ -82,7 +82,7 @@ class Deployment:
 
 @dataclass
 class WhatIf:
-    """Both runs and what they were built from (``faro_serve.sim.whatif_report`` reports it)."""
+    """Both runs and what they were built from (``faro_serve.sim.history_replay_report`` reports it)."""
 
     hist: ServeHistory
     deployments: list[Deployment]

@@ -16,9 +16,9 @@ import numpy as np
 
 from ..distributions import TimeDist, parse_dist
 from ..replay.loadgen import build_schedule
-from ..replay.report import replay_document, replay_result, write_records
+from ..replay.replay_report import replay_document, replay_result, write_records
 from ..sim.runner import SimConfig, simulate
-from .compare import (
+from .comparison import (
     NATIVE,
     RAY_SETTINGS,
     REPLAY_TIMEOUT_S,
@@ -69,7 +69,7 @@ def run_live(wl: Workload, policies: list[str], capacity: float, out: Path,
     ``previous`` (a saved state of the same workload, capacity and data path) keeps its other
     policies' runs: a run disturbed by other work on the machine can be repeated alone.
     ``data_path`` is the models' data path: the router front or the direct path."""
-    from .live import LiveCluster
+    from .live_runs import LiveCluster
 
     tr = wl.load()
     models = wl.models(tr.names)

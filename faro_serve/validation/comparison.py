@@ -6,7 +6,7 @@ simulator and comparing, per policy, the *cluster utility* (sum over jobs of the
 utility, averaged over minutes): 9.6 % mean relative difference, and the ranking of the
 policies by Kendall's tau, given as a distance (0 = the same order, 1 = reversed).
 
-Nothing here touches Ray; ``faro_serve.validation.live`` runs the live side.
+Nothing here touches Ray; ``faro_serve.validation.live_runs`` runs the live side.
 """
 
 from __future__ import annotations

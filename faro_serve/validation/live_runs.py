@@ -26,10 +26,10 @@ from ..config import ModelSLO
 from ..ports import free_port
 from ..replay.client import ReplayRecords, send_schedule
 from ..replay.loadgen import Schedule
-from ..replay.report import replay_result
+from ..replay.replay_report import replay_result
 from ..serving.app import autoscaler_app, model_app
 from ..serving.names import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL
-from .compare import RAY_DEFAULTS, REPLAY_TIMEOUT_S
+from .comparison import RAY_DEFAULTS, REPLAY_TIMEOUT_S
 
 log = logging.getLogger("faro_serve.validation")
 
@@ -295,7 +295,7 @@ class LiveCluster:
         names = [m.name for m in models]
         self.deploy_models(names, processing)
         cal = self.calibrate(names[0]) if calibrate else None
-        from .compare import cluster_spec
+        from .comparison import cluster_spec
 
         config = {"cluster": cluster_spec(capacity).model_dump() | (cluster or {}),
                   "models": [m.model_dump() for m in models], "policy": policy,
