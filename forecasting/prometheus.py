@@ -38,6 +38,24 @@ def contiguous_tail(grid: np.ndarray) -> np.ndarray:
     return np.maximum(grid[gaps[-1] + 1:] if gaps.size else grid, 0.0)
 
 
+def api_result(base: str, path: str, params: dict, timeout_s: float) -> list:
+    """``data.result`` of one call to the Prometheus HTTP API at ``base``; every way it can
+    fail is one :class:`PrometheusError` naming the server and the query."""
+    try:
+        r = httpx.get(f"{base}{path}", params=params, timeout=timeout_s)
+    except (httpx.HTTPError, httpx.InvalidURL) as err:
+        raise PrometheusError(f"{base}: cannot read Prometheus ({type(err).__name__}: {err})") from None
+    try:
+        doc = r.json()
+    except ValueError:
+        raise PrometheusError(f"{base}: not a Prometheus API (HTTP {r.status_code}, not JSON)") from None
+    if not isinstance(doc, dict) or doc.get("status") != "success":
+        why = doc.get("error", doc) if isinstance(doc, dict) else doc
+        raise PrometheusError(f"{base}: the query {params.get('query')!r} failed "
+                              f"(HTTP {r.status_code}): {why}")
+    return doc.get("data", {}).get("result", [])
+
+
 def arrivals_query(metric: str = METRIC) -> str:
     return f'sum by (model) (increase({metric}{{outcome="arrival"}}[1m]))'
 
@@ -51,20 +69,8 @@ def prometheus_history(url: str, minutes: int = 7 * 1440, end: float | None = No
     end = math.floor((time.time() if end is None else end) / 60.0) * 60.0
     start = end - 60.0 * (minutes - 1)
     params: dict[str, str | float] = {"query": arrivals_query(metric), "start": start, "end": end, "step": 60}
-    base = url.rstrip("/")
-    try:
-        r = httpx.get(f"{base}/api/v1/query_range", params=params, timeout=timeout_s)
-    except (httpx.HTTPError, httpx.InvalidURL) as err:
-        raise PrometheusError(f"{base}: cannot read Prometheus ({type(err).__name__}: {err})") from None
-    try:
-        doc = r.json()
-    except ValueError:
-        raise PrometheusError(f"{base}: not a Prometheus API (HTTP {r.status_code}, not JSON)") from None
-    if not isinstance(doc, dict) or doc.get("status") != "success":
-        why = doc.get("error", doc) if isinstance(doc, dict) else doc
-        raise PrometheusError(f"{base}: the query failed (HTTP {r.status_code}): {why}")
     out = {}
-    for series in doc.get("data", {}).get("result", []):
+    for series in api_result(url.rstrip("/"), "/api/v1/query_range", params, timeout_s):
         model = series.get("metric", {}).get("model")
         if not model:
             continue

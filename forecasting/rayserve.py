@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from .prometheus import MAX_POINTS, PrometheusError
+from .prometheus import MAX_POINTS, api_result
 from .serve_history import AppLatency, DeploymentHistory, ServeHistory, ServeHistoryError, attach_configs
 
 REQUESTS = "ray_serve_deployment_request_counter_total"
@@ -60,30 +60,14 @@ RAY_SCRAPE_S = 10.0
 
 
 # -- Prometheus ---------------------------------------------------------------------------
-def _get(base: str, path: str, params: dict, timeout_s: float) -> list:
-    try:
-        r = httpx.get(f"{base}{path}", params=params, timeout=timeout_s)
-    except (httpx.HTTPError, httpx.InvalidURL) as err:
-        raise PrometheusError(f"{base}: cannot read Prometheus ({type(err).__name__}: {err})") from None
-    try:
-        doc = r.json()
-    except ValueError:
-        raise PrometheusError(f"{base}: not a Prometheus API (HTTP {r.status_code}, not JSON)") from None
-    if not isinstance(doc, dict) or doc.get("status") != "success":
-        why = doc.get("error", doc) if isinstance(doc, dict) else doc
-        raise PrometheusError(f"{base}: the query {params.get('query')!r} failed "
-                              f"(HTTP {r.status_code}): {why}")
-    return doc.get("data", {}).get("result", [])
-
-
 def query(url: str, q: str, t: float, timeout_s: float = 30.0) -> list:
     """An instant query's result at ``t`` (epoch s)."""
-    return _get(url.rstrip("/"), "/api/v1/query", {"query": q, "time": t}, timeout_s)
+    return api_result(url.rstrip("/"), "/api/v1/query", {"query": q, "time": t}, timeout_s)
 
 
 def query_range(url: str, q: str, start: float, end: float, step: float, timeout_s: float = 30.0) -> list:
     """A range query's result, one value per ``step`` s from ``start`` to ``end``."""
-    return _get(url.rstrip("/"), "/api/v1/query_range",
+    return api_result(url.rstrip("/"), "/api/v1/query_range",
                 {"query": q, "start": start, "end": end, "step": step}, timeout_s)
 
 
@@ -237,14 +221,14 @@ def read_serve_history(url: str, minutes: int, end: float | None = None,
         raise ServeHistoryError(f"{base}: no Ray Serve requests in the {minutes} minutes before "
                                 f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(end_t))} UTC "
                                 f"(no {REQUESTS} series: is Prometheus scraping Ray's metrics?)")
-    reps = _by_deployment(_get(base, "/api/v1/query_range",
+    reps = _by_deployment(api_result(base, "/api/v1/query_range",
                                {"query": f"sum by (application, deployment) ({HEALTHY})", **rng}, timeout_s),
                           first_end, minutes)
     window = f"{minutes}m"
-    buckets = _get(base, "/api/v1/query", {"query": f"sum by (application, deployment, le) "
+    buckets = api_result(base, "/api/v1/query", {"query": f"sum by (application, deployment, le) "
                                                     f"(increase({PROCESSING}_bucket[{window}]))", "time": end_t},
                    timeout_s)
-    sums = _get(base, "/api/v1/query", {"query": f"sum by (application, deployment) "
+    sums = api_result(base, "/api/v1/query", {"query": f"sum by (application, deployment) "
                                                  f"(increase({PROCESSING}_sum[{window}])) / sum by "
                                                  f"(application, deployment) (increase({PROCESSING}_count[{window}]))",
                                         "time": end_t}, timeout_s)
@@ -280,7 +264,7 @@ def read_app_latency(base: str, first_end: float, end_t: float, minutes: int, ap
     the range has at most :data:`LATENCY_STEPS` steps)."""
     k, step, n = _steps(minutes)
     t0 = end_t - step * (n - 1)
-    res = _get(base, "/api/v1/query_range",
+    res = api_result(base, "/api/v1/query_range",
                {"query": f"sum by (application, le) (increase({HTTP_LATENCY}_bucket[{k}m]))",
                 "start": t0, "end": end_t, "step": step}, timeout_s)
     grids: dict[str, dict[float, np.ndarray]] = {}
