@@ -58,7 +58,7 @@ def social_media(slo_ms: float = 1000.0):
 
 def arrivals(trace: Path, job: str, day: int, start: int, minutes: int, peak: float,
              seed: int) -> np.ndarray:
-    from autoscaler.inferline_pipeline import sample_arrivals
+    from autoscaler.policies.inferline_pipeline import sample_arrivals
     from faro_serve.traces import load_trace
 
     tr = load_trace(trace, days=str(day), sample=0, jobs=[job])
@@ -93,7 +93,7 @@ def tuned(pipe, arr: np.ndarray, cut: float, minutes: int, activation_s: float, 
     Batch sizes: the plan's at the cut, for the whole run. Returns the run and the
     time-averaged CPUs over the live part."""
     from autoscaler import make_policy
-    from autoscaler.policy import ModelObservation, Observation, PipelineObservation
+    from autoscaler.contract.policy import ModelObservation, Observation, PipelineObservation
     from faro_serve.config import ClusterSpec
     from faro_serve.engine.inferline_plan import profiles
     from faro_serve.engine.pipeline_des import simulate

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autoscaler.faro import FaroPolicy, OraclePolicy
+from autoscaler.faro.hybrid import FaroPolicy, OraclePolicy
 from faro_serve.sim.runner import simulate
 from faro_serve.sim.scenario import Scenario
 from forecasting.base import Forecast

@@ -47,7 +47,7 @@ def _init(trace: str, day: int, minutes: int | None, forecaster: str | None) -> 
 
 def _forecaster():
     if _W["forecaster"] is None:
-        from autoscaler.forecasters import choose_forecaster
+        from autoscaler.driving.forecasters import choose_forecaster
 
         if _W["forecaster_spec"] in (None, "shipped"):
             import torch
@@ -83,7 +83,7 @@ def _run(task: tuple[str, float, int]) -> dict:
 
 def known(policies: list[str]) -> tuple[list[str], dict[str, str]]:
     """The policies the registry can build, and why each other one is skipped."""
-    from autoscaler.registry import policy_factory
+    from autoscaler.catalogue.registry import policy_factory
 
     ok, skipped = [], {}
     for p in policies:

@@ -34,7 +34,7 @@ def _digest(*arrays) -> str:
 def fingerprint(trace: Path = TRACE, day: int = 10, minutes: int = 60, capacity: float = 24.0,
                 seed: int = 0) -> dict:
     from autoscaler import make_policy, policy_names
-    from autoscaler.registry import needs_batching
+    from autoscaler.catalogue.registry import needs_batching
     from faro_serve.config import Batching, ModelSLO, Variant
     from faro_serve.sim import simulate
     from faro_serve.sim.scenario import Scenario, run_scenario
@@ -80,7 +80,7 @@ def _row(res) -> dict:
 def batched_fingerprint(profile: Path, seed: int = 0, rate: float = 20.0) -> dict:
     """Sponge and the static allocations in Sponge's own setting (the batched simulator),
     two minutes, with a saved profile."""
-    from autoscaler.sponge import SpongePolicy, static
+    from autoscaler.policies.sponge import SpongePolicy, static
     from faro_serve.config import Batching, ClusterSpec, ModelSLO
     from faro_serve.engine.batching import BatchProfile
     from faro_serve.sim.batched_runner import BatchedSetting, simulate_batched

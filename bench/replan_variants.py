@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 
-from autoscaler.faro import FaroPolicy
+from autoscaler.faro.hybrid import FaroPolicy
 
 
 def _variant(name: str, **opts):

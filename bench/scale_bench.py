@@ -136,7 +136,7 @@ def part_planner(args) -> dict:
 
 def part_sim(args) -> dict:
     from autoscaler import make_policy
-    from autoscaler.faro import FaroPolicy
+    from autoscaler.faro.hybrid import FaroPolicy
     from faro_serve.sim import simulate
     from faro_serve.sim.scenario import Scenario, run_scenario
 
@@ -196,8 +196,8 @@ class FakeCluster:
     def running_replicas(self):
         return dict(self.running)
 
-    def front_metrics(self, names):
-        from faro_serve.front_report import FrontReport, Processing
+    def meter_reports(self, names):
+        from faro_serve.meter_report import MeterReport, Processing
 
         t0 = time.perf_counter()
         age = self.clock() - self.start
@@ -206,7 +206,7 @@ class FakeCluster:
         for n in names:
             row = self.per_min[self.index[n]]
             rate = float(row[min(done, row.size - 1)]) / 60
-            out[n] = FrontReport(
+            out[n] = MeterReport(
                 model=n, now=self.clock(), arrival_rate=rate,
                 arrivals_per_min=tuple(float(c) for c in row[:done]),
                 current_minute_count=rate * (age - 60 * done),
@@ -243,9 +243,10 @@ class SizedStore:
 
 
 def part_loop(args) -> dict:
-    from autoscaler.forecasters import choose_forecaster
-    from autoscaler.loop import AutoscalerLoop, _json_default
-    from autoscaler.loop_config import AutoscalerConfig
+    from autoscaler.driving.decision_log import json_default
+    from autoscaler.driving.forecasters import choose_forecaster
+    from autoscaler.driving.loop import AutoscalerLoop
+    from autoscaler.driving.loop_config import AutoscalerConfig
     from bench.solver_bench import base_rates
 
     n = args.jobs
@@ -272,9 +273,9 @@ def part_loop(args) -> dict:
         ticks.append({"ms": (time.perf_counter() - t0) * 1e3,
                       "kind": (rec.get("decision") or {}).get("kind")})
         t[0] += loop.tick_s
-    status = json.dumps(loop.status(), default=_json_default)
+    status = json.dumps(loop.status(), default=json_default)
     held = _deep_mb(list(loop.history))
-    record = json.dumps(loop.history[-1], default=_json_default) if loop.history else ""
+    record = json.dumps(loop.history[-1], default=json_default) if loop.history else ""
     plan_ms = [x["ms"] for x in ticks if x["kind"] == "long_term"]
     other = [x["ms"] for x in ticks if x["kind"] != "long_term"]
     return {"models": n, "cpus": args.capacity, "forecaster": fc_name, "ticks": len(ticks),

@@ -53,7 +53,7 @@ def main() -> None:
     from faro_serve.replay.loadgen import build_schedule
     from faro_serve.replay.replay_report import client_latency, replay_result
     from faro_serve.serving.app import deploy
-    from faro_serve.serving.names import FRONT
+    from faro_serve.serving.names import METER
     from faro_serve.validation.live_runs import LiveCluster
 
     out = Path(args.out)
@@ -71,7 +71,7 @@ def main() -> None:
     with LiveCluster(2) as lc:  # loopback-only local Ray, stopped at the end
         base = lc.base
         deploy([(slo, app)], cluster, dashboard_url=lc.dashboard, enabled=False)
-        front = serve.get_deployment_handle(FRONT, app_name=NAME)
+        front = serve.get_deployment_handle(METER, app_name=NAME)
         for _ in range(20):  # warm the model: the first passes are slow
             httpx.post(f"{base}/{NAME}/predict", content=body, timeout=60)
         for policy in ("static-2", "sponge"):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autoscaler.sponge import SpongePolicy, static
+from autoscaler.policies.sponge import SpongePolicy, static
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.engine.batching import BatchProfile, fit_profile
 from faro_serve.sim.batched_runner import BatchedSetting, simulate_batched

@@ -152,7 +152,7 @@ def main(argv=None) -> int:
                          max_replicas=5) for n, d in (("a", "A"), ("b", "B"))]
         spec = ClusterSpec(cpus=CAPACITY, objective="fair_sum", long_term_interval_s=LONG_TERM_S)
         # the replay starts at a minute's start (t0) and the shadow PHASE_S later: its plans
-        # then see the minutes the simulator's plans see at t0 + 60 k (autoscaler/serve_metrics.py
+        # then see the minutes the simulator's plans see at t0 + 60 k (autoscaler/driving/serve_metrics.py
         # takes a minute as complete LAG_S after its end)
         time.sleep(60.0 - time.time() % 60.0)
         t0 = time.time()
@@ -196,8 +196,8 @@ def main(argv=None) -> int:
 
 def analyse(hist, schedule, rec, decisions, polls, slos, spec, t0, out: Path) -> dict:
     """The four checks of the module docstring, as figures."""
-    from autoscaler.driver import decide as drive  # noqa: F401 (the sim drives it the same way)
-    from autoscaler.registry import make_policy
+    from autoscaler.catalogue.registry import make_policy
+    from autoscaler.driving.driver import decide as drive  # noqa: F401 (the sim drives it the same way)
     from faro_serve.sim.history_replay import processing_of, run_whatif
     from faro_serve.sim.runner import SimConfig, simulate
 

@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
 
-    from autoscaler.forecasters import choose_forecaster
+    from autoscaler.driving.forecasters import choose_forecaster
     from faro_serve.sim.history_replay import DEFAULT_POLICY, run_whatif
     from faro_serve.sim.history_replay_report import write_report
     from forecasting.serve_history import ServeHistory

@@ -16,7 +16,7 @@ data has, whatever the hardware. Three sources make one:
 * Sponge's affine model at a number of cores (:meth:`BatchCurve.affine`);
 * a fit of the hinge ``l(b) = base + slope * max(b - knee, 0)`` (:func:`fit_hinge`), flat
   then linear, three numbers: what a replica's own few, noisy batch timings support (the
-  live measurement, ``autoscaler/service.py``) and the summary docs/batching.md reports of
+  live measurement, ``autoscaler/policies/service.py``) and the summary docs/batching.md reports of
   how well that shape fits the H200 and the 16-core CPU profiles.
 
 The planner and the simulator use the curve's shape, ``f(b) = l(b) / l(1)`` (:meth:`shape`),

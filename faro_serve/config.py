@@ -104,7 +104,7 @@ class ClusterSpec(BaseModel):
                                          "replicas the observed rates need over this x the "
                                          "capacity) a long-term plan of a fairness objective may "
                                          "not cut a model below what its observed rate needs "
-                                         "(ours, autoscaler/guard.py); None: off")
+                                         "(ours, autoscaler/faro/guard.py); None: off")
     fair_tiebreak: float = Field(1e-3, ge=0, description="weight of mean utility added to "
                                  "'fair' so equally fair allocations prefer more utility")
     shrink: bool = Field(True, description="run the shrink pass (paper section 4.3)")

@@ -1,6 +1,6 @@
 """Strict reading of the messages that cross a process boundary (paper section 5): the
 router's and the replicas' reports to a model's meter (``faro_serve.serving.messages``) and
-the meter's report to the autoscaler (``faro_serve.front_report``).
+the meter's report to the autoscaler (``faro_serve.meter_report``).
 
 Every field must be present (an optional one as null), each passes its check, an unknown
 one is refused, and the error names the first problem, so a key renamed on one side raises

@@ -12,8 +12,8 @@ import pytest
 from conftest import ROOT
 from pydantic import ValidationError
 
-from autoscaler.policy import ModelObservation
-from autoscaler.service import MIN_BATCHES, measured_shape, service_of
+from autoscaler.contract.policy import ModelObservation
+from autoscaler.policies.service import MIN_BATCHES, measured_shape, service_of
 from faro_serve.batch_curve import BatchCurve, fit_hinge, linear_shape
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.engine import plan
@@ -166,7 +166,7 @@ def test_the_reactive_step_raises_a_flat_curves_batch_when_the_model_breaks_its_
     its largest batch at once beside its extra replica (a flat curve: full batches serve far
     more); a linear one does not (a larger batch would serve no more)."""
     from autoscaler import make_policy
-    from autoscaler.policy import Observation
+    from autoscaler.contract.policy import Observation
 
     def run(batching):
         m = ModelSLO(name="m", slo_ms=100, processing_ms=10, batching=batching, max_replicas=8)
@@ -182,6 +182,6 @@ def test_the_reactive_step_raises_a_flat_curves_batch_when_the_model_breaks_its_
         return d
 
     flat = run(FLAT)
-    assert flat.batch_sizes == {"m": 64} and flat.info["batch_raised"] == ["m"]
+    assert flat.field("batch_size") == {"m": 64} and flat.info["batch_raised"] == ["m"]
     lin = run(LINEAR)
-    assert "m" not in lin.batch_sizes and "batch_raised" not in lin.info
+    assert "m" not in lin.field("batch_size") and "batch_raised" not in lin.info

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from autoscaler.driver import apply_decision
-from autoscaler.policy import Decision
+from autoscaler.contract.policy import Decision
+from autoscaler.driving.driver import apply_decision
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.engine import plan
 from faro_serve.engine.batched_latency import latency_batched
@@ -133,7 +133,7 @@ def test_faro_divides_the_measured_batch_time_into_one_requests_time():
     """Live, a batching replica times whole batches; Faro plans with one request's time,
     p = measured / f(b) at the request-weighted mean batch b (f(b) = s b + 1 - s here)."""
     from autoscaler import make_policy
-    from autoscaler.policy import ModelObservation, Observation
+    from autoscaler.contract.policy import ModelObservation, Observation
 
     models = _models(BATCHING)
     pol = make_policy("faro-fairsum", models, ClusterSpec(cpus=12))
@@ -165,7 +165,7 @@ def test_batching_config_from_a_saved_profile(tmp_path):
 def test_the_driver_checks_batch_sizes():
     models = [ModelSLO(name="a", slo_ms=400, batching=BATCHING), ModelSLO(name="b", slo_ms=400)]
     done = apply_decision(Decision({"a": 2}, batch_sizes={"a": 99}), {"a": 1, "b": 1}, models, 4, None)
-    assert done.batch_sizes == {"a": 16}  # clipped to the model's largest batch
+    assert done.field("batch_size") == {"a": 16}  # clipped to the model's largest batch
     with pytest.raises(ValueError, match="does not batch"):
         apply_decision(Decision({}, batch_sizes={"b": 4}), {"a": 1, "b": 1}, models, 4, None)
 

@@ -132,7 +132,7 @@ def test_sponge_in_its_own_setting_saves_cores_and_meets_the_budgets():
     """The paper's section 4 setting, shortened: 20 req/s at a fixed rate, SLO 1 s, 200 KB
     images over a 0.5-7 MB/s network. A model costing about 0.4 s per image on one core:
     8 static cores cannot keep up, 16 can; Sponge meets the SLO with far fewer."""
-    from autoscaler.sponge import SpongePolicy, static
+    from autoscaler.policies.sponge import SpongePolicy, static
     from faro_serve.config import Batching, ClusterSpec, ModelSLO
     from faro_serve.sim.batched_runner import BatchedSetting, simulate_batched
 

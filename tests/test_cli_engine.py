@@ -89,7 +89,7 @@ def test_policies_lists_every_policy_with_a_summary(cli):
     import json
 
     from autoscaler import make_policy, policy_names
-    from autoscaler.registry import needs_batching
+    from autoscaler.catalogue.registry import needs_batching
     from faro_serve.config import Batching, ClusterSpec, ModelSLO
 
     code, out, _ = cli("policies")

@@ -41,7 +41,7 @@ def error(err: str) -> str:
 @pytest.mark.parametrize("policy, message", [
     ("Boom", "policy '{p}' failed at t=60s: KeyError: 'x'"),
     ("ReturnsDict", "policy '{p}' returned a dict at t=0s, not a Decision "
-                    "(autoscaler.policy.Decision) or None"),
+                    "(autoscaler.contract.policy.Decision) or None"),
     ("Negative", "policy '{p}' asked for -3 replicas of 'a' at t=0s (a number >= 0)"),
     ("TooMany", "policy '{p}' asked for 200 CPUs (the cluster has 8) at t=0s "
                 "(targets {{'a': 100, 'b': 100}})"),
@@ -58,7 +58,7 @@ def test_the_driver_gives_a_failing_tick_its_time():
     import pickle
     from types import SimpleNamespace
 
-    from autoscaler.driver import DecisionRefused, apply_decision, decide
+    from autoscaler.driving.driver import DecisionRefused, apply_decision, decide
     from faro_serve.sim.policy_suite import RunFailed, policy_failures
 
     class Boom:
@@ -80,9 +80,9 @@ def test_the_driver_gives_a_failing_tick_its_time():
 def test_the_live_loop_drives_a_policy_as_the_simulator_does():
     """The live loop decides through the same driver call as the simulator's runners, so a
     user's policy failing live carries the tick's time too (the actor logs it)."""
-    from front_reports import FakeCluster
+    from meter_reports import FakeCluster
 
-    from autoscaler.loop import AutoscalerLoop
+    from autoscaler.driving.loop import AutoscalerLoop
     from faro_serve.serving.schema import parse_autoscaler_config
 
     cfg = parse_autoscaler_config({

@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from autoscaler import make_policy
-from autoscaler.common import max_rate_one_replica
-from autoscaler.policy import ModelObservation, Observation
+from autoscaler.contract.policy import ModelObservation, Observation
+from autoscaler.policies.common import max_rate_one_replica
 from bench.concurrency_check import simulated_p99 as bench_p99
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.distributions import PAPER_PROCESSING

@@ -144,7 +144,7 @@ def test_the_shipped_nhits_applies_it_and_set_daily_configures_it():
     """The N-HiTS the product ships moves its own forecast (not only the DailyContext
     wrapper): at weight 1 each step's mean is yesterday's scaled minute; at 0 it is the
     network's, unlabelled."""
-    from autoscaler.forecasters import set_daily
+    from autoscaler.driving.forecasters import set_daily
     from forecasting.daily import yesterday_means
     from forecasting.shipped import load_shipped
 

@@ -400,7 +400,7 @@ def test_report_explains_decisions_and_says_when_the_machine_was_the_bottleneck(
     section: minute 2 has an oversubscribed CPU and synth-a's processing time tripled."""
     from test_serving_units import FakeCluster, config
 
-    from autoscaler.loop import AutoscalerLoop
+    from autoscaler.driving.loop import AutoscalerLoop
     from faro_serve.demo.diagnosis import decisions_section, machine_minutes, machine_section
 
     cluster = FakeCluster({"a": 1, "b": 1})

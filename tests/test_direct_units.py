@@ -23,7 +23,7 @@ from faro_serve.serving.messages import (
     decode,
 )
 from faro_serve.serving.proxy_queue import ProxyQueueRouter
-from faro_serve.serving.stats import RouterStats
+from faro_serve.serving.stats import MeterStats
 
 
 def _router():
@@ -121,7 +121,7 @@ def test_proxy_queue_latency_is_from_rays_arrival_time():
 
 
 def test_router_stats_put_a_late_arrival_in_its_own_minute_and_second():
-    st = RouterStats(start=0.0)
+    st = MeterStats(start=0.0)
     for t in (10.0, 50.0, 70.0):
         st.arrival(t)
     st.arrival(75.0, at=55.0)  # reported 20 s late: minute 0, already closed

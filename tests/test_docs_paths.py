@@ -2,7 +2,7 @@
 and docs/ name in code spans exists, so a renamed module breaks this test, not a reader.
 
 A file path (``faro_serve/serving/app.py``, ``profiles/resnet34.json``) must be a file of the
-repository; a module path (``faro_serve.serving.app``, ``autoscaler.setting.Setting``,
+repository; a module path (``faro_serve.serving.app``, ``autoscaler.contract.setting.Setting``,
 ``faro_serve.serving.app:model_app``, Ray's ``import_path`` form) must name a module of the
 project and, past the module, attributes it has. Generated places (``runs/``, ``.venv``) and
 templates (``<name>``) are not checked."""
@@ -102,6 +102,6 @@ def test_a_documented_module_path_resolves(doc, path):
 
 def test_a_renamed_module_is_caught():
     assert resolve("faro_serve.serving.app:model_app") is None
-    assert resolve("autoscaler.setting.Setting.clamp") is None
+    assert resolve("autoscaler.contract.setting.Setting.clamp") is None
     assert resolve("faro_serve.serving.app:no_such_app") is not None
     assert resolve("autoscaler.no_such_module") is not None

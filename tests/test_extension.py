@@ -18,8 +18,8 @@ import yaml
 from live_helpers import day_trace, free_port, wait_for
 
 from autoscaler import ModelObservation, Observation, make_policy, policy_names
-from autoscaler.plugins import PluginError, make_forecaster
-from autoscaler.registry import policy_factory
+from autoscaler.catalogue.plugins import PluginError, make_forecaster
+from autoscaler.catalogue.registry import policy_factory
 from faro_serve.config import ClusterSpec, ConfigError, ModelSLO
 from faro_serve.serving.schema import parse_autoscaler_config
 from faro_serve.sim.scenario import Scenario, run_scenario
@@ -54,7 +54,7 @@ def test_make_policy_builds_a_user_class_or_factory_by_import_path(path):
 
 def test_a_class_taking_a_forecaster_gets_it_and_a_default_name_becomes_the_path():
     fc = my_policies.MyForecaster()
-    pol = make_policy("autoscaler.faro:FaroPolicy", MODELS, ClusterSpec(cpus=4), forecaster=fc)
+    pol = make_policy("autoscaler.faro.hybrid:FaroPolicy", MODELS, ClusterSpec(cpus=4), forecaster=fc)
     assert pol.forecaster is fc
     mine = make_policy(f"{USER}:MyPolicy", MODELS, ClusterSpec(cpus=4), forecaster=fc)
     assert not hasattr(mine, "forecaster")  # its __init__ takes none: built without
@@ -86,7 +86,7 @@ BAD = [
      f"not import (No module named 'tests.user_plugins.nope')"),
     (f"{USER}:Nope", f"policy '{USER}:Nope': module '{USER}' has no attribute 'Nope'"),
     (f"{USER}:MyForecaster", f"policy '{USER}:MyForecaster': {USER}.MyForecaster is not a Policy "
-     f"subclass (autoscaler.policy.Policy) or a factory"),
+     f"subclass (autoscaler.contract.policy.Policy) or a factory"),
     (f"{USER}:PERIOD", f"policy '{USER}:PERIOD': a int object is not a Policy subclass or a factory"),
 ]
 
@@ -100,7 +100,7 @@ def test_a_bad_import_path_fails_config_validation_naming_it(path, message):
 
 @pytest.mark.parametrize("path, message", BAD + [
     (f"{USER}:not_a_policy", f"policy '{USER}:not_a_policy': the factory returned a dict, not a "
-     f"Policy (autoscaler.policy.Policy)")])
+     f"Policy (autoscaler.contract.policy.Policy)")])
 def test_a_bad_import_path_is_one_error_line_and_exit_2(cli, trace, path, message):
     code, out, err = cli("simulate", "--trace", str(trace), "--day", "1", "--sample", "0",
                          "--warmup-minutes", "0", "--capacity", "8", "--policy", path,
@@ -145,7 +145,7 @@ def test_a_forecaster_by_import_path_reaches_the_faro_plan():
 
 
 def test_the_live_autoscaler_loads_the_forecaster_of_its_args():
-    from autoscaler.forecasters import forecaster_of
+    from autoscaler.driving.forecasters import forecaster_of
 
     cfg = parse_autoscaler_config(faro_args(forecaster=f"{USER}:MyForecaster"))
     assert isinstance(forecaster_of(cfg)[0], my_policies.MyForecaster)
@@ -271,7 +271,7 @@ def acme(tmp_path, monkeypatch):
 
 
 def test_an_installed_plugin_is_listed_and_built(acme, cli, caplog):
-    with caplog.at_level(logging.WARNING, logger="autoscaler.registry"):
+    with caplog.at_level(logging.WARNING, logger="autoscaler.catalogue.registry"):
         names = policy_names()
     assert {"acme-fixed", "acme-broken"} <= set(names) and names.count("aiad") == 1
     assert any("'aiad'" in r.message and "acme_faro:AcmePolicy (acme-faro 1.2)" in r.message
@@ -292,7 +292,7 @@ def test_an_installed_plugin_is_listed_and_built(acme, cli, caplog):
     doc = json.loads(out)
     kinds = {r["name"]: (r["kind"], r["source"]) for r in doc["policies"]}
     assert kinds["acme-fixed"] == ("plug-in", "acme_faro:AcmePolicy (acme-faro 1.2)")
-    assert kinds["faro-fairsum"] == ("built-in", "autoscaler.builtin")
+    assert kinds["faro-fairsum"] == ("built-in", "autoscaler.catalogue.builtin")
     assert doc["forecasters"] == [{"name": "acme-flat", "kind": "plug-in",
                                    "source": "acme_faro:AcmeForecaster (acme-faro 1.2)"}]
     assert set(json.loads(cli("policies", "--json")[1])) == set(policy_names())

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from autoscaler import ModelObservation, Observation, make_policy
-from autoscaler.policy import PipelineObservation
+from autoscaler.contract.policy import PipelineObservation
 from bench.pipeline_composition import case
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import plan

@@ -1,12 +1,12 @@
-"""The overload guard (autoscaler/guard.py): under heavy overload a long-term plan may not cut
+"""The overload guard (autoscaler/faro/guard.py): under heavy overload a long-term plan may not cut
 a model below what its observed rate needs; the plan's increases give the replicas back."""
 
 import numpy as np
 
 from autoscaler import ModelObservation, Observation, make_policy
-from autoscaler.explain import explain
-from autoscaler.guard import guard_cuts, observed_need
-from autoscaler.policy import Decision
+from autoscaler.contract.policy import Decision
+from autoscaler.driving.explain import explain
+from autoscaler.faro.guard import guard_cuts, observed_need
 from faro_serve.config import ClusterSpec, ModelSLO
 
 MODELS = {n: ModelSLO(name=n, slo_ms=720, processing_ms=154) for n in "abc"}

@@ -1,5 +1,5 @@
 """Issue 32: the durable arrival store (forecasting/store.py), the loop writing it once per
-minute and a restarted loop forecasting from it at its first tick (autoscaler/history.py,
+minute and a restarted loop forecasting from it at its first tick (autoscaler/driving/history.py,
 a fake cluster and clock as in test_loop_restart.py, a small real N-HiTS), and N-HiTS on
 a short history (forecasting/nhits.py)."""
 
@@ -8,11 +8,11 @@ import sqlite3
 
 import numpy as np
 import pytest
-from front_reports import front_report
+from meter_reports import meter_report
 
-from autoscaler.forecasters import set_daily
-from autoscaler.history import HistoryKeeper, fill_short_gaps
-from autoscaler.loop import AutoscalerLoop
+from autoscaler.driving.forecasters import set_daily
+from autoscaler.driving.history import HistoryKeeper, fill_short_gaps
+from autoscaler.driving.loop import AutoscalerLoop
 from faro_serve.measures import HISTORY_MINUTES
 from faro_serve.serving.schema import parse_autoscaler_config
 from forecasting.nhits import DEFAULT_SHORT_RULE, SHORT_RULES
@@ -58,11 +58,11 @@ class Cluster:
     def running_replicas(self):
         return dict(self.running)
 
-    def front_metrics(self, names):
+    def meter_reports(self, names):
         age = self.t - self.meter_start
         done = int(age // 60)
         held = range(0 if self.keep is None else max(done - self.keep, 0), done)
-        return {n: front_report(n, now=self.t, arrivals_per_min=[per_min(n, self.minute(k))
+        return {n: meter_report(n, now=self.t, arrivals_per_min=[per_min(n, self.minute(k))
                                                                   for k in held],
                                 current_minute_count=0, current_minute_elapsed_s=age - 60 * done,
                                 arrival_rate=per_min(n, 0) / 60, latency_ms=100.0)

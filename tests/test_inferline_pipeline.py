@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from autoscaler import make_policy
-from autoscaler.inferline_pipeline import sample_arrivals
-from autoscaler.policy import ModelObservation, Observation, PipelineObservation
+from autoscaler.contract.policy import ModelObservation, Observation, PipelineObservation
+from autoscaler.policies.inferline_pipeline import sample_arrivals
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.engine.inferline_plan import StageConfig, StageProfile, batch_times, evaluate, plan
 from faro_serve.engine.pipeline_des import StageSpec, simulate
@@ -188,7 +188,7 @@ def test_schema_to_policy_decides_for_stages_and_single_models():
                       pipelines=[p])
     d = pol.decide(_obs(0, 30.0, {"A": 5, "B": 1}, singles={"solo": (1, 10.0)}))
     assert set(d.replicas) == {"A", "B", "solo"}
-    assert set(d.batch_sizes) == {"B"} and d.batch_sizes["B"] >= 1
+    assert set(d.field("batch_size")) == {"B"} and d.field("batch_size")["B"] >= 1
     assert d.info["pipelines"]["p"]["latency_ms"] <= 600
     state = pol.get_state()
     again = make_policy("inferline", [*p.stage_models(), single], ClusterSpec(cpus=64),

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent))
 MYPY = shutil.which("mypy", path=str(Path(sys.executable).parent))
-STRICT = ["faro_serve/config.py", "autoscaler/policy.py", "autoscaler/setting.py", "autoscaler/driver.py"]
+STRICT = ["faro_serve/config.py", "autoscaler/contract/policy.py", "autoscaler/contract/setting.py", "autoscaler/driving/driver.py"]
 CHECKED = ["faro_serve/engine", "forecasting"]
 
 

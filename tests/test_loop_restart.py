@@ -7,9 +7,9 @@ import json
 
 import numpy as np
 import pytest
-from front_reports import front_report
+from meter_reports import meter_report
 
-from autoscaler.loop import AutoscalerLoop
+from autoscaler.driving.loop import AutoscalerLoop
 from faro_serve.serving.schema import parse_autoscaler_config
 
 
@@ -41,14 +41,14 @@ class Cluster:
     def running_replicas(self):
         return dict(self.running)
 
-    def front_metrics(self, names):
+    def meter_reports(self, names):
         out = {}
         for n in names:
             minutes = int(self.t // 60)
             lam = rate(n, self.t)
             busy = lam * 0.154 / self.running[n]
             latency = 400.0 if busy < 0.6 else 3000.0
-            out[n] = front_report(
+            out[n] = meter_report(
                 n, arrivals_per_min=[60 * rate(n, 60 * m) for m in range(minutes)],
                 current_minute_count=lam * (self.t - 60 * minutes),
                 current_minute_elapsed_s=self.t - 60 * minutes, arrival_rate=lam,
@@ -149,7 +149,7 @@ def test_a_restarted_loop_restores_each_models_setting():
     restart is in force after it and sent to the fronts; a saved field the config no longer
     allows is left out; an unreadable setting, or a state without per-model settings, starts
     from the fronts' defaults, never crashes."""
-    from autoscaler.setting import Setting
+    from autoscaler.contract.setting import Setting
 
     cluster, store = Cluster(), Store()
     sent = []
@@ -200,7 +200,7 @@ def test_a_failing_apply_stays_in_the_status_across_the_ticks_that_decide_nothin
     plan every long-term interval); the no-op ticks between used to reset the count the
     status showed, so the failure was invisible. TickFailures keeps it until a tick applies
     a decision, on a real loop whose load grows."""
-    from autoscaler.tick_failures import TickFailures
+    from autoscaler.driving.tick_failures import TickFailures
     from faro_serve.commands.status import tick_error_lines
 
     cluster = Refusing()
@@ -250,7 +250,7 @@ def test_a_model_with_none_running_is_left_to_the_next_decision():
     """No replica running may mean replicas starting: observing does not force the minimum
     (that could stop some), as it does force a count above the maximum; the next decision,
     clamped to at least the minimum, scales it."""
-    from front_reports import FakeCluster
+    from meter_reports import FakeCluster
 
     t = [0.0]
     cluster = FakeCluster({"a": 0, "b": 5})  # b's SLO allows at most 4

@@ -1,6 +1,6 @@
 """Typed messages at the router's edge (issue 33): the router's and replicas' reports to the
 meter and its answer (faro_serve/serving/messages.py), the meter's report to the autoscaler
-(faro_serve/front_report.py), and the check that a model's replicas reserve the CPUs its SLO
+(faro_serve/meter_report.py), and the check that a model's replicas reserve the CPUs its SLO
 plans with. No Ray cluster: the meter is constructed as tests/test_direct_units.py does."""
 
 import logging
@@ -9,12 +9,12 @@ import time
 
 import numpy as np
 import pytest
-from front_reports import FakeCluster, front_report
+from meter_reports import FakeCluster, meter_report
 
-from autoscaler.driver import FrontSnapshot
-from autoscaler.loop import AutoscalerLoop
+from autoscaler.driving.driver import MeterSnapshot
+from autoscaler.driving.loop import AutoscalerLoop
 from faro_serve.config import ConfigError
-from faro_serve.front_report import FrontReportError, decode_front_report
+from faro_serve.meter_report import MeterReportError, decode_meter_report
 from faro_serve.serving.direct import Meter
 from faro_serve.serving.messages import (
     VERSION,
@@ -104,22 +104,22 @@ def test_the_meters_report_round_trips_and_a_missing_key_is_named():
     now = time.time()
     m.ingest("router-1", RouterReport((Arrival(now - 0.3), Answered(now, 0.3)), 0, 0, 1).wire())
     raw = m.metrics(reset_mean=False)
-    report = decode_front_report(raw, "synth-a")
+    report = decode_meter_report(raw, "synth-a")
     assert report.wire() == raw and report.replica_cpus == 0.25 and report.latency_ms == pytest.approx(300)
-    snap = FrontSnapshot.from_front(raw)
+    snap = MeterSnapshot.from_meter(raw)
     assert snap.latency_ms == pytest.approx(300) and snap.percentile == 99.0
     for key in ("queue_length", "processing", "arrivals_per_min", "replica_cpus"):
         broken = {k: v for k, v in raw.items() if k != key}
-        with pytest.raises(FrontReportError, match=f"front report of 'synth-a' v4: missing field '{key}'"):
-            FrontSnapshot.from_front(broken, model="synth-a")
-    with pytest.raises(FrontReportError, match="field 'queue_length' must be a finite number"):
-        FrontSnapshot.from_front({**raw, "queue_length": "3"})
-    with pytest.raises(FrontReportError, match="field 'processing' must be a mapping with 'n'"):
-        FrontSnapshot.from_front({**raw, "processing": {"mean_ms": 1.0, "p50_ms": 1.0, "p99_ms": 1.0}})
-    with pytest.raises(FrontReportError, match="version None is not supported"):
-        FrontSnapshot.from_front({k: v for k, v in raw.items() if k != "v"})
-    with pytest.raises(FrontReportError, match="unknown field 'latency'"):
-        FrontSnapshot.from_front({**raw, "latency": 3})
+        with pytest.raises(MeterReportError, match=f"front report of 'synth-a' v4: missing field '{key}'"):
+            MeterSnapshot.from_meter(broken, model="synth-a")
+    with pytest.raises(MeterReportError, match="field 'queue_length' must be a finite number"):
+        MeterSnapshot.from_meter({**raw, "queue_length": "3"})
+    with pytest.raises(MeterReportError, match="field 'processing' must be a mapping with 'n'"):
+        MeterSnapshot.from_meter({**raw, "processing": {"mean_ms": 1.0, "p50_ms": 1.0, "p99_ms": 1.0}})
+    with pytest.raises(MeterReportError, match="version None is not supported"):
+        MeterSnapshot.from_meter({k: v for k, v in raw.items() if k != "v"})
+    with pytest.raises(MeterReportError, match="unknown field 'latency'"):
+        MeterSnapshot.from_meter({**raw, "latency": 3})
 
 
 # --- the autoscaler loop with one malformed or mismatched model ---------------------------
@@ -131,7 +131,7 @@ def config():
 
 
 def _busy(name, **fields):
-    return front_report(name, **{"arrivals_per_min": [900] * 20, "arrival_rate": 15.0, "replica_cpus": 0.25,
+    return meter_report(name, **{"arrivals_per_min": [900] * 20, "arrival_rate": 15.0, "replica_cpus": 0.25,
                                  "processing": {"mean_ms": 154.0}, **fields})
 
 
@@ -148,13 +148,13 @@ def test_the_loop_leaves_out_a_bad_report_and_keeps_deciding_for_the_others(bad_
     assert rec["decision"]["kind"] == "long_term"
     assert cluster.running["a"] >= 3  # a's load was read and planned for
     assert cluster.running["b"] == 1  # b planned as a model whose front did not answer
-    assert set(loop.front_errors) == {"b"} and error in loop.front_errors["b"]
-    assert loop.status()["front_errors"] == loop.front_errors  # GET /faro/status, faro-serve status
+    assert set(loop.meter_errors) == {"b"} and error in loop.meter_errors["b"]
+    assert loop.status()["meter_errors"] == loop.meter_errors  # GET /faro/status, faro-serve status
     assert any(error in r.getMessage() and "'b'" in r.getMessage() for r in caplog.records)
     cluster.fronts["b"] = _busy("b")  # fixed: read again at the next tick
     loop.clock = lambda: 10.0
     loop.step()
-    assert loop.front_errors == {}
+    assert loop.meter_errors == {}
 
 
 # --- the static check where a whole serve config is loaded --------------------------------
@@ -209,14 +209,14 @@ def test_the_meter_echoes_the_setting_it_was_told_and_refuses_one_it_cannot_enfo
     """The loop resends a setting until the meter's report echoes it (issue 33): the echo
     is the record itself, so a new actuator needs no new report field; a field the meter
     has no handler for is refused by name, not dropped."""
-    from autoscaler.setting import Setting
+    from autoscaler.contract.setting import Setting
 
     m = Meter.func_or_class("synth-a", replica_cpus=0.25)
-    snap = FrontSnapshot.from_front(m.metrics(reset_mean=False))
+    snap = MeterSnapshot.from_meter(m.metrics(reset_mean=False))
     want = Setting(replicas=3, drop_rate=0.25, batch_size=4)
     assert snap.told == Setting() and not snap.enforces(want, 99.0)
     m.control(percentile=99.0, **want.to_json())
-    snap = FrontSnapshot.from_front(m.metrics(reset_mean=False))
+    snap = MeterSnapshot.from_meter(m.metrics(reset_mean=False))
     assert snap.told == want and snap.enforces(want, 99.0)
     assert m.drop_rate == 0.25 and m.metrics(reset_mean=False)["drop_rate"] == 0.25  # enforced
     assert not snap.enforces(want.merged(Setting(drop_rate=0.5)), 99.0)
@@ -224,13 +224,13 @@ def test_the_meter_echoes_the_setting_it_was_told_and_refuses_one_it_cannot_enfo
     with pytest.raises(ValueError, match=r"cannot enforce \['cores'\]"):
         m.control(cores=4)
     with pytest.raises(ValueError, match=r"setting: unknown field\(s\) \['cores'\]"):
-        FrontSnapshot.from_front({**m.metrics(reset_mean=False), "setting": {"cores": 4}})
+        MeterSnapshot.from_meter({**m.metrics(reset_mean=False), "setting": {"cores": 4}})
 
 
 def test_a_model_that_is_not_running_is_named_and_the_others_are_planned_without_it():
     """b is in the config but not running (a typo in its app or deployment): the status says
     why; the first MISSING_GRACE_S the loop waits for it, then plans a alone."""
-    from autoscaler.loop import MISSING_GRACE_S
+    from autoscaler.driving.loop import MISSING_GRACE_S
 
     cluster = FakeCluster({"a": 1}, {"a": _busy("a")})
     cluster.absent = {"b": "application 'b' has no deployment 'Nope' (it has Model)"}

@@ -1,6 +1,6 @@
 """The look-back SLO percentile the autoscaler acts on, computed live and in the simulator
 from one request log (issue 19): the meter of the default data path (its router's reports
-merged into ``RouterStats``, the same statistics the router front keeps) and the
+merged into ``MeterStats``, the same statistics the router front keeps) and the
 simulator's ``lookback`` kernel must agree, window by window."""
 
 from types import SimpleNamespace
@@ -11,7 +11,7 @@ import pytest
 from faro_serve.serving import direct
 from faro_serve.serving.direct import Meter
 from faro_serve.serving.messages import VERSION
-from faro_serve.serving.stats import RouterStats
+from faro_serve.serving.stats import MeterStats
 from faro_serve.sim.kernels import DONE, lookback
 
 LOOK_BACK_S = 30.0
@@ -50,7 +50,7 @@ def _queries(arr, lat):
 @pytest.mark.parametrize("q", [99.0, 90.0, 50.0])
 def test_router_statistics_and_the_simulator_kernel_give_the_same_percentile(q):
     arr, lat, proc = _request_log()
-    st = RouterStats(window_s=LOOK_BACK_S, start=0.0)
+    st = MeterStats(window_s=LOOK_BACK_S, start=0.0)
     order = np.argsort(arr + lat)
     queries = _queries(arr, lat)
     k = 0

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from front_reports import front_report
+from meter_reports import meter_report
 
 from autoscaler import make_policy
-from autoscaler.loop import AutoscalerLoop
-from autoscaler.loop_config import parse_autoscaler_config
+from autoscaler.driving.loop import AutoscalerLoop
+from autoscaler.driving.loop_config import parse_autoscaler_config
 from faro_serve import Pipeline, Stage
 from faro_serve.config import ConfigError, parse_config
 
@@ -111,7 +111,7 @@ class FakeCluster:
     def running_replicas(self):
         return {"solo": 1, "det": 1, "cls": 1, "shop": 1}
 
-    def front_metrics(self, names):
+    def meter_reports(self, names):
         return {n: self.reports[n] for n in names if n in self.reports}
 
     def scale(self, name, replicas):
@@ -124,7 +124,7 @@ class FakeCluster:
 def test_the_loop_observes_a_pipeline_at_its_ingress_and_shows_it():
     args = {**doc(ingress="Api"), "policy": "aiad", "forecaster": "fallback"}
     cfg = parse_autoscaler_config(args)
-    reports = {n: front_report(n, latency_ms=lat, arrival_rate=r) for n, lat, r in
+    reports = {n: meter_report(n, latency_ms=lat, arrival_rate=r) for n, lat, r in
                (("solo", 100.0, 2.0), ("det", 120.0, 4.0), ("cls", 300.0, 2.0), ("shop", 700.0, 4.0))}
     reports["shop"]["percentile"] = 95.0  # the ingress measures another percentile than the SLO's
     loop = AutoscalerLoop(cfg, FakeCluster(reports))
@@ -143,6 +143,6 @@ def test_the_loop_observes_a_pipeline_at_its_ingress_and_shows_it():
     # a malformed ingress report leaves the pipeline out, named, and the models are planned
     reports["shop"] = {"model": "shop"}
     loop.step()
-    assert "shop" in loop.front_errors and set(seen[-1].models) == {"solo", "det", "cls"}
+    assert "shop" in loop.meter_errors and set(seen[-1].models) == {"solo", "det", "cls"}
     assert seen[-1].pipelines == {}
     assert rec["models"]["cls"]["slo_ms"] == 450

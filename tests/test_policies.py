@@ -10,9 +10,9 @@ import pytest
 from conftest import with_batching
 
 from autoscaler import make_policy, policy_names
-from autoscaler.common import max_rate_one_replica
-from autoscaler.policy import ModelObservation, Observation
-from autoscaler.registry import needs_batching
+from autoscaler.catalogue.registry import needs_batching
+from autoscaler.contract.policy import ModelObservation, Observation
+from autoscaler.policies.common import max_rate_one_replica
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine.latency import latency_mdc, min_replicas_for_slo
 from faro_serve.sim import SimConfig, simulate
@@ -136,7 +136,7 @@ def test_ray_serve_takes_each_models_own_autoscaling_config():
     """per_model: each model under its own Ray settings (whatif's as-run cluster), the others
     under the policy's; the policy ticks at the shortest metrics interval, and a model with
     a longer one samples only that often."""
-    from autoscaler.ray_rule import RayServePolicy
+    from autoscaler.policies.ray_rule import RayServePolicy
 
     ms = models(3)
     pol = RayServePolicy(ms, ClusterSpec(cpus=50), per_model={

@@ -1,4 +1,4 @@
-"""Restart-safe policy state (autoscaler.state): every policy, stopped mid-run, saved as JSON
+"""Restart-safe policy state (autoscaler.contract.state): every policy, stopped mid-run, saved as JSON
 and restored into a freshly built policy, makes exactly the decisions the uninterrupted
 policy makes on the same observations; and a policy changes nothing between decisions
 that its state does not hold."""
@@ -14,9 +14,9 @@ import pytest
 from conftest import with_batching
 
 from autoscaler import make_policy, policy_names
-from autoscaler.common import Timers
-from autoscaler.registry import needs_batching
-from autoscaler.state import decode, encode
+from autoscaler.catalogue.registry import needs_batching
+from autoscaler.contract.state import decode, encode
+from autoscaler.policies.common import Timers
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.sim import SimConfig, simulate
 from faro_serve.traces import load_trace
@@ -46,8 +46,7 @@ def observations():
 def _same(a, b) -> bool:
     if a is None or b is None:
         return a is b
-    return ((a.replicas, a.drop_rates, a.kind, a.threads, a.batch_sizes)
-            == (b.replicas, b.drop_rates, b.kind, b.threads, b.batch_sizes))
+    return (a.settings, a.kind) == (b.settings, b.kind)
 
 
 @pytest.mark.parametrize("name", policy_names())

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from autoscaler import make_policy
-from autoscaler.baselines import RAY_DEFAULTS, RAY_TUNED
-from autoscaler.policy import Policy
+from autoscaler.contract.policy import Policy
+from autoscaler.policies.baselines import RAY_DEFAULTS, RAY_TUNED
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.sim import NO_OVERHEAD, SimConfig, TimeDist, simulate
 from faro_serve.validation.comparison import NATIVE, RAY_SETTINGS, ray_settings_line, sim_policy, sim_queue

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from live_helpers import free_port, wait_for
 
-from autoscaler.serve_metrics import ServeMetricsObserver
-from faro_serve.front_report import decode_front_report
+from autoscaler.driving.serve_metrics import ServeMetricsObserver
+from faro_serve.meter_report import decode_meter_report
 from forecasting.prometheus import PrometheusError
 from forecasting.rayserve import REQUESTS, ServeMetricsStore, _seconds, export_lag_s, read_serve_history
 from forecasting.serve_history import ServeHistory, ServeHistoryError, bucket_quantile
@@ -155,9 +155,9 @@ def test_the_same_minutes_serve_as_the_autoscalers_restore_source_and_its_observ
     raw = obs.reports({"mA": ("a", "A"), "mB": ("b", "B"), "gone": ("x", "X")}, {"mA": 2, "mB": 1},
                       {"mA": 99.0, "mB": 95.0})
     assert sorted(raw) == ["mA", "mB"]
-    ra = decode_front_report(raw["mA"], "mA")
+    ra = decode_meter_report(raw["mA"], "mA")
     assert np.allclose(ra.arrivals_per_min, truth["a/A"][10:40]) and ra.replicas == 2
-    rb = decode_front_report(raw["mB"], "mB")
+    rb = decode_meter_report(raw["mB"], "mB")
     assert np.allclose(rb.arrivals_per_min, truth["b/B"][25:40])  # from its first minute on
     assert ra.current_minute_elapsed_s == pytest.approx(65.0)
     assert ra.arrival_rate == pytest.approx(truth["a/A"][39:41].mean() / 60, rel=0.5)
@@ -185,10 +185,10 @@ def test_forecast_train_reads_ray_serves_counters_where_there_are_no_faro_series
 def test_a_new_autoscaler_without_a_store_starts_from_the_clusters_prometheus_history(prom, tmp_path):
     """``prometheus_url`` and no ``history_dir``: the first tick's history of a model whose
     meter has just started (3 minutes) is Ray Serve's minutes before them, then the meter's."""
-    from front_reports import front_report
+    from meter_reports import meter_report
 
-    from autoscaler.driver import FrontSnapshot
-    from autoscaler.history import HistoryKeeper
+    from autoscaler.driving.driver import MeterSnapshot
+    from autoscaler.driving.history import HistoryKeeper
     from faro_serve.config import ModelSLO
     from faro_serve.serving.autoscaler_deployment import open_history
     from faro_serve.serving.schema import parse_autoscaler_config
@@ -203,8 +203,8 @@ def test_a_new_autoscaler_without_a_store_starts_from_the_clusters_prometheus_hi
     assert isinstance(store, HistorySource) and isinstance(ArrivalStore(tmp_path), HistorySource)
     keeper = HistoryKeeper(store, keep_minutes=40)
     now = t0 + 60 * 45 + 10  # the meter's minutes: 42, 43, 44; minute 45 open for 10 s
-    raw = {"mA": front_report("mA", arrivals_per_min=[1.0, 2.0, 3.0], current_minute_elapsed_s=10.0)}
-    snaps = {"mA": FrontSnapshot.from_front(raw["mA"])}
+    raw = {"mA": meter_report("mA", arrivals_per_min=[1.0, 2.0, 3.0], current_minute_elapsed_s=10.0)}
+    snaps = {"mA": MeterSnapshot.from_meter(raw["mA"])}
     joined = keeper.observe(now, raw, snaps)["mA"].arrivals_per_min
     assert joined.size == 40 and list(joined[-3:]) == [1.0, 2.0, 3.0]
     assert np.allclose(joined[:-3], truth["a/A"][5:42])  # Prometheus's minutes 5..41 before them

@@ -101,7 +101,7 @@ def test_the_shipped_nhits_adds_recurring_peaks_and_set_recurrence_configures_it
     """The N-HiTS the product ships raises a quarter of its samples to a cyclic model's next
     peak by default; ``set_recurrence`` (what the autoscaler's ``recurrence_share`` and the
     simulator's ``--recurrence-share`` call) changes the share or turns it off."""
-    from autoscaler.forecasters import set_recurrence
+    from autoscaler.driving.forecasters import set_recurrence
     from forecasting.recurrence import DEFAULT_SHARE
     from forecasting.shipped import load_shipped
 
@@ -121,7 +121,7 @@ def test_the_shipped_nhits_adds_recurring_peaks_and_set_recurrence_configures_it
 
 
 def test_a_bad_share_is_named_in_the_args_and_on_the_command_line(cli, tmp_path):
-    from autoscaler.loop_config import parse_autoscaler_config
+    from autoscaler.driving.loop_config import parse_autoscaler_config
     from faro_serve.config import ConfigError
 
     args = {"cluster": {"cpus": 4}, "models": [{"name": "m", "slo_ms": 720, "processing_ms": 154}]}

@@ -1,13 +1,13 @@
-"""Issue 31: re-plan on surprise and moving replicas in a full cluster (autoscaler.replan,
+"""Issue 31: re-plan on surprise and moving replicas in a full cluster (autoscaler.faro.replan,
 FaroPolicy). Pure and Ray-free: observations are built by hand."""
 
 import numpy as np
 import pytest
 
 from autoscaler import ModelObservation, Observation, make_policy
-from autoscaler.explain import explain
-from autoscaler.replan import donor_ok, relevel, surprise
-from autoscaler.service import Service
+from autoscaler.driving.explain import explain
+from autoscaler.faro.replan import donor_ok, relevel, surprise
+from autoscaler.policies.service import Service
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import latency_mdc
 
@@ -285,8 +285,8 @@ def test_a_replan_does_not_cut_a_saturated_model():
     """Live, requests refused at the queue bound are never seen as arrivals, so a model over
     its SLO (or queued beyond its replicas) measures less than its load: a re-plan keeps its
     replicas and takes the difference back from its own increases (guard.keep_saturated)."""
-    from autoscaler.guard import keep_saturated
-    from autoscaler.policy import Decision
+    from autoscaler.contract.policy import Decision
+    from autoscaler.faro.guard import keep_saturated
 
     models = {n: ModelSLO(name=n, **SLO) for n in ("a", "b", "c")}
     o = obs(60.0, {"a": 9.0, "b": 0.1, "c": 1.0}, {"a": 3, "b": 3, "c": 2},

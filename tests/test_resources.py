@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from autoscaler import make_policy
-from autoscaler.driver import CapacityExceeded, apply_decision, observe
-from autoscaler.loop import capped_capacity
-from autoscaler.policy import Decision, ModelObservation, Observation, grant_in_order
+from autoscaler.contract.policy import Decision, ModelObservation, Observation, grant_in_order
+from autoscaler.driving.cluster_adapter import capped_capacity
+from autoscaler.driving.driver import CapacityExceeded, apply_decision, observe
 from faro_serve.config import ClusterSpec, FaroConfig, ModelSLO, check_minimums_fit
 from faro_serve.engine import plan
 from faro_serve.resources import CPU, GPU, MEMORY, Capacity, demand, usage

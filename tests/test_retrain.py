@@ -1,5 +1,5 @@
 """Issue 32 item 4: retraining on the cluster's own traffic (forecasting/retrain.py) and
-swapping the better forecaster in off the control loop (autoscaler/retrainer.py): the judge's
+swapping the better forecaster in off the control loop (autoscaler/driving/retrainer.py): the judge's
 figures, a real retrain that forecasts better swapped in and a worse one not, and the live
 loop's swap from a real arrival store, saved and loadable, shown in the status."""
 
@@ -7,10 +7,10 @@ import json
 
 import numpy as np
 import pytest
-from front_reports import FakeCluster
+from meter_reports import FakeCluster
 
-from autoscaler.loop import AutoscalerLoop
-from autoscaler.retrainer import RETRAINED_DIR, Retrainer
+from autoscaler.driving.loop import AutoscalerLoop
+from autoscaler.driving.retrainer import RETRAINED_DIR, Retrainer
 from faro_serve.commands.status import retrain_lines
 from faro_serve.serving.schema import parse_autoscaler_config
 from forecasting.base import FallbackForecaster
@@ -243,7 +243,7 @@ def test_a_read_only_store_reads_what_the_autoscaler_wrote_and_writes_nothing(tm
 
 
 def test_a_restarted_autoscaler_loads_what_it_retrained_unless_told_otherwise(tmp_path, trained):
-    from autoscaler.forecasters import forecaster_of
+    from autoscaler.driving.forecasters import forecaster_of
 
     save_forecaster(trained[0], tmp_path / RETRAINED_DIR)
 

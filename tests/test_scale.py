@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from autoscaler import ModelObservation, Observation, make_policy
-from autoscaler.explain import explain
+from autoscaler.driving.explain import explain
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import plan
 

@@ -45,7 +45,7 @@ def live():
 
 
 def meter(model: str) -> dict:
-    return serve.get_deployment_handle("Front", app_name=model).metrics.remote(
+    return serve.get_deployment_handle("Meter", app_name=model).metrics.remote(
         reset_mean=False).result(timeout_s=30)
 
 
@@ -54,7 +54,7 @@ def test_a_batching_replica_follows_a_live_batch_size_change(live):
     through the meter to the replica (reconfigure) and to the proxy's router (two batches
     per replica); 16 requests at once are served one by one at batch 1, in batches of up
     to 8 after the change, and one by one again after the change back. Every one answers."""
-    front = serve.get_deployment_handle("Front", app_name="dir-batch")
+    front = serve.get_deployment_handle("Meter", app_name="dir-batch")
 
     async def burst(n):
         async with httpx.AsyncClient(base_url=live["base"], timeout=60) as c:
@@ -78,7 +78,7 @@ def test_a_task_switches_variant_live_and_answers_throughout(live):
     """INFaaS's variant switch live (issue 20): requests every 100 ms while the meter is told
     to serve the other variant; every request is answered, first by the variant deployed,
     then by the new one once its replica has loaded it."""
-    front = serve.get_deployment_handle("Front", app_name="dir-task")
+    front = serve.get_deployment_handle("Meter", app_name="dir-task")
 
     async def stream():
         out = []
@@ -137,7 +137,7 @@ def test_sponge_runs_live_on_budgets_net_of_the_clients_network_time(live):
             for _ in range(120):
                 tasks.append(asyncio.create_task(one()))
                 await asyncio.sleep(0.1)
-            m = await serve.get_deployment_handle("Front", app_name="dir-batch").metrics.remote(
+            m = await serve.get_deployment_handle("Meter", app_name="dir-batch").metrics.remote(
                 reset_mean=False)  # while the clients' network time is fresh (3 s)
             await asyncio.gather(*tasks)
         return bad, out, m

@@ -56,7 +56,7 @@ def live():
 
 
 def meter(model: str) -> dict:
-    return serve.get_deployment_handle("Front", app_name=model).metrics.remote(
+    return serve.get_deployment_handle("Meter", app_name=model).metrics.remote(
         reset_mean=False).result(timeout_s=30)
 
 
@@ -105,7 +105,7 @@ def test_the_meter_counts_what_the_router_and_replicas_report(live):
 
 
 def test_direct_drop_rate_half_gives_half_503s(live):
-    front = serve.get_deployment_handle("Front", app_name="dir-b")
+    front = serve.get_deployment_handle("Meter", app_name="dir-b")
     front.control.remote(drop_rate=0.5).result(timeout_s=30)
     time.sleep(2.5)  # the replicas learn it with their next report
     dropped = check_drop_share(fire(live["base"], "/dir-b/predict", 400, 8), 400)

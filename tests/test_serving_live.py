@@ -161,7 +161,7 @@ def test_config_change_takes_effect_without_restarting_model_replicas(live):
 
 
 def test_drop_rate_half_gives_half_503s(live):
-    front = serve.get_deployment_handle("Front", app_name="synth-b")
+    front = serve.get_deployment_handle("Meter", app_name="synth-b")
     front.control.remote(drop_rate=0.5).result(timeout_s=30)
     time.sleep(2.5)  # the replicas learn the drop rate with their next report (once a second)
     check_drop_share(fire(live["base"], "/synth-b/predict", 400, 8), 400)

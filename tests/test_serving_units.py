@@ -9,15 +9,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import yaml
-from front_reports import FakeCluster, front_report
+from meter_reports import FakeCluster, meter_report
 from ray.serve.request_router import PendingRequest
 
-from autoscaler.loop import AutoscalerLoop
-from autoscaler.setting import Setting
+from autoscaler.contract.setting import Setting
+from autoscaler.driving.loop import AutoscalerLoop
 from faro_serve.config import ConfigError
 from faro_serve.serving.routing import DispatchGate, IdleFirstRouter
 from faro_serve.serving.schema import parse_autoscaler_config, parse_model_args
-from faro_serve.serving.stats import RouterStats
+from faro_serve.serving.stats import MeterStats
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,7 +131,7 @@ def test_router_moves_a_refused_request_and_drops_a_cancelled_one():
 
 # --- router statistics ---------------------------------------------------------------
 def test_router_stats_counts_rates_and_percentiles():
-    s = RouterStats(window_s=30, start=0.0)
+    s = MeterStats(window_s=30, start=0.0)
     for k in range(120):  # 1 request/s for two minutes, then 5/s for 20 s
         s.arrival(k + 0.5)
         s.completed(k + 0.6, latency_s=0.1 + (k % 10) / 100, processing_s=0.05)
@@ -152,7 +152,7 @@ def test_router_stats_counts_rates_and_percentiles():
 
 
 def test_router_stats_queue_is_in_flight_beyond_replicas():
-    s = RouterStats(start=0.0)
+    s = MeterStats(start=0.0)
     for _ in range(7):
         s.started(0.0)
     s.finished(0.5)
@@ -161,7 +161,7 @@ def test_router_stats_queue_is_in_flight_beyond_replicas():
 
 def test_router_stats_mean_in_flight_is_time_weighted_per_period():
     """The simulator's "ongoing requests" over a tick: the time average, not a sample."""
-    s = RouterStats(start=0.0)
+    s = MeterStats(start=0.0)
     s.started(0.0)
     s.started(5.0)  # 1 in flight for 5 s, then 2 for 5 s
     assert s.snapshot(10.0, reset_mean=True)["mean_in_flight"] == pytest.approx(1.5)
@@ -195,10 +195,10 @@ def test_loop_moves_replicas_to_load_and_resumes_from_running_state():
 
 
 def test_history_extrapolates_the_open_minute_only_at_start():
-    from autoscaler.driver import FrontSnapshot
+    from autoscaler.driving.driver import MeterSnapshot
 
     def hist(front):
-        return FrontSnapshot.from_front(front_report(**front)).arrivals_per_min.tolist()
+        return MeterSnapshot.from_meter(meter_report(**front)).arrivals_per_min.tolist()
 
     assert hist({"arrivals_per_min": [], "current_minute_count": 50,
                  "current_minute_elapsed_s": 20.0}) == [150.0]
@@ -349,7 +349,7 @@ def test_synthetic_model_serves_one_request_at_a_time():
 
 
 def test_status_explains_plans_and_shows_measured_beside_planned_utility():
-    from autoscaler.explain import explain
+    from autoscaler.driving.explain import explain
 
     cluster = FakeCluster({"a": 1, "b": 1})
     t = [0.0]

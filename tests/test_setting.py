@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from autoscaler.driver import CapacityExceeded, apply_decision
-from autoscaler.loop import decision_record
-from autoscaler.policy import Decision
-from autoscaler.setting import FIELDS, Setting
+from autoscaler.contract.policy import Decision
+from autoscaler.contract.setting import FIELDS, Setting
+from autoscaler.driving.decision_log import decision_record
+from autoscaler.driving.driver import CapacityExceeded, apply_decision
 from faro_serve.config import Batching, ModelSLO, Variant
 
 PROFILE = Batching(gamma=0.75, eps=0.25, max_batch_size=8)
@@ -82,8 +82,8 @@ def test_a_decision_is_carried_out_decreases_first_within_the_limits():
 def test_decision_views_are_read_only_and_set_adds_fields():
     dec = Decision({"a": 2}, {"a": 0.1})
     dec.set("a", threads=2).set("b", variant="large")
-    assert dict(dec.replicas) == {"a": 2} and dict(dec.threads) == {"a": 2}
-    assert dict(dec.variants) == {"b": "large"}
+    assert dict(dec.replicas) == {"a": 2} and dict(dec.field("threads")) == {"a": 2}
+    assert dict(dec.field("variant")) == {"b": "large"}
     with pytest.raises(TypeError):
         dec.replicas["a"] = 3  # a write to a view would be lost: refused
     assert decision_record(dec) == {"kind": "long_term", "replicas": {"a": 2}, "drop_rates": {"a": 0.1},
@@ -94,7 +94,7 @@ def test_decision_views_are_read_only_and_set_adds_fields():
 def test_the_batched_simulator_goes_through_the_drivers_clamps():
     """The third driver is gone: Sponge's batched simulator observes and applies as the
     simulator and the live loop do, so a model's limits bind there too."""
-    from autoscaler.sponge import static
+    from autoscaler.policies.sponge import static
     from faro_serve.config import ClusterSpec
     from faro_serve.engine.batching import BatchProfile
     from faro_serve.sim.batched_runner import BatchedSetting, simulate_batched

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_loop_restart import Cluster, run
 
-from autoscaler.loop import AutoscalerLoop
+from autoscaler.driving.loop import AutoscalerLoop
 from faro_serve.config import ConfigError
 from faro_serve.serving.schema import parse_autoscaler_config
 
@@ -30,14 +30,14 @@ class OwnScaler(Cluster):
         self.timeline = list(timeline)
         self.told = []
 
-    def front_metrics(self, names):
+    def meter_reports(self, names):
         for t, n, r in self.timeline:
             if t < self.t:  # what the acting loop did at an earlier tick has happened here too
                 self.running[n] = r
-        return super().front_metrics(names)
+        return super().meter_reports(names)
 
     def running_replicas(self):
-        self.front_metrics([])
+        self.meter_reports([])
         return dict(self.running)
 
     def scale(self, name, replicas):

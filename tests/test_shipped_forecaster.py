@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from front_reports import FakeCluster
+from meter_reports import FakeCluster
 
-from autoscaler.forecasters import choose_forecaster, policy_forecasts
-from autoscaler.loop import AutoscalerLoop
-from autoscaler.policy import ModelObservation, Observation
-from autoscaler.registry import make_policy
+from autoscaler.catalogue.registry import make_policy
+from autoscaler.contract.policy import ModelObservation, Observation
+from autoscaler.driving.forecasters import choose_forecaster, policy_forecasts
+from autoscaler.driving.loop import AutoscalerLoop
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.serving.schema import parse_autoscaler_config
 from forecasting.base import FallbackForecaster
@@ -143,7 +143,7 @@ def test_a_shipped_forecaster_that_cannot_load_leaves_the_fallback_and_says_why(
 
 
 def test_the_live_autoscaler_chooses_from_its_args():
-    from autoscaler.forecasters import forecaster_of as live_choice
+    from autoscaler.driving.forecasters import forecaster_of as live_choice
 
     def args(**extra):
         return parse_autoscaler_config({"cluster": {"cpus": 2}, "models": [m.model_dump() for m in MODELS],

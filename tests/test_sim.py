@@ -9,7 +9,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from autoscaler.policy import Decision, Policy
+from autoscaler.contract.policy import Decision, Policy
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine.latency import latency_mdc
 from faro_serve.sim import NO_OVERHEAD, CapacityExceeded, SimConfig, TimeDist, simulate

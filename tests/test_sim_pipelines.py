@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from autoscaler import make_policy
-from autoscaler.policy import Decision, Policy
+from autoscaler.contract.policy import Decision, Policy
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.pipelines import PipelineSLO, expand
 from faro_serve.sim import NO_OVERHEAD, SimConfig, TimeDist, simulate

@@ -1,4 +1,4 @@
-"""The surge plan and a new deployment's first surge (autoscaler.surge, issue 31 item 4).
+"""The surge plan and a new deployment's first surge (autoscaler.faro.surge, issue 31 item 4).
 
 Hand-made observations first (pure, Ray-free), then the same policy in the simulator on a
 real trace slice that starts as ``faro-serve compare`` does: every model new, at one replica.
@@ -7,7 +7,7 @@ real trace slice that starts as ``faro-serve compare`` does: every model new, at
 import numpy as np
 
 from autoscaler import ModelObservation, Observation, make_policy
-from autoscaler.explain import explain
+from autoscaler.driving.explain import explain
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import max_rate_for_slo, min_replicas_for_slo
 
@@ -94,7 +94,7 @@ def test_the_oracle_never_surge_plans():
 def test_the_simulator_shows_the_first_minutes_as_the_live_driver_does():
     """Both call driver.with_open_minute: right after a start the open minute, extrapolated
     once 10 s old, is the history (the live meters' completed minutes would be none)."""
-    from autoscaler.driver import with_open_minute
+    from autoscaler.driving.driver import with_open_minute
     from faro_serve.sim.runner import SimConfig, simulate
 
     assert with_open_minute([], 30, 5.0).size == 0  # too young

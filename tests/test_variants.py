@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from autoscaler import make_policy
-from autoscaler.driver import apply_decision
-from autoscaler.policy import Decision
+from autoscaler.contract.policy import Decision
+from autoscaler.driving.driver import apply_decision
 from faro_serve.config import Batching, ClusterSpec, ModelSLO, Variant
 from faro_serve.engine.variants import options, scale_down, scale_up, select
 from faro_serve.sim import SimConfig, simulate
@@ -66,7 +66,7 @@ def test_the_driver_checks_variant_names():
     models = [task(), ModelSLO(name="plain", slo_ms=720)]
     done = apply_decision(Decision({}, variants={"classify": "resnet50"}, batch_sizes={"classify": 99}),
                           {"classify": 1, "plain": 1}, models, 4, None)
-    assert done.variants == {"classify": "resnet50"} and done.batch_sizes == {"classify": 8}
+    assert done.field("variant") == {"classify": "resnet50"} and done.field("batch_size") == {"classify": 8}
     with pytest.raises(ValueError, match="no variant 'vgg'"):
         apply_decision(Decision({}, variants={"classify": "vgg"}), {"classify": 1, "plain": 1}, models, 4, None)
 

@@ -17,8 +17,8 @@ import pytest
 from scipy.special import ndtr
 
 from autoscaler import make_policy
-from autoscaler.forecasters import choose_forecaster
-from autoscaler.ray_rule import RayServePolicy
+from autoscaler.driving.forecasters import choose_forecaster
+from autoscaler.policies.ray_rule import RayServePolicy
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.sim import SimConfig, parse_dist, simulate
 from faro_serve.traces import load_trace

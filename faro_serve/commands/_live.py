@@ -122,7 +122,7 @@ def run_validation(args) -> tuple[Path, dict, dict]:
     if args.resimulate:
         state = load_state(out)
     else:
-        from autoscaler.registry import UnknownPolicy, policy_factory, policy_names
+        from autoscaler.catalogue.registry import UnknownPolicy, policy_factory, policy_names
 
         from ..validation.comparison import NATIVE
 
@@ -154,7 +154,7 @@ def run_validation(args) -> tuple[Path, dict, dict]:
               f"files in {out}", file=sys.stderr)
         previous = load_state(out) if args.again else None
         state = _live(wl, policies, args.capacity, out, args.forecaster, previous, args.data_path)
-    from autoscaler.forecasters import choose_forecaster, is_builtin
+    from autoscaler.driving.forecasters import choose_forecaster, is_builtin
 
     # the simulated side's forecaster: the live runs' (the live autoscaler loads the same one)
     spec = args.forecaster or state.get("forecaster_dir")

@@ -105,13 +105,13 @@ def _batching(args):
 def forecaster_from_args(args, log=None):
     """(forecaster, how it was made): N-HiTS trained on ``--history`` ("nhits"), else the
     forecaster of ``--forecaster`` (``fallback``, ``shipped``, a plug-in name or an import
-    path), else the N-HiTS shipped with faro-serve (``autoscaler.forecasters``)."""
+    path), else the N-HiTS shipped with faro-serve (``autoscaler.driving.forecasters``)."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     spec = getattr(args, "forecaster", None)
     if spec and args.history:
         raise UsageError("give --forecaster (a name or an import path) or --history (train N-HiTS), not both")
     if not args.history:
-        from autoscaler.forecasters import choose_forecaster
+        from autoscaler.driving.forecasters import choose_forecaster
 
         return choose_forecaster(spec)
     from ..sim.forecaster import history_forecaster

@@ -148,13 +148,13 @@ def _first_on(arrivals):
 
 
 def _train_from_store(args, cfg, out: Path) -> int:
-    """``forecast train --from``: what the live retrainer does (``autoscaler.retrainer``), by
+    """``forecast train --from``: what the live retrainer does (``autoscaler.driving.retrainer``), by
     hand: train on the store's history without its last minutes, judge against the current
     forecaster on them, save only a better one (or with ``--force``)."""
     import sqlite3
 
-    from autoscaler.forecasters import choose_forecaster
-    from autoscaler.retrainer import RETRAINED_DIR, recent_history
+    from autoscaler.driving.forecasters import choose_forecaster
+    from autoscaler.driving.retrainer import RETRAINED_DIR, recent_history
     from forecasting.retrain import retrain
     from forecasting.store import FILE_NAME, ArrivalStore, StoreRefused
 
@@ -345,7 +345,7 @@ def run_eval(args) -> int:
         label = forecaster.name
     trace = load_trace(args.trace, days=args.days, sample=args.sample)
     if args.days and hasattr(forecaster, "daily_weight"):  # the daily context's day is the trace's
-        from autoscaler.forecasters import set_daily
+        from autoscaler.driving.forecasters import set_daily
 
         from ..traces import day_minutes, parse_days
 

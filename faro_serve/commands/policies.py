@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from autoscaler.plugins import forecaster_plugins
-from autoscaler.registry import policy_catalog, policy_summaries
+from autoscaler.catalogue.plugins import forecaster_plugins
+from autoscaler.catalogue.registry import policy_catalog, policy_summaries
 
 
 def register(sub) -> None:

@@ -58,7 +58,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from autoscaler.registry import policy_factory
+    from autoscaler.catalogue.registry import policy_factory
 
     from ..sim.scenario import run_scenario
 
@@ -150,7 +150,7 @@ def read_config(path: str):
     """``--config``: a faro-serve config (cluster, models, pipelines), or a Ray Serve config
     (``applications``, like serve_config.yaml), of which the faro application's args are
     read (:func:`faro_serve.config.faro_applications`, as ``kuberay`` finds it)."""
-    from autoscaler.loop_config import parse_autoscaler_config
+    from autoscaler.driving.loop_config import parse_autoscaler_config
 
     from ..config import faro_applications, load_document, parse_config
 

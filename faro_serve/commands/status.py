@@ -90,7 +90,7 @@ def run(args) -> int:
         print(line)
     for line in pipeline_lines(st.get("pipelines")):
         print(line)
-    for name, err in (st.get("front_errors") or {}).items():  # left out of the plan this tick
+    for name, err in (st.get("meter_errors") or {}).items():  # left out of the plan this tick
         print(f"{name}: not planned: {err}")
     if shadow:
         print("shadow mode: the autoscaler plans every tick and changes nothing; 'advised' is what it "
@@ -100,7 +100,7 @@ def run(args) -> int:
     for line in retrain_lines(st.get("retrain")):
         print(line)
     if decisions is not None:
-        from autoscaler.explain import explain
+        from autoscaler.driving.explain import explain
 
         for line in explain(decisions):
             print(line)

@@ -54,7 +54,7 @@ def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from autoscaler import policy_names
-    from autoscaler.registry import needs_batching, policy_factory
+    from autoscaler.catalogue.registry import needs_batching, policy_factory
 
     from ..sim.policy_suite import SuiteStopped, aggregate, markdown_table, run_suite, uses_forecaster, write_outputs
     from ._args import check_capacity
@@ -93,8 +93,8 @@ def run(args) -> int:
         raise UsageError(f"{len(names)} jobs need at least {len(names)} replicas; smallest capacity is {min(capacities):g}")
     fc_dir = None
     if args.forecaster:
-        from autoscaler.forecasters import is_builtin
-        from autoscaler.plugins import check_forecaster_spec
+        from autoscaler.catalogue.plugins import check_forecaster_spec
+        from autoscaler.driving.forecasters import is_builtin
 
         if args.history:
             raise UsageError("give --forecaster (a name or an import path) or --history (train N-HiTS), not both")

@@ -105,7 +105,7 @@ def read_history(args):
 
 
 def run(args) -> int:
-    from autoscaler.registry import policy_factory
+    from autoscaler.catalogue.registry import policy_factory
 
     from ..sim.history_replay import run_whatif
     from ..sim.history_replay_report import write_report
@@ -139,7 +139,7 @@ def run(args) -> int:
         raise UsageError(f"{hist.source or args.export}: no deployments in the history")
     fc, kind = None, "none"
     if uses_forecaster(args.policy):
-        from autoscaler.forecasters import choose_forecaster
+        from autoscaler.driving.forecasters import choose_forecaster
 
         fc, kind = choose_forecaster(args.forecaster)
     with policy_failures(args.policy):

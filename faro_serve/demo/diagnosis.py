@@ -4,7 +4,7 @@ with their reasons, and whether the machine rather than the policy was the bottl
 * **Decisions**: every long-term plan (forecast band, estimated p99 per model at the
   chosen replicas, utility, the objective and what bound it) and every reactive step that
   changed something, with what triggered it: the autoscaler's own records
-  (``GET /faro/decisions``), explained by :func:`autoscaler.explain.explain`, at their time
+  (``GET /faro/decisions``), explained by :func:`autoscaler.driving.explain.explain`, at their time
   in the replay.
 * **The machine**: per minute, the 1-minute load average against the cores, and each
   model's processing time (what its replicas measured, median of the autoscaler's reads)
@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from autoscaler.explain import explain
+from autoscaler.driving.explain import explain
 
 from ..validation.comparison import scale_up_lags
 

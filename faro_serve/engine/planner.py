@@ -190,7 +190,7 @@ def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: Clust
     each is one job of the objective, planned end to end (pipeline_plan.py); ``forecasts``
     may then give a pipeline's entry rates under its name (a stage's: entry x fraction).
     ``batch_shapes``: per batching model, a measured batch curve's shape ``f(b)`` for b =
-    0..its max_batch_size, overriding its config's (``autoscaler/service.py``).
+    0..its max_batch_size, overriding its config's (``autoscaler/policies/service.py``).
     """
     t0 = time.perf_counter()
     models = list(models)

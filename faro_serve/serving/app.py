@@ -22,7 +22,7 @@ from ray.serve.config import RequestRouterConfig
 from ..config import ClusterSpec, ModelSLO
 from .direct import DirectModel, Meter
 from .front import Front
-from .names import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL, QUIET
+from .names import AUTOSCALER, AUTOSCALER_APP, METER, MODEL, QUIET
 from .proxy_queue import PIPELINE, ProxyQueueRouter
 from .routing import IdleFirstRouter
 from .schema import ModelAppArgs, parse_autoscaler_config, parse_model_args
@@ -89,7 +89,7 @@ def direct_model_app(spec: ModelAppArgs):
     """The direct path: the model replicas serve HTTP, the proxy's router keeps the queue.
     A batching model's replica takes PIPELINE batches: the one it serves and the next."""
     cls, kwargs = _model_class(spec)
-    meter = Meter.options(name=FRONT, logging_config=QUIET).bind(spec.name, replica_cpus=spec.cpus)
+    meter = Meter.options(name=METER, logging_config=QUIET).bind(spec.name, replica_cpus=spec.cpus)
     dep = serve.deployment(DirectModel, name=MODEL, num_replicas=spec.initial_replicas,
                            max_ongoing_requests=PIPELINE * spec.max_batch_size,
                            max_queued_requests=spec.queue_limit,
@@ -104,7 +104,7 @@ def model_app(args: dict):
     spec = parse_model_args(args, "model application args")
     if spec.data_path == "direct":
         return direct_model_app(spec)
-    front = Front.options(name=FRONT, ray_actor_options=FRONT_ACTOR)
+    front = Front.options(name=METER, ray_actor_options=FRONT_ACTOR)
     return front.bind(model_deployment(spec), spec.name, spec.max_body_kb * 1024,
                       queue_limit=spec.queue_limit, replica_cpus=spec.cpus,
                       body_timeout_s=spec.body_timeout_s)

@@ -20,11 +20,11 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from ray import serve
 
-from autoscaler.forecasters import forecaster_of
-from autoscaler.loop import AutoscalerLoop
-from autoscaler.loop_config import AutoscalerConfig, parse_autoscaler_config
-from autoscaler.setting import Setting
-from autoscaler.tick_failures import TickFailures
+from autoscaler.contract.setting import Setting
+from autoscaler.driving.forecasters import forecaster_of
+from autoscaler.driving.loop import AutoscalerLoop
+from autoscaler.driving.loop_config import AutoscalerConfig, parse_autoscaler_config
+from autoscaler.driving.tick_failures import TickFailures
 from faro_serve.resources import Capacity
 from forecasting.rayserve import dashboard_headers
 
@@ -46,7 +46,7 @@ def ray_capacity() -> Capacity:
 
 
 class RayServeCluster:
-    """:class:`~autoscaler.loop.ClusterAdapter` over public Ray and Ray Serve APIs."""
+    """:class:`~autoscaler.driving.cluster_adapter.ClusterAdapter` over public Ray and Ray Serve APIs."""
 
     def __init__(self, dashboard_url: str, timeout_s: float = 5.0):
         self.url = dashboard_url.rstrip("/")
@@ -57,7 +57,7 @@ class RayServeCluster:
         self.absent: dict[str, str] = {}  # model -> why it is not running (last look)
         self.deployed_at: dict[str, float] = {}  # model -> when its application was last deployed
         # observe: prometheus (issue 48): the models' reports come from Ray Serve's own
-        # metrics (autoscaler/serve_metrics.py), not from faro-serve meters
+        # metrics (autoscaler/driving/serve_metrics.py), not from faro-serve meters
         self.observer = None
         self.percentile: dict[str, float] = {}
         self.running: dict[str, int] = {}
@@ -112,7 +112,7 @@ class RayServeCluster:
         self.absent, self.deployed_at, self.running = absent, deployed, out
         return out
 
-    def front_metrics(self, names: list[str]) -> dict[str, dict]:
+    def meter_reports(self, names: list[str]) -> dict[str, dict]:
         if self.observer is not None:  # Ray Serve's metrics in Prometheus, for all at once
             return self.observer.reports({n: self._at(n) for n in names}, self.running,
                                          {n: self.percentile.get(n, 99.0) for n in names})
@@ -142,7 +142,7 @@ class RayServeCluster:
     def control(self, name: str, setting: Setting, percentile: float) -> None:
         if self.observer is not None:  # no faro-serve meter to tell: replicas only
             return
-        # the front's control takes the setting's fields by name (FrontControl.control)
+        # the front's control takes the setting's fields by name (MeterControl.control)
         self._front(name).control.remote(percentile=percentile, **setting.to_json()
                                          ).result(timeout_s=self.timeout_s)
 
@@ -160,7 +160,7 @@ class _StateKeeper:
 
 
 class ActorStateStore:
-    """:class:`~autoscaler.loop.StateStore` in a detached named actor, one per autoscaler
+    """:class:`~autoscaler.driving.cluster_adapter.StateStore` in a detached named actor, one per autoscaler
     application: it survives the autoscaler replica, so a restarted replica finds the state
     (the loop ignores state that is stale or of another policy). Deleting the application
     (a graceful stop) removes it."""
@@ -225,7 +225,7 @@ def observer_of(cfg: AutoscalerConfig, current=None):
     reads the same Prometheus for as many minutes); None: the meters."""
     if cfg.observe != "prometheus":
         return None
-    from autoscaler.serve_metrics import ServeMetricsObserver
+    from autoscaler.driving.serve_metrics import ServeMetricsObserver
 
     if current is not None and current.url == cfg.prometheus_url.rstrip("/") \
             and current.minutes == cfg.history_minutes():

@@ -14,7 +14,7 @@ function Ray batches, and which
   batch, concurrent batches and ``batch_size_fn`` as the user's; its batch wait is 0
   because the gate, below, forms the batch) around a thin timer: each batch's size and time
   go to the meter (``ReplicaGuard.batch_done``), where they become the model's mean batch and
-  its measured batch curve (``autoscaler/service.py``);
+  its measured batch curve (``autoscaler/policies/service.py``);
 * lets requests into Ray's batch queue through the replica's :class:`EDFGate`: while a batch
   runs the next requests wait, then go in together, so a batch is what was queued when the
   replica freed (dynamic batching, the planner's and the simulator's model), not what came

@@ -1,6 +1,6 @@
 """The control plane every model's front offers the autoscaler (paper section 5): what was
-measured (:meth:`FrontControl.metrics`), the drop rate, target and SLO percentile to
-enforce (:meth:`FrontControl.control`), and the Prometheus export through
+measured (:meth:`MeterControl.metrics`), the drop rate, target and SLO percentile to
+enforce (:meth:`MeterControl.control`), and the Prometheus export through
 ``ray.util.metrics``, published when the autoscaler reads (every tick) rather than per
 request, to keep the data path short.
 
@@ -12,17 +12,17 @@ import time
 
 from ray.util import metrics as ray_metrics
 
-from ..front_report import FrontReport, Processing
 from ..measures import LOOK_BACK_S
-from .stats import RouterStats
+from ..meter_report import MeterReport, Processing
+from .stats import MeterStats
 
 
-class FrontControl:
+class MeterControl:
     def _init_control(self, name: str, percentile: float, replica_cpus: float | None = None) -> None:
         self.name = name
         self.percentile = percentile
         self.replica_cpus = replica_cpus  # what each model replica reserves (its app's cpus)
-        self.stats = RouterStats(start=time.time())
+        self.stats = MeterStats(start=time.time())
         self.drop_rate = 0.0
         self.replicas = 1
         # batching (issue 20): what the autoscaler set (None: nothing; the replicas keep
@@ -47,11 +47,11 @@ class FrontControl:
 
     def metrics(self, reset_mean: bool = True) -> dict:
         """The autoscaler's read, once per tick: the in-flight average restarts with it.
-        A :class:`~faro_serve.front_report.FrontReport` in its JSON form (the schema the
+        A :class:`~faro_serve.meter_report.MeterReport` in its JSON form (the schema the
         autoscaler decodes strictly)."""
         snap = self.stats.snapshot(time.time(), self.percentile, self.replicas, reset_mean)
         snap["processing"] = Processing(**snap["processing"])
-        report = FrontReport(model=self.name, drop_rate=self.drop_rate, replicas=self.replicas,
+        report = MeterReport(model=self.name, drop_rate=self.drop_rate, replicas=self.replicas,
                              percentile=self.percentile, setting=dict(self.told), replica_cpus=self.replica_cpus,
                              replica_memory_gb=None,  # Ray reserves no memory for a replica
                              **self._queue_state(), **snap).wire()
@@ -93,7 +93,7 @@ class FrontControl:
     def control(self, percentile: float | None = None, reset_stats: bool = False,
                 **setting) -> dict:
         """Set what the autoscaler decided: the fields of its setting by name
-        (``autoscaler.setting.Setting``: drop_rate, replicas, batch_size, threads, variant),
+        (``autoscaler.contract.setting.Setting``: drop_rate, replicas, batch_size, threads, variant),
         each through its handler below, and echoed in the report; ``reset_stats`` starts the
         measurements afresh (minute bins from now), as matched validation does to align them
         with a replay. A field with no handler is refused by name: the front cannot enforce
@@ -103,7 +103,7 @@ class FrontControl:
             raise ValueError(f"{self.name}: this front cannot enforce {unknown}; it knows "
                              f"{', '.join(_APPLY)}")
         if reset_stats:
-            self.stats = RouterStats(start=time.time())
+            self.stats = MeterStats(start=time.time())
             self._published = {}
         if percentile is not None:
             self.percentile = float(percentile)
@@ -135,6 +135,6 @@ class FrontControl:
         return self.variant
 
 
-_APPLY = {"drop_rate": FrontControl._set_drop_rate, "replicas": FrontControl._set_replicas,
-          "batch_size": FrontControl._set_batch_size, "threads": FrontControl._set_threads,
-          "variant": FrontControl._set_variant}
+_APPLY = {"drop_rate": MeterControl._set_drop_rate, "replicas": MeterControl._set_replicas,
+          "batch_size": MeterControl._set_batch_size, "threads": MeterControl._set_threads,
+          "variant": MeterControl._set_variant}

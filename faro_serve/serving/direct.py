@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from ..measures import LOOK_BACK_S, NETWORK_S, REPORT_STALE_S
-from .control import FrontControl
+from .control import MeterControl
 from .edf_gate import EDFGate
 from .messages import (
     Answered,
@@ -96,7 +96,7 @@ class DirectModel:
         task with variants the variant to serve (loaded beside the one in force, which
         answers until it is ready: serving/variant_model.py). Ray cannot resize a running
         replica's CPUs, so threads within the CPUs it reserved are the vertical scaling a
-        replica has (Sponge's cores, autoscaler/sponge.py)."""
+        replica has (Sponge's cores, autoscaler/policies/sponge.py)."""
         config = config or {}
         unknown = sorted(set(config) - {"batch_size", "threads", "variant"})
         if unknown:
@@ -208,10 +208,10 @@ class DirectModel:
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
-class Meter(FrontControl):
+class Meter(MeterControl):
     """The front's control plane for the direct path: the reports of the proxy's router
     (arrivals, latencies, queue) and of the replicas (processing times, drops) merged into
-    one :class:`~faro_serve.serving.stats.RouterStats`."""
+    one :class:`~faro_serve.serving.stats.MeterStats`."""
 
     def __init__(self, name: str, percentile: float = 99.0, replica_cpus: float | None = None):
         self._init_control(name, percentile, replica_cpus)
@@ -219,7 +219,7 @@ class Meter(FrontControl):
         self._batching: dict[str, tuple[float, int, int | None]] = {}  # replica -> (time, batch, threads)
         self._batches: deque[tuple[float, int]] = deque(maxlen=MAX_EVENTS)  # (time, batch) per request
         # per batch size, its recent batch times (per request: a batch of b appends b):
-        # the points a batch curve measured live is fitted to (autoscaler/service.py)
+        # the points a batch curve measured live is fitted to (autoscaler/policies/service.py)
         self._batch_times: dict[int, deque[tuple[float, float]]] = {}
         self._devices: dict[str, tuple[float, str]] = {}  # replica -> (time, its device)
         self._variants: dict[str, tuple[float, str]] = {}  # replica -> (time, variant in force)

@@ -29,7 +29,7 @@ from .names import is_meter
 
 def is_drained(state: dict) -> bool:
     """A model is drained when every replica that reports refuses new requests and nothing
-    admitted is unanswered or queued (:meth:`FrontControl.drain_state`)."""
+    admitted is unanswered or queued (:meth:`MeterControl.drain_state`)."""
     return (state["draining"] and state["told"] >= state["replicas"]
             and state["busy"] == 0 and state["queued"] == 0)
 

@@ -4,7 +4,7 @@ Serve APIs.
 Every request to ``POST <route_prefix>/predict`` passes through this FastAPI ingress, which
 
 * counts the arrival and measures end-to-end latency and the replica's processing time
-  (:class:`~faro_serve.serving.stats.RouterStats`);
+  (:class:`~faro_serve.serving.stats.MeterStats`);
 * drops the fraction of requests the autoscaler set (HTTP 503, reason ``drop_rate``);
 * keeps the model's FIFO queue (:class:`~faro_serve.serving.routing.DispatchGate`): a
   request goes to the model deployment only when a replica is free, and a request that
@@ -32,7 +32,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from ..measures import REPLICA_POLL_S
-from .control import FrontControl
+from .control import MeterControl
 from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, reject, shutting_down
 from .routing import DispatchGate, running_replicas
 
@@ -43,7 +43,7 @@ api = FastAPI(title="faro-serve model endpoint",
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=100_000)
 @serve.ingress(api)
-class Front(FrontControl):
+class Front(MeterControl):
     def __init__(self, model_handle, name: str, max_body_bytes: int = 8 << 20,
                  percentile: float = 99.0, queue_limit: int = 50, replica_cpus: float | None = None,
                  body_timeout_s: float | None = 5.0):
@@ -126,14 +126,14 @@ class Front(FrontControl):
         try:
             return await self.model.predict.remote(payload)
         except RayActorError:  # the replica died (killed, node lost): once more elsewhere
-            self.retried += 1  # counted (FrontReport.retried, faro_requests{outcome="retried"})
+            self.retried += 1  # counted (MeterReport.retried, faro_requests{outcome="retried"})
             return await self.model.predict.remote(payload)
 
     @api.get("/metrics", summary="What the router front measured (JSON)")
     def metrics_json(self):
         return self.metrics(reset_mean=False)  # a person looking must not reset the average
 
-    # -- control path (autoscaler, over handles): FrontControl ---------------------------
+    # -- control path (autoscaler, over handles): MeterControl ---------------------------
     def drain_state(self) -> dict:
         """One front replica holds the model's whole queue: it is told at once."""
         return {"model": self.name, "draining": self.draining_since is not None, "replicas": 1,

@@ -1,7 +1,7 @@
 """The names faro-serve gives Ray Serve deployments and applications, in one place: the
 autoscaler and the tools find models by them."""
 
-FRONT = "Front"  # a model application's router front (direct path: its meter)
+METER = "Meter"  # a model application's meter (with data_path: front, also its ingress: the router front)
 MODEL = "Model"  # a model application's replicas, the deployment the autoscaler scales
 AUTOSCALER = "FaroAutoscaler"  # the autoscaler's deployment
 AUTOSCALER_APP = "faro"  # its application, routed at /faro
@@ -19,10 +19,10 @@ METER_SUFFIX = "-faro-meter"
 
 def meter_name(deployment: str) -> str:
     """The meter of a model deployment in its application: faro-serve's own model apps keep
-    theirs as ``Front``; a user's deployment under Faro gets ``<deployment>-faro-meter``."""
-    return FRONT if deployment == MODEL else f"{deployment}{METER_SUFFIX}"
+    theirs as ``Meter``; a user's deployment under Faro gets ``<deployment>-faro-meter``."""
+    return METER if deployment == MODEL else f"{deployment}{METER_SUFFIX}"
 
 
 def is_meter(deployment: str) -> bool:
     """Whether a deployment of that name is a faro-serve meter (:func:`meter_name`'s)."""
-    return deployment == FRONT or deployment.endswith(METER_SUFFIX)
+    return deployment == METER or deployment.endswith(METER_SUFFIX)

@@ -45,7 +45,7 @@ from ray.serve.request_router import PendingRequest, RunningReplica
 
 from ..measures import QUEUED_STALE_S, REPLICA_POLL_S, REPORT_S
 from .messages import Answered, Arrival, Event, GaveUp, MeterAnswer, RouterReport, decode
-from .names import FRONT as METER  # the deployment, in the model's application, that the router reports to
+from .names import METER  # the deployment, in the model's application, that the router reports to
 from .routing import InFlightRouter
 
 log = logging.getLogger("faro_serve.serving")

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from autoscaler.loop_config import AutoscalerConfig, parse_autoscaler_config  # noqa: F401 (re-exported)
+from autoscaler.driving.loop_config import AutoscalerConfig, parse_autoscaler_config  # noqa: F401 (re-exported)
 
 from ..config import ConfigError, format_validation_error
 from ..distributions import PAPER_PROCESSING, parse_dist
@@ -126,7 +126,7 @@ def check_resources(cfg: AutoscalerConfig, apps: list[ModelAppArgs], source: str
     counts the SLO's figure against the capacity while Ray reserves the application's, so a
     mismatch strands or overbooks CPUs. Called wherever a whole serve config is loaded (the
     demo, ``faro-serve kuberay``); the autoscaler checks what the meters report too
-    (``faro_serve/front_report.py``)."""
+    (``faro_serve/meter_report.py``)."""
     slo = {m.name: m for m in cfg.all_models}
     for app in apps:
         if app.name not in slo:

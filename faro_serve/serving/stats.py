@@ -1,7 +1,7 @@
 """What the router front measures for one model, as a pure Ray-free object (paper section 5).
 
 The paper's modified Ray router collects arrival rates, per-request replica processing
-time and end-to-end latency continually. :class:`RouterStats` keeps exactly that:
+time and end-to-end latency continually. :class:`MeterStats` keeps exactly that:
 
 * arrivals: per-second counts over a short ring and per-minute counts over a long history
   (the forecaster's input), counted at arrival, dropped requests included;
@@ -25,7 +25,7 @@ import numpy as np
 from ..measures import ARRIVAL_RATE_S, HISTORY_MINUTES, LOOK_BACK_S
 
 
-class RouterStats:
+class MeterStats:
     def __init__(self, window_s: float = LOOK_BACK_S, history_minutes: int = HISTORY_MINUTES,
                  start: float = 0.0):
         self.window_s = window_s

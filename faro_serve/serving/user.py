@@ -318,7 +318,7 @@ def run(apps: Mapping[str, Application], models: Sequence[ModelSLO], cluster: Cl
         if m.app_name not in apps:
             raise ConfigError(f"model {m.name!r} runs in application {m.app_name!r}, which is "
                               f"not among the applications given ({', '.join(apps) or 'none'})")
-    from autoscaler.loop import capped_capacity
+    from autoscaler.driving.cluster_adapter import capped_capacity
 
     from ..config import check_minimums_fit
     from .app import run_autoscaler

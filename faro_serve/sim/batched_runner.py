@@ -4,7 +4,7 @@ One model behind an EDF queue, served in dynamic batches by replicas whose cores
 may change every tick (in-place vertical scaling, Sponge's premise: a change is instant and
 costs no cold start). Requests come from clients over a network whose bandwidth varies
 second by second, so each request reaches the server with its own remaining budget: the
-SLO minus its network time. The policy is any :class:`~autoscaler.policy.Policy` (Sponge,
+SLO minus its network time. The policy is any :class:`~autoscaler.contract.policy.Policy` (Sponge,
 or a static allocation); it sees what a batching front reports (the arrival rate, the
 remaining budgets of the queued requests, the cores and batch in force) through the one
 policy interface, and returns cores and batch sizes in its :class:`Decision`.
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoscaler import driver
-from autoscaler.driver import FrontSnapshot, apply_decision, observe
-from autoscaler.policy import Policy
-from autoscaler.setting import Setting, largest_batch
+from autoscaler.contract.policy import Policy
+from autoscaler.contract.setting import Setting, largest_batch
+from autoscaler.driving import driver
+from autoscaler.driving.driver import MeterSnapshot, apply_decision, observe
 from faro_serve.engine.batching import BatchProfile
 
 from .batched import advance_batched
@@ -135,10 +135,10 @@ def simulate_batched(setting: BatchedSetting, policy: Policy, name: str | None =
                               threads=int(cores))}
 
     def decide(now: float, rate: float) -> None:
-        """What the live loop does each tick (``autoscaler.driver``): the front's snapshot
+        """What the live loop does each tick (``autoscaler.driving.driver``): the front's snapshot
         (the queued requests' ages since they left their clients), observe, decide, apply."""
         nonlocal cores, batch, in_force
-        snap = FrontSnapshot(arrivals_per_min=np.zeros(0), arrival_rate=rate,
+        snap = MeterSnapshot(arrivals_per_min=np.zeros(0), arrival_rate=rate,
                              queue_length=float(nq), queued_ages_s=setting.slo_s - (hkey[:nq] - now),
                              batch_size=batch, threads=int(cores))
         obs = observe(now, policy.cluster.cpus, None, {name: snap}, {name: setting.replicas},

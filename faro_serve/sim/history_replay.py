@@ -5,7 +5,7 @@ The history is a :class:`forecasting.serve_history.ServeHistory` (Prometheus or 
 Both runs share the minutes, the deployments, their processing times, the queue settings
 and the seed (so the very same requests): only the autoscaler differs.
 
-* as run: Ray's own rule (``autoscaler.ray_rule.RayServePolicy``) with each deployment's
+* as run: Ray's own rule (``autoscaler.policies.ray_rule.RayServePolicy``) with each deployment's
   ``autoscaling_config``; a fixed ``num_replicas`` is min = max; a deployment whose config
   is unknown stays at its median recorded replicas. Each starts at its recorded replicas.
 * Faro: the policy named (Faro-FairSum by default, as the live autoscaler), each deployment
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import ndtr
 
-from autoscaler.common import faro_policy_name
-from autoscaler.ray_rule import RAY_DEFAULTS, RULE_FIELDS, RayServePolicy
-from autoscaler.registry import make_policy
+from autoscaler.catalogue.registry import make_policy
+from autoscaler.policies.common import faro_policy_name
+from autoscaler.policies.ray_rule import RAY_DEFAULTS, RULE_FIELDS, RayServePolicy
 from faro_serve.config import ClusterSpec, ModelSLO
 from forecasting.serve_history import ServeHistory, bucket_quantile
 

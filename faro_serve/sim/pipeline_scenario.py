@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoscaler import make_policy
-from autoscaler.forecasters import set_daily, set_recurrence
+from autoscaler.driving.forecasters import set_daily, set_recurrence
 from faro_serve.config import ClusterSpec, FaroConfig, ModelSLO
 from faro_serve.pipelines import PipelineSLO, check_unique, expand
 from faro_serve.traces import Trace, TraceError, day_minutes, default_warmup, load_trace, previous_day_tail

@@ -382,7 +382,7 @@ class PipelineSet:
         return out
 
     def observations(self, now: float, dt: float, minute_now: int, look_back_s: float) -> dict:
-        from autoscaler.policy import PipelineObservation
+        from autoscaler.contract.policy import PipelineObservation
 
         out = {}
         for k, (p, r) in enumerate(zip(self.pipelines, self.runs)):

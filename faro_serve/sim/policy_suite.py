@@ -52,12 +52,12 @@ class SuiteStopped(Exception):
 def policy_failures(policy: str):
     """Around a run of ``policy``: what a user's policy (an import path or a plug-in) raises
     becomes one :class:`RunFailed` naming it and the simulated time, which the driver gives
-    the exception as ``now`` (``autoscaler.driver.decide``; none: no time named). The
-    driver's own refusals (``autoscaler.driver.apply_decision``) already say both and keep
+    the exception as ``now`` (``autoscaler.driving.driver.decide``; none: no time named). The
+    driver's own refusals (``autoscaler.driving.driver.apply_decision``) already say both and keep
     their message. A built-in policy's exception is faro-serve's bug: it stays a traceback."""
-    from autoscaler.builtin import BUILTIN
-    from autoscaler.driver import CapacityExceeded, DecisionRefused
-    from autoscaler.plugins import PluginError
+    from autoscaler.catalogue.builtin import BUILTIN
+    from autoscaler.catalogue.plugins import PluginError
+    from autoscaler.driving.driver import CapacityExceeded, DecisionRefused
 
     try:
         yield
@@ -76,7 +76,7 @@ def policy_failures(policy: str):
 def uses_forecaster(policy: str) -> bool:
     """Faro's and MArk's policies plan with the forecaster; a plug-in or import-path policy
     is given it too (one that does not forecast ignores it)."""
-    from autoscaler.forecasters import policy_forecasts
+    from autoscaler.driving.forecasters import policy_forecasts
 
     return policy_forecasts(policy)
 
@@ -84,7 +84,7 @@ def uses_forecaster(policy: str) -> bool:
 def _init_worker(scenario: Scenario, forecaster_dir: str | None, forecaster: str | None = None,
                  started=None) -> None:
     """``forecaster_dir``: a trained N-HiTS; ``forecaster``: ``fallback``, ``shipped``, a
-    plug-in name or an import path; neither: the shipped N-HiTS (autoscaler.forecasters).
+    plug-in name or an import path; neither: the shipped N-HiTS (autoscaler.driving.forecasters).
     ``started``: a queue told each task a worker starts (which run a dead worker was on)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     _WORKER["started"] = started
@@ -94,7 +94,7 @@ def _init_worker(scenario: Scenario, forecaster_dir: str | None, forecaster: str
         import torch  # one thread per worker: the workers share the cores
 
         torch.set_num_threads(1)
-    from autoscaler.forecasters import choose_forecaster
+    from autoscaler.driving.forecasters import choose_forecaster
 
     try:
         _WORKER["forecaster"], _WORKER["forecaster_name"] = choose_forecaster(forecaster, forecaster_dir)

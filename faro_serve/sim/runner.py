@@ -1,10 +1,10 @@
 """The matched simulator's driver: a trace, a policy, a fixed cluster (paper section 6.4).
 
 It plays the role the live autoscaler plays on Ray Serve: every ``policy.tick_s`` it builds
-the :class:`~autoscaler.policy.Observation` the router front would report and hands it to
+the :class:`~autoscaler.contract.policy.Observation` the router front would report and hands it to
 the very same policy object (``autoscaler.make_policy``), then applies the returned
-:class:`~autoscaler.policy.Decision`. Observations and decision checks are the live loop's
-own (``autoscaler.driver``): targets clamped to each model's min/max, a decision above the
+:class:`~autoscaler.contract.policy.Decision`. Observations and decision checks are the live loop's
+own (``autoscaler.driving.driver``): targets clamped to each model's min/max, a decision above the
 cluster's capacity refused with :class:`CapacityExceeded` (a bug in the policy: policies
 fit their own decisions, ``grant_in_order``); here added replicas serve after the cold
 start, removed ones leave at once, and drop rates are enforced at the router.
@@ -13,7 +13,7 @@ Observation semantics (what a router front measures):
 * ``arrivals_per_min``: arrivals (dropped ones included) of every completed minute, after
   an optional warm-up prefix (e.g. the previous day), oldest first; with fewer than two
   minutes, the open one extrapolated once 10 s old, as the live driver does
-  (``autoscaler.driver.with_open_minute``);
+  (``autoscaler.driving.driver.with_open_minute``);
 * ``arrival_rate``: arrivals over the last tick / tick length;
 * ``latency_ms``: SLO-percentile latency of requests completed in the look-back (30 s),
   dropped requests excluded (they get a 503 at once); None when none completed;
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoscaler.driver import CapacityExceeded, FrontSnapshot, apply_decision, decide, observe, with_open_minute  # noqa: F401 (re-exported)
-from autoscaler.policy import Policy
-from autoscaler.setting import Setting
+from autoscaler.contract.policy import Policy
+from autoscaler.contract.setting import Setting
+from autoscaler.driving.driver import CapacityExceeded, MeterSnapshot, apply_decision, decide, observe, with_open_minute  # noqa: F401 (re-exported)
 from faro_serve.config import ModelSLO
 from faro_serve.metrics import MinuteTable, Summary, minute_table, summarize
 
@@ -250,7 +250,7 @@ class _Run:
         self.singles = list(self.states.values())[:self.n_single]
         for s, r in zip(self.states.values(), init):
             s.scale_to(r, 0.0, 0.0)
-        # every model's setting in force (autoscaler.setting); models with variants start
+        # every model's setting in force (autoscaler.contract.setting); models with variants start
         # with the first (the one deployed)
         self.settings = {m.name: Setting(replicas=r, drop_rate=0.0,
                                          variant=m.variants[0].name if m.variants else None)
@@ -318,7 +318,7 @@ class _Run:
             self.flush(False)
 
     def tick(self, t: float) -> None:
-        """What the live loop does every tick (``autoscaler.driver``): observe, decide, apply."""
+        """What the live loop does every tick (``autoscaler.driving.driver``): observe, decide, apply."""
         dt = t - self.last_tick_t
         minute_now = int(t // 60.0)
         snaps, running = {}, {}
@@ -333,7 +333,7 @@ class _Run:
             self.open_count[i] += n_arr
             running[n] = self.serving_log[self.k_tick, i] = s.serving(t)
             lat, proc, _ = s.observe(t, self.cfg.look_back_s, self.spec[n].percentile)
-            snaps[n] = FrontSnapshot(
+            snaps[n] = MeterSnapshot(
                 arrivals_per_min=(with_open_minute(
                     self.history[i, :self.n_warm + minute_now],
                     self.open_count[i] if self.open_minute == minute_now else 0.0,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoscaler import make_policy
-from autoscaler.forecasters import set_daily, set_recurrence
+from autoscaler.driving.forecasters import set_daily, set_recurrence
 from faro_serve.config import Batching, ClusterSpec, ModelSLO
 from faro_serve.traces import (
     Trace,

@@ -18,7 +18,7 @@ from itertools import combinations
 import numpy as np
 from scipy import stats
 
-from autoscaler.baselines import RAY_DEFAULTS, RAY_TUNED
+from autoscaler.policies.baselines import RAY_DEFAULTS, RAY_TUNED
 
 from ..config import ClusterSpec, ModelSLO
 from ..distributions import PAPER_PROCESSING, TimeDist
@@ -78,7 +78,7 @@ class Workload:
 # ``ray-tuned`` the same with the settings Ray's guide advises for latency, ``ray-serve-tuned``
 # its model.
 NATIVE = {"ray-native": "ray-serve", "ray-tuned": "ray-serve-tuned"}
-# The Ray Serve settings each live baseline deploys (autoscaler.baselines: one source for
+# The Ray Serve settings each live baseline deploys (autoscaler.policies.baselines: one source for
 # both sides and the report).
 RAY_SETTINGS = {"ray-native": RAY_DEFAULTS, "ray-tuned": RAY_TUNED}
 

@@ -28,7 +28,7 @@ from ..replay.client import ReplayRecords, send_schedule
 from ..replay.loadgen import Schedule
 from ..replay.replay_report import replay_result
 from ..serving.app import autoscaler_app, model_app
-from ..serving.names import AUTOSCALER, AUTOSCALER_APP, FRONT, MODEL
+from ..serving.names import AUTOSCALER, AUTOSCALER_APP, METER, MODEL
 from .comparison import RAY_DEFAULTS, REPLAY_TIMEOUT_S
 
 log = logging.getLogger("faro_serve.validation")
@@ -136,11 +136,11 @@ class LiveCluster:
             return st.get("ticks", 0) >= 1 and all(n in (st.get("models") or {}) for n in names)
         _wait(ready, 120, f"the {AUTOSCALER} to run")
 
-    def reset_fronts(self, names: list[str]) -> None:
+    def reset_meters(self, names: list[str]) -> None:
         from ray import serve
 
         for n in names:
-            serve.get_deployment_handle(FRONT, app_name=n).control.remote(
+            serve.get_deployment_handle(METER, app_name=n).control.remote(
                 reset_stats=True).result(timeout_s=10)
 
     def delete_all(self) -> None:
@@ -206,7 +206,7 @@ class LiveCluster:
     def deploy_ray(self, names: list[str], processing: str, max_replicas: int,
                    settings: dict | None = None) -> dict:
         """The models as a Ray baseline deploys them (``ray-native``, ``ray-tuned``): Ray's
-        ``settings`` (``autoscaler.baselines.RAY_DEFAULTS`` shape; None: Ray's defaults).
+        ``settings`` (``autoscaler.policies.baselines.RAY_DEFAULTS`` shape; None: Ray's defaults).
         Returns the settings Ray holds, read back from it."""
         settings = settings or {}
         self.deploy_native(names, processing, max_replicas, settings.get("autoscaling_config"),
@@ -216,7 +216,7 @@ class LiveCluster:
     def ray_settings(self, name: str) -> dict:
         """The settings model ``name``'s deployment runs with, read back from Ray Serve's REST
         API (``GET /api/serve/applications/`` on the dashboard: the config in force, Serve's
-        defaults included), as ``autoscaler.baselines.RAY_DEFAULTS`` names them."""
+        defaults included), as ``autoscaler.policies.baselines.RAY_DEFAULTS`` names them."""
         from forecasting.rayserve import dashboard_headers
 
         r = httpx.get(f"{self.dashboard}/api/serve/applications/", timeout=30, trust_env=False,
@@ -252,7 +252,7 @@ class LiveCluster:
                    processing: str, policy: str = "ray-native", settings: dict | None = None,
                    on_done=None) -> tuple[object, ReplayRecords, dict]:
         """The replay against plain Ray Serve (``policy``: ``ray-native`` or ``ray-tuned``)
-        with Ray's ``settings`` (``autoscaler.baselines.RAY_DEFAULTS`` shape; None: Ray's
+        with Ray's ``settings`` (``autoscaler.policies.baselines.RAY_DEFAULTS`` shape; None: Ray's
         defaults): no front, no faro autoscaler; Ray decides. The replica counts are read
         from Ray Serve every 2 s into the records' status polls. Returns the result, the
         records and the settings Ray held (read back from it)."""
@@ -305,9 +305,9 @@ class LiveCluster:
         # The autoscaler's first decision must not see the calibration's requests (the
         # simulator's first decision sees no history), and the replay's minute bins must
         # start with the replay: measurements restart before and after it starts.
-        self.reset_fronts(names)
+        self.reset_meters(names)
         self.deploy_autoscaler(config)
-        self.reset_fronts(names)
+        self.reset_meters(names)
         rec = asyncio.run(send_schedule(schedule, self.base, max_in_flight=2000,
                                         timeout_s=REPLAY_TIMEOUT_S, status_every_s=2.0, on_done=on_done))
         res = replay_result(schedule, rec, {m.name: m.slo_ms for m in models},

@@ -1,0 +1,144 @@
+"""Between Faro's five-minute plans (ours, issue 31): re-plan on surprise and move replicas.
+
+Pure functions over numbers and the engine; :class:`~autoscaler.faro.hybrid.FaroPolicy` keeps the
+state and calls them, so the live autoscaler and the simulator run the same code.
+
+* **Surprise** (:func:`surprise`): a model's arrival rate, averaged over the last
+  ``replan_trigger_s``, leaves the last plan's forecast band, p10..p90 of its samples,
+  widened by ``replan_margin`` (relative) and by three standard deviations of a Poisson
+  count over that averaging time (so a low rate's counting noise is no surprise).
+* **Re-plan** (:func:`relevel`): the whole cluster is planned again by the engine, with a
+  fresh forecast, in which a surprised model's samples are scaled so that their median is
+  the rate it has now.
+* **Move** (:func:`best_move`): a model over its SLO in a full cluster takes one replica
+  from the donor whose loss costs the cluster objective least, when the objective (the
+  engine's window utilities, cold start included, over the time left until the next plan)
+  gains. A donor must stay within its SLO with one replica fewer under M/D/c at the higher
+  of its rate now and its forecast p90.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from autoscaler.policies.service import Service
+from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.engine import make_problem
+from faro_serve.resources import Capacity
+
+Z_POISSON = 3.0  # standard deviations of a Poisson count that are not a surprise
+
+
+def band_of(samples: np.ndarray) -> tuple[float, float, float]:
+    """p10, p50 and p90 (requests/s) of a model's forecast samples (samples x steps)."""
+    qs = np.quantile(np.asarray(samples, float), (0.1, 0.5, 0.9))  # one sort for the three
+    return tuple(round(float(q), 4) for q in qs)
+
+
+def surprise(rate: float, band: Sequence[float], margin: float, seconds: float) -> str | None:
+    """``"above"`` or ``"below"`` when ``rate`` (averaged over ``seconds``) is outside the
+    band p10..p90 widened by ``margin`` and by Z_POISSON standard deviations of a Poisson
+    count over ``seconds``; None inside it."""
+    p10, _, p90 = band
+    seconds = max(seconds, 1e-9)
+    hi = p90 * (1 + margin) + Z_POISSON * math.sqrt(max(p90, 1.0 / seconds) / seconds)
+    lo = p10 * (1 - margin) - Z_POISSON * math.sqrt(max(p10, 0.0) / seconds)
+    if rate > hi:
+        return "above"
+    if rate < lo:
+        return "below"
+    return None
+
+
+def relevel(samples: np.ndarray, rate: float) -> np.ndarray:
+    """``samples`` scaled so that their median is ``rate`` (a constant ``rate`` when the
+    median is 0): the forecast's shape and spread, the level seen now."""
+    s = np.asarray(samples, float)
+    med = float(np.median(s))
+    if med <= 1e-9:
+        return np.full(s.shape, float(rate))
+    return s * (float(rate) / med)
+
+
+def donor_ok(service: Service, replicas: int, rate: float, cluster: ClusterSpec) -> bool:
+    """Whether the model stays within its SLO at ``rate`` (requests/s) with one replica
+    fewer than ``replicas`` (the engine's estimator for how its replicas serve), and above
+    its minimum."""
+    if replicas - 1 < max(service.model.min_replicas, 1):
+        return False
+    return rate <= service.max_rate(replicas - 1, cluster)
+
+
+def prune_changes(models: Sequence[ModelSLO], cluster: ClusterSpec, samples: Mapping[str, np.ndarray],
+                  current: Mapping[str, int], planned: Mapping[str, int],
+                  processing_ms: Mapping[str, float], keep: set[str],
+                  min_gain: float, capacity: Capacity | None = None,
+                  batch_shapes: Mapping | None = None) -> tuple[dict[str, int], float]:
+    """``planned`` with every change that is not worth ``min_gain`` undone, and its gain.
+
+    A re-plan re-solves the whole cluster, and where the objective is flat (an overloaded
+    cluster) a fresh forecast reshuffles replicas for nothing but cold starts. So, greedily,
+    the change of a model outside ``keep`` (the surprised models) whose undoing costs the
+    cluster objective least (the engine's window utilities at ``samples``, cold start
+    included) is undone while that cost is below ``min_gain`` and the result fits the
+    capacity (``capacity``: what the cluster has now, every resource). The gain is the kept
+    allocation's objective minus the current one's."""
+    prob = make_problem(models, dict(samples), dict(current), cluster,
+                        processing_ms=dict(processing_ms), capacity=capacity,
+                        batch_shapes=batch_shapes)
+    names = [m.name for m in models]
+    d = np.zeros(len(names))
+    x = np.array([current[n] for n in names], float)
+    y = np.array([planned.get(n, current[n]) for n in names], float)
+    value = prob.value(y, d)
+    while True:
+        best = None
+        for i, n in enumerate(names):
+            if n in keep or y[i] == x[i]:
+                continue
+            z = y.copy()
+            z[i] = x[i]
+            if not prob.fits(z):
+                continue
+            v = prob.value(z, d)
+            if value - v < min_gain and (best is None or v > best[1]):
+                best = (i, v)
+        if best is None:
+            break
+        y[best[0]] = x[best[0]]
+        value = best[1]
+    return {n: int(y[i]) for i, n in enumerate(names)}, float(value - prob.value(x, d))
+
+
+def move_problem(models: Sequence[ModelSLO], cluster: ClusterSpec, current: Mapping[str, int],
+                 rates: Mapping[str, np.ndarray], processing_ms: Mapping[str, float],
+                 window_s: float, batch_shapes: Mapping | None = None):
+    """The engine's problem that scores moves: the cluster objective over window utilities
+    (a replica added now serves after the cold start) over ``window_s``, each model's rate
+    ``rates[name]`` (samples x steps, requests/s)."""
+    spec = cluster.model_copy(update={"window_s": float(window_s)})
+    return make_problem(models, dict(rates), dict(current), spec, processing_ms=dict(processing_ms),
+                        batch_shapes=batch_shapes)
+
+
+def best_move(prob, names: Sequence[str], replicas: Mapping[str, int], recipient: str,
+              donors: Sequence[str], min_gain: float) -> tuple[str, float] | None:
+    """The donor whose replica, moved to ``recipient``, raises ``prob``'s objective most
+    (from ``replicas``), with the gain; None when no move gains more than ``min_gain``."""
+    x = np.array([replicas[n] for n in names], float)
+    d = np.zeros(len(names))
+    base = prob.value(x, d)
+    r = list(names).index(recipient)
+    best = None
+    for n in donors:
+        i = list(names).index(n)
+        y = x.copy()
+        y[r] += 1
+        y[i] -= 1
+        gain = prob.value(y, d) - base
+        if gain > min_gain and (best is None or gain > best[1] + 1e-12):
+            best = (n, float(gain))
+    return best
