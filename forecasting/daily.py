@@ -12,7 +12,7 @@ and the step's samples are scaled by ``mean' / mean``: the spread keeps its shap
 to the mean and stays non-negative, and the weight bounds how far a glitch yesterday can
 move today's forecast. A model with less than a day and ``level_minutes`` of history keeps
 its forecast. :class:`~forecasting.nhits.NHitsForecaster` applies it (``daily_period``,
-``daily_weight``, set by ``autoscaler.forecasters.set_daily``); :class:`DailyContext` gives
+``daily_weight``, set by ``autoscaler.driving.forecasters.set_daily``); :class:`DailyContext` gives
 it to any other forecaster. The weight, 0.25,
 was chosen on training days only (``bench/daily_context.py``; docs/forecasting.md, "Daily
 context"). Ray-free.

@@ -17,7 +17,7 @@ Two figures judge them, both about the window maximum the planner provisions for
 
 The candidate replaces the current one only if its planner loss is lower by ``min_gain``
 (a share) and its coverage is not further from ``q`` by more than ``coverage_slack``. Pure
-and Ray-free: :mod:`autoscaler.retrainer` runs it off the control loop, ``faro-serve
+and Ray-free: :mod:`autoscaler.driving.retrainer` runs it off the control loop, ``faro-serve
 forecast train --from`` by hand.
 """
 

@@ -48,7 +48,7 @@ def epoch_minute(minute_start_epoch: float) -> int:
 
 @runtime_checkable
 class HistorySource(Protocol):
-    """What the live loop's history reads and writes (``autoscaler.history.HistoryKeeper``):
+    """What the live loop's history reads and writes (``autoscaler.driving.history.HistoryKeeper``):
     the minutes of each model, by wall-clock minute. :class:`ArrivalStore` (SQLite, durable)
     and ``forecasting.rayserve.ServeMetricsStore`` (Ray Serve's counters in Prometheus, read
     only: ``append_many`` keeps nothing) both are one; a new history source implements
