@@ -142,7 +142,7 @@ class RayServeCluster:
     def control(self, name: str, setting: Setting, percentile: float) -> None:
         if self.observer is not None:  # no faro-serve meter to tell: replicas only
             return
-        # the front's control takes the setting's fields by name (MeterControl.control)
+        # the meter's control takes the setting's fields by name (MeterControl.control)
         self._front(name).control.remote(percentile=percentile, **setting.to_json()
                                          ).result(timeout_s=self.timeout_s)
 
@@ -194,7 +194,7 @@ class ActorStateStore:
 
 class AutoscalerGauges:
     """Prometheus gauges (``ray.util.metrics``, exported with Ray's metrics) of what the
-    autoscaler sees and decides each tick, per model; the fronts export the request
+    autoscaler sees and decides each tick, per model; the meters export the request
     counters, latency, queue and drop rate (``control.py``)."""
 
     FIELDS = {"arrival_rate": ("faro_arrival_rate", "arrival rate over the last tick (req/s)"),

@@ -96,7 +96,7 @@ class MeterControl:
         (``autoscaler.contract.setting.Setting``: drop_rate, replicas, batch_size, threads, variant),
         each through its handler below, and echoed in the report; ``reset_stats`` starts the
         measurements afresh (minute bins from now), as matched validation does to align them
-        with a replay. A field with no handler is refused by name: the front cannot enforce
+        with a replay. A field with no handler is refused by name: the meter cannot enforce
         what it does not know (a new actuator adds its handler here)."""
         unknown = sorted(k for k in setting if k not in _APPLY)
         if unknown:

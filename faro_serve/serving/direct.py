@@ -1,4 +1,4 @@
-"""The direct data path of one model: the front's work without its hop (paper section 5).
+"""The direct data path of one model: the router front's work without its hop (paper section 5).
 
 With ``data_path: direct`` a model's application has
 
@@ -7,8 +7,8 @@ With ``data_path: direct`` a model's application has
 * :class:`~faro_serve.serving.proxy_queue.ProxyQueueRouter` as its request router, in Ray
   Serve's proxy: the FIFO queue, one request per replica, arrival and latency measurement;
   Ray's ``max_queued_requests`` answers 503 past the queue limit (tail-drop);
-* :class:`Meter`, deployed under the front's name, off the data path: it merges what the
-  router and the replicas report and offers the autoscaler the front's control plane.
+* :class:`Meter`, deployed as the model's ``Meter``, off the data path: it merges what the
+  router and the replicas report and offers the autoscaler the model's control plane.
 
 What changes against the router front (docs/serving.md): a drop is decided when the request
 leaves the queue, not on arrival; the tail-drop 503 is Ray's, with Ray's text body, and the
