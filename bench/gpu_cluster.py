@@ -121,7 +121,7 @@ def models(policy: str, names: list[str], slo_ms: float, share: float = 1.0):
 
 def policy_for(run: Run, ms, cluster, forecaster):
     from autoscaler import make_policy
-    from autoscaler.policies.baselines import RAY_TUNED_BATCH, ray_serve_policy
+    from autoscaler.policies.ray_rule import RAY_TUNED_BATCH, ray_serve_policy
 
     if run.policy.startswith("ray-tuned-b"):
         b = int(run.policy.rsplit("b", 1)[1])
@@ -134,7 +134,7 @@ def run_one(run: Run) -> dict:
     """One policy on one day at one GPU count and seed: the summary row."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from autoscaler.driving.forecasters import choose_forecaster, set_daily, set_recurrence
-    from autoscaler.policies.baselines import RAY_TUNED_BATCH
+    from autoscaler.policies.ray_rule import RAY_TUNED_BATCH
     from faro_serve.config import ClusterSpec
     from faro_serve.distributions import TimeDist
     from faro_serve.sim.runner import SimConfig, simulate

@@ -103,7 +103,7 @@ def live(args) -> dict:
     from ray import serve
 
     import faro_serve
-    from autoscaler.policies.baselines import RAY_TUNED_BATCH
+    from autoscaler.policies.ray_rule import RAY_TUNED_BATCH
     from examples.gpu_batch.app import GpuLikeClassifier
     from faro_serve.ports import free_port
 
@@ -153,7 +153,7 @@ def simulate_both(args, tr, overhead: dict) -> dict:
     """The simulator on the same arrivals, each policy as it ran live."""
     from autoscaler import make_policy
     from autoscaler.driving.forecasters import choose_forecaster
-    from autoscaler.policies.baselines import RAY_TUNED_BATCH, ray_serve_policy
+    from autoscaler.policies.ray_rule import RAY_TUNED_BATCH, ray_serve_policy
     from faro_serve.distributions import TimeDist
     from faro_serve.sim.runner import SimConfig, simulate
 

@@ -68,7 +68,7 @@ def test_compare_short_slice_reports_both_runs_with_their_accounting(cli, tmp_pa
     assert [r["policy"] for r in doc["comparison"]["rows"]] == ["faro-fairsum", "ray-tuned"]
     assert doc["sim"]["ray-tuned"]["policy"] == "ray-serve-tuned"  # simulated as Ray's rule
     # the settings Ray held, read back at the Ray run, are printed
-    from autoscaler.policies.baselines import RAY_TUNED
+    from autoscaler.policies.ray_rule import RAY_TUNED
     from faro_serve.validation.comparison import ray_settings_line
 
     assert f"- ray-tuned: {ray_settings_line(RAY_TUNED)}" in text
@@ -94,7 +94,7 @@ def test_ray_tuned_deploys_its_settings_scales_in_seconds_and_refuses_past_its_q
     validation.compare.RAY_SETTINGS): Ray holds the documented settings (read back from Ray
     Serve's REST API, as ray-native's defaults are), scales past one replica within seconds
     of load, and a burst beyond 2 x replicas + 50 queued gets 503s at once, not a hang."""
-    from autoscaler.policies.baselines import RAY_DEFAULTS, RAY_TUNED
+    from autoscaler.policies.ray_rule import RAY_DEFAULTS, RAY_TUNED
     from faro_serve.validation.comparison import RAY_SETTINGS
     from faro_serve.validation.live_runs import LiveCluster
 

@@ -10,7 +10,7 @@ import pytest
 
 from autoscaler import make_policy
 from autoscaler.contract.policy import Policy
-from autoscaler.policies.baselines import RAY_DEFAULTS, RAY_TUNED
+from autoscaler.policies.ray_rule import RAY_DEFAULTS, RAY_TUNED
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.sim import NO_OVERHEAD, SimConfig, TimeDist, simulate
 from faro_serve.validation.comparison import NATIVE, RAY_SETTINGS, ray_settings_line, sim_policy, sim_queue

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from autoscaler.contract.policy import Decision, Observation, Policy
-from autoscaler.policies.common import (  # noqa: F401
+from autoscaler.policies.common import (
     Timers,
     fallback_for,
     fcfs_decision,
@@ -37,7 +37,7 @@ from autoscaler.policies.common import (  # noqa: F401
     max_rate_one_replica,
     processing_s,
 )
-from autoscaler.policies.ray_rule import RAY_DEFAULTS, RAY_TUNED, RAY_TUNED_BATCH, RayServePolicy, ray_serve_policy  # noqa: F401 (re-exported)
+from autoscaler.policies.ray_rule import RAY_TUNED, RayServePolicy, ray_serve_policy
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.resources import demand
 from forecasting.base import Forecaster

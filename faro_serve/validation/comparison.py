@@ -18,7 +18,7 @@ from itertools import combinations
 import numpy as np
 from scipy import stats
 
-from autoscaler.policies.baselines import RAY_DEFAULTS, RAY_TUNED
+from autoscaler.policies.ray_rule import RAY_DEFAULTS, RAY_TUNED
 
 from ..config import ClusterSpec, ModelSLO
 from ..distributions import PAPER_PROCESSING, TimeDist

@@ -206,7 +206,7 @@ class LiveCluster:
     def deploy_ray(self, names: list[str], processing: str, max_replicas: int,
                    settings: dict | None = None) -> dict:
         """The models as a Ray baseline deploys them (``ray-native``, ``ray-tuned``): Ray's
-        ``settings`` (``autoscaler.policies.baselines.RAY_DEFAULTS`` shape; None: Ray's defaults).
+        ``settings`` (``autoscaler.policies.ray_rule.RAY_DEFAULTS`` shape; None: Ray's defaults).
         Returns the settings Ray holds, read back from it."""
         settings = settings or {}
         self.deploy_native(names, processing, max_replicas, settings.get("autoscaling_config"),
@@ -216,7 +216,7 @@ class LiveCluster:
     def ray_settings(self, name: str) -> dict:
         """The settings model ``name``'s deployment runs with, read back from Ray Serve's REST
         API (``GET /api/serve/applications/`` on the dashboard: the config in force, Serve's
-        defaults included), as ``autoscaler.policies.baselines.RAY_DEFAULTS`` names them."""
+        defaults included), as ``autoscaler.policies.ray_rule.RAY_DEFAULTS`` names them."""
         from forecasting.rayserve import dashboard_headers
 
         r = httpx.get(f"{self.dashboard}/api/serve/applications/", timeout=30, trust_env=False,
@@ -252,7 +252,7 @@ class LiveCluster:
                    processing: str, policy: str = "ray-native", settings: dict | None = None,
                    on_done=None) -> tuple[object, ReplayRecords, dict]:
         """The replay against plain Ray Serve (``policy``: ``ray-native`` or ``ray-tuned``)
-        with Ray's ``settings`` (``autoscaler.policies.baselines.RAY_DEFAULTS`` shape; None: Ray's
+        with Ray's ``settings`` (``autoscaler.policies.ray_rule.RAY_DEFAULTS`` shape; None: Ray's
         defaults): no front, no faro autoscaler; Ray decides. The replica counts are read
         from Ray Serve every 2 s into the records' status polls. Returns the result, the
         records and the settings Ray held (read back from it)."""
