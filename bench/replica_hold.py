@@ -21,6 +21,7 @@ import numpy as np
 from faro_serve.replay.client import send_schedule
 from faro_serve.replay.loadgen import build_schedule
 from faro_serve.traces import Trace
+from faro_serve.validation.calibration import burst_hold
 from faro_serve.validation.live_runs import LiveCluster
 
 PROCESSING = "lognorm:0.4225,0.2379,0.2058"
@@ -34,12 +35,12 @@ def _schedule(rate: float, seconds: float):
 
 
 async def _measure(lc: LiveCluster, rate: float, seconds: float) -> dict:
-    idle = await lc.burst_hold("m0", 30)
+    idle = await burst_hold(lc.base, "m0", 30)
     stop = asyncio.Event()
     bg = asyncio.create_task(send_schedule(_schedule(rate, seconds), lc.base, timeout_s=60.0,
                                            status_every_s=None, stop_sending=stop))
     await asyncio.sleep(min(30.0, seconds / 3))  # let queues and the load average settle
-    loaded = await lc.burst_hold("m0", 30)
+    loaded = await burst_hold(lc.base, "m0", 30)
     load_avg = os.getloadavg()[0]
     stop.set()
     rec = await bg

@@ -23,7 +23,8 @@ import numpy as np
 
 from bench.procstat import ray_cpu_seconds
 from faro_serve.demo.live import demo_image
-from faro_serve.validation.live_runs import LiveCluster, _wait
+from faro_serve.validation.calibration import wait_until as _wait
+from faro_serve.validation.live_runs import LiveCluster
 
 
 def _serve_load(base: str, name: str, body: bytes, stop: threading.Event, out: list) -> None:

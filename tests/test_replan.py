@@ -6,7 +6,8 @@ import pytest
 
 from autoscaler import ModelObservation, Observation, make_policy
 from autoscaler.driving.explain import explain
-from autoscaler.faro.replan import donor_ok, relevel, surprise
+from autoscaler.faro.moves import donor_ok
+from autoscaler.faro.replan import relevel, surprise
 from autoscaler.policies.service import Service
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import latency_mdc

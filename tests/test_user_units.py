@@ -14,10 +14,10 @@ from user_apps.shop import TextClassifier
 
 import faro_serve
 from faro_serve.config import ConfigError, parse_config
+from faro_serve.serving.guarded_class import guarded_class
 from faro_serve.serving.messages import Dropped as DroppedEvent
 from faro_serve.serving.messages import Processed
 from faro_serve.serving.replica_guard import Dropped, ReplicaGuard
-from faro_serve.serving.user import _faro_class
 from faro_serve.serving.user_app import UserAppArgs, load_deployment
 
 
@@ -131,7 +131,7 @@ def test_the_users_class_runs_unchanged_behind_the_guard():
         async def predict(self, x):
             return self.helper(x)
 
-    cls = _faro_class(Model, "m", 1)
+    cls = guarded_class(Model, "m", 1)
     obj = cls(5, _faro_meter=None)
     assert cls.__name__ == "Model" and isinstance(obj, Model)
     assert asyncio.run(obj(request())) == 6  # nested: helper ran as written, synchronously
@@ -197,7 +197,7 @@ def test_a_class_without_call_keeps_none_and_its_methods_are_guarded():
         async def predict(self, x):
             return x + 1
 
-    cls = _faro_class(Worker, "w", 1)
+    cls = guarded_class(Worker, "w", 1)
     assert "__call__" not in cls.__dict__
     assert asyncio.run(cls(_faro_meter=None).predict(1)) == 2
 
@@ -396,7 +396,7 @@ def test_the_users_own_batch_setters_set_the_gate_and_rays_queue():
 
     cls = Batcher.func_or_class
     methods = batch_methods(cls)
-    faro_cls = _faro_class(cls, "b", 32, {"methods": methods, "max_batch_size": 16,
+    faro_cls = guarded_class(cls, "b", 32, {"methods": methods, "max_batch_size": 16,
                                           "concurrent": 1, "wait_s": 0.004})
     obj = faro_cls()
     g = obj._faro_guard

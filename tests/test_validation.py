@@ -13,6 +13,7 @@ import pytest
 from faro_serve.distributions import PAPER_ROUTER_OVERHEAD
 from faro_serve.replay.client import ReplayRecords
 from faro_serve.replay.loadgen import build_schedule
+from faro_serve.validation.calibration import Calibration
 from faro_serve.validation.comparison import (
     Workload,
     fit_overhead,
@@ -21,7 +22,6 @@ from faro_serve.validation.comparison import (
     relative_difference,
     scale_up_lags,
 )
-from faro_serve.validation.live_runs import Calibration
 from faro_serve.validation.matched import load_state, resimulate
 
 

@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoscaler.contract.policy import Decision
+from autoscaler.contract.policy import Decision, Observation
 from autoscaler.contract.setting import FIELDS
+from autoscaler.driving.driver import MeterSnapshot
+from autoscaler.driving.pipeline_meters import pipeline_records
 from faro_serve.metrics import utility_from_latency
+
+if TYPE_CHECKING:
+    from autoscaler.driving.loop import AutoscalerLoop
 
 
 def decision_record(decision: Decision) -> dict:
@@ -56,3 +63,45 @@ def write_record(record: dict, path: str | None) -> str:
         with p.open("a") as f:
             f.write(line + "\n")
     return line
+
+
+def tick_record(loop: AutoscalerLoop, now: float, obs: Observation, decision: Decision | None,
+                meters: Mapping[str, MeterSnapshot] | None = None) -> dict:
+    """One tick as the log and the status show it: per model what was observed, the setting
+    in force (in shadow mode also the advice), what the last plan predicted; the decision."""
+    models = {}
+    for n, o in obs.models.items():
+        meter = (meters or {}).get(n)
+        planned, held = loop.last_plan.get(n, {}), loop.settings[n]
+        models[n] = {
+            "slo_ms": loop.slo[n].slo_ms, "percentile": loop.slo[n].percentile,
+            "arrival_rate": round(o.arrival_rate, 4),
+            "latency_ms": None if o.latency_ms is None else round(o.latency_ms, 2),
+            "processing_ms": None if o.processing_ms is None else round(o.processing_ms, 2),
+            "queue_length": o.queue_length, "replicas": o.replicas,
+            "target": held.replicas, "drop_rate": held.drop_rate or 0.0,
+            # measured: min(SLO / p99 over the look-back, 1), the paper's utility (alpha 1);
+            # predicted: what the last plan expected over its window
+            "observed_utility": observed_utility(o.latency_ms, loop.slo[n].slo_ms),
+            "predicted_utility": planned.get("utility"), "predictor": planned.get("predictor"),
+            "predicted_latency_ms": planned.get("latency_ms"),
+        }
+        # the fields a policy set beyond replicas and drops (batch size, threads, variant)
+        models[n].update({k: v for k, v in held.to_json().items() if k not in models[n]
+                          and k not in ("replicas", "drop_rate")})
+        models[n]["setting"] = held.to_json()  # the whole record in force
+        if loop.shadow:  # what it would set, beside what runs ("replicas", "target")
+            advised = loop.advice.get(n)
+            models[n]["advised"] = None if advised is None else advised.to_json()
+        if meter is not None and meter.device is not None:  # where the model runs
+            models[n]["device"] = meter.device
+        if loop.slo[n].batching is not None:  # the batches its replicas served
+            models[n]["mean_batch"] = round(float(o.mean_batch), 2)
+    rec = {"time": round(now, 3), "t": round(obs.now, 3), "policy": loop.policy.name,
+           "mode": loop.cfg.mode,
+           "capacity_cpus": obs.capacity_cpus, "capacity": obs.capacity.to_json(),
+           "models": models,
+           **({"pipelines": pipeline_records(loop.cfg.pipelines, obs.pipelines, observed_utility)}
+              if loop.cfg.pipelines else {}),
+           "decision": None if decision is None else decision_record(decision)}
+    return rec

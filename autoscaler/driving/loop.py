@@ -28,12 +28,12 @@ from autoscaler.catalogue.registry import make_policy
 from autoscaler.contract.policy import Decision, Observation, Policy
 from autoscaler.contract.setting import Setting, field_map
 from autoscaler.driving.cluster_adapter import ClusterAdapter, StateStore, capped_capacity
-from autoscaler.driving.decision_log import decision_record, observed_utility, write_record
+from autoscaler.driving.decision_log import tick_record, write_record
 from autoscaler.driving.driver import MeterSnapshot, apply_decision, decide, observe
 from autoscaler.driving.forecasters import set_daily, set_recurrence
 from autoscaler.driving.history import HistoryKeeper
 from autoscaler.driving.loop_config import AutoscalerConfig
-from autoscaler.driving.pipeline_meters import observe_pipelines, pipeline_records, sync_pipeline_meters
+from autoscaler.driving.pipeline_meters import observe_pipelines, sync_pipeline_meters
 from autoscaler.driving.retrainer import Retrainer, retraining_on
 
 log = logging.getLogger("faro_serve.autoscaler")
@@ -334,42 +334,7 @@ class AutoscalerLoop:
 
     def _record(self, now: float, obs: Observation, decision: Decision | None,
                 meters: dict[str, MeterSnapshot] | None = None) -> dict:
-        models = {}
-        for n, o in obs.models.items():
-            meter = (meters or {}).get(n)
-            planned, held = self.last_plan.get(n, {}), self.settings[n]
-            models[n] = {
-                "slo_ms": self.slo[n].slo_ms, "percentile": self.slo[n].percentile,
-                "arrival_rate": round(o.arrival_rate, 4),
-                "latency_ms": None if o.latency_ms is None else round(o.latency_ms, 2),
-                "processing_ms": None if o.processing_ms is None else round(o.processing_ms, 2),
-                "queue_length": o.queue_length, "replicas": o.replicas,
-                "target": held.replicas, "drop_rate": held.drop_rate or 0.0,
-                # measured: min(SLO / p99 over the look-back, 1), the paper's utility (alpha 1);
-                # predicted: what the last plan expected over its window
-                "observed_utility": observed_utility(o.latency_ms, self.slo[n].slo_ms),
-                "predicted_utility": planned.get("utility"), "predictor": planned.get("predictor"),
-                "predicted_latency_ms": planned.get("latency_ms"),
-            }
-            # the fields a policy set beyond replicas and drops (batch size, threads, variant)
-            models[n].update({k: v for k, v in held.to_json().items() if k not in models[n]
-                              and k not in ("replicas", "drop_rate")})
-            models[n]["setting"] = held.to_json()  # the whole record in force
-            if self.shadow:  # what it would set, beside what runs ("replicas", "target")
-                advised = self.advice.get(n)
-                models[n]["advised"] = None if advised is None else advised.to_json()
-            if meter is not None and meter.device is not None:  # where the model runs
-                models[n]["device"] = meter.device
-            if self.slo[n].batching is not None:  # the batches its replicas served
-                models[n]["mean_batch"] = round(float(o.mean_batch), 2)
-        rec = {"time": round(now, 3), "t": round(obs.now, 3), "policy": self.policy.name,
-               "mode": self.cfg.mode,
-               "capacity_cpus": obs.capacity_cpus, "capacity": obs.capacity.to_json(),
-               "models": models,
-               **({"pipelines": pipeline_records(self.cfg.pipelines, obs.pipelines, observed_utility)}
-                  if self.cfg.pipelines else {}),
-               "decision": None if decision is None else decision_record(decision)}
-        return rec
+        return tick_record(self, now, obs, decision, meters)
 
     def _log(self, record: dict) -> None:
         log.info("decision %s", write_record(record, self.cfg.decision_log))

@@ -25,7 +25,7 @@ Every tick :meth:`FaroPolicy.decide <autoscaler.faro.hybrid.FaroPolicy.decide>` 
       capacity, first come first served (``policies.common.fcfs_decision``);
    e. **larger batches**: a due batching model whose largest batch serves a fifth more gets
       it at once (``hybrid.with_larger_batches``);
-   f. **moves** (``hybrid.with_moves``, ``replan.best_move``; ``ClusterSpec.moves``): a due
+   f. **moves** (``moves.with_moves``; ``ClusterSpec.moves``): a due
       model that got no replica takes one from the donor whose loss costs least.
 4. **Surge** last, over whatever 2 or 3 decided (``surge.SurgeAware.with_surge``;
    ``ClusterSpec.surge``): a model whose rate jumped past what its replicas serve gets what
@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autoscaler.contract.policy import Decision, Observation
+from autoscaler.faro import moves
 from autoscaler.faro.guard import guard_cuts
 from autoscaler.policies.common import fcfs_decision
 
@@ -80,5 +81,5 @@ def short_term(p: FaroPolicy, obs: Observation) -> Decision | None:
         d.info = {"scaled_up": sorted(d.replicas)}
     d = p.with_larger_batches(obs, due, d)
     if p.cluster.moves:
-        d = p.with_moves(obs, due, d)
+        d = moves.with_moves(p, obs, due, d)
     return d

@@ -42,7 +42,7 @@ from autoscaler.contract.policy import Decision, ModelPlan, Observation, Policy
 from autoscaler.faro import composition
 from autoscaler.faro.guard import heavy_overload, keep_saturated
 from autoscaler.faro.pipeline_aware import PipelineAware
-from autoscaler.faro.replan import band_of, best_move, donor_ok, move_problem, prune_changes, relevel, surprise
+from autoscaler.faro.replan import band_of, prune_changes, relevel, surprise
 from autoscaler.faro.surge import SurgeAware
 from autoscaler.policies.common import Timers, fallback_for, faro_policy_name, forecast_or_fallback
 from autoscaler.policies.service import Service, service_of
@@ -263,81 +263,6 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
             d.info["models"][n]["replicas"] = d.replicas.get(n, obs.models[n].target_replicas)
         return kept
 
-    def with_moves(self, obs: Observation, due: list[str], d: Decision | None) -> Decision | None:
-        """For each ``due`` model the reactive step could not give a replica (oldest first),
-        move one from the donor whose loss costs the cluster objective least, when the
-        objective gains at least ``move_min_gain`` over the time left to the next plan."""
-        c = self.cluster
-        current = {n: o.target_replicas for n, o in obs.models.items()}
-        after = {**current, **(d.replicas if d else {})}
-        starving = [n for n in due if after[n] <= current[n] and self.moved.get(n) != "out"
-                    and n in self.band]
-        if not starving or len(self.band) < len(self.slo):
-            return d
-        window = self.last_long_term + c.long_term_interval_s - obs.now
-        svcs = self.services(obs)
-        procs = {n: s.processing_ms for n, s in svcs.items()}
-        steps = max(1, round(window / 60.0))
-        rates, hi = {}, {}
-        for n, o in obs.models.items():
-            now = self.fresh_rate(n)
-            now = o.arrival_rate if now is None else now
-            if n in starving:
-                now += o.queue_length / 60.0
-            rates[n] = np.repeat(relevel(np.array(self.band[n], float), now)[:, None], steps, axis=1)
-            last_min = float(o.arrivals_per_min[-1]) / 60.0 if len(o.arrivals_per_min) else 0.0
-            hi[n] = max(now, last_min, self.band[n][2])
-
-        def can_give(n: str) -> bool:
-            o = obs.models[n]
-            m = self.slo[n]
-            return (n not in due and self.moved.get(n) != "in" and n not in self.violating.since
-                    and o.replicas >= after[n] and (o.latency_ms is None or o.latency_ms <= m.slo_ms)
-                    and donor_ok(svcs[n], after[n], hi[n], c))
-
-        donors = [n for n in obs.models if can_give(n)]
-        if not donors or window <= c.cold_start_s:
-            return d
-        prob = move_problem(self.models, c, after, rates, procs, window,
-                            {n: s.shape for n, s in svcs.items() if s.shape is not None})
-        names = [m.name for m in self.models]
-        dem = self.demand
-        free = obs.capacity.free(usage(after, dem), resource_names(dem))
-
-        def fits(g: str, r: str) -> bool:  # r's new replica in what g's leaves free
-            gm, rm = dem[g], dem[r]
-            return all(gm.get(k, 0.0) + f >= rm.get(k, 0.0) - 1e-9 for k, f in free.items())
-
-        moves = []
-        for r in starving:
-            best = best_move(prob, names, after, r, [g for g in donors if fits(g, r)],
-                             c.move_min_gain)
-            if best is None:
-                continue
-            g, gain = best
-            after[r] += 1
-            after[g] -= 1
-            donors.remove(g)
-            for k in free:
-                free[k] += dem[g].get(k, 0.0) - dem[r].get(k, 0.0)
-            self.moved[r], self.moved[g] = "in", "out"
-            # the new replica needs its cold start: the trigger waits for it, as after a surge
-            self.surge_hold[r] = obs.now + c.cold_start_s + c.reactive_trigger_s
-            self.violating.update(r, False, obs.now)
-            moves.append({"from": g, "to": r, "gain": round(gain, 4),
-                          "donor_rate_rps": round(hi[g], 3), "recipient_rate_rps":
-                          round(float(np.median(rates[r])), 3)})
-        if not moves:
-            return d
-        if d is None:
-            d = Decision({}, {}, "move", {})
-        for mv in moves:
-            d.set(mv["from"], replicas=after[mv["from"]])
-            d.set(mv["to"], replicas=after[mv["to"]])
-        d.info["moves"] = moves
-        if d.kind == "reactive":
-            d.kind = "reactive+move"
-        return d
 
 
 class OraclePolicy(FaroPolicy):

@@ -1,4 +1,4 @@
-"""Between Faro's five-minute plans (ours, issue 31): re-plan on surprise and move replicas.
+"""Between Faro's five-minute plans (ours, issue 31): re-plan on surprise.
 
 Pure functions over numbers and the engine; :class:`~autoscaler.faro.hybrid.FaroPolicy` keeps the
 state and calls them, so the live autoscaler and the simulator run the same code.
@@ -10,11 +10,8 @@ state and calls them, so the live autoscaler and the simulator run the same code
 * **Re-plan** (:func:`relevel`): the whole cluster is planned again by the engine, with a
   fresh forecast, in which a surprised model's samples are scaled so that their median is
   the rate it has now.
-* **Move** (:func:`best_move`): a model over its SLO in a full cluster takes one replica
-  from the donor whose loss costs the cluster objective least, when the objective (the
-  engine's window utilities, cold start included, over the time left until the next plan)
-  gains. A donor must stay within its SLO with one replica fewer under M/D/c at the higher
-  of its rate now and its forecast p90.
+
+Moves, the other step between the plans, are ``autoscaler.faro.moves``.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from autoscaler.policies.service import Service
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import make_problem
 from faro_serve.resources import Capacity
@@ -61,15 +57,6 @@ def relevel(samples: np.ndarray, rate: float) -> np.ndarray:
     if med <= 1e-9:
         return np.full(s.shape, float(rate))
     return s * (float(rate) / med)
-
-
-def donor_ok(service: Service, replicas: int, rate: float, cluster: ClusterSpec) -> bool:
-    """Whether the model stays within its SLO at ``rate`` (requests/s) with one replica
-    fewer than ``replicas`` (the engine's estimator for how its replicas serve), and above
-    its minimum."""
-    if replicas - 1 < max(service.model.min_replicas, 1):
-        return False
-    return rate <= service.max_rate(replicas - 1, cluster)
 
 
 def prune_changes(models: Sequence[ModelSLO], cluster: ClusterSpec, samples: Mapping[str, np.ndarray],
@@ -111,34 +98,3 @@ def prune_changes(models: Sequence[ModelSLO], cluster: ClusterSpec, samples: Map
         y[best[0]] = x[best[0]]
         value = best[1]
     return {n: int(y[i]) for i, n in enumerate(names)}, float(value - prob.value(x, d))
-
-
-def move_problem(models: Sequence[ModelSLO], cluster: ClusterSpec, current: Mapping[str, int],
-                 rates: Mapping[str, np.ndarray], processing_ms: Mapping[str, float],
-                 window_s: float, batch_shapes: Mapping | None = None):
-    """The engine's problem that scores moves: the cluster objective over window utilities
-    (a replica added now serves after the cold start) over ``window_s``, each model's rate
-    ``rates[name]`` (samples x steps, requests/s)."""
-    spec = cluster.model_copy(update={"window_s": float(window_s)})
-    return make_problem(models, dict(rates), dict(current), spec, processing_ms=dict(processing_ms),
-                        batch_shapes=batch_shapes)
-
-
-def best_move(prob, names: Sequence[str], replicas: Mapping[str, int], recipient: str,
-              donors: Sequence[str], min_gain: float) -> tuple[str, float] | None:
-    """The donor whose replica, moved to ``recipient``, raises ``prob``'s objective most
-    (from ``replicas``), with the gain; None when no move gains more than ``min_gain``."""
-    x = np.array([replicas[n] for n in names], float)
-    d = np.zeros(len(names))
-    base = prob.value(x, d)
-    r = list(names).index(recipient)
-    best = None
-    for n in donors:
-        i = list(names).index(n)
-        y = x.copy()
-        y[r] += 1
-        y[i] -= 1
-        gain = prob.value(y, d) - base
-        if gain > min_gain and (best is None or gain > best[1] + 1e-12):
-            best = (n, float(gain))
-    return best

@@ -32,105 +32,19 @@ from collections.abc import Mapping, Sequence
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Application, Deployment
-from starlette.requests import Request
 
 from ..config import ClusterSpec, ConfigError, ModelSLO
 from ..model_slo import Batching
 from ..pipelines import PipelineSLO
-from .batch_method import BatchMethod, batch_methods, faro_method, is_serve_batch
+from .batch_method import BatchMethod, batch_methods
 from .direct import Meter
+from .guarded_class import guarded_class
 from .names import QUIET, meter_name
 from .proxy_queue import PIPELINE, ProxyQueueRouter
 from .replica_guard import Dropped, ReplicaGuard, run_user  # noqa: F401 (Dropped re-exported)
 
-# methods a subclass must not wrap: Serve's own hooks and the object's protocol
-_HOOKS = {"reconfigure", "check_health", "record_autoscaling_stats", "bind", "options"}
 _SCALED: dict[str, str] = {}  # model -> its deployment, as scaled() was last called in this process
 _BATCHING: dict[str, Batching] = {}  # model -> the batching scaled() found in its deployment
-
-
-def _is_asgi_call(args: tuple) -> bool:
-    return len(args) == 3 and isinstance(args[0], dict) and args[0].get("type") in ("http", "websocket")
-
-
-def _guarded_method(name: str, fn):
-    """A public method of the user's class, through the guard when called over a handle.
-    Called by the user's own code inside a request (their route calling ``self.helper()``)
-    it runs exactly as written, synchronous or not."""
-    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
-        return None  # streaming over a handle: served as the user wrote it (not counted)
-    if inspect.iscoroutinefunction(fn):
-        async def method(self, *args, **kwargs):
-            guard = self._faro_guard
-            if guard.nested():
-                return await fn(self, *args, **kwargs)
-            return await guard.call(fn.__get__(self), *args, **kwargs)
-    else:
-        def method(self, *args, **kwargs):
-            guard = self._faro_guard
-            if guard.nested():
-                return fn(self, *args, **kwargs)
-            # a handle call: Ray awaits the coroutine a synchronous method returns; in
-            # Serve's thread-pool mode this thread waits for it on the replica's loop
-            return guard.call_from_sync(fn.__get__(self), *args, **kwargs)
-
-    method.__name__, method.__qualname__, method.__doc__ = name, name, fn.__doc__
-    return method
-
-
-def _faro_class(cls: type, name: str, concurrency: int, batching: dict | None = None,
-                body_timeout_s: float | None = 5.0) -> type:
-    """The user's class with Faro's guard in front of its entry points; ``batching``: its
-    ``@serve.batch`` methods (``BatchMethod``) under ``methods``, with the largest batch,
-    concurrent batches and batch wait in force (``ScaledDeployment``)."""
-    ns: dict = {"__module__": cls.__module__, "__doc__": cls.__doc__}
-    guard_batching = None
-    if batching is not None:
-        wrappers, guards = [], []  # the replica's guard joins guards (batch_method.faro_method)
-        for spec in batching["methods"]:
-            ns[spec.attr], batched = faro_method(spec, batching["max_batch_size"], guards)
-            wrappers.append(batched)
-        guard_batching = {k: v for k, v in batching.items() if k != "methods"} | {
-            "wrappers": wrappers, "guards": guards}
-
-    if inspect.iscoroutinefunction(cls.__init__):  # Serve's ingress classes (Ray 2.60)
-        async def __init__(self, *args, _faro_meter=None, **kwargs):
-            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency, guard_batching,
-                                            body_timeout_s)
-            await cls.__init__(self, *args, **kwargs)
-    else:
-        def __init__(self, *args, _faro_meter=None, **kwargs):
-            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency, guard_batching,
-                                            body_timeout_s)
-            cls.__init__(self, *args, **kwargs)
-
-    ns["__init__"] = __init__
-    # the class's own __call__, if it has one (getattr would find the metaclass's)
-    user_call = next((k.__dict__["__call__"] for k in cls.__mro__ if "__call__" in k.__dict__), None)
-    if user_call is not None:
-        async def __call__(self, *args, **kwargs):
-            guard, call = self._faro_guard, user_call.__get__(self)
-            if _is_asgi_call(args):
-                if args[0]["type"] != "http":  # a websocket: served as written, unmetered
-                    return await call(*args)
-                return await guard.asgi(call, *args)
-            if len(args) == 1 and not kwargs and isinstance(args[0], Request):
-                return await guard.request(call, args[0])
-            if guard.nested():
-                return await run_user(call, *args, **kwargs)
-            return await guard.call(call, *args, **kwargs)
-        ns["__call__"] = __call__
-    for klass in cls.__mro__:
-        if klass is object or klass.__module__.startswith("ray."):
-            continue
-        for attr, fn in vars(klass).items():
-            if (attr.startswith("_") or attr in _HOOKS or attr in ns or not inspect.isfunction(fn)
-                    or is_serve_batch(fn)):  # a streaming batch method: as the user wrote it
-                continue
-            wrapped = _guarded_method(attr, fn)
-            if wrapped is not None:
-                ns[attr] = wrapped
-    return type(cls.__name__, (cls,), ns)
 
 
 class ScaledDeployment:
@@ -166,7 +80,7 @@ class ScaledDeployment:
             concurrency = 1  # to the router: one batch at a time, two batches held (proxy_queue.py)
         router = RequestRouterConfig(request_router_class=ProxyQueueRouter, request_router_kwargs={
             "meter": meter_name(deployment.name), "concurrency": concurrency})
-        options = dict(func_or_class=_faro_class(cls, model, slots, guard_batching, body_timeout_s),
+        options = dict(func_or_class=guarded_class(cls, model, slots, guard_batching, body_timeout_s),
                        max_ongoing_requests=ongoing, max_queued_requests=queue_limit,
                        request_router_config=router, ray_actor_options=actor)
         if initial_replicas is not None:  # Faro scales it (a pipeline's ingress: the user)

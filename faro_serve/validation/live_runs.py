@@ -17,10 +17,8 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 import httpx
-import numpy as np
 
 from ..config import ModelSLO
 from ..ports import free_port
@@ -29,41 +27,11 @@ from ..replay.loadgen import Schedule
 from ..replay.replay_report import replay_result
 from ..serving.app import autoscaler_app, model_app
 from ..serving.names import AUTOSCALER, AUTOSCALER_APP, METER, MODEL
+from .calibration import Calibration, calibrate, wait_until
 from .comparison import RAY_DEFAULTS, REPLAY_TIMEOUT_S
 
 log = logging.getLogger("faro_serve.validation")
 
-
-
-def _wait(cond, timeout_s: float, what: str, every_s: float = 0.5):
-    end = time.time() + timeout_s
-    while time.time() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(every_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-@dataclass
-class Calibration:
-    overhead_s: list[float]  # per request: end-to-end latency minus the replica's processing
-    cold_start_s: float  # scale request -> the new replica serving
-    hold_s: list[float] | None = None  # per queued request: gap between completions - processing
-
-    @property
-    def hold_median_s(self) -> float | None:
-        return float(np.median(self.hold_s)) if self.hold_s else None
-
-    def to_dict(self) -> dict:
-        x = np.asarray(self.overhead_s)
-        hold = ({"hold_ms": {"n": len(self.hold_s), "p50": round(self.hold_median_s * 1e3, 3),
-                             "p90": round(float(np.percentile(self.hold_s, 90)) * 1e3, 3)}}
-                if self.hold_s else {})
-        return hold | {"overhead_ms": {"n": int(x.size), "mean": round(float(x.mean()) * 1e3, 3),
-                                "p50": round(float(np.median(x)) * 1e3, 3),
-                                "p99": round(float(np.percentile(x, 99)) * 1e3, 3)},
-                "cold_start_s": round(self.cold_start_s, 2)}
 
 
 class LiveCluster:
@@ -119,7 +87,7 @@ class LiveCluster:
                     "cpus": 1.0, "data_path": self.data_path}
             serve.run(model_app(args), name=n, route_prefix=f"/{n}", external_scaler_enabled=True,
                       blocking=False)
-        _wait(lambda: all(self.running().get(n) == 1 for n in names), 180, "the models to serve")
+        wait_until(lambda: all(self.running().get(n) == 1 for n in names), 180, "the models to serve")
 
     def deploy_autoscaler(self, config: dict) -> None:
         from ray import serve
@@ -134,7 +102,7 @@ class LiveCluster:
             except Exception:
                 return False
             return st.get("ticks", 0) >= 1 and all(n in (st.get("models") or {}) for n in names)
-        _wait(ready, 120, f"the {AUTOSCALER} to run")
+        wait_until(ready, 120, f"the {AUTOSCALER} to run")
 
     def reset_meters(self, names: list[str]) -> None:
         from ray import serve
@@ -148,43 +116,11 @@ class LiveCluster:
 
         for name in list(serve.status().applications):
             serve.delete(name, _blocking=True)
-        _wait(lambda: not serve.status().applications, 120, "the applications to go")
+        wait_until(lambda: not serve.status().applications, 120, "the applications to go")
 
-    # -- calibration -------------------------------------------------------------------
     def calibrate(self, name: str, n: int = 200, burst: int = 30) -> Calibration:
-        """Overhead from ``n`` sequential requests; the replica hold from a burst of ``burst``
-        requests queued on one replica; cold start from one scale-up 1 -> 2."""
-        overhead = []
-        with httpx.Client(base_url=self.base, timeout=30, trust_env=False) as c:
-            for k in range(n + 10):
-                t0 = time.perf_counter()
-                r = c.post(f"/{name}/predict", content=b"")
-                lat = time.perf_counter() - t0
-                if r.status_code == 200 and k >= 10:  # the first ones warm the path up
-                    overhead.append(lat - r.json()["processing_ms"] / 1e3)
-        hold = asyncio.run(self.burst_hold(name, burst))
-        t0 = time.time()
-        self.scale(name, 2)
-        _wait(lambda: self.running().get(name) == 2, 120, f"{name} to scale to 2", every_s=0.1)
-        cold = time.time() - t0
-        self.scale(name, 1)
-        _wait(lambda: self.running().get(name) == 1, 120, f"{name} to scale back to 1", every_s=0.2)
-        return Calibration(overhead, cold, hold)
-
-    async def burst_hold(self, name: str, burst: int) -> list[float]:
-        """``burst`` requests at once on a single replica serve back to back, so the gap
-        between two completions is the next request's processing plus the replica's idle
-        hold; the client's return path cancels out in the difference."""
-        done: list[tuple[float, float]] = []
-        async with httpx.AsyncClient(base_url=self.base, timeout=120, trust_env=False) as c:
-            async def one():
-                r = await c.post(f"/{name}/predict", content=b"")
-                if r.status_code == 200:
-                    done.append((time.perf_counter(), r.json()["processing_ms"] / 1e3))
-            await asyncio.gather(*(one() for _ in range(burst)))
-        done.sort()
-        # the first completions may overlap the burst's own arrival; skip them
-        return [t1 - t0 - p for (t0, _), (t1, p) in zip(done[2:], done[3:])]
+        """What the simulator must assume about this machine (``calibration.calibrate``)."""
+        return calibrate(self, name, n, burst)
 
     # -- ray-native, ray-tuned: plain Ray Serve under Ray's autoscaler -------------------
     def deploy_native(self, names: list[str], processing: str, max_replicas: int,
@@ -201,7 +137,7 @@ class LiveCluster:
                     "cpus": 1.0, **(options or {}),
                     "autoscaling_config": {"max_replicas": max_replicas, **(autoscaling or {})}}
             serve.run(native_app(args), name=n, route_prefix=f"/{n}", blocking=False)
-        _wait(lambda: all(self.running().get(n) == 1 for n in names), 180, "the models to serve")
+        wait_until(lambda: all(self.running().get(n) == 1 for n in names), 180, "the models to serve")
 
     def deploy_ray(self, names: list[str], processing: str, max_replicas: int,
                    settings: dict | None = None) -> dict:
