@@ -161,16 +161,18 @@ def test_profile_command_measures_on_ray_serve_fits_and_saves(tmp_path, capsys):
 
     from faro_serve.cli import main
 
-    rc = main(["profile", "--arch", "resnet18", "--batches", "1,4", "--threads", "1,2",
+    rc = main(["profile", "--arch", "resnet18", "--batches", "1,8", "--threads", "1,2",
                "--repeats", "3", "--image-size", "96", "--out", str(tmp_path)])
     assert rc == 0
     doc = json.loads((tmp_path / "resnet18.json").read_text())
     prof = BatchProfile.from_dict(doc["profile"])
     assert len(doc["rows"]) == 12 and prof.points == 4 and doc["machine"]["cores"] >= 1
-    # the fit predicts what was measured (medians), and a batch of 4 costs more than 1
+    # the fit predicts what was measured (medians), and a batch of 8 costs more than 1 (eight
+    # times the arithmetic: a margin no scheduling noise on a busy CI machine closes; a batch
+    # of 4 against 1, at three repeats, once did not hold there)
     med = {(b, c): np.median([r["latency_s"] for r in doc["rows"] if (r["batch"], r["threads"]) == (b, c)])
-           for b in (1, 4) for c in (1, 2)}
-    assert med[(4, 1)] > med[(1, 1)]
+           for b in (1, 8) for c in (1, 2)}
+    assert med[(8, 1)] > med[(1, 1)]
     for (b, c), m in med.items():
         assert float(prof.latency(b, c)) == pytest.approx(m, rel=0.5)
     assert "resnet18: gamma" in capsys.readouterr().out
@@ -198,8 +200,8 @@ def test_profile_of_a_users_batching_deployment_times_its_batches(tmp_path, caps
     doc = json.loads((tmp_path / "batcher.json").read_text())
     got = {r["batch"]: r["latency_s"] for r in doc["rows"]}
     assert set(got) == {1, 4, 16} and all(r["batches"] >= 3 for r in doc["rows"])
-    for b, t in got.items():  # the sleep, and a few ms of asyncio around it at most
-        assert 0.02 + 0.002 * b <= t <= 0.02 + 0.002 * b + 0.01, (b, t)
+    for b, t in got.items():  # the sleep, and some ms of asyncio around it (a busy machine)
+        assert 0.02 + 0.002 * b <= t <= 0.02 + 0.002 * b + 0.03, (b, t)
     shape = Batching(profile=str(tmp_path / "batcher.json"), max_batch_size=16).shape()
     assert shape[16] == pytest.approx(got[16] / got[1], rel=1e-6)
     assert doc["hinge"]["r2"] > 0.99 and "hinge fit" in capsys.readouterr().out
