@@ -7,9 +7,9 @@ Faro plans for that distribution, not for a single number.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -32,9 +32,9 @@ class Forecast:
         """``{name: (samples, horizon)}``, the form ``plan(...)`` takes."""
         return {n: self.samples[i] for i, n in enumerate(self.names)}
 
-    def quantiles(self, qs=(0.1, 0.5, 0.9)) -> np.ndarray:
+    def quantiles(self, qs: Sequence[float] = (0.1, 0.5, 0.9)) -> np.ndarray:
         """``(len(qs), models, horizon)`` quantiles over the samples."""
-        return np.quantile(self.samples, qs, axis=1)
+        return cast(np.ndarray, np.quantile(self.samples, qs, axis=1))
 
 
 def check_fraction(value: float, what: str) -> None:

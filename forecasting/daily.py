@@ -21,10 +21,11 @@ context"). Ray-free.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 import numpy as np
 
-from .base import Forecast, check_fraction
+from .base import Forecast, Forecaster, check_fraction
 
 DAY_MINUTES = 1440  # live: a day of wall-clock minutes; a replayed trace has its own day length
 DEFAULT_WEIGHT = 0.25
@@ -48,7 +49,7 @@ def yesterday_means(history: np.ndarray, period: int, level_minutes: int, horizo
     same = h[t - p:t - p + horizon]
     if same.size < horizon:  # a period shorter than the horizon: repeat what there is
         same = np.resize(same, horizon)
-    return same * (h[t - k:].mean() / max(h[t - p - k:t - p].mean(), 1.0))
+    return cast(np.ndarray, same * (h[t - k:].mean() / max(h[t - p - k:t - p].mean(), 1.0)))
 
 
 def add_daily(fc: Forecast, history: Mapping[str, np.ndarray], period: int, weight: float,
@@ -79,7 +80,7 @@ class DailyContext:
     ``period``: minutes in a day of the series (1440 live; a replayed trace's points per day
     in the simulator, e.g. 360 for the Faro workload). ``weight`` 0 is ``base`` itself."""
 
-    def __init__(self, base, period: int = DAY_MINUTES, weight: float = DEFAULT_WEIGHT,
+    def __init__(self, base: Forecaster, period: int = DAY_MINUTES, weight: float = DEFAULT_WEIGHT,
                  level_minutes: int | None = None):
         check_daily(period, weight)
         self.base = base

@@ -36,7 +36,7 @@ class Evaluation:
         out.update(unit="requests per minute", origins=len(self.origins), jobs=len(self.names))
         return out
 
-    def per_job(self) -> dict[str, dict]:
+    def per_job(self) -> dict[str, dict[str, float]]:
         return {n: metrics.summarise(self.samples[:, j], self.actual[:, j])
                 for j, n in enumerate(self.names)}
 

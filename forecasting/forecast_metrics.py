@@ -10,6 +10,8 @@ with the same leading dimensions (e.g. ``(origins, models)``). Units are the cal
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 
@@ -60,7 +62,7 @@ def window_max_quantile(samples: np.ndarray, q: float = 0.9) -> np.ndarray:
     probability ``q`` (section 3.5.2: plan for the *maximum expected* arrival rate).
     """
     s = np.asarray(samples, dtype=float)
-    return np.quantile(s.max(axis=-1), q, axis=-1)
+    return cast(np.ndarray, np.quantile(s.max(axis=-1), q, axis=-1))
 
 
 def max_window_coverage(samples: np.ndarray, actual: np.ndarray, q: float = 0.9) -> float:

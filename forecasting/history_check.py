@@ -8,8 +8,12 @@ Histories are per-minute request counts, oldest first; bad values (NaN, negative
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def check_history(history: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -33,7 +37,7 @@ def check_history(history: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def history_frame(hist: Mapping[str, np.ndarray]):
+def history_frame(hist: Mapping[str, np.ndarray]) -> pd.DataFrame:
     """neuralforecast's long format: columns ``unique_id``, ``ds`` (minute index), ``y``."""
     import pandas as pd
 

@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from .nhits import PREDICTORS, NHitsForecaster
 from .quiet import preserved_global_rng, quiet_lightning
@@ -90,7 +91,7 @@ def member_file(name: str, i: int) -> str:
     return f"{stem}-{i}.{ext}"
 
 
-def read_meta(directory: str | Path) -> dict:
+def read_meta(directory: str | Path) -> dict[str, Any]:
     """The validated ``meta.json`` of a forecaster directory."""
     d = Path(directory)
     if d.is_file():
@@ -149,7 +150,7 @@ def load_forecaster(directory: str | Path, script: bool = True) -> NHitsForecast
     return fc
 
 
-def _load_weights(d: Path, name: str, meta: dict):
+def _load_weights(d: Path, name: str, meta: dict[str, Any]) -> Any:
     """One network's N-HiTS weights, checked against ``meta``."""
     weights = d / name
     if not weights.is_file():
@@ -168,5 +169,5 @@ def _load_weights(d: Path, name: str, meta: dict):
     return model
 
 
-def _meta_of(meta: dict) -> dict:
+def _meta_of(meta: dict[str, Any]) -> dict[str, Any]:
     return {k: meta.get(k) for k in ("config", "train_series", "train_minutes", "training")}

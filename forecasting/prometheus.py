@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
+from typing import Any, cast
 
 import httpx
 import numpy as np
@@ -35,10 +37,10 @@ def contiguous_tail(grid: np.ndarray) -> np.ndarray:
         return np.zeros(0)
     grid = grid[:seen[-1] + 1]
     gaps = np.flatnonzero(np.isnan(grid))
-    return np.maximum(grid[gaps[-1] + 1:] if gaps.size else grid, 0.0)
+    return cast(np.ndarray, np.maximum(grid[gaps[-1] + 1:] if gaps.size else grid, 0.0))
 
 
-def api_result(base: str, path: str, params: dict, timeout_s: float) -> list:
+def api_result(base: str, path: str, params: Mapping[str, Any], timeout_s: float) -> list[dict[str, Any]]:
     """``data.result`` of one call to the Prometheus HTTP API at ``base``; every way it can
     fail is one :class:`PrometheusError` naming the server and the query."""
     try:
@@ -53,7 +55,7 @@ def api_result(base: str, path: str, params: dict, timeout_s: float) -> list:
         why = doc.get("error", doc) if isinstance(doc, dict) else doc
         raise PrometheusError(f"{base}: the query {params.get('query')!r} failed "
                               f"(HTTP {r.status_code}): {why}")
-    return doc.get("data", {}).get("result", [])
+    return cast("list[dict[str, Any]]", doc.get("data", {}).get("result", []))
 
 
 def arrivals_query(metric: str = METRIC) -> str:

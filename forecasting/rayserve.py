@@ -36,7 +36,9 @@ import math
 import os
 import re
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import numpy as np
@@ -60,18 +62,19 @@ RAY_SCRAPE_S = 10.0
 
 
 # -- Prometheus ---------------------------------------------------------------------------
-def query(url: str, q: str, t: float, timeout_s: float = 30.0) -> list:
+def query(url: str, q: str, t: float, timeout_s: float = 30.0) -> list[dict[str, Any]]:
     """An instant query's result at ``t`` (epoch s)."""
     return api_result(url.rstrip("/"), "/api/v1/query", {"query": q, "time": t}, timeout_s)
 
 
-def query_range(url: str, q: str, start: float, end: float, step: float, timeout_s: float = 30.0) -> list:
+def query_range(url: str, q: str, start: float, end: float, step: float,
+                timeout_s: float = 30.0) -> list[dict[str, Any]]:
     """A range query's result, one value per ``step`` s from ``start`` to ``end``."""
     return api_result(url.rstrip("/"), "/api/v1/query_range",
                 {"query": q, "start": start, "end": end, "step": step}, timeout_s)
 
 
-def _grid(series: dict, start: float, n: int, step: float) -> np.ndarray:
+def _grid(series: dict[str, Any], start: float, n: int, step: float) -> np.ndarray:
     out = np.full(n, np.nan)
     for t, v in series.get("values", []):
         k = int(round((float(t) - start) / step))
@@ -80,7 +83,8 @@ def _grid(series: dict, start: float, n: int, step: float) -> np.ndarray:
     return out
 
 
-def _by_deployment(result: list, start: float, n: int, step: float = 60.0) -> dict[tuple, np.ndarray]:
+def _by_deployment(result: list[dict[str, Any]], start: float, n: int,
+                   step: float = 60.0) -> dict[tuple[str, str], np.ndarray]:
     out = {}
     for s in result:
         m = s.get("metric", {})
@@ -111,7 +115,7 @@ def fill_gaps(x: np.ndarray, key: str, notes: list[str]) -> np.ndarray:
                      f"{int(gaps[0])}), filled from the minutes beside them")
     x[:first] = 0.0
     x[last + 1:] = 0.0
-    return np.maximum(x, 0.0)
+    return cast(np.ndarray, np.maximum(x, 0.0))
 
 
 def counter_minutes(url: str, metric: str, first_end: float, minutes: int, notes: list[str],
@@ -189,7 +193,7 @@ def _seconds(text: str) -> float | None:
     return sum(float(a) * {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}[b] for a, b in parts)
 
 
-def _before_reset(url: str, metric: str, labels: dict, first_end: float, k: int, pv: float,
+def _before_reset(url: str, metric: str, labels: dict[str, str], first_end: float, k: int, pv: float,
                   timeout_s: float) -> float:
     """What a series counted between its value ``pv`` at the start of the minute that ends at
     boundary ``k`` and its reset inside that minute: its highest value there less ``pv``
@@ -232,7 +236,7 @@ def read_serve_history(url: str, minutes: int, end: float | None = None,
                                                  f"(increase({PROCESSING}_sum[{window}])) / sum by "
                                                  f"(application, deployment) (increase({PROCESSING}_count[{window}]))",
                                         "time": end_t}, timeout_s)
-    proc: dict[tuple, dict[float, float]] = {}
+    proc: dict[tuple[str, str], dict[float, float]] = {}
     for s in buckets:
         m = s.get("metric", {})
         proc.setdefault((m.get("application", ""), m.get("deployment")), {})[float(m.get("le", "inf"))] = \
@@ -292,10 +296,10 @@ class ServeMetricsStore:
         self.where = dict(where)
         self.keep_minutes = min(int(round(keep_days * 1440)), MAX_POINTS - 1)
         self.timeout_s = timeout_s
-        self.refused: list[dict] = []
+        self.refused: list[dict[str, str]] = []
         self.lag_s: float | None = None  # read from Prometheus at the first load
 
-    def append_many(self, model: str, rows) -> int:
+    def append_many(self, model: str, rows: Iterable[tuple[float, float]]) -> int:
         return 0  # Prometheus keeps the minutes itself
 
     def load(self, model: str, minutes: int, end_minute: int | None = None) -> np.ndarray:
@@ -363,7 +367,7 @@ def dashboard_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def serve_configs(dashboard_url: str, timeout_s: float = 10.0) -> dict[str, dict]:
+def serve_configs(dashboard_url: str, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
     """``{"app/deployment": deployment_config}`` of every running deployment, from Serve's
     REST API (``GET /api/serve/applications/``; the options as deployed, defaults included)."""
     base = dashboard_url.rstrip("/")

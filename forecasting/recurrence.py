@@ -49,7 +49,7 @@ class Recurrence:
     dip: float = 0.1
     jitter: int = 3
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_share(self.share)
         if not 2 <= self.min_lag <= self.max_lag:
             raise ValueError(f"recurrence: need 2 <= min_lag <= max_lag (got {self.min_lag}, "

@@ -24,14 +24,18 @@ forecast train --from`` by hand.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .base import Forecaster
 from .evaluate import rolling_evaluation
 from .forecast_metrics import window_max_quantile
+
+if TYPE_CHECKING:
+    from .train import TrainConfig
 
 Q = 0.9
 
@@ -45,7 +49,7 @@ class Score:
     origins: int
     models: int
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, float]:
         return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
@@ -61,7 +65,7 @@ class Verdict:
     holdout_minutes: int
     seconds: float
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"swap": self.swap, "reason": self.reason, "current": self.current.as_dict(),
                 "candidate": self.candidate.as_dict(), "trained_minutes": self.trained_minutes,
                 "holdout_minutes": self.holdout_minutes, "seconds": round(self.seconds, 1)}
@@ -126,7 +130,7 @@ def judge(current: Score, candidate: Score, min_gain: float = 0.02,
     return True, f"better: {figures}"
 
 
-def candidate_config(current: Forecaster, seed: int = 0, **overrides):
+def candidate_config(current: Forecaster, seed: int = 0, **overrides: Any) -> TrainConfig:
     """The :class:`forecasting.train.TrainConfig` of a candidate to replace ``current``: its
     input, horizon and ensemble size (a plug-in without ``n_members``: one network), 400
     steps, seed ``seed + 1``; ``overrides`` change any field (e.g. ``threads=1``)."""
@@ -138,7 +142,9 @@ def candidate_config(current: Forecaster, seed: int = 0, **overrides):
 
 
 def retrain(history: Mapping[str, np.ndarray], current: Forecaster, holdout: int = 120,
-            config=None, train=None, min_gain: float = 0.02, seed: int = 0
+            config: TrainConfig | None = None,
+            train: Callable[[dict[str, np.ndarray], TrainConfig], Forecaster] | None = None,
+            min_gain: float = 0.02, seed: int = 0
             ) -> tuple[Forecaster | None, Verdict]:
     """Train a candidate on ``history`` (per model, per-minute counts, oldest first) without
     its last ``holdout`` minutes and judge it against ``current`` on them. Returns the

@@ -15,14 +15,18 @@ and :func:`run` calls it on chunks of that many, the last one padded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import torch
 
 SCRIPT_FILE = "nhits.pt"
 CHUNK = 64  # windows per call of the traced module
 
 
-def _forward(model: Any, loss: str):
+def _forward(model: Any, loss: str) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """(windows, masks) ``[B, L]`` of counts per minute -> (mean, std) ``[B, h]``: what
     ``NHitsForecaster.predict_params`` computes. A plain function, not a module holding the
     network: tracing a Lightning module walks properties that need a Trainer; traced as a
@@ -31,7 +35,7 @@ def _forward(model: Any, loss: str):
 
     m = model.eval()
 
-    def forward(x, mask):
+    def forward(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y, k = x.unsqueeze(-1), mask.unsqueeze(-1)             # [B, L, 1]
         z = m.scaler.transform(x=y, mask=k)                    # per-window scaling
         loc, scale = m.scaler.x_shift, m.scaler.x_scale        # [B, 1, 1]
@@ -61,19 +65,21 @@ def export(model: Any, loss: str, input_size: int, path: str | Path) -> Path:
     mask = torch.ones_like(x)
     other = torch.rand(CHUNK, input_size, generator=gen) * 1000
     with torch.no_grad():
-        traced = torch.jit.trace(_forward(net, loss), (x, mask), check_inputs=[(other, mask)])
+        traced = torch.jit.trace(  # type: ignore[no-untyped-call]  # not annotated
+            _forward(net, loss), (x, mask), check_inputs=[(other, mask)])
     traced.save(str(path))
     return Path(path)
 
 
-def load(path: str | Path):
+def load(path: str | Path) -> torch.jit.ScriptModule:
     """The traced module, on the CPU: call it through :func:`run`."""
     import torch
 
-    return torch.jit.load(str(path), map_location="cpu")
+    module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]  # not annotated
+    return cast("torch.jit.ScriptModule", module)
 
 
-def run(module, x, mask):
+def run(module: torch.jit.ScriptModule, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, std) ``[B, h]`` for ``[B, L]`` tensors, in chunks of :data:`CHUNK` windows."""
     import torch
 

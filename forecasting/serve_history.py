@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 EXPORT_VERSION = 1
 
@@ -32,7 +35,7 @@ class DeploymentHistory:
     processing_le: list[float] = field(default_factory=list)  # bucket edges (ms)
     processing_counts: list[float] = field(default_factory=list)  # cumulative, over the range
     processing_mean_ms: float | None = None
-    config: dict = field(default_factory=dict)  # Serve's deployment_config (serve_configs)
+    config: dict[str, Any] = field(default_factory=dict)  # Serve's deployment_config (serve_configs)
     # the processing histogram per step (the end-to-end latency's steps): cumulative counts
     # and the summed milliseconds of each step, for :meth:`quiet_processing`
     processing_step_s: float = 60.0
@@ -179,7 +182,8 @@ class ServeHistory:
                             {a: v for a, v in self.latency.items() if a in apps}, self.notes, self.source)
 
 
-def service_time_ms(counts, sums_ms, replicas, step_s: float = 60.0) -> float | None:
+def service_time_ms(counts: npt.ArrayLike, sums_ms: npt.ArrayLike, replicas: npt.ArrayLike,
+                    step_s: float = 60.0) -> float | None:
     """The mean service time behind the processing times Ray recorded, per step: ``counts``
     requests completed, ``sums_ms`` their summed processing time, ``replicas`` serving.
 
@@ -205,7 +209,7 @@ def service_time_ms(counts, sums_ms, replicas, step_s: float = 60.0) -> float | 
     return float(x[order][int(np.searchsorted(w, w[-1] / 2.0))])
 
 
-def bucket_quantile(le, counts, q: float) -> float | None:
+def bucket_quantile(le: Sequence[float], counts: npt.ArrayLike, q: float) -> float | None:
     """The ``q`` quantile of a cumulative histogram (``le`` ascending, ``+Inf`` last)."""
     c = np.asarray(counts, float)
     if not c.size or not c[-1] > 0:
@@ -222,7 +226,7 @@ def bucket_quantile(le, counts, q: float) -> float | None:
     return float(lo + (hi - lo) * ((want - below) / inside if inside > 0 else 1.0))
 
 
-def cumulative_at(le, counts, x: float) -> float:
+def cumulative_at(le: npt.ArrayLike, counts: npt.ArrayLike, x: float) -> float:
     """Requests at or under ``x`` ms in a cumulative histogram, linear inside a bucket."""
     c = np.asarray(counts, float)
     edges = np.concatenate([[0.0], np.asarray(le, float)])
@@ -236,7 +240,7 @@ def cumulative_at(le, counts, x: float) -> float:
     return float(cum[i - 1] + (cum[i] - cum[i - 1]) * (x - lo) / (hi - lo))
 
 
-def attach_configs(hist: ServeHistory, configs: dict[str, dict]) -> None:
+def attach_configs(hist: ServeHistory, configs: dict[str, dict[str, Any]]) -> None:
     for key, d in hist.deployments.items():
         if key in configs:
             d.config = configs[key]
@@ -245,7 +249,7 @@ def attach_configs(hist: ServeHistory, configs: dict[str, dict]) -> None:
                               f"recorded replicas)")
 
 
-def _nan_to_none(x):
+def _nan_to_none(x: Any) -> Any:
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
@@ -255,7 +259,7 @@ def _nan_to_none(x):
     return x
 
 
-def _edges(le) -> list[float]:
+def _edges(le: Iterable[float | None]) -> list[float]:
     """Histogram edges as saved (JSON has no infinity: :func:`_nan_to_none` wrote the
     ``+Inf`` bucket's edge as null) back to numbers."""
     return [math.inf if x is None else float(x) for x in le]

@@ -21,8 +21,12 @@ from __future__ import annotations
 import importlib.util
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .base import FallbackForecaster
+
+if TYPE_CHECKING:
+    from .nhits import NHitsForecaster
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ def shipped_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "data" / "forecaster"
 
 
-def load_shipped(short_history: str | None = None):
+def load_shipped(short_history: str | None = None) -> NHitsForecaster:
     """The shipped N-HiTS, loaded through :func:`forecasting.io.load_forecaster`; raises
     (``ForecasterLoadError``, ``ImportError``, ...) when it cannot be loaded."""
     from .io import load_forecaster
@@ -56,7 +60,8 @@ def fallback(reason: str) -> FallbackForecaster:
     return FallbackForecaster(reason=reason)
 
 
-def default_forecaster(spec: str | None = None, short_history: str | None = None):
+def default_forecaster(spec: str | None = None, short_history: str | None = None
+                       ) -> tuple[NHitsForecaster | FallbackForecaster, str]:
     """``(forecaster, why)`` for a built-in forecaster name or none (``spec`` None):
     ``shipped`` / none -> the shipped N-HiTS; ``fallback`` -> the fallback predictor
     (``fallback: chosen``). With no name, a shipped forecaster that fails to load is

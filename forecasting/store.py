@@ -20,13 +20,14 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 import numpy as np
 
 log = logging.getLogger("faro_serve.history")
+T = TypeVar("T")
 
 APPLICATION_ID = 0x4641524F  # "FARO"
 SCHEMA_VERSION = 1
@@ -55,7 +56,7 @@ class HistorySource(Protocol):
     these five and ``faro_serve.serving.autoscaler_deployment.open_history`` opens it."""
 
     path: Any  # where it reads from, for the status and logs
-    refused: list[dict]  # files or rows it set aside, with why
+    refused: list[dict[str, str]]  # files or rows it set aside, with why
     keep_minutes: int  # the newest minutes it keeps per model
 
     def load(self, model: str, minutes: int, end_minute: int | None = None) -> np.ndarray:
@@ -63,7 +64,7 @@ class HistorySource(Protocol):
         (epoch minutes, exclusive; default: the current one); NaN where none is known."""
         ...
 
-    def append_many(self, model: str, rows) -> int:
+    def append_many(self, model: str, rows: Iterable[tuple[float, float]]) -> int:
         """Store ``(epoch minute, requests)`` rows of ``model``; how many were kept."""
         ...
 
@@ -85,7 +86,7 @@ class ArrivalStore:
             raise ValueError(f"keep_days must be > 0 (got {keep_days})")
         self.keep_minutes = int(round(keep_days * 1440))
         self.read_only = bool(read_only)
-        self.refused: list[dict] = []  # files moved aside: {"file", "reason", "moved_to"}
+        self.refused: list[dict[str, str]] = []  # files moved aside: {"file", "reason", "moved_to"}
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         self._open()
@@ -165,7 +166,7 @@ class ArrivalStore:
                   "store (the forecaster starts from the meters' history)", self.path, reason, moved)
         self.refused.append({"file": str(self.path), "reason": reason, "moved_to": str(moved)})
 
-    def _run(self, fn, default):
+    def _run(self, fn: Callable[[sqlite3.Connection], T], default: T) -> T:
         """``fn(db)`` under the lock; a damaged file found now is set aside and ``fn`` retried
         once on a fresh store; a busy or unwritable file is logged and ``default`` returned."""
         with self._lock:
@@ -173,7 +174,7 @@ class ArrivalStore:
                 try:
                     if self._db is None:
                         self._open()
-                    return fn(self._db)
+                    return fn(cast(sqlite3.Connection, self._db))  # _open() set it, or raised
                 except sqlite3.OperationalError as err:  # locked, read-only, disk full: next time
                     log.warning("arrival history store %s: %s", self.path, err)
                     return default
@@ -201,7 +202,7 @@ class ArrivalStore:
         if not data:
             return 0
 
-        def write(db):
+        def write(db: sqlite3.Connection) -> int:
             with db:
                 db.execute("BEGIN")
                 db.executemany("INSERT INTO arrivals (model, minute, count) VALUES (?, ?, ?) "
@@ -222,7 +223,7 @@ class ArrivalStore:
         if out.size == 0:
             return out
 
-        def read(db):
+        def read(db: sqlite3.Connection) -> np.ndarray:
             end = end_minute
             if end is None:
                 newest = db.execute("SELECT MAX(minute) FROM arrivals WHERE model = ?",

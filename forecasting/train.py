@@ -14,12 +14,16 @@ import copy
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .history_check import check_history, history_frame
 from .nhits import PREDICTORS, NHitsForecaster
 from .quiet import QUIET_TRAINER_KWARGS, default_threads, preserved_global_rng, quiet_lightning, torch_threads
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
 
 SCALERS = ("robust", "standard", "minmax", "identity")
 
@@ -42,7 +46,7 @@ class TrainConfig:
     seed: int = 1
     members: int = 4              # networks of the ensemble, seeds seed .. seed + members - 1
     threads: int | None = None    # torch threads while training (None: half the cores, at most 4)
-    extra: dict = field(default_factory=dict)  # further NHITS keyword arguments
+    extra: dict[str, Any] = field(default_factory=dict)  # further NHITS keyword arguments
 
     def validate(self) -> None:
         if self.input_size < 2 or self.horizon < 1:
@@ -96,24 +100,25 @@ def choose_val_size(lengths: list[int], cfg: TrainConfig) -> int:
     return val
 
 
-def _callback(report: TrainReport, best: dict, max_steps: int, progress: ProgressFn | None):
+def _callback(report: TrainReport, best: dict[str, Any], max_steps: int, progress: ProgressFn | None) -> pl.Callback:
     """A Lightning callback: reports progress and keeps the best weights (in ``best``) on
     validation. State lives in the closure because neuralforecast deep-copies its models
     (and so their callbacks) before fitting."""
     import pytorch_lightning as pl
 
     class BestAndProgress(pl.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                               batch_idx: int) -> None:
             report.steps = int(trainer.global_step)
             if progress is not None:
                 loss = outputs["loss"] if isinstance(outputs, dict) else outputs
                 progress(report.steps, max_steps, float(loss.detach()) if loss is not None else float("nan"))
 
-        def on_validation_end(self, trainer, pl_module):
-            val = trainer.callback_metrics.get("ptl/val_loss")
-            if val is None or trainer.sanity_checking:
+        def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            metric = trainer.callback_metrics.get("ptl/val_loss")
+            if metric is None or trainer.sanity_checking:
                 return
-            val = float(val)
+            val = float(metric)
             if np.isfinite(val) and (report.best_val_loss is None or val < report.best_val_loss):
                 report.best_val_loss, report.best_step = val, int(trainer.global_step)
                 best["state"] = copy.deepcopy(pl_module.state_dict())
@@ -152,11 +157,11 @@ def train_forecaster(history: Mapping[str, np.ndarray], config: TrainConfig | No
     return NHitsForecaster(nets[0], cfg.loss, meta, members=nets[1:])
 
 
-def _train_one(hist: dict, cfg: TrainConfig, seed: int, val_size: int,
-               progress: ProgressFn | None, verbose: bool):
+def _train_one(hist: dict[str, np.ndarray], cfg: TrainConfig, seed: int, val_size: int,
+               progress: ProgressFn | None, verbose: bool) -> tuple[Any, TrainReport]:
     """One network of the ensemble, seeded by ``seed``: the model and its report."""
     report = TrainReport(val_size=val_size)
-    best: dict = {}
+    best: dict[str, Any] = {}
     cb = _callback(report, best, cfg.max_steps, progress)
     t0 = time.perf_counter()
     with quiet_lightning(verbose), preserved_global_rng(), torch_threads(cfg.threads or default_threads()):

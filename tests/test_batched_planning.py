@@ -129,6 +129,16 @@ def test_the_planner_chooses_batches_and_replicas_together():
     assert u_batch > u_plain + 0.1
 
 
+def test_a_batch_curve_is_checked_against_the_batch_and_unused_where_the_model_does_not_batch():
+    cluster = ClusterSpec(cpus=12, objective="fair_sum", cold_start_s=0)
+    light = {"a": np.full((20, 7), 5.0), "b": np.full((20, 7), 5.0)}
+    with pytest.raises(ValueError, match="stops at batch 4, below its max_batch_size 16"):
+        plan(_models(BATCHING), light, {"a": 1, "b": 1}, cluster, batch_shapes={"a": SHAPE[:5]})
+    # a measured curve for a model that serves one at a time: planned one at a time
+    alloc = plan(_models(None), light, {"a": 1, "b": 1}, cluster, batch_shapes={"a": SHAPE})
+    assert {d.batch_size for d in alloc.decisions} == {1}
+
+
 def test_faro_divides_the_measured_batch_time_into_one_requests_time():
     """Live, a batching replica times whole batches; Faro plans with one request's time,
     p = measured / f(b) at the request-weighted mean batch b (f(b) = s b + 1 - s here)."""

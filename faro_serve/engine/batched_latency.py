@@ -48,12 +48,15 @@ def curve_at(shape: np.ndarray, k: float) -> float:
     whole batches, held at 1 below one and at the last batch beyond it."""
     last = shape.shape[0] - 1
     if k <= 1.0:
-        return shape[1]
+        first: float = shape[1]
+        return first
     if k >= last:
-        return shape[last]
+        at_last: float = shape[last]
+        return at_last
     lo = int(np.floor(k))
     w = k - lo
-    return (1.0 - w) * shape[lo] + w * shape[lo + 1]
+    between: float = (1.0 - w) * shape[lo] + w * shape[lo + 1]
+    return between
 
 
 @njit(cache=True)
@@ -101,7 +104,8 @@ def fill_table(shape: np.ndarray, bmax: int, q: float, c_grid: np.ndarray, rho_g
     return out
 
 
-_TABLES: OrderedDict = OrderedDict()  # (shape, B, q) -> table, the most recently used last
+# (shape, B, q) -> table, the most recently used last
+_TABLES: OrderedDict[tuple[bytes, int, float], np.ndarray] = OrderedDict()
 TABLES_KEPT = 256  # tables a process keeps (about 1.6 KB each)
 
 
@@ -122,7 +126,7 @@ def batch_table(shape: np.ndarray, bmax: int, q: float) -> np.ndarray:
 
 
 @njit(cache=True)
-def _bracket(grid: np.ndarray, x: float):
+def _bracket(grid: np.ndarray, x: float) -> tuple[int, float]:
     """Index ``i`` and weight ``w`` with ``x = (1 - w) grid[i] + w grid[i + 1]`` (clamped)."""
     last = grid.shape[0] - 1
     if x <= grid[0]:
@@ -141,10 +145,11 @@ def _lookup(table: np.ndarray, c: float, rho: float) -> float:
     ci, cw = _bracket(C_GRID, c)
     if rho < RHO_GRID[0]:  # toward one request alone at zero load
         a = (1.0 - cw) * table[ci, 0] + cw * table[ci + 1, 0]
-        return 1.0 + (a - 1.0) * rho / RHO_GRID[0]
+        near_zero: float = 1.0 + (a - 1.0) * rho / RHO_GRID[0]
+        return near_zero
     ri, rw = _bracket(RHO_GRID, rho)
-    lo = (1.0 - rw) * table[ci, ri] + rw * table[ci, ri + 1]
-    hi = (1.0 - rw) * table[ci + 1, ri] + rw * table[ci + 1, ri + 1]
+    lo: float = (1.0 - rw) * table[ci, ri] + rw * table[ci, ri + 1]
+    hi: float = (1.0 - rw) * table[ci + 1, ri] + rw * table[ci + 1, ri + 1]
     return (1.0 - cw) * lo + cw * hi
 
 
@@ -161,7 +166,7 @@ def latency_table(c: int, lam: float, p: float, rho_max: float, estimator: int,
     if estimator == EST_UPPER:  # a second's requests at once, in full batches
         return max(p, lam / (c * b) * p * f_b)
     rho = lam * p * f_b / (c * b)
-    top = RHO_GRID[RHO_GRID.shape[0] - 1]
+    top: float = RHO_GRID[RHO_GRID.shape[0] - 1]
     if estimator == EST_MDC_EXACT:
         if rho >= 1.0:
             return np.inf

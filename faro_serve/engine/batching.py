@@ -22,15 +22,19 @@ Pure and Ray-free: the simulator, the live policy and the profiler's report use 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 from scipy.optimize import nnls
 
 from ..batch_curve import BatchCurve
 
 B_MAX = 16  # the paper's bounds on batch size and cores (section 4)
 C_MAX = 16
+FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)
@@ -49,22 +53,22 @@ class BatchProfile:
         if not all(math.isfinite(x) and x >= 0 for x in p) or sum(p) <= 0:
             raise ValueError(f"batch profile parameters must be finite, >= 0 and not all 0: {p}")
 
-    def latency(self, b, c):
+    def latency(self, b: npt.ArrayLike, c: npt.ArrayLike) -> FloatArray:
         """Seconds to serve a batch of ``b`` on ``c`` cores (arrays broadcast)."""
         b = np.asarray(b, dtype=float)
         c = np.asarray(c, dtype=float)
-        return self.gamma * b / c + self.eps / c + self.delta * b + self.eta
+        return cast(FloatArray, self.gamma * b / c + self.eps / c + self.delta * b + self.eta)
 
-    def throughput(self, b, c):
+    def throughput(self, b: npt.ArrayLike, c: npt.ArrayLike) -> FloatArray:
         """Requests per second at batch ``b`` on ``c`` cores: ``b / l(b, c)``."""
         return np.asarray(b, dtype=float) / self.latency(b, c)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, float]:
         return {"gamma": self.gamma, "eps": self.eps, "delta": self.delta, "eta": self.eta,
                 "r2": self.r2, "points": self.points}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "BatchProfile":
+    def from_dict(cls, d: Mapping[str, Any]) -> "BatchProfile":
         try:
             return cls(float(d["gamma"]), float(d["eps"]), float(d["delta"]), float(d["eta"]),
                        float(d.get("r2", math.nan)), int(d.get("points", 0)))
@@ -79,14 +83,15 @@ class CurveProfile:
 
     curve: BatchCurve
 
-    def latency(self, b, c):
-        return self.curve.latency(np.asarray(b, dtype=float)) + 0.0 * np.asarray(c, dtype=float)
+    def latency(self, b: npt.ArrayLike, c: npt.ArrayLike) -> FloatArray:
+        curve: Any = self.curve  # BatchCurve.latency is not annotated
+        return cast(FloatArray, curve.latency(np.asarray(b, dtype=float)) + 0.0 * np.asarray(c, dtype=float))
 
-    def throughput(self, b, c):
+    def throughput(self, b: npt.ArrayLike, c: npt.ArrayLike) -> FloatArray:
         return np.asarray(b, dtype=float) / self.latency(b, c)
 
 
-def fit_profile(batch, cores, latency_s) -> BatchProfile:
+def fit_profile(batch: npt.ArrayLike, cores: npt.ArrayLike, latency_s: npt.ArrayLike) -> BatchProfile:
     """Fit ``l(b, c)`` to measured latencies (seconds) at (batch, cores) points.
 
     Needs at least two batch sizes and two core counts (else the parallel and serial parts
@@ -111,12 +116,12 @@ def fit_profile(batch, cores, latency_s) -> BatchProfile:
     return BatchProfile(gamma, eps, delta, eta, r2=r2, points=int(y.size))
 
 
-def edf_order(deadlines) -> np.ndarray:
+def edf_order(deadlines: npt.ArrayLike) -> npt.NDArray[np.intp]:
     """Indices of queued requests in earliest-deadline-first order (ties: first come first)."""
     return np.argsort(np.asarray(deadlines, dtype=float), kind="stable")
 
 
-def meets_budgets(profile: BatchProfile, b: int, c: float, budgets_s) -> bool:
+def meets_budgets(profile: BatchProfile, b: int, c: float, budgets_s: npt.ArrayLike) -> bool:
     """Whether every queued request, served EDF in batches of ``b`` on ``c`` cores, ends
     within its remaining budget: the ``k``-th (from 1) ends after ``ceil(k / b) l(b, c)``."""
     return _fits(float(profile.latency(b, c)), b, np.sort(np.asarray(budgets_s, dtype=float)))
@@ -134,7 +139,7 @@ class SpongeChoice:
     feasible: bool  # False: no pair met every budget and the rate (the fallback was taken)
 
 
-def sponge_choice(profile: BatchProfile, budgets_s, rate: float, c_max: int = C_MAX,
+def sponge_choice(profile: BatchProfile, budgets_s: npt.ArrayLike, rate: float, c_max: int = C_MAX,
                   b_max: int = B_MAX, c_min: int = 1) -> SpongeChoice:
     """Sponge's adaptation step: the fewest cores (from ``c_min``), then the smallest batch,
     that meet every queued budget (EDF) and the arrival ``rate``; else ``c_max`` with its

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class Deadline:
         left = self.left()
         return left is not None and left <= 0.0
 
-    def solve(self, prob: Problem, backend: str):
+    def solve(self, prob: Problem, backend: str) -> tuple[np.ndarray, np.ndarray, int]:
         """:func:`solver.solve` (no shrink) within the time left: COBYLA stops at the
         deadline and is skipped once it has passed."""
         left = self.left()
@@ -87,7 +88,7 @@ def extra_caps(jobs: list[JobInput], cap: Capacity) -> dict[str, float]:
     return {r: cap[r] for j in jobs for r in j.extra}
 
 
-def make(jobs, cluster: ClusterSpec, cap: Capacity, gamma) -> Problem:
+def make(jobs: list[JobInput], cluster: ClusterSpec, cap: Capacity, gamma: float) -> Problem:
     return build_problem(jobs, cap_cpus=cap.cpus, cap_mem=cap.memory_gb, kind=cluster.objective,
                          gamma=gamma, alpha=cluster.alpha, rho_max=cluster.rho_max,
                          estimator=cluster.estimator, window_s=cluster.window_s,
@@ -143,11 +144,12 @@ def group_budgets(top: Problem, gx: np.ndarray) -> np.ndarray:
     want_cpu = gx * top.cpus
     share = (want_cpu - min_cpu) / max((want_cpu - min_cpu).sum(), 1e-12)
     mins = top.lo[:, None] * top.need
-    return mins + np.maximum(top.caps - mins.sum(axis=0), 0.0)[None, :] * share[:, None]
+    return cast(np.ndarray, mins + np.maximum(top.caps - mins.sum(axis=0), 0.0)[None, :] * share[:, None])
 
 
 def solve_grouped(full: Problem, n_groups: int, cluster: ClusterSpec, cap: Capacity,
-                  deadline: Deadline, jobs: list[JobInput] | None = None, outer: bool = True):
+                  deadline: Deadline, jobs: list[JobInput] | None = None, outer: bool = True
+                  ) -> tuple[np.ndarray, np.ndarray, int, list[int]]:
     """The hierarchical solve (paper section 3.4), then one pass over the whole cluster.
 
     Random groups are solved as single jobs to share the capacity, then each group's

@@ -35,12 +35,17 @@ down missed 11.7 % of its queries, docs/inferline.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from .pipeline_des import StageSpec, simulate, visit_matrix
+from .pipeline_des import PipelineRun, StageSpec, simulate, visit_matrix
+
+if TYPE_CHECKING:
+    from ..model_slo import Batching
+    from ..pipelines import PipelineSLO
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ class Plan:
     evaluations: int = 0
 
 
-def batch_times(processing_s: float, batching=None, cpus: float = 1.0,
+def batch_times(processing_s: float, batching: Batching | None = None, cpus: float = 1.0,
                 at_cpus: float | None = None, max_batch: int | None = None) -> np.ndarray:
     """Seconds per batch of ``1 .. max_batch`` at ``at_cpus`` (default ``cpus``): one
     request alone takes ``processing_s`` at the stage's ``cpus`` (the measured scale) and
@@ -94,14 +99,14 @@ def batch_times(processing_s: float, batching=None, cpus: float = 1.0,
     c = cpus if at_cpus is None else at_cpus
     b = np.arange(1, (max_batch or batching.max_batch_size) + 1, dtype=float)
     if batching.gamma is None and batching.eps is None:  # a curve of its own: no cores in it
-        return processing_s * batching.shape(cpus, int(b[-1]))[1:]
+        return cast(np.ndarray, processing_s * batching.shape(cpus, int(b[-1]))[1:])
 
     g, e, d, h = (v or 0.0 for v in (batching.gamma, batching.eps, batching.delta, batching.eta))
 
-    def lat(bb, cc):  # Sponge's l(b, c)
+    def lat(bb: float | np.ndarray, cc: float) -> float | np.ndarray:  # Sponge's l(b, c)
         return g * bb / cc + e / cc + d * bb + h
 
-    return processing_s * lat(b, c) / lat(1.0, cpus)
+    return cast(np.ndarray, processing_s * lat(b, c) / lat(1.0, cpus))
 
 
 class _Search:
@@ -113,7 +118,7 @@ class _Search:
         self.vis = visit_matrix(self.specs, self.arr.size, seed)
         self.slo, self.q, self.gpu_cost = slo_s, percentile, gpu_cost
         self.evals = 0
-        self.memo: dict[tuple, float] = {}
+        self.memo: dict[tuple[StageConfig, ...], float] = {}
         # batch-1 time (fastest choice) of the longest path through each stage, without it
         t1 = [min(st.times[c][0] for c in st.choices) for st in self.stages]
         fwd, back = list(t1), list(t1)
@@ -133,15 +138,15 @@ class _Search:
             self.memo[key] = run.percentile(self.q)
         return self.memo[key]
 
-    def feasible(self, cfg) -> bool:
+    def feasible(self, cfg: list[StageConfig]) -> bool:
         return self.latency(cfg) <= self.slo
 
-    def cost(self, cfg) -> float:
+    def cost(self, cfg: list[StageConfig]) -> float:
         return sum(c.replicas * (c.cpus + self.gpu_cost * st.gpus) for st, c in zip(self.stages, cfg))
 
     def throughput(self, i: int, c: StageConfig) -> float:
         """Queries/s at the pipeline's entry that stage ``i`` sustains."""
-        t = self.stages[i].times[c.cpus][c.batch - 1]
+        t: float = self.stages[i].times[c.cpus][c.batch - 1]
         return c.replicas * c.batch / t / self.stages[i].spec.fraction
 
     def grow(self, cfg: list[StageConfig], only: int | None = None) -> list[StageConfig] | None:
@@ -157,7 +162,7 @@ class _Search:
             cfg[i] = StageConfig(cfg[i].replicas + 1, cfg[i].batch, cfg[i].cpus)
         return cfg
 
-    def moves(self, cfg, i: int, hardware: bool = True):
+    def moves(self, cfg: list[StageConfig], i: int, hardware: bool = True) -> Iterator[StageConfig]:
         c, st = cfg[i], self.stages[i]
         if c.batch * 2 in st.batches(c.cpus) and (
                 st.times[c.cpus][2 * c.batch - 1] + self.rest[i] < self.slo):
@@ -171,7 +176,7 @@ class _Search:
                 if down is not None:
                     yield down
 
-    def downgrade(self, cfg, i: int, cpus: float) -> StageConfig | None:
+    def downgrade(self, cfg: list[StageConfig], i: int, cpus: float) -> StageConfig | None:
         start = list(cfg)
         start[i] = StageConfig(self.stages[i].min_replicas, 1, cpus)
         trial = self.grow(start, only=i)
@@ -218,7 +223,7 @@ def plan(stages: Sequence[StageProfile], arrivals: np.ndarray, slo_s: float,
 
 
 def evaluate(stages: Sequence[StageProfile], arrivals: np.ndarray, configs: dict[str, StageConfig],
-             percentile: float = 99.0, *, seed: int = 0):
+             percentile: float = 99.0, *, seed: int = 0) -> PipelineRun:
     """The Estimator's run of a given configuration (``pipeline_des.PipelineRun``), with
     the same visit draws as :func:`plan` on the same sample and seed."""
     arr = np.sort(np.asarray(arrivals, float))
@@ -228,7 +233,7 @@ def evaluate(stages: Sequence[StageProfile], arrivals: np.ndarray, configs: dict
                     [st.times[c.cpus] for st, c in zip(stages, cfg)], seed=seed)
 
 
-def profiles(pipeline, processing_s: dict[str, float] | None = None,
+def profiles(pipeline: PipelineSLO, processing_s: dict[str, float] | None = None,
              cpu_factors: Sequence[float] = (1.0, 2.0)) -> list[StageProfile]:
     """A ``PipelineSLO``'s stages as :class:`StageProfile` in topological order; each
     stage's one-request time from ``processing_s`` (else its ``processing_ms``, else

@@ -36,7 +36,7 @@ def _values(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
 def _room(prob: Problem, x: np.ndarray) -> np.ndarray:
     """Which jobs can take one more replica within bounds and capacity."""
     used = x @ prob.need  # per binding resource
-    return (x < prob.hi) & np.all(used[None, :] + prob.need <= prob.caps[None, :] + TOL, axis=1)
+    return cast(np.ndarray, (x < prob.hi) & np.all(used[None, :] + prob.need <= prob.caps[None, :] + TOL, axis=1))
 
 
 def repair(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -81,7 +81,7 @@ def fill(prob: Problem, x: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 def water_fill(prob: Problem, d: np.ndarray) -> np.ndarray:
     """Max-min start: from the minimums, always lift the poorest job that can still gain."""
-    x = prob.lo.copy()
+    x: np.ndarray = prob.lo.copy()
     while True:
         v = _values(prob, x, d)
         gain = prob.single_values(x, np.minimum(x + 1, prob.hi), d) - v

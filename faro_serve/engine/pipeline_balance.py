@@ -32,27 +32,33 @@ Pure numpy, no Ray.
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from .pipeline_problem import PipelineProblem, PipelineTerm
 
 HEALTH_CAP = 10.0  # an overloaded cell counts as this many SLOs of end-to-end latency
 MAX_SPLITS = 4096
+FloatArray = npt.NDArray[np.float64]
 
 
-def health(term, xs: np.ndarray, d: float) -> float:
+def health(term: PipelineTerm, xs: FloatArray, d: float) -> float:
     """Mean over (samples, steps) of the end-to-end estimate / SLO, capped at HEALTH_CAP."""
     e2e = term.e2e(np.asarray(xs, float), d) / term.slo_s
     return float(np.minimum(np.nan_to_num(e2e, nan=HEALTH_CAP, posinf=HEALTH_CAP), HEALTH_CAP).mean())
 
 
-def _affords(budget: np.ndarray, need: np.ndarray, default: int) -> int:
+def _affords(budget: FloatArray, need: FloatArray, default: float) -> int:
     """How many replicas of resource row ``need`` ``budget`` buys (``default`` when the
     replica needs none of the resources)."""
     pos = need > 1e-12
     return int(np.floor(np.min(budget[pos] / need[pos]) + 1e-9)) if pos.any() else int(default)
 
 
-def _candidates(lo: np.ndarray, hi: np.ndarray, need: np.ndarray, budget: np.ndarray):
+def _candidates(lo: FloatArray, hi: FloatArray, need: FloatArray, budget: FloatArray) -> list[FloatArray] | None:
     """Stage counts within [lo, hi] using at most ``budget`` of every resource, the last
     stage as many as fit (None when more than MAX_SPLITS)."""
     m = lo.size
@@ -71,7 +77,8 @@ def _candidates(lo: np.ndarray, hi: np.ndarray, need: np.ndarray, budget: np.nda
     return out
 
 
-def _greedy(term, lo, hi, need, budget, d) -> list[np.ndarray]:
+def _greedy(term: PipelineTerm, lo: FloatArray, hi: FloatArray, need: FloatArray, budget: FloatArray,
+            d: float) -> list[FloatArray]:
     """From the minimums, one replica at a time to the stage whose addition most lowers the
     health measure, while the budget allows."""
     y = lo.astype(float).copy()
@@ -90,8 +97,8 @@ def _greedy(term, lo, hi, need, budget, d) -> list[np.ndarray]:
         y[best] += 1
 
 
-def best_split(term, xs: np.ndarray, d: float, lo: np.ndarray, hi: np.ndarray,
-               need: np.ndarray) -> np.ndarray:
+def best_split(term: PipelineTerm, xs: FloatArray, d: float, lo: FloatArray, hi: FloatArray,
+               need: FloatArray) -> FloatArray:
     """The stages' counts ranked best (module docstring) among the splits of what ``xs``
     uses; ``xs`` itself when nothing ranks above it. ``need`` is (stages, resources)."""
     xs = np.asarray(xs, float)
@@ -105,7 +112,7 @@ def best_split(term, xs: np.ndarray, d: float, lo: np.ndarray, hi: np.ndarray,
     util = np.round([term.utility(y, d) for y in cands], 12)
     top = [y for y, u in zip(cands, util) if u >= util.max()]
 
-    def key(y):
+    def key(y: FloatArray) -> tuple[float, float, float]:
         return (-round(health(term, y, d), 12), -round(float((y @ need).sum()), 9),
                 -float(np.abs(y - xs).sum()))
 
@@ -116,8 +123,8 @@ def best_split(term, xs: np.ndarray, d: float, lo: np.ndarray, hi: np.ndarray,
 MAX_MENU = 3000
 
 
-def split_menu(term, lo: np.ndarray, hi: np.ndarray, need: np.ndarray, caps: np.ndarray,
-               d: float):
+def split_menu(term: PipelineTerm, lo: FloatArray, hi: FloatArray, need: FloatArray, caps: FloatArray,
+               d: float) -> tuple[FloatArray, FloatArray, FloatArray] | None:
     """Every split of a pipeline worth considering, with its window utility and cost:
     ``(splits (k x stages), utility (k,), cost (k,))``, cost the resources it uses as a share
     of the capacity, summed over resources. A stage's count ranges from its minimum to where
@@ -139,7 +146,7 @@ def split_menu(term, lo: np.ndarray, hi: np.ndarray, need: np.ndarray, caps: np.
     return ys, util, cost
 
 
-def level_start(prob, d: np.ndarray, max_levels: int = 256) -> np.ndarray | None:
+def level_start(prob: PipelineProblem, d: FloatArray, max_levels: int = 256) -> FloatArray | None:
     """integer.level_start with pipelines: for a floor level L every single model gets
     the fewest replicas reaching L and every pipeline its cheapest split reaching L
     (:func:`split_menu`); the best L wins. The max-min start the fairness

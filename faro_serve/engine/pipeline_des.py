@@ -75,12 +75,13 @@ def _avail(j: int, t: float, on: np.ndarray, off: np.ndarray, ptr: np.ndarray) -
         ptr[j] += 1
     if ptr[j] == on.shape[1]:
         return np.inf
-    return max(t, on[j, ptr[j]])
+    up: float = max(t, on[j, ptr[j]])
+    return up
 
 
 @njit(cache=True)
 def stage_queue_sched(ready: np.ndarray, batch: int, batch_time: np.ndarray, hold: float,
-                      on: np.ndarray, off: np.ndarray):
+                      on: np.ndarray, off: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`stage_queue` with replicas that come and go: replica ``j`` starts batches only
     inside its intervals ``[on[j, i], off[j, i])`` (inf-padded); a batch started runs to
     its end (a replica removed drains, as Ray's graceful shutdown). A queued batch takes
@@ -141,7 +142,7 @@ def stage_queue_sched(ready: np.ndarray, batch: int, batch_time: np.ndarray, hol
 
 @njit(cache=True)
 def stage_queue(ready: np.ndarray, replicas: int, batch: int, batch_time: np.ndarray,
-                hold: float = 0.0):
+                hold: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One stage: FIFO queue, ``replicas`` servers, batches of up to ``batch``.
 
     ``ready`` sorted ascending (the times requests reach the stage); ``batch_time[k - 1]``
@@ -179,7 +180,7 @@ def intervals(times: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.nda
     return on, off
 
 
-def _mean_count(sched, arr: np.ndarray) -> float:
+def _mean_count(sched: tuple[np.ndarray, np.ndarray], arr: np.ndarray) -> float:
     """Time-weighted mean replica count of a schedule over the trace's span."""
     times, counts = (np.asarray(x, float) for x in sched)
     if arr.size < 2:

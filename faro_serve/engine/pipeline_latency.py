@@ -26,6 +26,7 @@ Pure numpy/Numba, no Ray.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 from numba import njit
@@ -48,7 +49,7 @@ def compose(stage_latency: np.ndarray, paths: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         sums = np.where(paths[None, :, :] > 0,
                         lat.reshape(-1, 1, lat.shape[-1]), 0.0).sum(axis=2)
-    return sums.max(axis=1).reshape(lat.shape[:-1])
+    return cast(np.ndarray, sums.max(axis=1).reshape(lat.shape[:-1]))
 
 
 def shares(stage_latency: np.ndarray, paths: np.ndarray) -> np.ndarray:
@@ -63,7 +64,7 @@ def shares(stage_latency: np.ndarray, paths: np.ndarray) -> np.ndarray:
 
 @njit(cache=True)
 def stage_tail(c: int, lam: float, p: float, q: float, rho_max: float,
-               estimator: int) -> tuple:
+               estimator: int) -> tuple[float, float, float]:
     """The latency distribution the M/D/c estimate stands for, ``base + V``: ``V`` is 0 with
     probability ``1 - C`` and exponential of rate ``mu`` otherwise (Erlang-C waiting halved,
     latency.py). Its ``q`` quantile is the single-stage estimate. Beyond ``rho_max`` (relaxed
@@ -109,7 +110,7 @@ def _wait_tail(t: float, cw: np.ndarray, mu: np.ndarray) -> float:
     x = lam_u * t
     w = math.exp(-x)
     cum = w
-    out = w * v.sum()
+    out: float = w * v.sum()
     n = 0
     while cum < 1.0 - 1e-12 and n < 100000:
         n += 1
@@ -134,7 +135,7 @@ def conv_quantile(base: np.ndarray, cw: np.ndarray, mu: np.ndarray, q: float) ->
     tail = 1.0 - q
     if _wait_tail(0.0, cw, mu) <= tail:
         return total
-    hi = 1.0 / mu.min()
+    hi: float = 1.0 / mu.min()
     while _wait_tail(hi, cw, mu) > tail:
         hi *= 2.0
     lo = 0.0

@@ -7,8 +7,9 @@ Pure numpy, no Ray.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -19,6 +20,15 @@ from .pipeline_latency import path_matrix
 from .pipeline_problem import PipelineProblem, build_term, with_pipelines
 from .problem import JobInput, Problem
 from .window import NO_DROP, cold_start_fractions
+
+
+class StageSplit(TypedDict):
+    """A stage in a :class:`PipelineDecision`: replicas, estimated latency (ms; None: unstable)
+    and its share of the end-to-end estimate."""
+
+    replicas: int
+    latency_ms: float | None
+    share: float
 
 
 @dataclass
@@ -32,10 +42,11 @@ class PipelineDecision:
     drop_rate: float  # at the entry stage
     arrival_rate: float  # entry forecast, window mean, queries/s
     # per stage: replicas, estimated latency (ms) and its share of the end-to-end estimate
-    stages: dict = field(default_factory=dict)
+    stages: dict[str, StageSplit] = field(default_factory=dict)
 
 
-def stage_forecasts(models: Sequence[ModelSLO], forecasts, pipelines: Sequence[PipelineSLO]):
+def stage_forecasts(models: Sequence[ModelSLO], forecasts: Mapping[str, Any] | Iterable[Any],
+                    pipelines: Sequence[PipelineSLO]) -> Mapping[str, Any] | Iterable[Any]:
     """``forecasts`` with every stage's rates = its pipeline's entry forecast x the stage's
     fraction, where the forecasts name the pipeline (a mapping); stages keep their own
     forecasts otherwise. The pipeline names are taken out (they are not models)."""
@@ -97,9 +108,10 @@ def pipeline_decisions(prob: PipelineProblem, x: np.ndarray, d: np.ndarray,
         lat, share = t.split(xf[t.idx], dd)
         e2e = float((t.paths @ np.where(np.isfinite(lat), lat, np.inf)).max())
         i0 = int(t.idx[0])
-        stages = {n: {"replicas": int(x[i]), "latency_ms": round(float(lat[k]) * 1e3, 3)
-                      if np.isfinite(lat[k]) else None, "share": round(float(share[k]), 4)}
-                  for k, (n, i) in enumerate(zip(p.stage_names, t.idx))}
+        stages: dict[str, StageSplit] = {
+            n: {"replicas": int(x[i]), "latency_ms": round(float(lat[k]) * 1e3, 3)
+                if np.isfinite(lat[k]) else None, "share": round(float(share[k]), 4)}
+            for k, (n, i) in enumerate(zip(p.stage_names, t.idx))}
         out.append(PipelineDecision(
             name=p.name, slo_ms=p.slo_ms, latency_ms=e2e * 1e3, utility=float(u[i0]),
             effective_utility=float(eu[i0] if eu is not None else u[i0]),

@@ -22,7 +22,9 @@ Pure numpy/Numba, no Ray.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 from numba import njit
@@ -97,7 +99,8 @@ def step_utilities(inv: np.ndarray, xs: np.ndarray, d: float, drop_grid: np.ndar
                 e2e = max(e2e, tot)
             if np.isfinite(e2e):
                 out[t] += 1.0 if e2e <= slo else (slo / e2e) ** alpha
-    return out / n_s
+    mean: np.ndarray = out / n_s
+    return mean
 
 
 @dataclass
@@ -199,14 +202,14 @@ class PipelineProblem(Problem):
     def units(self) -> int:
         return self.unit_priority.size
 
-    def _term_values(self, x, d, penalty: bool) -> np.ndarray:
+    def _term_values(self, x: np.ndarray, d: np.ndarray, penalty: bool) -> np.ndarray:
         out = np.empty(len(self.terms))
         for k, t in enumerate(self.terms):
             dd = float(d[t.drop_var])
             out[k] = t.utility(x[t.idx], dd) * (float(phi(dd)) if penalty else 1.0)
         return out
 
-    def _per_variable(self, x, d, penalty: bool) -> np.ndarray:
+    def _per_variable(self, x: np.ndarray, d: np.ndarray, penalty: bool) -> np.ndarray:
         x = np.asarray(x, float)
         d = np.asarray(d, float)
         base = Problem.utilities(self, x, d)
@@ -215,23 +218,23 @@ class PipelineProblem(Problem):
             v[t.idx] = val
         return v
 
-    def utilities(self, x, d) -> np.ndarray:
+    def utilities(self, x: np.ndarray, d: np.ndarray) -> np.ndarray:
         return self._per_variable(x, d, False)
 
-    def job_values(self, x, d) -> np.ndarray:
+    def job_values(self, x: np.ndarray, d: np.ndarray) -> np.ndarray:
         return self._per_variable(x, d, self.penalty)
 
-    def unit_values(self, x, d) -> np.ndarray:
+    def unit_values(self, x: np.ndarray, d: np.ndarray) -> np.ndarray:
         v = self.job_values(x, d)
         out = np.empty(self.units)
         out[self.owner] = v
         return out
 
-    def value(self, x, d) -> float:
+    def value(self, x: np.ndarray, d: np.ndarray) -> float:
         return cluster_objective(self.kind, self.unit_values(x, d), self.unit_priority,
                                  self.gamma, self.fair_tiebreak)
 
-    def single_values(self, x, x_new, d) -> np.ndarray:
+    def single_values(self, x: np.ndarray, x_new: np.ndarray, d: np.ndarray) -> np.ndarray:
         """Per variable, its unit's value when that variable alone takes ``x_new``."""
         x = np.asarray(x, float)
         x_new = np.asarray(x_new, float)
@@ -257,7 +260,7 @@ class PipelineProblem(Problem):
         vu[self.owner] = v
         u = self.owner
         pri = self.unit_priority
-        total = pri @ vu + pri[u] * (v_new - vu[u])
+        total: np.ndarray = pri @ vu + pri[u] * (v_new - vu[u])
         if self.kind in ("sum", "penalty_sum"):
             return total
         m = vu.size
@@ -270,7 +273,7 @@ class PipelineProblem(Problem):
             min_excl = np.where(idx == order[0], vu[order[1]], vu[order[0]])[u]
             spread = np.maximum(max_excl, v_new) - np.minimum(min_excl, v_new)
         if self.kind == "fair":
-            return -spread + self.fair_tiebreak * (vu.sum() + v_new - vu[u]) / m
+            return cast(np.ndarray, -spread + self.fair_tiebreak * (vu.sum() + v_new - vu[u]) / m)
         return total - self.gamma * spread
 
     def trade_down(self, x: np.ndarray, d: np.ndarray, max_rounds: int = 64) -> np.ndarray:
@@ -280,7 +283,7 @@ class PipelineProblem(Problem):
         cheaper split that needs a trade between stages)."""
         x = np.asarray(x, float).copy()
         cur = self.value(x, d)
-        def same(v):
+        def same(v: float) -> bool:
             return abs(v - cur) <= 1e-12 * max(1.0, abs(cur))
         weight = self.need.sum(axis=1)  # a replica's resources, summed (to rank the trades)
         for _ in range(max_rounds):
@@ -325,7 +328,8 @@ class PipelineProblem(Problem):
         """integer.level_start with pipelines (pipeline_balance.level_start)."""
         return level_start(self, d, max_levels)
 
-    def subset(self, idx, cap_cpus, cap_mem, gamma, extra_caps=None) -> "Problem":
+    def subset(self, idx: Iterable[int], cap_cpus: float, cap_mem: float | None, gamma: float,
+               extra_caps: dict[str, float] | None = None) -> "Problem":
         """The variables ``idx`` alone (a group): pipelines wholly inside stay terms (the
         planner keeps a pipeline's stages in one group)."""
         idx = list(idx)

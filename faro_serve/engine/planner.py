@@ -12,21 +12,27 @@ share is split among its models by the same solver; large groups nest. A plan pa
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from ..config import ClusterSpec, ModelSLO, check_minimums_fit
+from ..pipelines import PipelineSLO
 from ..resources import CPU, MEMORY, Capacity, demand, usage
 from .batched_latency import latency_batched
 from .hierarchy import Deadline, make, solve_grouped
 from .latency import ESTIMATORS
-from .pipeline_plan import entry_drops, pipeline_decisions, pipeline_problem, stage_forecasts, units
+from .pipeline_plan import PipelineDecision, entry_drops, pipeline_decisions, pipeline_problem, stage_forecasts, units
 from .pipeline_problem import PipelineProblem
 from .problem import JobInput, Problem
 from .solver import solve
 from .utility import PENALTY_OBJECTIVES, cluster_objective, phi
+
+# per model, by name or in model order (forecasts, current replicas, processing times, batch shapes)
+PerModel: TypeAlias = "Mapping[str, Any] | Iterable[Any]"
 
 
 @dataclass
@@ -59,7 +65,7 @@ class Allocation:
     # what the deadline (ClusterSpec.plan_deadline_s) cut short; None: the plan is complete
     fallback: str | None = None
     # one per pipeline planned end to end (pipeline_plan.PipelineDecision); none without
-    pipelines: list = field(default_factory=list)
+    pipelines: list[PipelineDecision] = field(default_factory=list)
 
     @property
     def replicas(self) -> dict[str, int]:
@@ -69,7 +75,7 @@ class Allocation:
     def drop_rates(self) -> dict[str, float]:
         return {d.name: d.drop_rate for d in self.decisions}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         for d in out["decisions"]:
             if not np.isfinite(d["latency_ms"]):
@@ -77,7 +83,7 @@ class Allocation:
         return out
 
 
-def normalise_rates(value, name: str) -> np.ndarray:
+def normalise_rates(value: npt.ArrayLike, name: str) -> np.ndarray:
     """A forecast as a (samples, steps) array of non-negative requests/s.
 
     Accepts a number (constant rate), a 1-D sequence (samples of a rate constant over the
@@ -100,7 +106,7 @@ def normalise_rates(value, name: str) -> np.ndarray:
     return arr
 
 
-def _lookup(mapping, models: Sequence[ModelSLO], what: str, default=None):
+def _lookup(mapping: PerModel | None, models: Sequence[ModelSLO], what: str, default: Any = None) -> list[Any]:
     if mapping is None:
         return [default] * len(models)
     if isinstance(mapping, Mapping):
@@ -114,7 +120,8 @@ def _lookup(mapping, models: Sequence[ModelSLO], what: str, default=None):
     return seq
 
 
-def _jobs(models, forecasts, current, processing_ms, cluster, batch_shapes=None) -> list[JobInput]:
+def _jobs(models: Sequence[ModelSLO], forecasts: PerModel, current: PerModel | None, processing_ms: PerModel | None,
+          cluster: ClusterSpec, batch_shapes: PerModel | None = None) -> list[JobInput]:
     fc = _lookup(forecasts, models, "forecasts")
     cur = _lookup(current, models, "current_replicas")
     proc = _lookup(processing_ms, models, "processing_ms")
@@ -130,12 +137,12 @@ def _jobs(models, forecasts, current, processing_ms, cluster, batch_shapes=None)
         c = m.min_replicas if c is None else int(c)
         if c < 0:
             raise ValueError(f"current replicas of {m.name!r} is negative ({c})")
-        bt = m.batching
-        if bt is not None and shape is None:
-            shape = bt.shape(m.cpus)
-        if shape is not None and len(shape) < bt.max_batch_size + 1:
-            raise ValueError(f"the batch curve of {m.name!r} stops at batch {len(shape) - 1}, "
-                             f"below its max_batch_size {bt.max_batch_size}")
+        bt = m.batching  # a curve passed for a model that does not batch is not used
+        if bt is not None:
+            shape = bt.shape(m.cpus) if shape is None else shape
+            if len(shape) < bt.max_batch_size + 1:
+                raise ValueError(f"the batch curve of {m.name!r} stops at batch {len(shape) - 1}, "
+                                 f"below its max_batch_size {bt.max_batch_size}")
         rates = normalise_rates(f, m.name)
         jobs.append(JobInput(name=m.name, rates=rates, proc_s=p_ms / 1e3,
                              slo_s=m.slo_ms / 1e3, quantile=m.percentile / 100.0,
@@ -151,9 +158,9 @@ def _jobs(models, forecasts, current, processing_ms, cluster, batch_shapes=None)
     return jobs
 
 
-def make_problem(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: ClusterSpec, *,
-                 processing_ms=None, capacity: Capacity | None = None,
-                 pipelines: Sequence = (), batch_shapes=None) -> Problem:
+def make_problem(models: Sequence[ModelSLO], forecasts: PerModel, current_replicas: PerModel | None,
+                 cluster: ClusterSpec, *, processing_ms: PerModel | None = None, capacity: Capacity | None = None,
+                 pipelines: Sequence[PipelineSLO] = (), batch_shapes: PerModel | None = None) -> Problem:
     """The un-grouped :class:`Problem` ``plan`` optimises (for tests, benchmarks, analysis);
     ``capacity``: what is available now, capped by the configured one (as in ``plan``)."""
     models = list(models)
@@ -173,10 +180,10 @@ def make_problem(models: Sequence[ModelSLO], forecasts, current_replicas, cluste
                             cold_start_s=cluster.cold_start_s)
 
 
-def plan(models: Sequence[ModelSLO], forecasts, current_replicas, cluster: ClusterSpec, *,
-         processing_ms=None, capacity_cpus: float | None = None,
+def plan(models: Sequence[ModelSLO], forecasts: PerModel, current_replicas: PerModel | None,
+         cluster: ClusterSpec, *, processing_ms: PerModel | None = None, capacity_cpus: float | None = None,
          capacity_memory_gb: float | None = None, capacity: Capacity | None = None,
-         pipelines: Sequence = (), batch_shapes=None) -> Allocation:
+         pipelines: Sequence[PipelineSLO] = (), batch_shapes: PerModel | None = None) -> Allocation:
     """Decide every model's replicas and drop rate for the next window.
 
     ``forecasts``: per model (mapping by name, or a sequence in model order) a rate in

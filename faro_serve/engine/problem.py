@@ -8,7 +8,9 @@ solver and every post-processing step share one cheap, exact definition of the o
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -132,7 +134,7 @@ class Problem:
         """
         n = v.size
         pri = self.priority
-        total = pri @ v + pri * (v_new - v)
+        total: np.ndarray = pri @ v + pri * (v_new - v)
         if self.kind in ("sum", "penalty_sum"):
             return total
         if n == 1:
@@ -144,14 +146,14 @@ class Problem:
             min_excl = np.where(idx == order[0], v[order[1]], v[order[0]])
             spread = np.maximum(max_excl, v_new) - np.minimum(min_excl, v_new)
         if self.kind == "fair":
-            return -spread + self.fair_tiebreak * (v.sum() + v_new - v) / n
+            return cast(np.ndarray, -spread + self.fair_tiebreak * (v.sum() + v_new - v) / n)
         return total - self.gamma * spread
 
     def fits(self, x: np.ndarray, slack: float = 1e-9) -> bool:
         x = np.asarray(x, float)
         return bool(np.all(x @ self.need <= self.caps + slack))
 
-    def subset(self, idx, cap_cpus: float, cap_mem: float | None, gamma: float,
+    def subset(self, idx: Iterable[int], cap_cpus: float, cap_mem: float | None, gamma: float,
                extra_caps: dict[str, float] | None = None) -> "Problem":
         """The jobs ``idx`` alone within their own capacity (a group of section 3.4).
 
@@ -178,7 +180,7 @@ class Problem:
             return np.ones(n, dtype=int)
         cols = np.clip(np.asarray(x, dtype=int), 0, self.tables.shape[2] - 1)
         rows = np.abs(self.drop_grid[None, :] - np.asarray(d, float)[:, None]).argmin(axis=1)
-        return self.batch_tables[np.arange(n), rows, cols].astype(int)
+        return cast(np.ndarray, self.batch_tables[np.arange(n), rows, cols].astype(int))
 
 
 def batch_choices(max_batch: int) -> list[int]:

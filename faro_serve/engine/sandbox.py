@@ -22,6 +22,13 @@ import struct
 import subprocess
 import sys
 import threading
+from typing import IO, TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from .problem import Problem
 
 
 def deadline_s(n_jobs: int) -> float:
@@ -33,12 +40,12 @@ def deadline_s(n_jobs: int) -> float:
 START_TIMEOUT_S = 120.0  # importing numpy/scipy/nlopt in the child, on a loaded machine
 
 _lock = threading.Lock()
-_child: subprocess.Popen | None = None
+_child: subprocess.Popen[bytes] | None = None
 _owner = 0  # pid that started _child: a forked process (a suite worker) starts its own
 stalls = 0  # solves given up on since this process started (tests, status)
 
 
-def _write(stream, obj) -> None:
+def _write(stream: IO[bytes], obj: object) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(struct.pack("<Q", len(data)) + data)
     stream.flush()
@@ -62,7 +69,7 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
     return bytes(out)
 
 
-def _read(fd: int, deadline: float | None):
+def _read(fd: int, deadline: float | None) -> Any:
     (n,) = struct.unpack("<Q", _read_exact(fd, 8, deadline))
     return pickle.loads(_read_exact(fd, n, deadline))
 
@@ -75,7 +82,7 @@ def _kill() -> None:
     _child = None
 
 
-def _start() -> subprocess.Popen:
+def _start() -> subprocess.Popen[bytes]:
     import time
 
     child = subprocess.Popen([sys.executable, "-m", "faro_serve.engine.sandbox_child"],
@@ -91,8 +98,9 @@ def _start() -> subprocess.Popen:
     return child
 
 
-def relaxed(prob, rhobeg: float, maxeval: int | None, timeout_s: float | None = None,
-            maxtime: float | None = None):
+def relaxed(prob: Problem, rhobeg: float, maxeval: int | None, timeout_s: float | None = None,
+            maxtime: float | None = None
+            ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int] | None:
     """``solve_relaxed(prob, rhobeg, "nlopt-inline", maxeval, maxtime)`` in the child
     process; None when it did not answer within ``timeout_s`` (default :func:`deadline_s`,
     or ``maxtime`` + 1 s where that is shorter; the child is then killed) or could not run."""
@@ -117,7 +125,7 @@ def relaxed(prob, rhobeg: float, maxeval: int | None, timeout_s: float | None = 
         except (EOFError, OSError, pickle.PickleError):
             _kill()
             return None
-        return value if status == "ok" else None
+        return cast("tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int]", value) if status == "ok" else None
 
 
 atexit.register(_kill)

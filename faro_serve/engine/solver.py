@@ -9,7 +9,11 @@ several integer starts, polish, drop rates, shrink.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, cast
+
 import numpy as np
+import numpy.typing as npt
 from scipy.optimize import Bounds, LinearConstraint, minimize
 
 from .integer import balance, fill, level_start, polish, repair, shrink, tune_drops, water_fill
@@ -17,21 +21,23 @@ from .problem import Problem
 
 DROP_SCALE = 10.0  # drop-rate variables are scaled so COBYLA's rhobeg of 2 is a 0.2 step
 TOL = 1e-9
+FloatArray = npt.NDArray[np.float64]
 
 
-def start_point(prob: Problem) -> np.ndarray:
+def start_point(prob: Problem) -> FloatArray:
     """Current replicas clipped to bounds, scaled toward the minimums until they fit."""
     x = np.clip(prob.current, prob.lo, prob.hi)
     if prob.fits(x):
-        return x
+        return cast(FloatArray, x)
     extra = x - prob.lo
     # per binding resource, the share of the extra replicas it cannot hold
     over = (x @ prob.need - prob.caps) / np.maximum(extra @ prob.need, TOL)
     shrink = np.clip(1.0 - max(0.0, *over), 0.0, 1.0)
-    return prob.lo + extra * shrink
+    return cast(FloatArray, prob.lo + extra * shrink)
 
 
-def _linear_rows(prob: Problem, fx: np.ndarray, x0: np.ndarray, n_drop: int):
+def _linear_rows(prob: Problem, fx: npt.NDArray[np.intp], x0: FloatArray,
+                 n_drop: int) -> tuple[FloatArray, FloatArray]:
     """Capacity constraints ``A v <= b`` over the free replica variables (+ drop variables):
     one row per binding resource (CPUs, memory where capped, GPUs, custom resources)."""
     free = np.zeros(prob.n, bool)
@@ -41,12 +47,14 @@ def _linear_rows(prob: Problem, fx: np.ndarray, x0: np.ndarray, n_drop: int):
     return rows, caps
 
 
-def _cobyla_nlopt(fun, v0, lb, ub, a, b, rhobeg, maxeval, maxtime=None):
+def _cobyla_nlopt(fun: Callable[[FloatArray], float], v0: FloatArray, lb: FloatArray, ub: FloatArray,
+                  a: FloatArray, b: FloatArray, rhobeg: float, maxeval: int,
+                  maxtime: float | None = None) -> FloatArray:
     import nlopt
 
-    best = [np.inf, v0.copy()]
+    best: list[Any] = [np.inf, v0.copy()]  # [value, point] of the best feasible point
 
-    def obj(v, grad):
+    def obj(v: FloatArray, grad: FloatArray) -> float:
         f = fun(v)
         if f < best[0] and np.all(a @ v <= b + 1e-9):
             best[0], best[1] = f, v.copy()
@@ -67,10 +75,12 @@ def _cobyla_nlopt(fun, v0, lb, ub, a, b, rhobeg, maxeval, maxtime=None):
         opt.optimize(v0.copy())
     except (nlopt.RoundoffLimited, RuntimeError, ValueError):
         pass  # keep the best feasible point seen so far
-    return best[1]
+    return cast(FloatArray, best[1])
 
 
-def _cobyla_scipy(fun, v0, lb, ub, a, b, rhobeg, maxeval, maxtime=None):  # no time limit
+def _cobyla_scipy(fun: Callable[[FloatArray], float], v0: FloatArray, lb: FloatArray, ub: FloatArray,
+                  a: FloatArray, b: FloatArray, rhobeg: float, maxeval: int,
+                  maxtime: float | None = None) -> FloatArray:  # no time limit
     res = minimize(fun, v0, method="COBYLA", bounds=Bounds(lb, ub),
                    constraints=[LinearConstraint(a, -np.inf, b)],
                    options={"rhobeg": rhobeg, "tol": 0.02, "maxiter": maxeval})
@@ -82,7 +92,8 @@ BACKENDS = {"nlopt-inline": _cobyla_nlopt, "scipy": _cobyla_scipy}
 
 
 def solve_relaxed(prob: Problem, rhobeg: float = 2.0, backend: str = "nlopt",
-                  maxeval: int | None = None, maxtime: float | None = None):
+                  maxeval: int | None = None, maxtime: float | None = None
+                  ) -> tuple[FloatArray, FloatArray, int]:
     """Continuous optimum of the relaxed objective with COBYLA. Returns ``(x, d, evaluations)``.
 
     ``backend`` "nlopt" runs Powell's COBYLA compiled (NLopt); "scipy" runs
@@ -117,14 +128,14 @@ def solve_relaxed(prob: Problem, rhobeg: float = 2.0, backend: str = "nlopt",
     fx = np.flatnonzero(free)
     count = [0]
 
-    def unpack(v):
+    def unpack(v: FloatArray) -> tuple[FloatArray, FloatArray]:
         x = x0.copy()
         x[fx] = v[: fx.size]
         dd = np.zeros(n)
         dd[drop_idx] = v[fx.size:] / DROP_SCALE
         return x, dd
 
-    def neg_value(v):
+    def neg_value(v: FloatArray) -> float:
         count[0] += 1
         x, dd = unpack(v)
         return -prob.value(x, dd)

@@ -5,7 +5,10 @@ Pure numpy, no Ray. Latencies and SLOs share a unit (the engine uses seconds).
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
+import numpy.typing as npt
 
 OBJECTIVES = ("sum", "fair", "fair_sum", "penalty_sum", "penalty_fair_sum")
 PENALTY_OBJECTIVES = ("penalty_sum", "penalty_fair_sum")
@@ -24,12 +27,12 @@ _RELAXED_AVAIL = np.array([0.0, 0.90, 0.95, 0.99, 1.0])
 _RELAXED_PENALTY = np.array([1.0, 1.0, 0.50, 0.25, 0.0])
 
 
-def utility_step(latency, slo):
+def utility_step(latency: npt.ArrayLike, slo: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """U_original: 1 when the latency meets the SLO, else 0 (infinite latency -> 0)."""
     return (np.asarray(latency, dtype=float) <= np.asarray(slo, dtype=float)).astype(float)
 
 
-def utility_relaxed(latency, slo, alpha: float = 1.0):
+def utility_relaxed(latency: npt.ArrayLike, slo: npt.ArrayLike, alpha: float = 1.0) -> npt.NDArray[np.float64]:
     """Relaxed utility ``min((s / l) ** alpha, 1)`` (paper eq. 1); 0 for infinite latency."""
     lat = np.asarray(latency, dtype=float)
     slo = np.asarray(slo, dtype=float)
@@ -38,7 +41,7 @@ def utility_relaxed(latency, slo, alpha: float = 1.0):
     return u
 
 
-def penalty_step(availability):
+def penalty_step(availability: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Service-credit penalty for an availability (1 - drop rate), paper Table 5."""
     a = np.asarray(availability, dtype=float)
     out = np.full(a.shape, PENALTY_BELOW)
@@ -47,24 +50,26 @@ def penalty_step(availability):
     return out
 
 
-def penalty_relaxed(availability):
+def penalty_relaxed(availability: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Piecewise-linear relaxation of :func:`penalty_step` (paper section 3.4)."""
     a = np.clip(np.asarray(availability, dtype=float), 0.0, 1.0)
-    return np.interp(a, _RELAXED_AVAIL, _RELAXED_PENALTY)
+    return cast("npt.NDArray[np.float64]", np.interp(a, _RELAXED_AVAIL, _RELAXED_PENALTY))
 
 
-def phi(drop_rate, relaxed: bool = True):
+def phi(drop_rate: npt.ArrayLike, relaxed: bool = True) -> npt.NDArray[np.float64]:
     """Penalty multiplier ``phi(d) = 1 - penalty(1 - d)`` used by effective utility (eq. 2)."""
     avail = 1.0 - np.asarray(drop_rate, dtype=float)
     return 1.0 - (penalty_relaxed(avail) if relaxed else penalty_step(avail))
 
 
-def effective_utility(utility, drop_rate, relaxed: bool = True):
+def effective_utility(utility: npt.ArrayLike, drop_rate: npt.ArrayLike,
+                      relaxed: bool = True) -> npt.NDArray[np.float64]:
     """EU = phi(d) * U (paper eq. 2)."""
-    return phi(drop_rate, relaxed) * np.asarray(utility, dtype=float)
+    return cast("npt.NDArray[np.float64]", phi(drop_rate, relaxed) * np.asarray(utility, dtype=float))
 
 
-def cluster_objective(kind: str, utilities, priority=None, gamma: float | None = None,
+def cluster_objective(kind: str, utilities: npt.ArrayLike, priority: npt.ArrayLike | None = None,
+                      gamma: float | None = None,
                       fair_tiebreak: float = 0.0) -> float:
     """Value (to maximise) of one of the five cluster objectives (paper section 3.2).
 

@@ -15,6 +15,7 @@ part; it is compiled with Numba and vectorised over (samples x steps x counts).
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 from numba import njit
@@ -34,7 +35,8 @@ def _utility(lat: float, slo: float, alpha: float) -> float:
         return 0.0
     if lat <= slo:
         return 1.0
-    return (slo / lat) ** alpha
+    u: float = (slo / lat) ** alpha
+    return u
 
 
 @njit(cache=True)
@@ -114,7 +116,7 @@ def cold_start_fractions(n_steps: int, window_s: float, cold_start_s: float) -> 
     """Share of each window step (of ``window_s / n_steps`` seconds) after the cold start."""
     dt = window_s / n_steps
     ends = dt * np.arange(1, n_steps + 1)
-    return np.clip((ends - cold_start_s) / dt, 0.0, 1.0)
+    return cast(np.ndarray, np.clip((ends - cold_start_s) / dt, 0.0, 1.0))
 
 
 @njit(cache=True)
