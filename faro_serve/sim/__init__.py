@@ -4,8 +4,10 @@
 a fixed-capacity cluster of routers and replicas and returns the paper's metrics.
 """
 
+from autoscaler.driving.driver import CapacityExceeded
+
 from ..distributions import NO_OVERHEAD, PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, TimeDist, parse_dist
-from .runner import CapacityExceeded, SimConfig, SimResult, simulate
+from .runner import SimConfig, SimResult, simulate
 
 __all__ = ["CapacityExceeded", "NO_OVERHEAD", "PAPER_PROCESSING", "PAPER_ROUTER_OVERHEAD",
            "SimConfig", "SimResult", "TimeDist", "parse_dist", "simulate"]
