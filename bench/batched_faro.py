@@ -39,6 +39,10 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--policy", default="faro-fairsum")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "batched-faro.md"))
+    ap.add_argument("--minutes", type=int, default=None, help="replay only day 10's first N minutes "
+                    "(default: the whole day)")
+    ap.add_argument("--forecaster-dir", default=None, help="a trained N-HiTS to plan with (default: "
+                    "the one trained on days 1-8, cached under runs/forecasters)")
     args = ap.parse_args(argv)
 
     from faro_serve.config import Batching
@@ -49,10 +53,10 @@ def main(argv=None) -> int:
     batching = Batching(profile=args.profile, max_batch_size=args.max_batch)
     caps = [float(c) for c in args.capacities.split(",")]
     seeds = list(range(args.seeds))
-    fc_dir = str(ensure_forecaster(str(TRACE), days="1-8", sample=0, before_day=None,
-                                   cache_dir=str(ROOT / "runs" / "forecasters"), max_steps=None,
-                                   log=print))
-    base = dict(trace=str(TRACE), day=10, sample=0)
+    fc_dir = args.forecaster_dir or str(ensure_forecaster(
+        str(TRACE), days="1-8", sample=0, before_day=None, cache_dir=str(ROOT / "runs" / "forecasters"),
+        max_steps=None, log=print))
+    base = dict(trace=str(TRACE), day=10, sample=0, minutes=args.minutes)
     t0 = time.perf_counter()
     agg = {}
     for label, sc in (("faro", Scenario(**base)), ("batching", Scenario(**base, batching=batching))):
@@ -62,8 +66,10 @@ def main(argv=None) -> int:
         print(f"{label}: {len(rows)} runs, {time.perf_counter() - t0:.0f} s", flush=True)
     lines = ["# Batching-aware Faro against Faro (simulated, day 10)", "",
              f"`python -m bench.batched_faro --profile {Path(args.profile).name} --max-batch "
-             f"{args.max_batch}`; {args.policy}, {len(seeds)} seeds per cell, N-HiTS trained on "
-             f"days 1-8; {platform.machine()}, {os.cpu_count()} cores, "
+             f"{args.max_batch}`; {args.policy}, {len(seeds)} seeds per cell, "
+             + (f"N-HiTS {args.forecaster_dir}" if args.forecaster_dir else "N-HiTS trained on days 1-8")
+             + (f", the first {args.minutes} minutes" if args.minutes else "")
+             + f"; {platform.machine()}, {os.cpu_count()} cores, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {time.perf_counter() - t0:.0f} s.", "",
              f"Profile: gamma {batching.gamma * 1e3:.2f} ms, eps {batching.eps * 1e3:.2f} ms, delta "
              f"{batching.delta * 1e3:.2f} ms, eta {batching.eta * 1e3:.2f} ms; per-request share at "

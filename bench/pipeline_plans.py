@@ -6,6 +6,8 @@ implies (each stage's share of its estimate). ``python -m bench.pipeline_plans``
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
 from faro_serve.config import ClusterSpec
@@ -38,7 +40,8 @@ def run_case(slo: float, stages, lam: float, cpus: float = 200.0) -> dict:
             "split_ms": e2e_split, "shares": {n: s["share"] for n, s in pd.stages.items()}}
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)  # --help; no options
     print(f"{'case':24s} {'joint replicas':>18s} {'e2e ms':>7s} {'split replicas':>18s} "
           f"{'e2e ms':>7s}  joint split of the SLO")
     for label, slo, stages, lam in CASES:

@@ -33,6 +33,10 @@ def parse_args(argv=None):
     p.add_argument("--rules", default="fallback,pad-mean,pad-edge,pad-tile,mask")
     p.add_argument("--first-minutes", type=int, default=15)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--minutes", type=int, default=None, help="replay only each day's first N minutes "
+                   "(default: the whole day)")
+    p.add_argument("--forecaster-dir", default=None, help="a trained N-HiTS (default: the one trained "
+                   "on days 1-8 of --trace, cached under runs/forecasters)")
     return p.parse_args(argv)
 
 
@@ -46,13 +50,17 @@ def lost(result, first: int) -> tuple[float, float]:
 def main(argv=None) -> int:
     from faro_serve.sim.forecaster import history_forecaster
     from faro_serve.sim.scenario import Scenario, run_scenario
+    from forecasting.io import load_forecaster
 
     a = parse_args(argv)
-    fc = history_forecaster(a.trace, days="1-8", sample=0, cache_dir=ROOT / "runs" / "forecasters")
+    if a.forecaster_dir:
+        fc = load_forecaster(a.forecaster_dir)
+    else:
+        fc = history_forecaster(a.trace, days="1-8", sample=0, cache_dir=ROOT / "runs" / "forecasters")
     rules = a.rules.split(",")
     rows = []
     for day in (int(d) for d in a.days.split(",")):
-        sc = Scenario(trace=a.trace, day=day, sample=0, warmup_minutes=0).validate()
+        sc = Scenario(trace=a.trace, day=day, sample=0, warmup_minutes=0, minutes=a.minutes).validate()
         loaded = sc.load()
         for seed in (int(s) for s in a.seeds.split(",")):
             for rule in rules:

@@ -28,6 +28,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", default=str(TRACE))
     ap.add_argument("--policies", default="fairshare,faro-fairsum")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--minutes", type=int, default=None, help="replay only the day's first N minutes "
+                    "(default: the whole day, what the targets are for)")
     args = ap.parse_args(argv)
 
     from faro_serve.sim.scenario import Scenario, run_scenario
@@ -36,8 +38,9 @@ def main(argv=None) -> int:
     warm = Scenario(trace=args.trace, day=10, sample=0, minutes=2)
     run_scenario(warm, "fairshare", 36, 0)
     warm_s = time.perf_counter() - t0
-    cases = [(10, 36, Scenario(trace=args.trace, day=10, sample=0)),
-             (100, 320, Scenario(trace=args.trace, day=10, sample=0, n_jobs=100, jitter=0.1))]
+    cases = [(10, 36, Scenario(trace=args.trace, day=10, sample=0, minutes=args.minutes)),
+             (100, 320, Scenario(trace=args.trace, day=10, sample=0, n_jobs=100, jitter=0.1,
+                                 minutes=args.minutes))]
     rows = []
     for jobs, cap, sc in cases:
         loaded = sc.load()
@@ -62,7 +65,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sim_bench.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2) + "\n")
     md = ["# Simulator wall time (`python -m bench.sim_bench`)", "",
-          f"{env['machine']}, Python {env['python']}, trace {env['trace']} day 10 sample 0; "
+          f"{env['machine']}, Python {env['python']}, trace {env['trace']} day 10 sample 0"
+          f"{f' (its first {args.minutes} minutes)' if args.minutes else ''}; "
           f"warm-up incl. numba cache load/compile {env['warmup_and_compile_s']} s; "
           f"load average at the end {env['load_average']}.", "",
           "| jobs | replicas | policy | requests | wall s | target s | requests/s |",

@@ -36,6 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--traces", default="../shared/traces", help="folder of the shared traces")
     ap.add_argument("--out", default="faro_serve/data/forecaster", help="where to save it")
     ap.add_argument("--mlp-width", type=int, default=MLP_WIDTH, help=f"hidden units ({MLP_WIDTH})")
+    ap.add_argument("--max-steps", type=int, default=None, help="training steps (default: TrainConfig's; "
+                    "fewer only to try the command: the shipped one is trained with the default)")
     args = ap.parse_args(argv)
 
     from faro_serve.commands.forecast import training_history, training_sources
@@ -46,7 +48,8 @@ def main(argv=None) -> int:
     sources = training_sources([str(folder / f) for f, _, _ in SOURCES],
                                [d for _, d, _ in SOURCES], [s for _, _, s in SOURCES])
     history = training_history(sources)
-    cfg = TrainConfig(mlp_width=args.mlp_width, seed=SEED, threads=1)
+    steps = {} if args.max_steps is None else {"max_steps": args.max_steps}
+    cfg = TrainConfig(mlp_width=args.mlp_width, seed=SEED, threads=1, **steps)
     fc = train_forecaster(history, cfg)
     out = save_forecaster(fc, args.out)
     meta = json.loads((out / "meta.json").read_text())
