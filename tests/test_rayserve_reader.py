@@ -19,7 +19,8 @@ from live_helpers import free_port, wait_for
 from autoscaler.driving.serve_metrics import ServeMetricsObserver
 from faro_serve.meter_report import decode_meter_report
 from forecasting.prometheus import PrometheusError
-from forecasting.rayserve import REQUESTS, ServeMetricsStore, _seconds, export_lag_s, read_serve_history
+from forecasting.rayserve import REQUESTS, ServeMetricsStore, read_serve_history
+from forecasting.serve_counters import _seconds, export_lag_s
 from forecasting.serve_history import ServeHistory, ServeHistoryError, bucket_quantile
 
 M = 60  # minutes in the range

@@ -28,18 +28,8 @@ import numpy as np
 
 from faro_serve.meter_report import MeterReport, Processing
 from forecasting.prometheus import PrometheusError, contiguous_tail
-from forecasting.rayserve import (
-    HEALTHY,
-    HTTP_LATENCY,
-    ONGOING,
-    PROCESSING,
-    QUEUED,
-    REQUESTS,
-    counter_minutes,
-    export_lag_s,
-    query,
-    query_range,
-)
+from forecasting.rayserve import HEALTHY, HTTP_LATENCY, ONGOING, PROCESSING, QUEUED, REQUESTS, query_range
+from forecasting.serve_counters import counter_minutes, export_lag_s, query
 from forecasting.serve_history import service_time_ms
 
 # rates and latency over this window: longer than the meters' 30 s look-back, so that a

@@ -38,7 +38,8 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
-    from .pipeline_problem import PipelineProblem, PipelineTerm
+    from .pipeline_problem import PipelineProblem
+    from .pipeline_term import PipelineTerm
 
 HEALTH_CAP = 10.0  # an overloaded cell counts as this many SLOs of end-to-end latency
 MAX_SPLITS = 4096

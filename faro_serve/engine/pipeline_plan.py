@@ -17,7 +17,8 @@ from ..model_slo import ModelSLO
 from ..pipelines import PipelineSLO
 from .latency import ESTIMATORS
 from .pipeline_latency import path_matrix
-from .pipeline_problem import PipelineProblem, build_term, with_pipelines
+from .pipeline_problem import PipelineProblem, with_pipelines
+from .pipeline_term import build_term
 from .problem import JobInput, Problem
 from .window import NO_DROP, cold_start_fractions
 
