@@ -8,18 +8,17 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
-from autoscaler.contract.policy import Decision, Observation
-from autoscaler.contract.setting import FIELDS
+from autoscaler.contract.policy import Decision, Observation, Policy
+from autoscaler.contract.setting import FIELDS, Setting
 from autoscaler.driving.driver import MeterSnapshot
+from autoscaler.driving.loop_config import AutoscalerConfig
 from autoscaler.driving.pipeline_meters import pipeline_records
+from faro_serve.config import ModelSLO
 from faro_serve.metrics import utility_from_latency
-
-if TYPE_CHECKING:
-    from autoscaler.driving.loop import AutoscalerLoop
 
 
 def decision_record(decision: Decision) -> dict:
@@ -65,7 +64,27 @@ def write_record(record: dict, path: str | None) -> str:
     return line
 
 
-def tick_record(loop: AutoscalerLoop, now: float, obs: Observation, decision: Decision | None,
+class LoopView(Protocol):
+    """What a tick record reads of the live loop (``loop.AutoscalerLoop``), named here so
+    that the record reads without the loop that writes it."""
+
+    @property
+    def cfg(self) -> AutoscalerConfig: ...
+    @property
+    def policy(self) -> Policy: ...
+    @property
+    def slo(self) -> Mapping[str, ModelSLO]: ...
+    @property
+    def settings(self) -> Mapping[str, Setting]: ...  # in force
+    @property
+    def advice(self) -> Mapping[str, Setting]: ...  # shadow mode: what it would set
+    @property
+    def last_plan(self) -> Mapping[str, Mapping[str, Any]]: ...  # model -> what the plan predicted
+    @property
+    def shadow(self) -> bool: ...
+
+
+def tick_record(loop: LoopView, now: float, obs: Observation, decision: Decision | None,
                 meters: Mapping[str, MeterSnapshot] | None = None) -> dict:
     """One tick as the log and the status show it: per model what was observed, the setting
     in force (in shadow mode also the advice), what the last plan predicted; the decision."""

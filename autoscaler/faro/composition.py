@@ -38,18 +38,14 @@ plans switched off. Everything here runs live and in the simulator alike.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from autoscaler.contract.policy import Decision, Observation
 from autoscaler.faro import moves
 from autoscaler.faro.guard import guard_cuts
+from autoscaler.faro.parts import FaroParts
 from autoscaler.policies.common import fcfs_decision
 
-if TYPE_CHECKING:
-    from autoscaler.faro.hybrid import FaroPolicy
 
-
-def decide(p: FaroPolicy, obs: Observation) -> Decision | None:
+def decide(p: FaroParts, obs: Observation) -> Decision | None:
     """One tick of Faro: steps 1 to 4 of the module docstring."""
     p._remember_rates(obs)
     if obs.now - p.last_long_term >= p.cluster.long_term_interval_s:
@@ -59,7 +55,7 @@ def decide(p: FaroPolicy, obs: Observation) -> Decision | None:
     return p.with_surge(obs, None)
 
 
-def short_term(p: FaroPolicy, obs: Observation) -> Decision | None:
+def short_term(p: FaroParts, obs: Observation) -> Decision | None:
     """Step 3: the models over their SLO for the trigger period get a re-plan, or one more
     replica each within free capacity, larger batches and moves; never fewer replicas."""
     for n, o in p.judged(obs):
@@ -76,7 +72,7 @@ def short_term(p: FaroPolicy, obs: Observation) -> Decision | None:
         d = p.replan(obs, due)
         if d is not None:
             return d
-    d = fcfs_decision(p, obs, {n: obs.models[n].target_replicas + 1 for n in due}, due, "reactive")
+    d = fcfs_decision(p.models, obs, {n: obs.models[n].target_replicas + 1 for n in due}, due, "reactive")
     if d is not None:
         d.info = {"scaled_up": sorted(d.replicas)}
     d = p.with_larger_batches(obs, due, d)

@@ -12,22 +12,19 @@ and its forecast p90 (:func:`donor_ok`); no replica moves back before the next p
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from autoscaler.contract.policy import Decision, Observation
+from autoscaler.faro.parts import FaroParts
 from autoscaler.faro.replan import relevel
 from autoscaler.policies.service import Service
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import make_problem
 from faro_serve.resources import resource_names, usage
 
-if TYPE_CHECKING:
-    from autoscaler.faro.hybrid import FaroPolicy
 
-
-def with_moves(p: FaroPolicy, obs: Observation, due: list[str], d: Decision | None) -> Decision | None:
+def with_moves(p: FaroParts, obs: Observation, due: list[str], d: Decision | None) -> Decision | None:
     """For each ``due`` model the reactive step could not give a replica (oldest first),
     move one from the donor whose loss costs the cluster objective least, when the
     objective gains at least ``move_min_gain`` over the time left to the next plan."""

@@ -67,7 +67,7 @@ class FairSharePolicy(Policy):
             # an n-th of every resource the model needs (infinite caps do not bind)
             share = min(obs.capacity[r] / n / a for r, a in demand(m).items())
             wanted[m.name] = m.clamp(math.floor(share + 1e-9))
-        return fcfs_decision(self, obs, wanted, [m.name for m in self.models], "long_term")
+        return fcfs_decision(self.models, obs, wanted, [m.name for m in self.models], "long_term")
 
 
 # -- Oneshot and AIAD ------------------------------------------------------------------
@@ -112,7 +112,7 @@ class TriggeredPolicy(Policy):
         for n in order:
             wanted[n] = max(self.up_target(self.slo[n], obs.models[n]), obs.models[n].target_replicas)
             self.over.restart(n, now)
-        return fcfs_decision(self, obs, wanted, order, "reactive",
+        return fcfs_decision(self.models, obs, wanted, order, "reactive",
                              {"up": order, "down": sorted(down)})
 
 
@@ -205,7 +205,7 @@ class MArkPolicy(Policy):
             peaks[m.name] = round(peak, 3)
         # Simultaneous independent requests: no job is first by construction; shuffle.
         order = [self.models[i].name for i in rng.permutation(len(self.models))]
-        return fcfs_decision(self, obs, wanted, order, "long_term", {"peak_rps": peaks})
+        return fcfs_decision(self.models, obs, wanted, order, "long_term", {"peak_rps": peaks})
 
     def react(self, obs: Observation) -> Decision | None:
         for n, o in obs.models.items():
@@ -217,7 +217,7 @@ class MArkPolicy(Policy):
         wanted = {n: obs.models[n].target_replicas + 1 for n in due}
         for n in due:
             self.over.restart(n, obs.now)
-        return fcfs_decision(self, obs, wanted, due, "reactive", {"up": due})
+        return fcfs_decision(self.models, obs, wanted, due, "reactive", {"up": due})
 
 
 # This module's built-in policies as data, (name, factory, summary, needs_batching,

@@ -5,10 +5,11 @@ the fallback predictor when a trained model fails, and Faro's policy names."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
-from autoscaler.contract.policy import Decision, Observation, Policy, grant_in_order
+from autoscaler.contract.policy import Decision, Observation, grant_in_order
 from faro_serve.config import ModelSLO
 from faro_serve.engine.latency import latency_mdc, min_replicas_for_slo
 from forecasting.base import FallbackForecaster, Forecast, Forecaster
@@ -86,12 +87,12 @@ class Timers:
             self.since[name] = now
 
 
-def fcfs_decision(policy: Policy, obs: Observation, wanted: dict[str, int], order: list[str],
+def fcfs_decision(models: Sequence[ModelSLO], obs: Observation, wanted: dict[str, int], order: list[str],
                   kind: str, info: dict | None = None, interleave: bool = False) -> Decision | None:
     """Grant ``wanted`` (decreases at once, increases in ``order`` while capacity lasts,
     ``interleave``d or not: ``grant_in_order``); None when nothing changes."""
     current = {n: o.target_replicas for n, o in obs.models.items()}
-    granted = grant_in_order(wanted, current, policy.models, obs.capacity, order=order,
+    granted = grant_in_order(wanted, current, models, obs.capacity, order=order,
                              interleave=interleave)
     changed = {n: granted[n] for n in wanted if granted[n] != current[n]}
     if not changed:

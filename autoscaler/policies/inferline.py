@@ -237,7 +237,7 @@ class InferLineTunerPolicy(Policy):
             kind = "reactive"
         if not wanted and not batches:
             return None
-        dec = fcfs_decision(self, obs, wanted, order, kind, info) if wanted else None
+        dec = fcfs_decision(self.models, obs, wanted, order, kind, info) if wanted else None
         if batches:
             dec = dec or Decision({}, {}, kind, info)
             for n, b in batches.items():

@@ -107,7 +107,7 @@ class SwayamPolicy(Policy):
         if not wanted:
             return None
         order = sorted((n for n in wanted if n in self.rising_since), key=self.rising_since.get)
-        return fcfs_decision(self, obs, wanted, order, "reactive", {"n_B": info})
+        return fcfs_decision(self.models, obs, wanted, order, "reactive", {"n_B": info})
 
 
 class INFaaSPolicy(Policy):
@@ -158,7 +158,7 @@ class INFaaSPolicy(Policy):
             else:
                 self._step(m, o, now, wanted)
         order = sorted(self.short_since, key=self.short_since.get)
-        dec = fcfs_decision(self, obs, wanted, order, "reactive") if wanted else None
+        dec = fcfs_decision(self.models, obs, wanted, order, "reactive") if wanted else None
         if chosen:
             dec = dec or Decision({}, {}, "reactive")
             for n, opt in chosen.items():

@@ -8,7 +8,7 @@ failures followed, both seen in the pipeline suite (day 8, planning with the tru
 * Under the fairness objectives the integer starts could not lift a pipeline (no single
   stage's replica raises it), so the solver stayed at a start that levelled every job down
   to the pipeline's poor value: 0.45 of objective on 17 replicas where 4, 4, 4 / 2, 3 meets
-  every SLO (tests/test_pipeline_balance.py). :func:`level_start` is integer.level_start
+  every SLO (tests/test_pipeline_balance.py). ``PipelineProblem.level_start`` is integer.level_start
   with pipelines: for a floor level each pipeline takes its cheapest split reaching it,
   from :func:`split_menu`, every split worth considering with its utility and cost.
 * Shrink and the stage trades keep the objective "unchanged" while they wreck a split
@@ -38,7 +38,6 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
-    from .pipeline_problem import PipelineProblem
     from .pipeline_term import PipelineTerm
 
 HEALTH_CAP = 10.0  # an overloaded cell counts as this many SLOs of end-to-end latency
@@ -145,45 +144,3 @@ def split_menu(term: PipelineTerm, lo: FloatArray, hi: FloatArray, need: FloatAr
     util = np.array([term.utility(y, d) for y in ys])
     cost = ((ys @ need) / np.maximum(caps, 1e-12)).sum(axis=1)
     return ys, util, cost
-
-
-def level_start(prob: PipelineProblem, d: FloatArray, max_levels: int = 256) -> FloatArray | None:
-    """integer.level_start with pipelines: for a floor level L every single model gets
-    the fewest replicas reaching L and every pipeline its cheapest split reaching L
-    (:func:`split_menu`); the best L wins. The max-min start the fairness
-    objectives need: without it, one-stage steps cannot lift a pipeline whose other
-    stage is short, and the solver levels every job down to a pipeline's poor value.
-    None when a pipeline has too many splits to list."""
-    lo, hi = prob.lo.astype(int), prob.hi.astype(int)
-    menus = []
-    for t in prob.terms:
-        menu = split_menu(t, prob.lo[t.idx], prob.hi[t.idx], prob.need[t.idx], prob.caps,
-                          float(d[t.drop_var]))
-        if menu is None:
-            return None
-        menus.append(menu)
-    s = prob.single_idx
-    table = prob.tables[s, 0, :]
-    cols = np.arange(table.shape[1])
-    valid = (cols[None, :] >= lo[s, None]) & (cols[None, :] <= hi[s, None])
-    levels = np.unique(np.round(np.concatenate([table[valid]] + [m[1] for m in menus]), 12))
-    if levels.size > max_levels:
-        levels = levels[np.linspace(0, levels.size - 1, max_levels).astype(int)]
-    best, best_val = None, -np.inf
-    for lev in levels:
-        x = np.zeros(prob.n)
-        ok = valid & (table >= lev - 1e-12)
-        if not ok.any(axis=1).all():
-            break
-        x[s] = ok.argmax(axis=1)
-        reach = [np.flatnonzero(m[1] >= lev - 1e-12) for m in menus]
-        if any(r.size == 0 for r in reach):
-            break
-        for t, (ys, _, cost), r in zip(prob.terms, menus, reach):
-            x[t.idx] = ys[r[np.argmin(cost[r])]]
-        if not prob.fits(x):
-            break
-        v = prob.value(x, d)
-        if v > best_val:
-            best, best_val = x, v
-    return best

@@ -28,7 +28,7 @@ from typing import cast
 
 import numpy as np
 
-from .pipeline_balance import best_split, level_start
+from .pipeline_balance import best_split, split_menu
 from .pipeline_term import PipelineTerm
 from .problem import Problem
 from .utility import cluster_objective, phi
@@ -186,8 +186,45 @@ class PipelineProblem(Problem):
         return x
 
     def level_start(self, d: np.ndarray, max_levels: int = 256) -> np.ndarray | None:
-        """integer.level_start with pipelines (pipeline_balance.level_start)."""
-        return level_start(self, d, max_levels)
+        """integer.level_start with pipelines: for a floor level L every single model gets
+        the fewest replicas reaching L and every pipeline its cheapest split reaching L
+        (``pipeline_balance.split_menu``); the best L wins. The max-min start the fairness
+        objectives need: without it, one-stage steps cannot lift a pipeline whose other
+        stage is short, and the solver levels every job down to a pipeline's poor value.
+        None when a pipeline has too many splits to list."""
+        lo, hi = self.lo.astype(int), self.hi.astype(int)
+        menus = []
+        for t in self.terms:
+            menu = split_menu(t, self.lo[t.idx], self.hi[t.idx], self.need[t.idx], self.caps,
+                              float(d[t.drop_var]))
+            if menu is None:
+                return None
+            menus.append(menu)
+        s = self.single_idx
+        table = self.tables[s, 0, :]
+        cols = np.arange(table.shape[1])
+        valid = (cols[None, :] >= lo[s, None]) & (cols[None, :] <= hi[s, None])
+        levels = np.unique(np.round(np.concatenate([table[valid]] + [m[1] for m in menus]), 12))
+        if levels.size > max_levels:
+            levels = levels[np.linspace(0, levels.size - 1, max_levels).astype(int)]
+        best, best_val = None, -np.inf
+        for lev in levels:
+            x = np.zeros(self.n)
+            ok = valid & (table >= lev - 1e-12)
+            if not ok.any(axis=1).all():
+                break
+            x[s] = ok.argmax(axis=1)
+            reach = [np.flatnonzero(m[1] >= lev - 1e-12) for m in menus]
+            if any(r.size == 0 for r in reach):
+                break
+            for t, (ys, _, cost), r in zip(self.terms, menus, reach):
+                x[t.idx] = ys[r[np.argmin(cost[r])]]
+            if not self.fits(x):
+                break
+            v = self.value(x, d)
+            if v > best_val:
+                best, best_val = x, v
+        return best
 
     def subset(self, idx: Iterable[int], cap_cpus: float, cap_mem: float | None, gamma: float,
                extra_caps: dict[str, float] | None = None) -> "Problem":

@@ -8,13 +8,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httpx
 import numpy as np
-
-if TYPE_CHECKING:
-    from .live_runs import LiveCluster
 
 
 def wait_until(cond, timeout_s: float, what: str, every_s: float = 0.5):
@@ -49,7 +46,16 @@ class Calibration:
                 "cold_start_s": round(self.cold_start_s, 2)}
 
 
-def calibrate(lc: LiveCluster, name: str, n: int = 200, burst: int = 30) -> Calibration:
+class Cluster(Protocol):
+    """What calibration needs of a live cluster (``live_runs.LiveCluster`` is one)."""
+
+    base: str  # the HTTP proxy's address
+
+    def scale(self, name: str, replicas: int) -> None: ...
+    def running(self) -> dict[str, int]: ...  # model -> running replicas
+
+
+def calibrate(lc: Cluster, name: str, n: int = 200, burst: int = 30) -> Calibration:
     """Overhead from ``n`` sequential requests; the replica hold from a burst of ``burst``
     requests queued on one replica; cold start from one scale-up 1 -> 2."""
     overhead = []
