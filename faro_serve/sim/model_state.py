@@ -128,6 +128,11 @@ class ModelState:
     # -- requests ----------------------------------------------------------------------
     def append(self, arrival, proc, overhead, u) -> None:
         """Add the requests of the next minute (already sorted by arrival)."""
+        self.extend(arrival, proc, overhead, u)
+        self.minutes_loaded += 1
+
+    def extend(self, arrival, proc, overhead, u) -> None:
+        """Add requests, pending, after those held (sorted by arrival, none before them)."""
         n = arrival.size
         self.arr = np.concatenate([self.arr, arrival])
         self.proc = np.concatenate([self.proc, proc])
@@ -136,7 +141,6 @@ class ModelState:
         self.start = np.concatenate([self.start, np.full(n, np.nan)])
         self.lat = np.concatenate([self.lat, np.full(n, np.nan)])
         self.status = np.concatenate([self.status, np.full(n, PENDING, dtype=np.int8)])
-        self.minutes_loaded += 1
 
     def head(self) -> int:
         """Global index of the first request not settled yet (queued or not arrived)."""

@@ -33,16 +33,9 @@ class StageState(ModelState):
 
     def add(self, arrival, proc, overhead, u, qid) -> None:
         """Queries reaching the stage (sorted by arrival, none before what it holds)."""
-        n = arrival.size
-        if n == 0:
+        if arrival.size == 0:
             return
-        self.arr = np.concatenate([self.arr, arrival])
-        self.proc = np.concatenate([self.proc, proc])
-        self.ovh = np.concatenate([self.ovh, overhead])
-        self.u = np.concatenate([self.u, u])
-        self.start = np.concatenate([self.start, np.full(n, np.nan)])
-        self.lat = np.concatenate([self.lat, np.full(n, np.nan)])
-        self.status = np.concatenate([self.status, np.zeros(n, dtype=np.int8)])
+        self.extend(arrival, proc, overhead, u)
         self.qid = np.concatenate([self.qid, qid])
 
     def newly_settled(self):
