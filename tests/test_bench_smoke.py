@@ -26,8 +26,8 @@ Checked by ``--help`` and imports only:
   90 minutes);
 * helpers: procstat (what the live benches read of /proc), plain_app (the plain Ray Serve
   application whatif_live serves), ray_nodes (two Ray nodes; tests/test_multinode.py starts
-  them); scale_report is run by scale_bench's tiny run and replan_variants' policies by a tiny
-  simulation here.
+  them); scale_report and scale_parts are run by scale_bench's tiny run, gpu_cluster_sim by
+  gpu_cluster's test and replan_variants' policies by a tiny simulation here.
 
 Where the input is the shared traces' (``../shared/traces``: compare_slices, daily_context,
 batched_faro), the run is skipped without them.
@@ -51,7 +51,7 @@ SHARED = ROOT.parent / "shared" / "traces" / "faro10_days1-10.csv"
 FIRST_PARTY = ("faro_serve", "autoscaler", "forecasting", "deployments", "bench", "examples")
 MODULES = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")
 
-HELPERS = {"procstat", "scale_report", "plain_app", "ray_nodes", "replan_variants"}
+HELPERS = {"procstat", "scale_report", "scale_parts", "gpu_cluster_sim", "plain_app", "ray_nodes", "replan_variants"}
 LIVE = {"flood", "gpu_live", "pipeline_live", "proxy_bench", "replica_hold", "replica_start", "router_bench",
         "sponge_live", "surge_live", "user_batch_bench", "user_router_bench", "whatif_live"}
 COVERED = {"gpu_cluster", "pipeline_suite", "whatif_scale"}

@@ -6,7 +6,8 @@ import argparse
 import numpy as np
 import pytest
 
-from bench.gpu_cluster import ARCHS, Run, aggregate, curve, report, run_one, sharing_factor
+from bench.gpu_cluster import aggregate, report
+from bench.gpu_cluster_sim import ARCHS, Run, curve, run_one, sharing_factor
 
 
 def test_a_quarter_gpu_replica_is_slower_than_a_whole_one_and_never_past_the_gpus_ceiling():
