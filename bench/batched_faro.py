@@ -31,18 +31,25 @@ TRACE = ROOT.parent / "shared" / "traces" / "faro10_days1-10.csv"
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", default=str(ROOT / "profiles" / "resnet34.json"),
-                    help="saved batch profile (profiles/resnet34.json)")
+    ap.add_argument(
+        "--profile",
+        default=str(ROOT / "profiles" / "resnet34.json"),
+        help="saved batch profile (profiles/resnet34.json)",
+    )
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--capacities", default="36,32,28,24,20,16")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--policy", default="faro-fairsum")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "batched-faro.md"))
-    ap.add_argument("--minutes", type=int, default=None, help="replay only day 10's first N minutes "
-                    "(default: the whole day)")
-    ap.add_argument("--forecaster-dir", default=None, help="a trained N-HiTS to plan with (default: "
-                    "the one trained on days 1-8, cached under runs/forecasters)")
+    ap.add_argument(
+        "--minutes", type=int, default=None, help="replay only day 10's first N minutes (default: the whole day)"
+    )
+    ap.add_argument(
+        "--forecaster-dir",
+        default=None,
+        help="a trained N-HiTS to plan with (default: the one trained on days 1-8, cached under runs/forecasters)",
+    )
     args = ap.parse_args(argv)
 
     from faro_serve.config import Batching
@@ -53,9 +60,17 @@ def main(argv=None) -> int:
     batching = Batching(profile=args.profile, max_batch_size=args.max_batch)
     caps = [float(c) for c in args.capacities.split(",")]
     seeds = list(range(args.seeds))
-    fc_dir = args.forecaster_dir or str(ensure_forecaster(
-        str(TRACE), days="1-8", sample=0, before_day=None, cache_dir=str(ROOT / "runs" / "forecasters"),
-        max_steps=None, log=print))
+    fc_dir = args.forecaster_dir or str(
+        ensure_forecaster(
+            str(TRACE),
+            days="1-8",
+            sample=0,
+            before_day=None,
+            cache_dir=str(ROOT / "runs" / "forecasters"),
+            max_steps=None,
+            log=print,
+        )
+    )
     base = dict(trace=str(TRACE), day=10, sample=0, minutes=args.minutes)
     t0 = time.perf_counter()
     agg = {}
@@ -64,26 +79,33 @@ def main(argv=None) -> int:
         for a in aggregate(rows):
             agg[(label, a["capacity"])] = a
         print(f"{label}: {len(rows)} runs, {time.perf_counter() - t0:.0f} s", flush=True)
-    lines = ["# Batching-aware Faro against Faro (simulated, day 10)", "",
-             f"`python -m bench.batched_faro --profile {Path(args.profile).name} --max-batch "
-             f"{args.max_batch}`; {args.policy}, {len(seeds)} seeds per cell, "
-             + (f"N-HiTS {args.forecaster_dir}" if args.forecaster_dir else "N-HiTS trained on days 1-8")
-             + (f", the first {args.minutes} minutes" if args.minutes else "")
-             + f"; {platform.machine()}, {os.cpu_count()} cores, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {time.perf_counter() - t0:.0f} s.", "",
-             f"Profile: gamma {batching.gamma * 1e3:.2f} ms, eps {batching.eps * 1e3:.2f} ms, delta "
-             f"{batching.delta * 1e3:.2f} ms, eta {batching.eta * 1e3:.2f} ms; per-request share at "
-             f"1 core s = {batching.share(1.0):.3f} (a batch of 16 serves {16 / (batching.share(1.0) * 16 + 1 - batching.share(1.0)):.2f}x "
-             f"the requests of one at a time).", "",
-             "| replicas | Faro lost utility (SD) | batching-aware (SD) | change | Faro SLO violations | batching-aware |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Batching-aware Faro against Faro (simulated, day 10)",
+        "",
+        f"`python -m bench.batched_faro --profile {Path(args.profile).name} --max-batch "
+        f"{args.max_batch}`; {args.policy}, {len(seeds)} seeds per cell, "
+        + (f"N-HiTS {args.forecaster_dir}" if args.forecaster_dir else "N-HiTS trained on days 1-8")
+        + (f", the first {args.minutes} minutes" if args.minutes else "")
+        + f"; {platform.machine()}, {os.cpu_count()} cores, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {time.perf_counter() - t0:.0f} s.",
+        "",
+        f"Profile: gamma {batching.gamma * 1e3:.2f} ms, eps {batching.eps * 1e3:.2f} ms, delta "
+        f"{batching.delta * 1e3:.2f} ms, eta {batching.eta * 1e3:.2f} ms; per-request share at "
+        f"1 core s = {batching.share(1.0):.3f} (a batch of 16 serves {16 / (batching.share(1.0) * 16 + 1 - batching.share(1.0)):.2f}x "
+        f"the requests of one at a time).",
+        "",
+        "| replicas | Faro lost utility (SD) | batching-aware (SD) | change | Faro SLO violations | batching-aware |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     doc = {"profile": args.profile, "share": batching.share(1.0), "cells": []}
     for c in sorted(caps, reverse=True):
         f, b = agg[("faro", c)], agg[("batching", c)]
         change = (b["lost_utility"] - f["lost_utility"]) / f["lost_utility"] if f["lost_utility"] > 0 else np.nan
-        lines.append(f"| {c:g} | {f['lost_utility']:.3f} ({f['lost_utility_sd']:.3f}) | "
-                     f"{b['lost_utility']:.3f} ({b['lost_utility_sd']:.3f}) | {100 * change:+.0f} % | "
-                     f"{f['slo_violation_rate']:.2%} | {b['slo_violation_rate']:.2%} |")
+        lines.append(
+            f"| {c:g} | {f['lost_utility']:.3f} ({f['lost_utility_sd']:.3f}) | "
+            f"{b['lost_utility']:.3f} ({b['lost_utility_sd']:.3f}) | {100 * change:+.0f} % | "
+            f"{f['slo_violation_rate']:.2%} | {b['slo_violation_rate']:.2%} |"
+        )
         doc["cells"].append({"capacity": c, "faro": f, "batching": b, "change": change})
     top = max(caps)
     ref = agg[("faro", top)]["lost_utility"]
@@ -92,8 +114,10 @@ def main(argv=None) -> int:
     if least is not None:
         verdict = f"loses no more from {least:g} replicas on ({100 * (1 - least / top):.0f} % fewer)."
     else:
-        verdict = (f"loses that little at none of the capacities measured (at {top:g} it loses "
-                   f"{agg[('batching', top)]['lost_utility']:.3f}).")
+        verdict = (
+            f"loses that little at none of the capacities measured (at {top:g} it loses "
+            f"{agg[('batching', top)]['lost_utility']:.3f})."
+        )
     lines += ["", f"Faro at {top:g} replicas loses {ref:.3f}; batching-aware Faro {verdict}"]
     text = "\n".join(lines) + "\n"
     Path(args.out).write_text(text)

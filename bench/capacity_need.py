@@ -41,8 +41,13 @@ def capacities(need: np.ndarray) -> dict:
     high = int(round((busiest + peaks) / 2))
     jobs = need.shape[0]
     spare = max(high - jobs, 0)
-    return {"busiest_minute": busiest, "sum_of_peaks": peaks, "high": high,
-            "mid": jobs + int(round(spare * 22 / 26)), "low": jobs + int(round(spare * 6 / 26))}
+    return {
+        "busiest_minute": busiest,
+        "sum_of_peaks": peaks,
+        "high": high,
+        "mid": jobs + int(round(spare * 22 / 26)),
+        "low": jobs + int(round(spare * 6 / 26)),
+    }
 
 
 def main(argv=None) -> int:
@@ -55,16 +60,23 @@ def main(argv=None) -> int:
     ap.add_argument("--processing-ms", type=float, default=154.0)
     args = ap.parse_args(argv)
     rescale = tuple(float(x) for x in args.rescale.split(",")) if args.rescale else None
-    sc = Scenario(trace=args.trace, day=args.day, sample=args.sample, rescale=rescale,
-                  slo_ms=args.slo_ms, processing_ms=args.processing_ms).validate()
+    sc = Scenario(
+        trace=args.trace,
+        day=args.day,
+        sample=args.sample,
+        rescale=rescale,
+        slo_ms=args.slo_ms,
+        processing_ms=args.processing_ms,
+    ).validate()
     names, counts, _ = sc.load()
     need = need_per_minute(counts, sc.processing_ms / 1e3, sc.slo_ms / 1e3, sc.percentile / 100)
     caps = capacities(need)
     print(f"{args.trace} day {args.day}: {len(names)} jobs x {counts.shape[1]} minutes")
-    print(f"replicas needed: busiest minute {caps['busiest_minute']}, sum of per-job peaks "
-          f"{caps['sum_of_peaks']}")
-    print(f"capacities: {caps['high']},{caps['mid']},{caps['low']} (high = their mean; mid, low keep "
-          f"22/26 and 6/26 of high's replicas beyond one per job, as the paper's 32 and 16 of 36)")
+    print(f"replicas needed: busiest minute {caps['busiest_minute']}, sum of per-job peaks {caps['sum_of_peaks']}")
+    print(
+        f"capacities: {caps['high']},{caps['mid']},{caps['low']} (high = their mean; mid, low keep "
+        f"22/26 and 6/26 of high's replicas beyond one per job, as the paper's 32 and 16 of 36)"
+    )
     return 0
 
 

@@ -40,27 +40,40 @@ TRACE = "../shared/traces/faro10_days1-10.csv"
 OVERHEAD = "lognorm:0.5,0.008,0.003"  # docs/validation.md's measured router overhead
 
 
-def simulate_slice(name: str, policy: str, spec: dict, draws: int, cold_start_s: float,
-                   forecaster) -> dict:
+def simulate_slice(name: str, policy: str, spec: dict, draws: int, cold_start_s: float, forecaster) -> dict:
     from faro_serve.distributions import parse_dist
     from faro_serve.metrics import utility_from_latency
     from faro_serve.validation import matched as run
     from faro_serve.validation.comparison import Workload
 
     s = SLICES[name]
-    wl = Workload(trace=TRACE, day=s["day"], sample=0, jobs=tuple(s["jobs"].split(",")),
-                  start=s["start"], minutes=30, rate_scale=1 / 3, slowdown=3)
+    wl = Workload(
+        trace=TRACE,
+        day=s["day"],
+        sample=0,
+        jobs=tuple(s["jobs"].split(",")),
+        start=s["start"],
+        minutes=30,
+        rate_scale=1 / 3,
+        slowdown=3,
+    )
     lost, viol, first = [], [], []
     for d in range(draws):
-        r = run.simulate_policy(policy, wl, s["capacity"], parse_dist(OVERHEAD), cold_start_s,
-                                forecaster, draw=d, cluster=spec)
+        r = run.simulate_policy(
+            policy, wl, s["capacity"], parse_dist(OVERHEAD), cold_start_s, forecaster, draw=d, cluster=spec
+        )
         lost.append(r.summary.lost_cluster_utility)
         viol.append(r.summary.cluster_slo_violation_rate)
         u = utility_from_latency(r.table.p_all, np.full(len(r.names), wl.slo_ms * wl.slowdown / 1e3))
         first.append(float((1 - u[:, :5]).sum() / r.table.minutes))
-    return {"slice": name, "policy": policy, "lost": float(np.mean(lost)),
-            "lost_draws": [round(x, 3) for x in lost], "slo_violations": float(np.mean(viol)),
-            "first5_lost": float(np.mean(first))}
+    return {
+        "slice": name,
+        "policy": policy,
+        "lost": float(np.mean(lost)),
+        "lost_draws": [round(x, 3) for x in lost],
+        "slo_violations": float(np.mean(viol)),
+        "first5_lost": float(np.mean(first)),
+    }
 
 
 def main(argv=None) -> None:
@@ -86,8 +99,11 @@ def main(argv=None) -> None:
         for p in a.policies.split(","):
             r = simulate_slice(n, p, spec, a.draws, a.cold_start_s, fc)
             rows.append(r)
-            print(f"{n:8s} {p:18s} {r['lost']:6.3f}  {str(r['lost_draws']):22s} {r['slo_violations']:7.1%}"
-                  f"  {r['first5_lost']:.3f}", flush=True)
+            print(
+                f"{n:8s} {p:18s} {r['lost']:6.3f}  {str(r['lost_draws']):22s} {r['slo_violations']:7.1%}"
+                f"  {r['first5_lost']:.3f}",
+                flush=True,
+            )
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"spec": spec, "draws": a.draws, "cold_start_s": a.cold_start_s, "rows": rows}, f, indent=1)

@@ -37,7 +37,7 @@ def simulated_p99(replicas: int, k: int, lam: float, n: int, seed: int) -> float
     st.run(0.0, 1e18)
     if not np.isfinite(st.lat).all():
         raise RuntimeError("a request was not served")
-    return float(np.percentile(st.lat[n // 10:], 99))
+    return float(np.percentile(st.lat[n // 10 :], 99))
 
 
 def main(argv=None) -> None:
@@ -51,8 +51,10 @@ def main(argv=None) -> None:
     def sim(k, lam):
         return np.mean([simulated_p99(c, k, lam, a.requests, s) for s in range(a.seeds)])
 
-    print(f"{c} replicas, processing {PAPER_PROCESSING} (mean {P * 1e3:.0f} ms), p99, "
-          f"{a.requests} requests x {a.seeds} seeds\n")
+    print(
+        f"{c} replicas, processing {PAPER_PROCESSING} (mean {P * 1e3:.0f} ms), p99, "
+        f"{a.requests} requests x {a.seeds} seeds\n"
+    )
     print("At the rate the estimate meets the SLO:\n")
     print("| SLO ms | k | servers | rate req/s | load | estimate ms | simulated ms | sim / est |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -60,8 +62,10 @@ def main(argv=None) -> None:
         for k in (1, 2, 4):
             lam = max_rate_for_slo(c, P, slo, Q, concurrency=k)
             s = sim(k, lam)
-            print(f"| {slo * 1e3:.0f} | {k} | {c * k} | {lam:.1f} | {lam * P / (c * k):.2f} | "
-                  f"{slo * 1e3:.0f} | {s * 1e3:.0f} | {s / slo:.2f} |")
+            print(
+                f"| {slo * 1e3:.0f} | {k} | {c * k} | {lam:.1f} | {lam * P / (c * k):.2f} | "
+                f"{slo * 1e3:.0f} | {s * 1e3:.0f} | {s / slo:.2f} |"
+            )
     print("\nAt fixed loads (rate / (servers / processing time)):\n")
     print("| k | servers | load | estimate ms | simulated ms | sim / est |")
     print("|---:|---:|---:|---:|---:|---:|")

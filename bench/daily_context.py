@@ -25,8 +25,10 @@ from forecasting.shipped import load_shipped
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 FARO, AZURE = TRACES / "faro10_days1-10.csv", TRACES / "azure12_days8-12.csv"
 # (family, file, samples, days loaded, tuning days, held-out days)
-SETS = [("Faro 10 jobs", FARO, (0, 1, 2, 3), range(6, 11), (7, 8), (9, 10)),
-        ("Azure 12 functions", AZURE, (None,), range(10, 13), (11,), (12,))]
+SETS = [
+    ("Faro 10 jobs", FARO, (0, 1, 2, 3), range(6, 11), (7, 8), (9, 10)),
+    ("Azure 12 functions", AZURE, (None,), range(10, 13), (11,), (12,)),
+]
 
 
 def errors(fc, counts: np.ndarray, period: int, first_day: int, days, step: int = 5):
@@ -38,7 +40,7 @@ def errors(fc, counts: np.ndarray, period: int, first_day: int, days, step: int 
         for t in range(max(lo, period + fc.level_minutes), lo + period - fc.horizon + 1, step):
             for j in range(counts.shape[0]):
                 hist[f"{t}:{j}"] = counts[j, :t]
-                actual.append(counts[j, t:t + fc.horizon])
+                actual.append(counts[j, t : t + fc.horizon])
     out = fc.predict(hist, n_samples=100, seed=0)
     per_min = out.samples * 60.0
     y = np.array(actual)
@@ -50,8 +52,10 @@ def table(weights: list[float]) -> str:
     base = load_shipped()
     base.daily_weight = 0.0  # the network alone: DailyContext adds the context measured here
     base.recurrence_share = 0.0  # (the table predates recurring peaks: docs/results/recurrence.md)
-    rows = ["| trace | days | " + " | ".join(f"w {w:g}: RMSE / cov. 90" for w in weights) + " |",
-            "|---|---|" + "---:|" * len(weights)]
+    rows = [
+        "| trace | days | " + " | ".join(f"w {w:g}: RMSE / cov. 90" for w in weights) + " |",
+        "|---|---|" + "---:|" * len(weights),
+    ]
     for family, path, samples, loaded, tune, held in SETS:
         period = day_minutes(str(path), loaded[0], samples[0])  # 360 points for Faro, 1440 Azure
         for label, days in (("tuning", tune), ("held out", held)):
@@ -63,8 +67,7 @@ def table(weights: list[float]) -> str:
                     tr = load_trace(path, days=f"{loaded[0]}-{loaded[-1]}", sample=s)
                     e, h = errors(fc, tr.counts.astype(float), period, loaded[0], days)
                     sq.append(e), hit.append(h)
-                cells.append(f"{np.sqrt(np.concatenate(sq).mean()):.2f} / "
-                             f"{np.concatenate(hit).mean():.3f}")
+                cells.append(f"{np.sqrt(np.concatenate(sq).mean()):.2f} / {np.concatenate(hit).mean():.3f}")
             rows.append(f"| {family} | {label} ({', '.join(map(str, days))}) | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 

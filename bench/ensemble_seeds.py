@@ -35,13 +35,15 @@ def seeds_of(text: str) -> list[int]:
     return list(range(int(lo), int(hi or lo) + 1))
 
 
-def network(trace: str, days: str, sample: int | None, seed: int, cache: Path,
-            max_steps: int | None = None) -> NHitsForecaster:
+def network(
+    trace: str, days: str, sample: int | None, seed: int, cache: Path, max_steps: int | None = None
+) -> NHitsForecaster:
     """The single network of ``seed`` trained on ``days``, cached as the suites' ``--history``
     networks are (:func:`faro_serve.sim.forecaster.ensure_forecaster`)."""
     steps = {} if max_steps is None else {"max_steps": max_steps}
-    where = ensure_forecaster(trace, days, sample, cache_dir=cache, log=lambda *_: None,
-                              config=TrainConfig(seed=seed, members=1, **steps))
+    where = ensure_forecaster(
+        trace, days, sample, cache_dir=cache, log=lambda *_: None, config=TrainConfig(seed=seed, members=1, **steps)
+    )
     return load_forecaster(where, script=False)
 
 
@@ -63,26 +65,28 @@ def main(argv=None) -> None:
     ap.add_argument("--capacities", default="36,32,16")
     ap.add_argument("--seeds", type=int, default=3, help="simulator seeds 0 .. N-1")
     ap.add_argument("--cache", default="runs/forecasters")
-    ap.add_argument("--max-steps", type=int, default=None, help="training steps of each network "
-                    "(default: TrainConfig's)")
+    ap.add_argument(
+        "--max-steps", type=int, default=None, help="training steps of each network (default: TrainConfig's)"
+    )
     a = ap.parse_args(argv)
     sample = None if a.sample < 0 else a.sample
     rescale = tuple(float(x) for x in a.rescale.split(",")) if a.rescale else None
-    sc = Scenario(trace=a.trace, day=a.day, sample=sample, rescale=rescale,
-                  **({"n_jobs": a.n_jobs} if a.n_jobs else {})).validate()
-    nets = {s: network(a.trace, a.train_days, sample, s, Path(a.cache), a.max_steps)
-            for s in seeds_of(a.net_seeds)}
+    sc = Scenario(
+        trace=a.trace, day=a.day, sample=sample, rescale=rescale, **({"n_jobs": a.n_jobs} if a.n_jobs else {})
+    ).validate()
+    nets = {s: network(a.trace, a.train_days, sample, s, Path(a.cache), a.max_steps) for s in seeds_of(a.net_seeds)}
     rows = [(f"seed {s}", nets[s]) for s in nets]
     rows += [(f"seeds {m}", mixture([nets[s] for s in seeds_of(m)])) for m in a.mixes.split(",") if m]
     caps = [float(c) for c in a.capacities.split(",")]
-    print(f"| forecaster | {' | '.join(f'{c:g} replicas' for c in caps)} |  (day {a.day}, trained on "
-          f"days {a.train_days}; lost cluster utility per simulator seed (mean))")
+    print(
+        f"| forecaster | {' | '.join(f'{c:g} replicas' for c in caps)} |  (day {a.day}, trained on "
+        f"days {a.train_days}; lost cluster utility per simulator seed (mean))"
+    )
     print("|---|" + "---:|" * len(caps))
     for name, fc in rows:
         cells = []
         for c in caps:
-            lost = [run_scenario(sc, "faro-fairsum", c, s, fc).summary.lost_cluster_utility
-                    for s in range(a.seeds)]
+            lost = [run_scenario(sc, "faro-fairsum", c, s, fc).summary.lost_cluster_utility for s in range(a.seeds)]
             cells.append(" / ".join(f"{x:.3f}" for x in lost) + f" ({np.mean(lost):.4f})")
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 

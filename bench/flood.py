@@ -37,8 +37,10 @@ async def _httpx(url: str, n: int, concurrency: int) -> list[tuple]:
     import httpx
 
     out, sem = [], asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=120, trust_env=False,
-                                 limits=httpx.Limits(max_connections=concurrency + 10)) as c:
+    async with httpx.AsyncClient(
+        timeout=120, trust_env=False, limits=httpx.Limits(max_connections=concurrency + 10)
+    ) as c:
+
         async def one():
             async with sem:
                 t0 = time.perf_counter()
@@ -47,6 +49,7 @@ async def _httpx(url: str, n: int, concurrency: int) -> list[tuple]:
                     out.append((r.status_code, time.perf_counter() - t0, None))
                 except Exception as err:
                     out.append((type(err).__name__, time.perf_counter() - t0, None))
+
         await asyncio.gather(*(one() for _ in range(n)))
     return out
 
@@ -66,21 +69,31 @@ def flood(url: str, client: str, n: int, concurrency: int) -> dict:
     codes = [r[0] for r in res]
     ok = np.array([t for c, t, _ in res if c == 200])
     no = np.array([t for c, t, _ in res if c == 503])
-    return {"client": client, "wall_s": round(wall, 1), "200": int(ok.size), "503": int(no.size),
-            "other": n - int(ok.size) - int(no.size),
-            "max_200_s": round(float(ok.max()), 2) if ok.size else None,
-            "median_503_s": round(float(np.median(no)), 2) if no.size else None,
-            "p90_503_s": round(float(np.percentile(no, 90)), 2) if no.size else None,
-            "client_cpu_s": round(_cpu_self() - me0, 1), "ray_cpu_s": round(ray_cpu_seconds() - ray0, 1),
-            "lost": len([c for c in codes if not isinstance(c, int)])}
+    return {
+        "client": client,
+        "wall_s": round(wall, 1),
+        "200": int(ok.size),
+        "503": int(no.size),
+        "other": n - int(ok.size) - int(no.size),
+        "max_200_s": round(float(ok.max()), 2) if ok.size else None,
+        "median_503_s": round(float(np.median(no)), 2) if no.size else None,
+        "p90_503_s": round(float(np.percentile(no, 90)), 2) if no.size else None,
+        "client_cpu_s": round(_cpu_self() - me0, 1),
+        "ray_cpu_s": round(ray_cpu_seconds() - ray0, 1),
+        "lost": len([c for c in codes if not isinstance(c, int)]),
+    }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=1500, help="POSTs in all (1500)")
     ap.add_argument("--concurrency", type=int, default=300, help="open at once at most (300)")
-    ap.add_argument("--client", choices=("aiohttp", "httpx", "both"), default="both",
-                    help="the client library that sends the flood (both: one after the other)")
+    ap.add_argument(
+        "--client",
+        choices=("aiohttp", "httpx", "both"),
+        default="both",
+        help="the client library that sends the flood (both: one after the other)",
+    )
     args = ap.parse_args(argv)
     if not (1 <= args.concurrency <= args.requests <= 20_000 and args.concurrency <= 1000):
         ap.error("need 1 <= --concurrency <= --requests <= 20000 and --concurrency <= 1000")

@@ -86,16 +86,30 @@ def run(args) -> dict:
     import torch
 
     return {
-        "trace": str(args.trace), "train_days": args.train_days, "eval_days": args.eval_days,
-        "sample": args.sample, "jobs": test.names, "train_minutes": train.minutes,
-        "eval_minutes": test.minutes, "origin_step_minutes": 5, "samples": 100,
+        "trace": str(args.trace),
+        "train_days": args.train_days,
+        "eval_days": args.eval_days,
+        "sample": args.sample,
+        "jobs": test.names,
+        "train_minutes": train.minutes,
+        "eval_minutes": test.minutes,
+        "origin_step_minutes": 5,
+        "samples": 100,
         "units": "rmse/mae in requests per minute; predict_ms = median wall time of one predict "
-                 "call for all jobs (after load and warm-up)",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "neuralforecast": neuralforecast.__version__,
-                    "accelerator": "cpu", "load_average_start": round(load_start, 2),
-                    "load_average_end": round(os.getloadavg()[0], 2)},
-        "results": rows, "per_job": per_job, "checks": checks,
+        "call for all jobs (after load and warm-up)",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "neuralforecast": neuralforecast.__version__,
+            "accelerator": "cpu",
+            "load_average_start": round(load_start, 2),
+            "load_average_end": round(os.getloadavg()[0], 2),
+        },
+        "results": rows,
+        "per_job": per_job,
+        "checks": checks,
     }
 
 
@@ -112,12 +126,18 @@ def markdown(res: dict) -> str:
     ]
     for label, r in res["results"].items():
         train = f"{r['train_seconds']:.0f}" if "train_seconds" in r else "-"
-        lines.append(f"| {label} | {r['rmse']:.1f} | {r['mae']:.1f} | {r['coverage_80']:.3f} | "
-                     f"{r['coverage_90']:.3f} | {r['max_window_coverage_90']:.3f} | "
-                     f"{r['predict_ms']:.2f} | {train} |")
-    lines += ["", f"Machine: {m['cpus']} CPUs, CPU only, torch {m['torch']}, neuralforecast "
-                  f"{m['neuralforecast']}; load average {m['load_average_start']} at start, "
-                  f"{m['load_average_end']} at end.", ""]
+        lines.append(
+            f"| {label} | {r['rmse']:.1f} | {r['mae']:.1f} | {r['coverage_80']:.3f} | "
+            f"{r['coverage_90']:.3f} | {r['max_window_coverage_90']:.3f} | "
+            f"{r['predict_ms']:.2f} | {train} |"
+        )
+    lines += [
+        "",
+        f"Machine: {m['cpus']} CPUs, CPU only, torch {m['torch']}, neuralforecast "
+        f"{m['neuralforecast']}; load average {m['load_average_start']} at start, "
+        f"{m['load_average_end']} at end.",
+        "",
+    ]
     lines += [f"- {'met' if ok else 'MISSED'}: {name}" for name, ok in res["checks"].items()]
     return "\n".join(lines) + "\n"
 

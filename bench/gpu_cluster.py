@@ -59,9 +59,13 @@ def aggregate(rows: list[dict]) -> dict:
     agg = {}
     for k, rs in out.items():
         lost = np.array([r["lost_cluster_utility"] for r in rs])
-        agg[k] = {"lost": float(lost.mean()), "sd": float(lost.std()), "runs": len(rs),
-                  "viol": float(np.mean([r["slo_violation_rate"] for r in rs])),
-                  "gpus_used": float(np.mean([r["mean_gpus"] for r in rs]))}
+        agg[k] = {
+            "lost": float(lost.mean()),
+            "sd": float(lost.std()),
+            "runs": len(rs),
+            "viol": float(np.mean([r["slo_violation_rate"] for r in rs])),
+            "gpus_used": float(np.mean([r["mean_gpus"] for r in rs])),
+        }
     return agg
 
 
@@ -74,8 +78,7 @@ def gpus_for(agg: dict, policy: str, lost: float) -> int | None:
 def _table(agg: dict, caps: list[int], pols: list[str], cell) -> list[str]:
     out = ["| GPUs | " + " | ".join(pols) + " |", "|---:|" + "---:|" * len(pols)]
     for g in caps:
-        out.append(f"| {g} | " + " | ".join("" if (p, g) not in agg else cell(agg[(p, g)])
-                                            for p in pols) + " |")
+        out.append(f"| {g} | " + " | ".join("" if (p, g) not in agg else cell(agg[(p, g)]) for p in pols) + " |")
     return out
 
 
@@ -89,25 +92,46 @@ def targets(agg: dict, violations: float = 0.01) -> list[str]:
         lost = agg[("faro", g)]["lost"]
         g1 = gpus_for(agg, "faro-batch1", lost)
         most = max(gg for p, gg in agg if p == "faro-batch1")
-        out.append(f"- Batching-aware Faro meets the SLO (violations at most {100 * violations:g} %) "
-                   f"from {g} GPUs, losing {lost:.3f}; Faro at batch 1 loses at most that "
-                   + (f"from {g1} GPUs: **{g / g1:.2f}x the GPUs** (target: at most 0.4x)" if g1 else
-                      f"at none of the counts run (up to {most}, where it loses "
-                      f"{agg[('faro-batch1', most)]['lost']:.3f}): **below {g / most:.2f}x the GPUs** "
-                      "(target: at most 0.4x)"))
+        out.append(
+            f"- Batching-aware Faro meets the SLO (violations at most {100 * violations:g} %) "
+            f"from {g} GPUs, losing {lost:.3f}; Faro at batch 1 loses at most that "
+            + (
+                f"from {g1} GPUs: **{g / g1:.2f}x the GPUs** (target: at most 0.4x)"
+                if g1
+                else f"at none of the counts run (up to {most}, where it loses "
+                f"{agg[('faro-batch1', most)]['lost']:.3f}): **below {g / most:.2f}x the GPUs** "
+                "(target: at most 0.4x)"
+            )
+        )
     for ray in ("ray-tuned-b16", "ray-tuned-b32"):
-        pairs = [(g, agg[("faro", g)]["lost"], a["lost"]) for (p, g), a in sorted(agg.items())
-                 if p == ray and ("faro", g) in agg]
+        pairs = [
+            (g, agg[("faro", g)]["lost"], a["lost"])
+            for (p, g), a in sorted(agg.items())
+            if p == ray and ("faro", g) in agg
+        ]
         if pairs:
-            out.append(f"- Against {ray} at equal GPUs: " + ", ".join(
-                f"{g} GPUs {f:.3f} vs {r:.3f} (**{f / r:.2f}x**)" if r > 0 else f"{g} GPUs {f:.3f} vs 0"
-                for g, f, r in pairs) + " (target: at most 0.5x)")
-    pairs = [(g, agg[("faro", g)]["lost"], a["lost"]) for (p, g), a in sorted(agg.items())
-             if p == "oracle" and ("faro", g) in agg]
+            out.append(
+                f"- Against {ray} at equal GPUs: "
+                + ", ".join(
+                    f"{g} GPUs {f:.3f} vs {r:.3f} (**{f / r:.2f}x**)" if r > 0 else f"{g} GPUs {f:.3f} vs 0"
+                    for g, f, r in pairs
+                )
+                + " (target: at most 0.5x)"
+            )
+    pairs = [
+        (g, agg[("faro", g)]["lost"], a["lost"])
+        for (p, g), a in sorted(agg.items())
+        if p == "oracle" and ("faro", g) in agg
+    ]
     if pairs:
-        out.append("- Against the oracle: " + ", ".join(
-            f"{g} GPUs {f:.3f} vs {o:.3f} (**{f / o:.2f}x**)" if o > 0 else f"{g} GPUs {f:.3f} vs 0"
-            for g, f, o in pairs) + " (target: within 1.5x)")
+        out.append(
+            "- Against the oracle: "
+            + ", ".join(
+                f"{g} GPUs {f:.3f} vs {o:.3f} (**{f / o:.2f}x**)" if o > 0 else f"{g} GPUs {f:.3f} vs 0"
+                for g, f, o in pairs
+            )
+            + " (target: within 1.5x)"
+        )
     return out
 
 
@@ -115,17 +139,21 @@ def report(agg: dict, args, wall: float, when: str | None = None) -> str:
     caps = sorted({g for _, g in agg})
     pols = [p for p in POLICIES if any(k[0] == p for k in agg)]
     share = args.gpus_per_replica
-    lines = ["# A GPU cluster, simulated on the measured H200 profiles (issue 47)", "",
-             f"`python -m bench.gpu_cluster --days {args.days} --seeds {args.seeds} --rate-scale "
-             f"{args.rate_scale:g} --slo-ms {args.slo_ms:g} --minutes {args.minutes} "
-             f"--gpus-per-replica {share:g} --gpus {args.gpus} --batch1-gpus {args.batch1_gpus} "
-             f"--few-gpus {args.few_gpus}` ({when or time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-             f"{wall / 60:.0f} min on this 2-core machine). Ten jobs of the Faro trace (per-minute "
-             f"counts x {args.rate_scale:g}, minutes {args.minutes} of each day, the minutes before as "
-             "history), jobs 0-3 ResNet18, 4-6 ResNet34, 7-9 ResNet50 on H200s (fp32 forward pass, "
-             f"profiles/h200-*.json), {share:g} GPU per replica; SLO {args.slo_ms:g} ms at p99, "
-             "proxy overhead included; cold start 60 s. Lost cluster utility, mean (SD) over days "
-             "and seeds (runs per cell: " + str(max(a["runs"] for a in agg.values())) + "):", ""]
+    lines = [
+        "# A GPU cluster, simulated on the measured H200 profiles (issue 47)",
+        "",
+        f"`python -m bench.gpu_cluster --days {args.days} --seeds {args.seeds} --rate-scale "
+        f"{args.rate_scale:g} --slo-ms {args.slo_ms:g} --minutes {args.minutes} "
+        f"--gpus-per-replica {share:g} --gpus {args.gpus} --batch1-gpus {args.batch1_gpus} "
+        f"--few-gpus {args.few_gpus}` ({when or time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"{wall / 60:.0f} min on this 2-core machine). Ten jobs of the Faro trace (per-minute "
+        f"counts x {args.rate_scale:g}, minutes {args.minutes} of each day, the minutes before as "
+        "history), jobs 0-3 ResNet18, 4-6 ResNet34, 7-9 ResNet50 on H200s (fp32 forward pass, "
+        f"profiles/h200-*.json), {share:g} GPU per replica; SLO {args.slo_ms:g} ms at p99, "
+        "proxy overhead included; cold start 60 s. Lost cluster utility, mean (SD) over days "
+        "and seeds (runs per cell: " + str(max(a["runs"] for a in agg.values())) + "):",
+        "",
+    ]
     lines += _table(agg, caps, pols, lambda a: f"{a['lost']:.3f} ({a['sd']:.3f})")
     lines += ["", "SLO violations (share of requests late or dropped) / GPUs held on average:", ""]
     lines += _table(agg, caps, pols, lambda a: f"{100 * a['viol']:.2f} % / {a['gpus_used']:.2f}")
@@ -156,12 +184,19 @@ def main(argv=None) -> int:
     ap.add_argument("--slo-ms", type=float, default=20.0)
     ap.add_argument("--queue-limit", type=int, default=2000)
     ap.add_argument("--gpus-per-replica", type=float, default=0.25, choices=(0.25, 0.5, 1.0))
-    ap.add_argument("--minutes", default="120-240", help="the slice of each day simulated "
-                    "(120-240: the day's middle two hours; the minutes before are history)")
+    ap.add_argument(
+        "--minutes",
+        default="120-240",
+        help="the slice of each day simulated (120-240: the day's middle two hours; the minutes before are history)",
+    )
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "gpu-cluster.md"))
-    ap.add_argument("--report-only", default=None, metavar="JSON", help="write the report from a "
-                    "run's saved rows (the .json beside its report) instead of running")
+    ap.add_argument(
+        "--report-only",
+        default=None,
+        metavar="JSON",
+        help="write the report from a run's saved rows (the .json beside its report) instead of running",
+    )
     args = ap.parse_args(argv)
     if args.report_only:
         saved = json.loads(Path(args.report_only).read_text())
@@ -169,9 +204,11 @@ def main(argv=None) -> int:
         text = report(aggregate(saved["rows"]), args, saved.get("wall_s", 0.0), saved.get("when"))
         if saved.get("rerun"):  # some policies' rows come from a later run of the same command
             r = saved["rerun"]
-            text += (f"\nThe rows of {', '.join(r['policies'])} are from a later run of the same "
-                     f"command with --policies {','.join(r['policies'])} ({r['wall_s'] / 60:.0f} min): "
-                     f"{r['why']}.\n")
+            text += (
+                f"\nThe rows of {', '.join(r['policies'])} are from a later run of the same "
+                f"command with --policies {','.join(r['policies'])} ({r['wall_s'] / 60:.0f} min): "
+                f"{r['why']}.\n"
+            )
         Path(args.out).write_text(text)
         print(Path(args.out).read_text())
         return 0
@@ -183,30 +220,52 @@ def main(argv=None) -> int:
     if any(p in FORECASTING for p in pols):
         from faro_serve.sim.forecaster import ensure_forecaster
 
-        fc_dir = str(ensure_forecaster(str(TRACE), days="1-8", sample=0, before_day=None,
-                                       cache_dir=str(ROOT / "runs" / "forecasters"), log=print))
+        fc_dir = str(
+            ensure_forecaster(
+                str(TRACE),
+                days="1-8",
+                sample=0,
+                before_day=None,
+                cache_dir=str(ROOT / "runs" / "forecasters"),
+                log=print,
+            )
+        )
     start, end = (int(v) for v in args.minutes.split("-"))
-    runs = [Run(p, d, s, g, args.rate_scale, args.slo_ms, args.queue_limit, fc_dir, start, end,
-                args.gpus_per_replica)
-            for p in pols for g in _gpus_of(p, args)
-            for d in _ints(args.days) for s in _ints(args.seeds)]
+    runs = [
+        Run(p, d, s, g, args.rate_scale, args.slo_ms, args.queue_limit, fc_dir, start, end, args.gpus_per_replica)
+        for p in pols
+        for g in _gpus_of(p, args)
+        for d in _ints(args.days)
+        for s in _ints(args.seeds)
+    ]
     runs.sort(key=lambda r: (-r.gpus if r.policy == "sponge" else 0, r.policy))  # long ones first
     t0 = time.perf_counter()
     rows = []
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for row in pool.map(run_one, runs):
             rows.append(row)
-            print(f"{row['policy']:14s} day {row['day']} seed {row['seed']} {row['gpus']:3d} GPUs: "
-                  f"lost {row['lost_cluster_utility']:.4f}, violations "
-                  f"{100 * row['slo_violation_rate']:.2f} %, {row['mean_gpus']:.1f} GPUs held "
-                  f"({row['wall_s']:.0f} s)", flush=True)
+            print(
+                f"{row['policy']:14s} day {row['day']} seed {row['seed']} {row['gpus']:3d} GPUs: "
+                f"lost {row['lost_cluster_utility']:.4f}, violations "
+                f"{100 * row['slo_violation_rate']:.2f} %, {row['mean_gpus']:.1f} GPUs held "
+                f"({row['wall_s']:.0f} s)",
+                flush=True,
+            )
     agg = aggregate(rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report(agg, args, time.perf_counter() - t0))
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "rows": rows,
-                                                    "when": time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
-                                                    "wall_s": time.perf_counter() - t0}, indent=1))
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "rows": rows,
+                "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "wall_s": time.perf_counter() - t0,
+            },
+            indent=1,
+        )
+    )
     print(out.read_text())
     return 0
 

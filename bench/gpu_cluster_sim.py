@@ -62,7 +62,7 @@ def sharing_factor(arch: str, k: int, b: float) -> float:
     f1 = min(1.0, sh[f"{arch}_b1_k{k}_img_s"] / (k * sh[f"{arch}_b1_k1_img_s"]))
     f8 = min(1.0, sh[f"{arch}_b8_k{k}_img_s"] / (k * sh[f"{arch}_b8_k1_img_s"]))
     w = min(math.log(max(b, 1.0)) / math.log(8.0), 1.0)
-    return f1 ** (1.0 - w) * f8 ** w
+    return f1 ** (1.0 - w) * f8**w
 
 
 def models(policy: str, names: list[str], slo_ms: float, share: float = 1.0):
@@ -77,12 +77,20 @@ def models(policy: str, names: list[str], slo_ms: float, share: float = 1.0):
         if policy == "faro-batch1":
             batching = None
         elif policy.startswith("ray-tuned-b"):
-            batching = Batching(latency_ms=points, max_batch_size=int(policy.rsplit("b", 1)[1]),
-                                batch_wait_s=0.004)
+            batching = Batching(latency_ms=points, max_batch_size=int(policy.rsplit("b", 1)[1]), batch_wait_s=0.004)
         else:
             batching = Batching(latency_ms=points, max_batch_size=64)
-        out.append(ModelSLO(name=name, slo_ms=slo_ms, processing_ms=float(c.latency(1.0)) * 1e3,
-                            cpus=1.0, gpus=share, max_replicas=200, batching=batching))
+        out.append(
+            ModelSLO(
+                name=name,
+                slo_ms=slo_ms,
+                processing_ms=float(c.latency(1.0)) * 1e3,
+                cpus=1.0,
+                gpus=share,
+                max_replicas=200,
+                batching=batching,
+            )
+        )
     return out
 
 
@@ -112,8 +120,8 @@ def run_one(run: Run) -> dict:
     tr = load_trace(str(TRACE), days=run.day, sample=0)
     warm = previous_day_tail(str(TRACE), run.day, 0, default_warmup(str(TRACE), run.day, 0, None))
     warm = np.zeros((len(tr.names), 0)) if warm is None else warm
-    warm = np.concatenate([warm, tr.counts[:, :run.start]], axis=1) * run.rate_scale
-    counts = tr.counts[:, run.start:run.end] * run.rate_scale
+    warm = np.concatenate([warm, tr.counts[:, : run.start]], axis=1) * run.rate_scale
+    counts = tr.counts[:, run.start : run.end] * run.rate_scale
     ms = models(run.policy, tr.names, run.slo_ms, run.share)
     cluster = ClusterSpec(cpus=1000, gpus=run.gpus)
     fc = None
@@ -129,18 +137,30 @@ def run_one(run: Run) -> dict:
     per_replica = 0
     if ray:  # Ray holds max_ongoing_requests at each replica beyond the proxy's queue
         per_replica = RAY_TUNED_BATCH(ms[0].batching.max_batch_size)["max_ongoing_requests"]
-    procs = tuple(TimeDist("lognorm", (NOISE, 0.0, float(curve(a, run.share).latency(1.0))))
-                  for a in ARCHS)
-    cfg = SimConfig(capacity_cpus=1000, capacity_gpus=run.gpus, cold_start_s=60.0,
-                    queue_limit=run.queue_limit, queue_per_replica=per_replica, processing=procs,
-                    seed=run.seed, ray_batching=ray)
+    procs = tuple(TimeDist("lognorm", (NOISE, 0.0, float(curve(a, run.share).latency(1.0)))) for a in ARCHS)
+    cfg = SimConfig(
+        capacity_cpus=1000,
+        capacity_gpus=run.gpus,
+        cold_start_s=60.0,
+        queue_limit=run.queue_limit,
+        queue_per_replica=per_replica,
+        processing=procs,
+        seed=run.seed,
+        ray_batching=ray,
+    )
     t0 = time.perf_counter()
     res = simulate(counts, ms, pol, cfg, warmup_history=warm)
     s = res.summary
     gpu_hours = float(res.targets.sum()) * res.tick_s / 3600.0
-    return {**asdict(run), "forecaster_dir": None, "lost_cluster_utility": s.lost_cluster_utility,
-            "slo_violation_rate": s.cluster_slo_violation_rate,
-            "requests": int(s.job_requests.sum()), "dropped": int(s.job_dropped.sum()),
-            "mean_gpus": float(res.targets.sum(axis=1).mean()) * run.share,
-            "gpu_hours": gpu_hours * run.share,
-            "decisions": dict(res.decisions), "wall_s": round(time.perf_counter() - t0, 1)}
+    return {
+        **asdict(run),
+        "forecaster_dir": None,
+        "lost_cluster_utility": s.lost_cluster_utility,
+        "slo_violation_rate": s.cluster_slo_violation_rate,
+        "requests": int(s.job_requests.sum()),
+        "dropped": int(s.job_dropped.sum()),
+        "mean_gpus": float(res.targets.sum(axis=1).mean()) * run.share,
+        "gpu_hours": gpu_hours * run.share,
+        "decisions": dict(res.decisions),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }

@@ -42,11 +42,22 @@ def slo_and_cluster(args):
     from faro_serve.config import Batching
 
     curve = {b: SCALE * batch_ms(b) for b in (1, 2, 4, 8, 16, 32, 64)}
-    slo = SLO(name="gpu", slo_ms=args.slo_ms, cpus=0.2, gpus=1, max_replicas=args.gpus,
-              processing_ms=curve[1], batching=Batching(max_batch_size=16, batch_wait_s=args.batch_wait,
-                                                        latency_ms=curve))
-    cluster = Cluster(cpus=2, gpus=args.gpus, long_term_interval_s=args.plan_every,
-                      window_s=2 * args.plan_every, cold_start_s=args.cold_start)
+    slo = SLO(
+        name="gpu",
+        slo_ms=args.slo_ms,
+        cpus=0.2,
+        gpus=1,
+        max_replicas=args.gpus,
+        processing_ms=curve[1],
+        batching=Batching(max_batch_size=16, batch_wait_s=args.batch_wait, latency_ms=curve),
+    )
+    cluster = Cluster(
+        cpus=2,
+        gpus=args.gpus,
+        long_term_interval_s=args.plan_every,
+        window_s=2 * args.plan_every,
+        cold_start_s=args.cold_start,
+    )
     return slo, cluster
 
 
@@ -93,8 +104,11 @@ def _waits(run: str, url: str) -> bool:
 def replay(url: str, sched, status: bool):
     from faro_serve.replay.client import send_schedule
 
-    return asyncio.run(send_schedule(sched, url, path="/{model}", body=b"x" * 64,
-                                     status_every_s=5.0 if status else None, timeout_s=60.0))
+    return asyncio.run(
+        send_schedule(
+            sched, url, path="/{model}", body=b"x" * 64, status_every_s=5.0 if status else None, timeout_s=60.0
+        )
+    )
 
 
 def live(args) -> dict:
@@ -113,34 +127,57 @@ def live(args) -> dict:
     for run in ("faro", "ray-tuned-b16"):
         port, dash = free_port(), free_port()
         # The autoscaler scales through Serve's REST API, which the dashboard serves.
-        ray.init(address="local", num_cpus=2, num_gpus=args.gpus, include_dashboard=True,
-                 dashboard_host="127.0.0.1", dashboard_port=dash, log_to_driver=False)
+        ray.init(
+            address="local",
+            num_cpus=2,
+            num_gpus=args.gpus,
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            dashboard_port=dash,
+            log_to_driver=False,
+        )
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         url = f"http://127.0.0.1:{port}"
         try:
             if run == "faro":
-                faro_serve.run({"gpu": faro_serve.scaled(GpuLikeClassifier, slo).bind(
-                    scale=SCALE, seed=args.seed, batch_wait_s=args.batch_wait)},
-                               [slo], cluster, forecaster=args.forecaster,
-                               dashboard_url=f"http://127.0.0.1:{dash}")
+                faro_serve.run(
+                    {
+                        "gpu": faro_serve.scaled(GpuLikeClassifier, slo).bind(
+                            scale=SCALE, seed=args.seed, batch_wait_s=args.batch_wait
+                        )
+                    },
+                    [slo],
+                    cluster,
+                    forecaster=args.forecaster,
+                    dashboard_url=f"http://127.0.0.1:{dash}",
+                )
             else:
                 s = RAY_TUNED_BATCH(16)
                 dep = GpuLikeClassifier.options(
-                    autoscaling_config={**s["autoscaling_config"], "min_replicas": 1,
-                                        "max_replicas": args.gpus, "initial_replicas": 1},
+                    autoscaling_config={
+                        **s["autoscaling_config"],
+                        "min_replicas": 1,
+                        "max_replicas": args.gpus,
+                        "initial_replicas": 1,
+                    },
                     max_ongoing_requests=s["max_ongoing_requests"],
                     max_queued_requests=s["max_queued_requests"],
-                    ray_actor_options={"num_cpus": 0.2, "num_gpus": 1})
-                serve.run(dep.bind(scale=SCALE, seed=args.seed, batch_wait_s=args.batch_wait),
-                          name="gpu", route_prefix="/gpu")
+                    ray_actor_options={"num_cpus": 0.2, "num_gpus": 1},
+                )
+                serve.run(
+                    dep.bind(scale=SCALE, seed=args.seed, batch_wait_s=args.batch_wait), name="gpu", route_prefix="/gpu"
+                )
             ovh = overhead_ms(url + "/gpu", batch_wait_s=args.batch_wait if _waits(run, url) else 0.0)
-            print(f"{run}: overhead {ovh:.1f} ms; replaying {sched.size} requests over "
-                  f"{sched.minutes} minutes", flush=True)
+            print(
+                f"{run}: overhead {ovh:.1f} ms; replaying {sched.size} requests over {sched.minutes} minutes",
+                flush=True,
+            )
             rec = replay(url, sched, status=(run == "faro"))
             replicas = []
             if run != "faro":
-                replicas = [serve.status().applications["gpu"].deployments[
-                    "GpuLikeClassifier"].replica_states.get("RUNNING", 0)]
+                replicas = [
+                    serve.status().applications["gpu"].deployments["GpuLikeClassifier"].replica_states.get("RUNNING", 0)
+                ]
             out[run] = {"records": rec, "overhead_ms": ovh, "replicas_end": replicas}
         finally:
             serve.shutdown()
@@ -168,12 +205,20 @@ def simulate_both(args, tr, overhead: dict) -> dict:
         else:
             fc, _ = choose_forecaster(args.forecaster)
             pol = make_policy("faro-fairsum", [slo], cluster, fc)
-        cfg = SimConfig(capacity_cpus=2, capacity_gpus=args.gpus, cold_start_s=args.cold_start,
-                        queue_limit=50, queue_per_replica=RAY_TUNED_BATCH(16)["max_ongoing_requests"] if ray else 0,
-                        processing=TimeDist("lognorm", (0.05, 0.0, slo.processing_ms / 1e3)),
-                        router_overhead=TimeDist("const", (overhead[run] / 1e3,)),
-                        client_timeout_s=60.0, cancel_timed_out=not ray, seed=args.seed,
-                        ray_batching=ray, keep_records=True)
+        cfg = SimConfig(
+            capacity_cpus=2,
+            capacity_gpus=args.gpus,
+            cold_start_s=args.cold_start,
+            queue_limit=50,
+            queue_per_replica=RAY_TUNED_BATCH(16)["max_ongoing_requests"] if ray else 0,
+            processing=TimeDist("lognorm", (0.05, 0.0, slo.processing_ms / 1e3)),
+            router_overhead=TimeDist("const", (overhead[run] / 1e3,)),
+            client_timeout_s=60.0,
+            cancel_timed_out=not ray,
+            seed=args.seed,
+            ray_batching=ray,
+            keep_records=True,
+        )
         res[run] = simulate(counts, [slo], pol, cfg)
     return res
 
@@ -181,13 +226,22 @@ def simulate_both(args, tr, overhead: dict) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--day", type=int, default=9)
-    ap.add_argument("--job", default="job7", help="job7, minutes 90-105: its rate climbs from 1.4 to 21 requests/s (x the rate scale), the most varying 15 minutes of day 9")
+    ap.add_argument(
+        "--job",
+        default="job7",
+        help="job7, minutes 90-105: its rate climbs from 1.4 to 21 requests/s (x the rate scale), the most varying 15 minutes of day 9",
+    )
     ap.add_argument("--minutes", default="90-105", help="the trace's minutes replayed (real time)")
     ap.add_argument("--rate-scale", type=float, default=2.0)
     ap.add_argument("--slo-ms", type=float, default=800.0)
-    ap.add_argument("--batch-wait", type=float, default=0.1, help="the decorator's batch wait, "
-                    "set as Ray's docs show (set_batch_wait_timeout_s), for both runs: Ray's guide "
-                    "asks much less than the SLO less a full batch's time (800 - 426 ms)")
+    ap.add_argument(
+        "--batch-wait",
+        type=float,
+        default=0.1,
+        help="the decorator's batch wait, "
+        "set as Ray's docs show (set_batch_wait_timeout_s), for both runs: Ray's guide "
+        "asks much less than the SLO less a full batch's time (800 - 426 ms)",
+    )
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--plan-every", type=float, default=60.0, help="Faro's long-term interval (s)")
     ap.add_argument("--cold-start", type=float, default=10.0)
@@ -209,30 +263,54 @@ def main(argv=None) -> int:
         lv = replay_result(sched, rec, {"gpu": slo.slo_ms}, {"gpu": slo.percentile}, run, 2.0).summary
         sm = sims[run].summary
         p_live, p_sim = _p99(sched, rec), _sim_p99(sims[run])
-        held = (float(np.nanmean(sims[run].targets)) if sims[run].targets.size else math.nan)
-        rows.append((run, p_live, p_sim, lv.cluster_slo_violation_rate, sm.cluster_slo_violation_rate,
-                     lv.lost_cluster_utility, sm.lost_cluster_utility, held))
-        doc["runs"][run] = {"p99_live_ms": p_live, "p99_sim_ms": p_sim,
-                            "violations_live": lv.cluster_slo_violation_rate,
-                            "violations_sim": sm.cluster_slo_violation_rate,
-                            "lost_live": lv.lost_cluster_utility, "lost_sim": sm.lost_cluster_utility,
-                            "sim_mean_replicas": held, "overhead_ms": got[run]["overhead_ms"],
-                            "accounting": rec.counts()}
+        held = float(np.nanmean(sims[run].targets)) if sims[run].targets.size else math.nan
+        rows.append(
+            (
+                run,
+                p_live,
+                p_sim,
+                lv.cluster_slo_violation_rate,
+                sm.cluster_slo_violation_rate,
+                lv.lost_cluster_utility,
+                sm.lost_cluster_utility,
+                held,
+            )
+        )
+        doc["runs"][run] = {
+            "p99_live_ms": p_live,
+            "p99_sim_ms": p_sim,
+            "violations_live": lv.cluster_slo_violation_rate,
+            "violations_sim": sm.cluster_slo_violation_rate,
+            "lost_live": lv.lost_cluster_utility,
+            "lost_sim": sm.lost_cluster_utility,
+            "sim_mean_replicas": held,
+            "overhead_ms": got[run]["overhead_ms"],
+            "accounting": rec.counts(),
+        }
     changes = _faro_changes(got["faro"]["records"])
     doc["faro_changes"] = changes
-    lines = ["# A GPU-like batching model live: Faro against Ray Serve tuned, and the simulator's "
-             "prediction (issue 47)", "",
-             f"`python -m bench.gpu_live --day {args.day} --job {args.job} --minutes {args.minutes} "
-             f"--rate-scale {args.rate_scale:g}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-             f"this 2-core machine, {(time.time() - t0) / 60:.0f} min, one run). {sched.size} requests; "
-             f"SLO {slo.slo_ms:g} ms at p99; up to {args.gpus} replicas of one declared GPU each.", "",
-             "| run | p99 live ms | p99 simulated ms | sim / live | SLO violations live | simulated | "
-             "lost utility live | simulated |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# A GPU-like batching model live: Faro against Ray Serve tuned, and the simulator's prediction (issue 47)",
+        "",
+        f"`python -m bench.gpu_live --day {args.day} --job {args.job} --minutes {args.minutes} "
+        f"--rate-scale {args.rate_scale:g}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"this 2-core machine, {(time.time() - t0) / 60:.0f} min, one run). {sched.size} requests; "
+        f"SLO {slo.slo_ms:g} ms at p99; up to {args.gpus} replicas of one declared GPU each.",
+        "",
+        "| run | p99 live ms | p99 simulated ms | sim / live | SLO violations live | simulated | "
+        "lost utility live | simulated |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for run, pl, ps, vl, vs, ll, ls, _ in rows:
-        lines.append(f"| {run} | {pl:.0f} | {ps:.0f} | {ps / pl:.2f} | {100 * vl:.2f} % | "
-                     f"{100 * vs:.2f} % | {ll:.3f} | {ls:.3f} |")
-    lines += ["", "Faro's settings over the run (status polls): " + ", ".join(
-        f"{c['t']:.0f} s: {c['target']} replicas, batch {c['batch_size']}" for c in changes)]
+        lines.append(
+            f"| {run} | {pl:.0f} | {ps:.0f} | {ps / pl:.2f} | {100 * vl:.2f} % | "
+            f"{100 * vs:.2f} % | {ll:.3f} | {ls:.3f} |"
+        )
+    lines += [
+        "",
+        "Faro's settings over the run (status polls): "
+        + ", ".join(f"{c['t']:.0f} s: {c['target']} replicas, batch {c['batch_size']}" for c in changes),
+    ]
     Path(args.out).write_text("\n".join(lines) + "\n")
     Path(args.out).with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str))
     print("\n".join(lines))

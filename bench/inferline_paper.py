@@ -46,25 +46,40 @@ def social_media(slo_ms: float = 1000.0):
     from faro_serve.config import Batching
     from faro_serve.pipelines import PipelineSLO
 
-    return PipelineSLO(name="social", slo_ms=slo_ms, percentile=99.0, stages=[
-        {"name": "ingest", "processing_ms": 10, "max_replicas": 200},
-        {"name": "resnet", "after": ["ingest"], "processing_ms": 150, "max_replicas": 200,
-         "batching": Batching(gamma=0.75, eps=0.25, max_batch_size=16).model_dump()},
-        {"name": "langid", "after": ["ingest"], "processing_ms": 20, "max_replicas": 200},
-        {"name": "nmt", "after": ["langid"], "fraction": 0.3, "processing_ms": 250,
-         "max_replicas": 200, "batching": Batching(gamma=0.6, eps=0.4, max_batch_size=16).model_dump()},
-    ])
+    return PipelineSLO(
+        name="social",
+        slo_ms=slo_ms,
+        percentile=99.0,
+        stages=[
+            {"name": "ingest", "processing_ms": 10, "max_replicas": 200},
+            {
+                "name": "resnet",
+                "after": ["ingest"],
+                "processing_ms": 150,
+                "max_replicas": 200,
+                "batching": Batching(gamma=0.75, eps=0.25, max_batch_size=16).model_dump(),
+            },
+            {"name": "langid", "after": ["ingest"], "processing_ms": 20, "max_replicas": 200},
+            {
+                "name": "nmt",
+                "after": ["langid"],
+                "fraction": 0.3,
+                "processing_ms": 250,
+                "max_replicas": 200,
+                "batching": Batching(gamma=0.6, eps=0.4, max_batch_size=16).model_dump(),
+            },
+        ],
+    )
 
 
-def arrivals(trace: Path, job: str, day: int, start: int, minutes: int, peak: float,
-             seed: int) -> np.ndarray:
+def arrivals(trace: Path, job: str, day: int, start: int, minutes: int, peak: float, seed: int) -> np.ndarray:
     from autoscaler.policies.inferline_pipeline import sample_arrivals
     from faro_serve.traces import load_trace
 
     tr = load_trace(trace, days=str(day), sample=0, jobs=[job])
     c = tr.counts[0]
     c = c * (60.0 * peak / c.max())  # the day's busiest minute = peak queries/s
-    return sample_arrivals(c[start:start + minutes], seed)
+    return sample_arrivals(c[start : start + minutes], seed)
 
 
 def coarse(pipeline, profs, sample: np.ndarray, slo_s: float):
@@ -83,8 +98,7 @@ def coarse(pipeline, profs, sample: np.ndarray, slo_s: float):
     return b, t, unit_cpus, {"CG-Mean": math.ceil(mean / thru), "CG-Peak": math.ceil(peak / thru)}
 
 
-def tuned(pipe, arr: np.ndarray, cut: float, minutes: int, activation_s: float, seed: int,
-          replan_s: float = 1e12):
+def tuned(pipe, arr: np.ndarray, cut: float, minutes: int, activation_s: float, seed: int, replan_s: float = 1e12):
     """The policy ``inferline`` (planner + tuner) driven tick by tick over the whole trace:
     it plans on the sample at the cut (its ``plan_history_min`` = the sample's minutes) and
     tunes after (re-planning every ``replan_s``: never by default, as in the paper's Fig. 7); its decisions become replica schedules (an increase serves
@@ -109,12 +123,20 @@ def tuned(pipe, arr: np.ndarray, cut: float, minutes: int, activation_s: float, 
     for t in np.arange(0.0, end + tick, tick):
         hist = per_min[: int(t // 60)]
         rate = float(np.sum((arr > t - tick) & (arr <= t))) / tick
-        obs = Observation(now=float(t), capacity_cpus=1e5, capacity_memory_gb=None, models={
-            n: ModelObservation(name=n, replicas=r, target_replicas=r, arrivals_per_min=hist * frac[n],
-                                arrival_rate=rate * frac[n]) for n, r in target.items()},
-            pipelines={pipe.name: PipelineObservation(pipe.name, hist, rate)})
+        obs = Observation(
+            now=float(t),
+            capacity_cpus=1e5,
+            capacity_memory_gb=None,
+            models={
+                n: ModelObservation(
+                    name=n, replicas=r, target_replicas=r, arrivals_per_min=hist * frac[n], arrival_rate=rate * frac[n]
+                )
+                for n, r in target.items()
+            },
+            pipelines={pipe.name: PipelineObservation(pipe.name, hist, rate)},
+        )
         dec = pol.decide(obs)
-        for n, r in (dec.replicas.items() if dec is not None else ()):
+        for n, r in dec.replicas.items() if dec is not None else ():
             times, counts = sched[n]
             times.append(t + (activation_s if r > target[n] else 0.0))
             counts.append(r)
@@ -127,12 +149,18 @@ def tuned(pipe, arr: np.ndarray, cut: float, minutes: int, activation_s: float, 
         times, counts = (np.asarray(x, float) for x in sched[n])
         o = np.argsort(times, kind="stable")
         sch.append((times[o], counts[o].astype(int)))
-    run = simulate(arr, [p.spec for p in profs], [1] * len(profs), [batch[n] for n in order],
-                   [p.times[p.choices[0]] for p in profs], seed=seed, schedules=sch)
+    run = simulate(
+        arr,
+        [p.spec for p in profs],
+        [1] * len(profs),
+        [batch[n] for n in order],
+        [p.times[p.choices[0]] for p in profs],
+        seed=seed,
+        schedules=sch,
+    )
     cpus = {m.name: m.cpus for m in models}
     grid = np.linspace(cut, end, 2000)
-    mean_cpus = sum(cpus[n] * np.mean(c[np.searchsorted(t, grid, side="right") - 1])
-                    for n, (t, c) in zip(order, sch))
+    mean_cpus = sum(cpus[n] * np.mean(c[np.searchsorted(t, grid, side="right") - 1]) for n, (t, c) in zip(order, sch))
     return run, mean_cpus, {n: int(sch[i][1].max()) for i, n in enumerate(order)}, batch
 
 
@@ -154,30 +182,52 @@ def run(args) -> list[dict]:
     rows = []
     specs = [p.spec for p in profs]
     cfg = [il.configs[s.name] for s in specs]
-    run_il = simulate(live, specs, [c.replicas for c in cfg], [c.batch for c in cfg],
-                      [p.times[c.cpus] for p, c in zip(profs, cfg)], seed=args.seed)
-    rows.append({"system": "InferLine", "cost": il.cost,
-                 "config": " ".join(f"{s.name}:{c.replicas}x b{c.batch} {c.cpus:g}c" for s, c in zip(specs, cfg)),
-                 "p99_ms": run_il.percentile(99) * 1e3,
-                 "miss": float(np.mean(run_il.latency_s > slo))})
-    tr, mean_cpus, most, batch = tuned(pipe, arr, cut, args.minutes, args.activation_s, args.seed,
-                                       args.replan_s)
+    run_il = simulate(
+        live,
+        specs,
+        [c.replicas for c in cfg],
+        [c.batch for c in cfg],
+        [p.times[c.cpus] for p, c in zip(profs, cfg)],
+        seed=args.seed,
+    )
+    rows.append(
+        {
+            "system": "InferLine",
+            "cost": il.cost,
+            "config": " ".join(f"{s.name}:{c.replicas}x b{c.batch} {c.cpus:g}c" for s, c in zip(specs, cfg)),
+            "p99_ms": run_il.percentile(99) * 1e3,
+            "miss": float(np.mean(run_il.latency_s > slo)),
+        }
+    )
+    tr, mean_cpus, most, batch = tuned(pipe, arr, cut, args.minutes, args.activation_s, args.seed, args.replan_s)
     lv = arr >= cut
-    rows.append({"system": "InferLine + tuner", "cost": mean_cpus,
-                 "config": "most " + " ".join(f"{n}:{k}x b{batch[n]}" for n, k in most.items())
-                 + f" (mean CPUs; activation {args.activation_s:g} s"
-                 + (f", replan {args.replan_s:g} s)" if args.replan_s < 1e12 else ")"),
-                 "p99_ms": float(np.percentile(tr.latency_s[lv], 99)) * 1e3,
-                 "miss": float(np.mean(tr.latency_s[lv] > slo))})
+    rows.append(
+        {
+            "system": "InferLine + tuner",
+            "cost": mean_cpus,
+            "config": "most "
+            + " ".join(f"{n}:{k}x b{batch[n]}" for n, k in most.items())
+            + f" (mean CPUs; activation {args.activation_s:g} s"
+            + (f", replan {args.replan_s:g} s)" if args.replan_s < 1e12 else ")"),
+            "p99_ms": float(np.percentile(tr.latency_s[lv], 99)) * 1e3,
+            "miss": float(np.mean(tr.latency_s[lv] > slo)),
+        }
+    )
     b, t, unit_cpus, units = coarse(pipe, profs, sample, slo)
     for name, u in units.items():
         r = simulate(live, [StageSpec("unit")], [u], [b], [_unit_times(pipe, profs, b)], seed=args.seed)
-        rows.append({"system": name, "cost": u * unit_cpus, "config": f"{u} units x b{b} ({t * 1e3:.0f} ms)",
-                     "p99_ms": r.percentile(99) * 1e3, "miss": float(np.mean(r.latency_s > slo))})
+        rows.append(
+            {
+                "system": name,
+                "cost": u * unit_cpus,
+                "config": f"{u} units x b{b} ({t * 1e3:.0f} ms)",
+                "p99_ms": r.percentile(99) * 1e3,
+                "miss": float(np.mean(r.latency_s > slo)),
+            }
+        )
     for r in rows:
         r["x_cost"] = r["cost"] / rows[0]["cost"]
-    rows.append({"plan_s": plan_s, "evaluations": il.evaluations, "sample": sample.size,
-                 "live": live.size})
+    rows.append({"plan_s": plan_s, "evaluations": il.evaluations, "sample": sample.size, "live": live.size})
     return rows
 
 
@@ -209,24 +259,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak", type=float, default=50.0, help="the day's busiest minute, queries/s")
     p.add_argument("--slo-ms", type=float, default=1000.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--activation-s", type=float, default=5.0,
-                   help="a tuner's new replica serves this long after the decision (paper: 5 s)")
-    p.add_argument("--replan-s", type=float, default=1e12,
-                   help="the tuned policy re-plans this often (default: never, as Fig. 7)")
+    p.add_argument(
+        "--activation-s",
+        type=float,
+        default=5.0,
+        help="a tuner's new replica serves this long after the decision (paper: 5 s)",
+    )
+    p.add_argument(
+        "--replan-s", type=float, default=1e12, help="the tuned policy re-plans this often (default: never, as Fig. 7)"
+    )
     p.add_argument("--quick", action="store_true", help="40 minutes instead of --minutes")
     args = p.parse_args(argv)
     if args.quick:
         args.minutes = 40
     *rows, meta = run(args)
-    print(f"trace {Path(args.trace).name} {args.job} day {args.day} minutes {args.start}.."
-          f"{args.start + args.minutes} peak {args.peak:g}/s, SLO {args.slo_ms:g} ms P99; "
-          f"sample {meta['sample']} queries (first 25 %), live {meta['live']}; planner "
-          f"{meta['evaluations']} DES runs in {meta['plan_s']:.1f} s")
+    print(
+        f"trace {Path(args.trace).name} {args.job} day {args.day} minutes {args.start}.."
+        f"{args.start + args.minutes} peak {args.peak:g}/s, SLO {args.slo_ms:g} ms P99; "
+        f"sample {meta['sample']} queries (first 25 %), live {meta['live']}; planner "
+        f"{meta['evaluations']} DES runs in {meta['plan_s']:.1f} s"
+    )
     print("| system | CPUs | x InferLine | live P99 ms | live miss % | configuration |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['system']} | {r['cost']:.1f} | {r['x_cost']:.2f} | {r['p99_ms']:.0f} | "
-              f"{100 * r['miss']:.2f} | {r['config']} |")
+        print(
+            f"| {r['system']} | {r['cost']:.1f} | {r['x_cost']:.2f} | {r['p99_ms']:.0f} | "
+            f"{100 * r['miss']:.2f} | {r['config']} |"
+        )
     return 0
 
 

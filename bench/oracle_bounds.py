@@ -40,8 +40,7 @@ class BoundOracle(OraclePolicy):
     """The oracle planning with the noise-free counts ``smooth`` (name -> the run's minutes)
     and, with ``jitter`` > 0, the copies' noise law drawn into ``n_samples`` samples."""
 
-    def __init__(self, models, cluster, smooth: dict[str, np.ndarray], jitter: float = 0.0,
-                 n_samples: int = 100, **kw):
+    def __init__(self, models, cluster, smooth: dict[str, np.ndarray], jitter: float = 0.0, n_samples: int = 100, **kw):
         super().__init__(models, cluster, **kw)
         self.smooth, self.jitter, self.n_samples = smooth, float(jitter), int(n_samples)
 
@@ -50,7 +49,7 @@ class BoundOracle(OraclePolicy):
         rng = np.random.default_rng(self.decisions if seed is None else seed)  # as Faro seeds
         rows = []
         for n in names:
-            fut = self.smooth[n][m:m + h] / 60.0
+            fut = self.smooth[n][m : m + h] / 60.0
             if fut.size < h:  # the run ends: the last known rate, as the oracle does
                 fut = np.concatenate([fut, np.full(h - fut.size, fut[-1] if fut.size else 0.0)])
             if self.jitter > 0 and "-" in n:  # a copy: its noise's law (originals have none)
@@ -78,8 +77,16 @@ class TrendOracle(FaroPolicy):
     """Faro whose forecast is each job's future trend (``trend``: name -> the run's minutes)
     times swings drawn from that job's law (``swings``), times the copies' noise law."""
 
-    def __init__(self, models, cluster, trend: dict[str, np.ndarray],
-                 swings: dict[str, np.ndarray], jitter: float, n_samples: int = 100, **kw):
+    def __init__(
+        self,
+        models,
+        cluster,
+        trend: dict[str, np.ndarray],
+        swings: dict[str, np.ndarray],
+        jitter: float,
+        n_samples: int = 100,
+        **kw,
+    ):
         super().__init__(models, cluster, n_samples=n_samples, **kw)
         self.trend, self.swings, self.jitter = trend, swings, float(jitter)
 
@@ -88,7 +95,7 @@ class TrendOracle(FaroPolicy):
         rng = np.random.default_rng(self.decisions if seed is None else seed)
         rows = []
         for n in names:
-            fut = self.trend[n][m:m + h] / 60.0
+            fut = self.trend[n][m : m + h] / 60.0
             if fut.size < h:
                 fut = np.concatenate([fut, np.full(h - fut.size, fut[-1] if fut.size else 0.0)])
             draw = fut[None, :] * rng.choice(self.swings[n], (self.n_samples, h))
@@ -106,16 +113,19 @@ def bounds(sc: Scenario, capacity: float, seed: int, trend_minutes: int = 5) -> 
         raise ValueError("the noise-free workload has other jobs than the run's")
     models, cluster = sc.models(names), sc.cluster(capacity)
     table = dict(zip(names, smooth))
-    policies = {"oracle": OraclePolicy(models, cluster),
-                "noisy-oracle": BoundOracle(models, cluster, table, sc.jitter, name="noisy-oracle"),
-                "smooth-oracle": BoundOracle(models, cluster, table, 0.0, name="smooth-oracle")}
+    policies = {
+        "oracle": OraclePolicy(models, cluster),
+        "noisy-oracle": BoundOracle(models, cluster, table, sc.jitter, name="noisy-oracle"),
+        "smooth-oracle": BoundOracle(models, cluster, table, 0.0, name="smooth-oracle"),
+    }
     if trend_minutes > 0:
         trend = {n: trend_of(r, trend_minutes) for n, r in table.items()}
         swings = {n: swings_of(table[n], trend[n]) for n in names}
-        policies["trend-oracle"] = TrendOracle(models, cluster, trend, swings, sc.jitter,
-                                               name="trend-oracle")
-    return {k: simulate(counts, models, p, sc.sim_config(capacity, seed), warmup_history=warm)
-            .summary.lost_cluster_utility for k, p in policies.items()}
+        policies["trend-oracle"] = TrendOracle(models, cluster, trend, swings, sc.jitter, name="trend-oracle")
+    return {
+        k: simulate(counts, models, p, sc.sim_config(capacity, seed), warmup_history=warm).summary.lost_cluster_utility
+        for k, p in policies.items()
+    }
 
 
 def main(argv=None) -> None:
@@ -126,8 +136,9 @@ def main(argv=None) -> None:
     ap.add_argument("--n-jobs", type=int, default=100)
     ap.add_argument("--capacity", type=float, default=320)
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--trend-minutes", type=int, default=5,
-                    help="width of the trend oracle's centred mean (0 = no trend oracle)")
+    ap.add_argument(
+        "--trend-minutes", type=int, default=5, help="width of the trend oracle's centred mean (0 = no trend oracle)"
+    )
     a = ap.parse_args(argv)
     sc = Scenario(trace=a.trace, day=a.day, sample=a.sample, n_jobs=a.n_jobs).validate()
     cols = ["oracle", "noisy-oracle", "smooth-oracle"] + (["trend-oracle"] if a.trend_minutes > 0 else [])

@@ -39,8 +39,26 @@ def simulate_stage(arr: np.ndarray, c: int, p: float) -> np.ndarray:
     lat = np.zeros(n)
     status = np.zeros(n, dtype=np.int64)
     qbuf = np.zeros(n, dtype=np.int64)
-    advance(0.0, float(arr[-1]) + 1e6, arr, proc, zeros, zeros, start, lat, status, 0, n, qbuf, 0,
-            0, np.zeros(c), np.zeros(c), 0.0, n + 1)
+    advance(
+        0.0,
+        float(arr[-1]) + 1e6,
+        arr,
+        proc,
+        zeros,
+        zeros,
+        start,
+        lat,
+        status,
+        0,
+        n,
+        qbuf,
+        0,
+        0,
+        np.zeros(c),
+        np.zeros(c),
+        0.0,
+        n + 1,
+    )
     return arr + lat
 
 
@@ -67,8 +85,13 @@ def case(lam: float, stages: list[tuple[int, float]], q: float, n: int, seed: in
     tails = np.array([stage_tail(c, lam, p, q, 0.95, EST_MDC_EXACT) for c, p in stages])
     conv = conv_quantile(tails[:, 0], tails[:, 1], tails[:, 2], q)
     single = [(float(np.quantile(s[warm:], q)), e) for s, e in zip(per, ests)]
-    return {"sim": sim, "sum": float(sum(ests)), "conv": conv, "single": single,
-            "rho": [lam * p / c for c, p in stages]}
+    return {
+        "sim": sim,
+        "sum": float(sum(ests)),
+        "conv": conv,
+        "single": single,
+        "rho": [lam * p / c for c, p in stages],
+    }
 
 
 CASES = [  # (label, rate, [(replicas, processing s), ...])
@@ -94,16 +117,16 @@ def main(argv=None) -> int:
     q = a.percentile / 100
     t0 = time.perf_counter()
     print(f"p{a.percentile:g} end-to-end latency (ms), {a.requests} requests x {a.seeds} seeds")
-    print(f"{'case':28s} {'sim':>8s} {'sum':>8s} {'sum/sim':>8s} {'conv':>8s} {'conv/sim':>8s}"
-          f"  per stage sim/est")
+    print(f"{'case':28s} {'sim':>8s} {'sum':>8s} {'sum/sim':>8s} {'conv':>8s} {'conv/sim':>8s}  per stage sim/est")
     for label, lam, st in CASES:
         rows = [case(lam, st, q, a.requests, s) for s in range(a.seeds)]
         sim = np.mean([r["sim"] for r in rows])
         s_, c_ = rows[0]["sum"], rows[0]["conv"]
-        per = " ".join(f"{np.mean([r['single'][k][0] for r in rows]) * 1e3:.1f}/"
-                       f"{rows[0]['single'][k][1] * 1e3:.1f}" for k in range(len(st)))
-        print(f"{label:28s} {sim * 1e3:8.1f} {s_ * 1e3:8.1f} {s_ / sim:8.2f} {c_ * 1e3:8.1f} "
-              f"{c_ / sim:8.2f}  {per}")
+        per = " ".join(
+            f"{np.mean([r['single'][k][0] for r in rows]) * 1e3:.1f}/{rows[0]['single'][k][1] * 1e3:.1f}"
+            for k in range(len(st))
+        )
+        print(f"{label:28s} {sim * 1e3:8.1f} {s_ * 1e3:8.1f} {s_ / sim:8.2f} {c_ * 1e3:8.1f} {c_ / sim:8.2f}  {per}")
     print(f"({time.perf_counter() - t0:.0f} s)")
     return 0
 

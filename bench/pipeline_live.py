@@ -47,14 +47,30 @@ def setup(slowdown: float):
     k = slowdown
     means = {"detect": 0.040, "classify": 0.080, "explain": 0.060, "m1": 0.100, "m2": 0.060}
     proc = {n: PAPER_PROCESSING.scaled_to_mean(m * k) for n, m in means.items()}
-    pipe = Pipeline(name="shop", slo_ms=450 * k, ingress="Ingress", stages=[
-        Stage(name="detect", deployment="Detect", cpus=1, processing_ms=40 * k, max_replicas=8),
-        Stage(name="classify", deployment="Classify", after=["detect"], cpus=1,
-              processing_ms=80 * k, max_replicas=8),
-        Stage(name="explain", deployment="Explain", after=["detect"], fraction=0.4, cpus=1,
-              processing_ms=60 * k, max_replicas=8)])
-    models = [SLO(name="m1", slo_ms=400 * k, processing_ms=100 * k, cpus=1, max_replicas=8),
-              SLO(name="m2", slo_ms=250 * k, processing_ms=60 * k, cpus=1, max_replicas=8)]
+    pipe = Pipeline(
+        name="shop",
+        slo_ms=450 * k,
+        ingress="Ingress",
+        stages=[
+            Stage(name="detect", deployment="Detect", cpus=1, processing_ms=40 * k, max_replicas=8),
+            Stage(
+                name="classify", deployment="Classify", after=["detect"], cpus=1, processing_ms=80 * k, max_replicas=8
+            ),
+            Stage(
+                name="explain",
+                deployment="Explain",
+                after=["detect"],
+                fraction=0.4,
+                cpus=1,
+                processing_ms=60 * k,
+                max_replicas=8,
+            ),
+        ],
+    )
+    models = [
+        SLO(name="m1", slo_ms=400 * k, processing_ms=100 * k, cpus=1, max_replicas=8),
+        SLO(name="m2", slo_ms=250 * k, processing_ms=60 * k, cpus=1, max_replicas=8),
+    ]
     return pipe, models, proc
 
 
@@ -62,16 +78,18 @@ def apps(pipe, models, proc) -> dict:
     import faro_serve
     from deployments.pipeline import PipelineIngress, SleepStage
 
-    stages = {s.name: faro_serve.scaled(SleepStage.options(name=s.model_extra["deployment"]), pipe,
-                                        stage=s.name).bind(str(proc[s.name]), seed=i)
-              for i, s in enumerate(pipe.stages)}
-    shape = [{"name": n, "after": pipe.stage(n).after, "fraction": pipe.stage(n).fraction}
-             for n in pipe.order()]
-    out = {pipe.app_name: faro_serve.scaled(PipelineIngress.options(name="Ingress"), pipe).bind(
-        shape, seed=7, **stages)}
+    stages = {
+        s.name: faro_serve.scaled(SleepStage.options(name=s.model_extra["deployment"]), pipe, stage=s.name).bind(
+            str(proc[s.name]), seed=i
+        )
+        for i, s in enumerate(pipe.stages)
+    }
+    shape = [{"name": n, "after": pipe.stage(n).after, "fraction": pipe.stage(n).fraction} for n in pipe.order()]
+    out = {
+        pipe.app_name: faro_serve.scaled(PipelineIngress.options(name="Ingress"), pipe).bind(shape, seed=7, **stages)
+    }
     for i, m in enumerate(models):
-        out[m.name] = faro_serve.scaled(SleepStage.options(name=f"M{i + 1}"), m).bind(
-            str(proc[m.name]), seed=10 + i)
+        out[m.name] = faro_serve.scaled(SleepStage.options(name=f"M{i + 1}"), m).bind(str(proc[m.name]), seed=10 + i)
     return out
 
 
@@ -122,8 +140,14 @@ def cluster_spec(args):
     over an SLO (the trace slice is minutes long, not hours)."""
     from faro_serve.config import ClusterSpec
 
-    return ClusterSpec(cpus=args.capacity, long_term_interval_s=60, window_s=180,
-                       cold_start_s=args.cold_start_s, reactive_interval_s=5, reactive_trigger_s=10)
+    return ClusterSpec(
+        cpus=args.capacity,
+        long_term_interval_s=60,
+        window_s=180,
+        cold_start_s=args.cold_start_s,
+        reactive_interval_s=5,
+        reactive_trigger_s=10,
+    )
 
 
 def live_run(args, pipe, models, proc, tr) -> dict:
@@ -137,20 +161,33 @@ def live_run(args, pipe, models, proc, tr) -> dict:
 
     dash, http = free_port(), free_port()
     # logical CPUs: the replicas sleep, so the capacity's replicas fit on 2 cores
-    ray.init(address="local", num_cpus=int(args.capacity) + 1, include_dashboard=True,
-             dashboard_host="127.0.0.1",
-             dashboard_port=dash, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    ray.init(
+        address="local",
+        num_cpus=int(args.capacity) + 1,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=dash,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": http})
     base = f"http://127.0.0.1:{http}"
     cluster = cluster_spec(args)
     try:
-        faro_serve.run(apps(pipe, models, proc), models + [pipe], cluster, policy=args.policy,
-                       dashboard_url=f"http://127.0.0.1:{dash}", forecaster="fallback")
+        faro_serve.run(
+            apps(pipe, models, proc),
+            models + [pipe],
+            cluster,
+            policy=args.policy,
+            dashboard_url=f"http://127.0.0.1:{dash}",
+            forecaster="fallback",
+        )
         import httpx
+
         names = {m.name for m in models} | set(pipe.stage_names)
-        assert wait_for(lambda: set(httpx.get(f"{base}/faro/status", timeout=5).json().get(
-            "models", {})) >= names, 180), "the autoscaler did not see every model"
+        assert wait_for(
+            lambda: set(httpx.get(f"{base}/faro/status", timeout=5).json().get("models", {})) >= names, 180
+        ), "the autoscaler did not see every model"
         cal = calibrate(base, pipe, models)
         time.sleep(3)  # the routers report every second: the calibration's queries counted first
         ingress = serve.get_deployment_handle(meter_name("Ingress"), app_name=pipe.app_name)
@@ -159,8 +196,7 @@ def live_run(args, pipe, models, proc, tr) -> dict:
         # the same per-minute counts from the seed
         sched = build_schedule(tr, [m.name for m in models] + [pipe.app_name], 1.0, 1.0, args.seed)
         t0 = time.time()
-        rec = asyncio.run(send_schedule(sched, base, path="/{model}", body=b"x", timeout_s=60.0,
-                                        max_in_flight=400))
+        rec = asyncio.run(send_schedule(sched, base, path="/{model}", body=b"x", timeout_s=60.0, max_in_flight=400))
         wall = time.time() - t0
         time.sleep(3)  # the routers report every second
         after = ingress.metrics.remote(reset_mean=False).result(timeout_s=30)["arrivals_total"]
@@ -169,9 +205,15 @@ def live_run(args, pipe, models, proc, tr) -> dict:
         ray.shutdown()
     j = sched.names.index(pipe.app_name)
     sent_pipe = int(sum(1 for i, s in zip(sched.model, rec.status) if i == j and s != "not_sent"))
-    return {"schedule": sched, "expected": np.asarray(tr.counts, float), "records": rec,
-            "calibration": cal, "wall_s": wall,
-            "ingress_arrivals": after - before, "sent_to_pipeline": sent_pipe}
+    return {
+        "schedule": sched,
+        "expected": np.asarray(tr.counts, float),
+        "records": rec,
+        "calibration": cal,
+        "wall_s": wall,
+        "ingress_arrivals": after - before,
+        "sent_to_pipeline": sent_pipe,
+    }
 
 
 def summarize_live(run: dict, pipe, models) -> dict:
@@ -180,17 +222,24 @@ def summarize_live(run: dict, pipe, models) -> dict:
     for st, why in zip(rec.status, rec.reason):
         if st not in ("200",):
             errors[f"{st} {why}".strip()] = errors.get(f"{st} {why}".strip(), 0) + 1
-    out = {"accounting": rec.counts(), "not_200": errors, "ingress_meter_counted": run["ingress_arrivals"],
-           "sent_to_pipeline": run["sent_to_pipeline"]}
+    out = {
+        "accounting": rec.counts(),
+        "not_200": errors,
+        "ingress_meter_counted": run["ingress_arrivals"],
+        "sent_to_pipeline": run["sent_to_pipeline"],
+    }
     slos = {pipe.app_name: pipe.slo_ms} | {m.name: m.slo_ms for m in models}
     for j, name in enumerate(sched.names):
         ok = np.array([s == "200" for s in rec.status]) & (sched.model == j)
         lat = rec.latency_s[ok] * 1e3
         n = int((sched.model == j).sum())
-        out[name] = {"requests": n, "ok": int(ok.sum()),
-                     "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
-                     "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
-                     "slo_violation": float(np.mean(lat > slos[name])) if lat.size else None}
+        out[name] = {
+            "requests": n,
+            "ok": int(ok.sum()),
+            "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+            "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
+            "slo_violation": float(np.mean(lat > slos[name])) if lat.size else None,
+        }
     return out
 
 
@@ -209,8 +258,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--no-sim", action="store_true", help="the live run only")
     ap.add_argument("--draws", type=int, default=3, help="simulator draws (median reported)")
-    ap.add_argument("--resimulate", action="store_true", help="simulate the saved live run "
-                    "(<out>.pkl) again, without running live")
+    ap.add_argument(
+        "--resimulate", action="store_true", help="simulate the saved live run (<out>.pkl) again, without running live"
+    )
     args = ap.parse_args(argv)
     from faro_serve.traces import load_trace
 
@@ -226,15 +276,23 @@ def main(argv=None) -> int:
         saved.write_bytes(pickle.dumps(run))
     live = summarize_live(run, pipe, models)
     sim = {} if args.no_sim else simulate_same(args, pipe, models, proc, run)
-    doc = {"args": vars(args), "machine": f"{os.cpu_count()} cores", "live": live, "sim": sim,
-           "calibration": {k: float(np.median(v)) if v else None for k, v in run["calibration"].items()}}
+    doc = {
+        "args": vars(args),
+        "machine": f"{os.cpu_count()} cores",
+        "live": live,
+        "sim": sim,
+        "calibration": {k: float(np.median(v)) if v else None for k, v in run["calibration"].items()},
+    }
     for name in [m.name for m in models] + [pipe.app_name]:
         lv, sv = live[name]["p99_ms"], sim.get(name, {}).get("p99_ms")
         doc.setdefault("p99_ratio_live_over_sim", {})[name] = None if not (lv and sv) else lv / sv
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=2, default=float) + "\n")
-    print(json.dumps({k: doc[k] for k in ("live", "sim", "p99_ratio_live_over_sim", "calibration")},
-                     indent=2, default=float))
+    print(
+        json.dumps(
+            {k: doc[k] for k in ("live", "sim", "p99_ratio_live_over_sim", "calibration")}, indent=2, default=float
+        )
+    )
     return 0
 
 
@@ -259,25 +317,39 @@ def simulate_same(args, pipe, models, proc, run) -> dict:
     per: dict[str, list[dict]] = {}
     for draw in range(args.draws):
         pol = make_policy(args.policy, expand(models, [pipe]), cluster, None, pipelines=[pipe])
-        cfg = SimConfig(capacity_cpus=args.capacity, cold_start_s=cold,
-                        processing=tuple(proc[m.name] for m in models), router_overhead=ovh,
-                        client_timeout_s=60.0, seed=args.seed, draw=draw, keep_records=True)
+        cfg = SimConfig(
+            capacity_cpus=args.capacity,
+            cold_start_s=cold,
+            processing=tuple(proc[m.name] for m in models),
+            router_overhead=ovh,
+            client_timeout_s=60.0,
+            seed=args.seed,
+            draw=draw,
+            keep_records=True,
+        )
         # the expected counts: the simulator draws the schedule's own counts from the seed
-        res = simulate(run["expected"], models, pol, cfg, pipelines=[pipe],
-                       stage_processing={n: proc[n] for n in pipe.stage_names})
+        res = simulate(
+            run["expected"], models, pol, cfg, pipelines=[pipe], stage_processing={n: proc[n] for n in pipe.stage_names}
+        )
         rec = res.records
         for j, name in enumerate(res.names):
             mine = rec["model"] == j
             lat = rec["latency_s"][mine & ~rec["dropped"].astype(bool)] * 1e3
-            per.setdefault(name, []).append({
-                "requests": int(mine.sum()), "ok": int(lat.size),
-                "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
-                "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
-                "slo_violation": float(np.mean(lat > slos[name])) if lat.size else None})
+            per.setdefault(name, []).append(
+                {
+                    "requests": int(mine.sum()),
+                    "ok": int(lat.size),
+                    "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+                    "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
+                    "slo_violation": float(np.mean(lat > slos[name])) if lat.size else None,
+                }
+            )
     out = {}
     for name, runs in per.items():
-        out[name] = {k: (float(np.median([r[k] for r in runs])) if all(r[k] is not None for r in runs)
-                         else None) for k in runs[0]}
+        out[name] = {
+            k: (float(np.median([r[k] for r in runs])) if all(r[k] is not None for r in runs) else None)
+            for k in runs[0]
+        }
     out["router_overhead"] = str(ovh)
     out["cold_start_s"] = cold
     out["scale_up_lags_s"] = [round(x, 1) for x in sorted(lags)]

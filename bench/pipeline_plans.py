@@ -25,8 +25,9 @@ CASES = [  # (label, SLO ms, [(stage, processing ms, after)], entry rate req/s)
 
 
 def run_case(slo: float, stages, lam: float, cpus: float = 200.0) -> dict:
-    p = PipelineSLO(name="p", slo_ms=slo, stages=[dict(name=n, processing_ms=ms, after=a, cpus=1)
-                                                   for n, ms, a in stages])
+    p = PipelineSLO(
+        name="p", slo_ms=slo, stages=[dict(name=n, processing_ms=ms, after=a, cpus=1) for n, ms, a in stages]
+    )
     models = p.stage_models()
     cur = {m.name: 1 for m in models}
     cl = ClusterSpec(cpus=cpus, cold_start_s=0.0)
@@ -36,21 +37,32 @@ def run_case(slo: float, stages, lam: float, cpus: float = 200.0) -> dict:
     paths = path_matrix([[local[n] for n in path] for path in p.paths()], len(local))
     e2e_split = float(compose(np.array([d.latency_ms for d in split.decisions]), paths))
     pd = joint.pipelines[0]
-    return {"joint": joint.replicas, "split": split.replicas, "joint_ms": pd.latency_ms,
-            "split_ms": e2e_split, "shares": {n: s["share"] for n, s in pd.stages.items()}}
+    return {
+        "joint": joint.replicas,
+        "split": split.replicas,
+        "joint_ms": pd.latency_ms,
+        "split_ms": e2e_split,
+        "shares": {n: s["share"] for n, s in pd.stages.items()},
+    }
 
 
 def main(argv=None) -> int:
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)  # --help; no options
-    print(f"{'case':24s} {'joint replicas':>18s} {'e2e ms':>7s} {'split replicas':>18s} "
-          f"{'e2e ms':>7s}  joint split of the SLO")
+    print(
+        f"{'case':24s} {'joint replicas':>18s} {'e2e ms':>7s} {'split replicas':>18s} "
+        f"{'e2e ms':>7s}  joint split of the SLO"
+    )
     for label, slo, stages, lam in CASES:
         r = run_case(slo, stages, lam)
+
         def fmt(reps):
             return "/".join(str(v) for v in reps.values()) + f" ={sum(reps.values())}"
+
         shares = " ".join(f"{n} {s:.0%}" for n, s in r["shares"].items())
-        print(f"{label:24s} {fmt(r['joint']):>18s} {r['joint_ms']:7.1f} {fmt(r['split']):>18s} "
-              f"{r['split_ms']:7.1f}  {shares}  (SLO {slo:g} ms, {lam:g} req/s)")
+        print(
+            f"{label:24s} {fmt(r['joint']):>18s} {r['joint_ms']:7.1f} {fmt(r['split']):>18s} "
+            f"{r['split_ms']:7.1f}  {shares}  (SLO {slo:g} ms, {lam:g} req/s)"
+        )
     return 0
 
 

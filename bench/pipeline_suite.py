@@ -69,16 +69,23 @@ def _run(task: tuple[str, float, int]) -> dict:
     pipes = res.pipelines
     idx = {n: i for i, n in enumerate(res.names)}
     rm = res.replica_minutes()
-    return {"policy": policy, "capacity": capacity, "seed": seed,
-            "lost_cluster_utility": s.lost_cluster_utility,
-            "cluster_slo_violation_rate": s.cluster_slo_violation_rate,
-            "e2e_slo_violation_rate": float(np.mean([s.job_slo_violation_rate[idx[p]] for p in pipes])),
-            "utility": {n: 1.0 - float(s.job_lost_utility[i]) for n, i in idx.items()},
-            "e2e_violation": {p: float(s.job_slo_violation_rate[idx[p]]) for p in pipes},
-            "dropped": {n: int(s.job_dropped[i]) for n, i in idx.items()},
-            "replica_minutes": float(sum(rm.values())), "replica_minutes_by_model": rm,
-            "minutes": res.table.minutes, "requests": int(s.job_requests.sum()),
-            "wall_s": time.perf_counter() - t, "forecaster": fc_name}
+    return {
+        "policy": policy,
+        "capacity": capacity,
+        "seed": seed,
+        "lost_cluster_utility": s.lost_cluster_utility,
+        "cluster_slo_violation_rate": s.cluster_slo_violation_rate,
+        "e2e_slo_violation_rate": float(np.mean([s.job_slo_violation_rate[idx[p]] for p in pipes])),
+        "utility": {n: 1.0 - float(s.job_lost_utility[i]) for n, i in idx.items()},
+        "e2e_violation": {p: float(s.job_slo_violation_rate[idx[p]]) for p in pipes},
+        "dropped": {n: int(s.job_dropped[i]) for n, i in idx.items()},
+        "replica_minutes": float(sum(rm.values())),
+        "replica_minutes_by_model": rm,
+        "minutes": res.table.minutes,
+        "requests": int(s.job_requests.sum()),
+        "wall_s": time.perf_counter() - t,
+        "forecaster": fc_name,
+    }
 
 
 def known(policies: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -103,13 +110,19 @@ def aggregate(rows: list[dict]) -> list[dict]:
         def ms(f):
             v = np.array([f(r) for r in rs], float)
             return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
         pipes = list(rs[0]["e2e_violation"])
-        out.append({"policy": pol, "seeds": len(rs),
-                    "lost": ms(lambda r: r["lost_cluster_utility"]),
-                    "e2e_viol": ms(lambda r: r["e2e_slo_violation_rate"]),
-                    "cluster_viol": ms(lambda r: r["cluster_slo_violation_rate"]),
-                    "pipe_utility": {p: ms(lambda r, p=p: r["utility"][p])[0] for p in pipes},
-                    "replica_minutes": ms(lambda r: r["replica_minutes"])})
+        out.append(
+            {
+                "policy": pol,
+                "seeds": len(rs),
+                "lost": ms(lambda r: r["lost_cluster_utility"]),
+                "e2e_viol": ms(lambda r: r["e2e_slo_violation_rate"]),
+                "cluster_viol": ms(lambda r: r["cluster_slo_violation_rate"]),
+                "pipe_utility": {p: ms(lambda r, p=p: r["utility"][p])[0] for p in pipes},
+                "replica_minutes": ms(lambda r: r["replica_minutes"]),
+            }
+        )
     out.sort(key=lambda a: a["lost"][0])
     return out
 
@@ -118,21 +131,29 @@ def table(agg: list[dict]) -> str:
     if not agg:
         return "(no policy ran)\n"
     pipes = list(agg[0]["pipe_utility"])
-    head = ("| policy | lost cluster utility (SD) | e2e SLO violations | cluster SLO violations | "
-            + " | ".join(f"{p} utility" for p in pipes) + " | replica-minutes |")
+    head = (
+        "| policy | lost cluster utility (SD) | e2e SLO violations | cluster SLO violations | "
+        + " | ".join(f"{p} utility" for p in pipes)
+        + " | replica-minutes |"
+    )
     lines = [head, "|---|" + "---:|" * (4 + len(pipes))]
     for a in agg:
-        lines.append(f"| {a['policy']} | {a['lost'][0]:.3f} ({a['lost'][1]:.3f}) | "
-                     f"{a['e2e_viol'][0]:.2%} | {a['cluster_viol'][0]:.2%} | "
-                     + " | ".join(f"{a['pipe_utility'][p]:.3f}" for p in pipes)
-                     + f" | {a['replica_minutes'][0]:,.0f} |")
+        lines.append(
+            f"| {a['policy']} | {a['lost'][0]:.3f} ({a['lost'][1]:.3f}) | "
+            f"{a['e2e_viol'][0]:.2%} | {a['cluster_viol'][0]:.2%} | "
+            + " | ".join(f"{a['pipe_utility'][p]:.3f}" for p in pipes)
+            + f" | {a['replica_minutes'][0]:,.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--policies", default=DEFAULT_POLICIES,
-                    help=f"comma-separated policy names ({DEFAULT_POLICIES}); unknown ones are skipped")
+    ap.add_argument(
+        "--policies",
+        default=DEFAULT_POLICIES,
+        help=f"comma-separated policy names ({DEFAULT_POLICIES}); unknown ones are skipped",
+    )
     ap.add_argument("--trace", default=str(TRACE))
     ap.add_argument("--day", type=int, default=10, help="day to report (10; sample 0)")
     ap.add_argument("--capacity", type=float, default=CAPACITY, help=f"replicas ({CAPACITY:g})")
@@ -140,10 +161,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--quick", action="store_true", help="the first --minutes (30) only, one seed")
     ap.add_argument("--minutes", type=int, help="replay only the first N minutes")
     ap.add_argument("--workers", type=int, help="processes (2; --quick: 1)")
-    ap.add_argument("--forecaster", help="the forecasting policies' forecaster: shipped (the "
-                    "default N-HiTS), fallback, a plug-in or an import path")
-    ap.add_argument("--out", help="markdown output (default bench/results/pipeline_suite[-quick].md; "
-                    "JSON beside it)")
+    ap.add_argument(
+        "--forecaster",
+        help="the forecasting policies' forecaster: shipped (the "
+        "default N-HiTS), fallback, a plug-in or an import path",
+    )
+    ap.add_argument("--out", help="markdown output (default bench/results/pipeline_suite[-quick].md; JSON beside it)")
     args = ap.parse_args(argv)
     minutes = args.minutes or (30 if args.quick else None)
     seeds = args.seeds or (1 if args.quick else 3)
@@ -163,27 +186,35 @@ def main(argv: list[str] | None = None) -> list[dict]:
     wall = time.perf_counter() - t0
     agg = aggregate(rows)
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                                capture_output=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True, capture_output=True
+        ).stdout.strip()
     except OSError:
         commit = ""
     cmd = "python -m bench.pipeline_suite " + " ".join(argv if argv is not None else sys.argv[1:])
     fcs = sorted({r["forecaster"] for r in rows if r["forecaster"]})
-    text = (f"# Pipeline suite: day {args.day} sample 0"
-            f"{f', first {minutes} minutes' if minutes else ''}, capacity {args.capacity:g}, "
-            f"{seeds} seed(s)\n\n"
-            f"`{cmd.strip()}` at {commit or '?'} on {platform.machine()}, {os.cpu_count()} cores, "
-            f"{workers} worker(s), {wall:.0f} s wall{f'; forecaster {fcs[0]}' if fcs else ''}.\n\n"
-            + table(agg)
-            + "".join(f"\nskipped {p}: {why}\n" for p, why in skipped.items()))
+    text = (
+        f"# Pipeline suite: day {args.day} sample 0"
+        f"{f', first {minutes} minutes' if minutes else ''}, capacity {args.capacity:g}, "
+        f"{seeds} seed(s)\n\n"
+        f"`{cmd.strip()}` at {commit or '?'} on {platform.machine()}, {os.cpu_count()} cores, "
+        f"{workers} worker(s), {wall:.0f} s wall{f'; forecaster {fcs[0]}' if fcs else ''}.\n\n"
+        + table(agg)
+        + "".join(f"\nskipped {p}: {why}\n" for p, why in skipped.items())
+    )
     print(text)
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / (
-        "pipeline_suite-quick.md" if args.quick else "pipeline_suite.md")
+    out = (
+        Path(args.out)
+        if args.out
+        else ROOT / "bench" / "results" / ("pipeline_suite-quick.md" if args.quick else "pipeline_suite.md")
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps(
-        {"command": cmd.strip(), "commit": commit, "wall_s": wall, "skipped": skipped,
-         "rows": rows}, indent=1))
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {"command": cmd.strip(), "commit": commit, "wall_s": wall, "skipped": skipped, "rows": rows}, indent=1
+        )
+    )
     return rows
 
 

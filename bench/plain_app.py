@@ -8,13 +8,18 @@ import time
 from ray import serve
 from starlette.requests import Request
 
-RAY_AUTOSCALING = {"min_replicas": 1, "max_replicas": 5, "target_ongoing_requests": 2,
-                   "upscale_delay_s": 30, "downscale_delay_s": 120, "metrics_interval_s": 2,
-                   "look_back_period_s": 10}
+RAY_AUTOSCALING = {
+    "min_replicas": 1,
+    "max_replicas": 5,
+    "target_ongoing_requests": 2,
+    "upscale_delay_s": 30,
+    "downscale_delay_s": 120,
+    "metrics_interval_s": 2,
+    "look_back_period_s": 10,
+}
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=5,
-                  autoscaling_config=RAY_AUTOSCALING)
+@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=5, autoscaling_config=RAY_AUTOSCALING)
 class A:
     async def __call__(self, request: Request) -> dict:
         await request.body()
@@ -22,8 +27,11 @@ class A:
         return {"ok": True}
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=5,
-                  autoscaling_config={**RAY_AUTOSCALING, "upscale_delay_s": 10})
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0.1},
+    max_ongoing_requests=5,
+    autoscaling_config={**RAY_AUTOSCALING, "upscale_delay_s": 10},
+)
 class B:
     async def __call__(self, request: Request) -> dict:
         await request.body()

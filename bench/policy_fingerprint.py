@@ -31,8 +31,7 @@ def _digest(*arrays) -> str:
     return h.hexdigest()[:16]
 
 
-def fingerprint(trace: Path = TRACE, day: int = 10, minutes: int = 60, capacity: float = 24.0,
-                seed: int = 0) -> dict:
+def fingerprint(trace: Path = TRACE, day: int = 10, minutes: int = 60, capacity: float = 24.0, seed: int = 0) -> dict:
     from autoscaler import make_policy, policy_names
     from autoscaler.catalogue.registry import needs_batching
     from faro_serve.config import Batching, ModelSLO, Variant
@@ -40,16 +39,25 @@ def fingerprint(trace: Path = TRACE, day: int = 10, minutes: int = 60, capacity:
     from faro_serve.sim.scenario import Scenario, run_scenario
 
     shape = Batching(gamma=0.75, eps=0.25, max_batch_size=8)
-    VARIANTS = [Variant(name="resnet34", accuracy=73.3, processing_ms=154, batching=shape, load_s=20),
-                Variant(name="resnet18", accuracy=69.8, processing_ms=90, batching=shape, load_s=15),
-                Variant(name="resnet50", accuracy=76.1, processing_ms=210, batching=shape, load_s=25)]
+    VARIANTS = [
+        Variant(name="resnet34", accuracy=73.3, processing_ms=154, batching=shape, load_s=20),
+        Variant(name="resnet18", accuracy=69.8, processing_ms=90, batching=shape, load_s=15),
+        Variant(name="resnet50", accuracy=76.1, processing_ms=210, batching=shape, load_s=25),
+    ]
 
     profile = Path(__file__).resolve().parents[1] / "profiles" / "sponge-table1.json"
     plain = Scenario(trace=str(trace), day=day, sample=0, minutes=minutes).validate()
-    batched = Scenario(trace=str(trace), day=day, sample=0, minutes=minutes,
-                       batching=Batching(profile=str(profile), max_batch_size=16)).validate()
-    out: dict = {"trace": trace.name, "day": day, "minutes": minutes, "capacity": capacity,
-                 "seed": seed, "policies": {}}
+    batched = Scenario(
+        trace=str(trace), day=day, sample=0, minutes=minutes, batching=Batching(profile=str(profile), max_batch_size=16)
+    ).validate()
+    out: dict = {
+        "trace": trace.name,
+        "day": day,
+        "minutes": minutes,
+        "capacity": capacity,
+        "seed": seed,
+        "policies": {},
+    }
     loaded = plain.load()
     for name in policy_names():
         sc = batched if needs_batching(name) else plain
@@ -63,9 +71,13 @@ def fingerprint(trace: Path = TRACE, day: int = 10, minutes: int = 60, capacity:
     pol = make_policy("infaas", models, plain.cluster(capacity))
     res = simulate(counts, models, pol, plain.sim_config(capacity, seed), warmup_history=warm)
     out["policies"]["infaas+variants"] = _row(res)
-    out["batched"] = {**batched_fingerprint(profile, seed),
-                      **{f"resnet50/{k}": v for k, v in batched_fingerprint(
-                          profile.parent / "resnet50.json", seed, rate=10.0).items()}}
+    out["batched"] = {
+        **batched_fingerprint(profile, seed),
+        **{
+            f"resnet50/{k}": v
+            for k, v in batched_fingerprint(profile.parent / "resnet50.json", seed, rate=10.0).items()
+        },
+    }
     return out
 
 
@@ -86,17 +98,31 @@ def batched_fingerprint(profile: Path, seed: int = 0, rate: float = 20.0) -> dic
     from faro_serve.sim.batched_runner import BatchedSetting, simulate_batched
 
     prof = BatchProfile.from_dict(json.loads(profile.read_text())["profile"])
-    batching = Batching(gamma=prof.gamma, eps=prof.eps, delta=prof.delta, eta=prof.eta,
-                        max_batch_size=16)
-    models = [ModelSLO(name="m", slo_ms=1000, processing_ms=min(float(prof.latency(1, 1)) * 1e3, 500),
-                       cpus=16, max_replicas=1, batching=batching)]
+    batching = Batching(gamma=prof.gamma, eps=prof.eps, delta=prof.delta, eta=prof.eta, max_batch_size=16)
+    models = [
+        ModelSLO(
+            name="m",
+            slo_ms=1000,
+            processing_ms=min(float(prof.latency(1, 1)) * 1e3, 500),
+            cpus=16,
+            max_replicas=1,
+            batching=batching,
+        )
+    ]
     cluster, profiles = ClusterSpec(cpus=16), {"m": prof}
     out = {}
-    for pol in (SpongePolicy(models, cluster, profiles), static(16, models, cluster, profiles),
-                static(8, models, cluster, profiles)):
+    for pol in (
+        SpongePolicy(models, cluster, profiles),
+        static(16, models, cluster, profiles),
+        static(8, models, cluster, profiles),
+    ):
         b = simulate_batched(BatchedSetting(profile=prof, rate=rate, duration_s=120, seed=seed), pol)
-        out[pol.name] = {**b.to_dict(), "cores": _digest(b.cores), "batch": _digest(b.batch),
-                         "latency": _digest(b.latency_s)}
+        out[pol.name] = {
+            **b.to_dict(),
+            "cores": _digest(b.cores),
+            "batch": _digest(b.batch),
+            "latency": _digest(b.latency_s),
+        }
     return out
 
 
@@ -115,8 +141,7 @@ def compare(a: dict, b: dict) -> list[str]:
             continue
         for field in sorted(set(pa) | set(pb)):
             if pa.get(field) != pb.get(field):
-                diffs.append(f"{name}.{field}: {json.dumps(pa.get(field))[:120]} != "
-                             f"{json.dumps(pb.get(field))[:120]}")
+                diffs.append(f"{name}.{field}: {json.dumps(pa.get(field))[:120]} != {json.dumps(pb.get(field))[:120]}")
     return diffs
 
 
@@ -131,8 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         a, b = (json.loads(Path(f).read_text()) for f in args.compare)
         diffs = compare(a, b)
-        print("\n".join(diffs) if diffs else f"identical: {len(a['policies'])} policies and "
-              f"{len(a.get('batched', {}))} batched runs, every field")
+        print(
+            "\n".join(diffs)
+            if diffs
+            else f"identical: {len(a['policies'])} policies and {len(a.get('batched', {}))} batched runs, every field"
+        )
         return 1 if diffs else 0
     fp = fingerprint(Path(args.trace), minutes=args.minutes, capacity=args.capacity)
     text = json.dumps(fp, indent=1, sort_keys=True)

@@ -81,6 +81,7 @@ async def closed_loop(bases: list[str], path: str, seconds: float, concurrency: 
                 codes[(await c.post(path, content=b"x")).status_code] += 1
             except httpx.HTTPError as err:
                 codes[type(err).__name__] += 1
+
     t0 = time.perf_counter()
     await asyncio.gather(*[worker(clients[i % len(clients)]) for i in range(concurrency)])
     wall = time.perf_counter() - t0
@@ -93,8 +94,10 @@ async def replay(bases: list[str], path: str, rate: float, seconds: float, seed:
     """Poisson arrivals at ``rate``/s for ``seconds``, each to the next proxy in turn:
     (sent, codes, latencies of the 200s in ms)."""
     rng = random.Random(seed)
-    clients = [httpx.AsyncClient(base_url=b, timeout=60, trust_env=False,
-                                 limits=httpx.Limits(max_connections=200)) for b in bases]
+    clients = [
+        httpx.AsyncClient(base_url=b, timeout=60, trust_env=False, limits=httpx.Limits(max_connections=200))
+        for b in bases
+    ]
     codes: Counter = Counter()
     lat: list[float] = []
 
@@ -134,9 +137,14 @@ def proxy_pids() -> list[int]:
     return out
 
 
-THROUGH = (("faro-serve (any frame)", "faro_serve/"), ("Ray's request router", "serve/_private/router.py"),
-           ("Ray's HTTP proxy", "serve/_private/proxy.py"), ("uvicorn", "uvicorn/"),
-           ("replica result / actor calls", "serve/_private/replica_result.py"), ("grpc", "grpc"))
+THROUGH = (
+    ("faro-serve (any frame)", "faro_serve/"),
+    ("Ray's request router", "serve/_private/router.py"),
+    ("Ray's HTTP proxy", "serve/_private/proxy.py"),
+    ("uvicorn", "uvicorn/"),
+    ("replica result / actor calls", "serve/_private/replica_result.py"),
+    ("grpc", "grpc"),
+)
 
 
 def profile_shares(raw: str) -> dict:
@@ -156,8 +164,11 @@ def profile_shares(raw: str) -> dict:
             through[name] += n * (key in stack)
         leaves[stack.split(";")[-1] or "(no Python frame)"] += n
     share = lambda k: round(k / max(total, 1), 3)  # noqa: E731
-    return {"samples": total, "through": {k: share(v) for k, v in through.most_common()},
-            "busiest_innermost": [(k, share(v)) for k, v in leaves.most_common(5)]}
+    return {
+        "samples": total,
+        "through": {k: share(v) for k, v in through.most_common()},
+        "busiest_innermost": [(k, share(v)) for k, v in leaves.most_common(5)],
+    }
 
 
 def main(argv=None) -> int:
@@ -168,12 +179,21 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
-    res: dict = {"env": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-                 "seconds": args.seconds, "concurrency": args.concurrency, "replay_s": args.replay_s,
-                 "loadavg_before": os.getloadavg()[0]}
+    res: dict = {
+        "env": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "seconds": args.seconds,
+        "concurrency": args.concurrency,
+        "replay_s": args.replay_s,
+        "loadavg_before": os.getloadavg()[0],
+    }
     with two_nodes() as n:
-        dep = subprocess.run([sys.executable, "-c", DEPLOY, n.gcs, n.http.rsplit(":", 1)[1]],
-                             env=n.env, capture_output=True, text=True, timeout=300)
+        dep = subprocess.run(
+            [sys.executable, "-c", DEPLOY, n.gcs, n.http.rsplit(":", 1)[1]],
+            env=n.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if dep.returncode != 0 or "deployed" not in dep.stdout:
             raise RuntimeError(dep.stderr[-3000:])
         both = [n.http, n.http2]
@@ -190,8 +210,10 @@ def main(argv=None) -> int:
                 rps, codes = asyncio.run(closed_loop(bases, p, args.seconds, args.concurrency))
                 cpu = ray_cpu_seconds() - cpu0
                 rows[f"{name}, {proxies} prox{'y' if proxies == 'one' else 'ies'}"] = {
-                    "throughput_rps": round(rps, 1), "codes": codes,
-                    "cpu_s_per_1000": round(1000 * cpu / max(codes.get(200, 0), 1), 3)}
+                    "throughput_rps": round(rps, 1),
+                    "codes": codes,
+                    "cpu_s_per_1000": round(1000 * cpu / max(codes.get(200, 0), 1), 3),
+                }
                 print(name, proxies, rows[list(rows)[-1]], flush=True)
         res["ceiling"] = rows
         rate = round(0.5 * rows["faro, one proxy"]["throughput_rps"], 1)
@@ -201,9 +223,13 @@ def main(argv=None) -> int:
             for proxies, bases in (("one", [n.http]), ("two", both)):
                 sent, codes, lat = asyncio.run(replay(bases, p, rate, args.replay_s))
                 a = np.array(lat) if lat else np.array([np.nan])
-                rep[f"{name}, {proxies}"] = {"sent": sent, "codes": codes, "answered": sum(codes.values()),
-                                             "p50_ms": round(float(np.percentile(a, 50)), 2),
-                                             "p99_ms": round(float(np.percentile(a, 99)), 2)}
+                rep[f"{name}, {proxies}"] = {
+                    "sent": sent,
+                    "codes": codes,
+                    "answered": sum(codes.values()),
+                    "p50_ms": round(float(np.percentile(a, 50)), 2),
+                    "p99_ms": round(float(np.percentile(a, 99)), 2),
+                }
                 print(name, proxies, rep[f"{name}, {proxies}"], flush=True)
         res["replay"] = rep
         if args.profile:
@@ -211,10 +237,31 @@ def main(argv=None) -> int:
             outs = []
             for pid in pids:
                 f = Path(n.tmp) / f"spy-{pid}.txt"
-                outs.append((pid, f, subprocess.Popen(
-                    [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--format", "raw", "--rate", "200",
-                     "--duration", str(int(args.seconds)), "--output", str(f), "--nonblocking"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+                outs.append(
+                    (
+                        pid,
+                        f,
+                        subprocess.Popen(
+                            [
+                                str(Path(sys.executable).parent / "py-spy"),
+                                "record",
+                                "--pid",
+                                str(pid),
+                                "--format",
+                                "raw",
+                                "--rate",
+                                "200",
+                                "--duration",
+                                str(int(args.seconds)),
+                                "--output",
+                                str(f),
+                                "--nonblocking",
+                            ],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                        ),
+                    )
+                )
             asyncio.run(closed_loop([n.http], PATHS["faro"], args.seconds + 1, args.concurrency))
             prof = {}
             for pid, f, proc in outs:
@@ -225,8 +272,9 @@ def main(argv=None) -> int:
     res["loadavg_after"] = os.getloadavg()[0]
     one, two = res["replay"]["faro, one"], res["replay"]["faro, two"]
     res["faro_two_proxy_p99_ratio"] = round(two["p99_ms"] / one["p99_ms"], 3)
-    res["faro_cpu_ratio_vs_plain_one_proxy"] = round(rows["faro, one proxy"]["cpu_s_per_1000"]
-                                                     / rows["plain, one proxy"]["cpu_s_per_1000"], 3)
+    res["faro_cpu_ratio_vs_plain_one_proxy"] = round(
+        rows["faro, one proxy"]["cpu_s_per_1000"] / rows["plain, one proxy"]["cpu_s_per_1000"], 3
+    )
     out = Path(args.out) / "proxy.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))

@@ -32,9 +32,20 @@ RAY = str(Path(sys.executable).parent / "ray")
 
 def node_ports() -> list[str]:
     """Every port a node opens, free and explicit: two nodes share this machine."""
-    return ["--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
-            "--metrics-export-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),
-            "--dashboard-agent-grpc-port", str(free_port()), "--runtime-env-agent-port", str(free_port())]
+    return [
+        "--node-manager-port",
+        str(free_port()),
+        "--object-manager-port",
+        str(free_port()),
+        "--metrics-export-port",
+        str(free_port()),
+        "--dashboard-agent-listen-port",
+        str(free_port()),
+        "--dashboard-agent-grpc-port",
+        str(free_port()),
+        "--runtime-env-agent-port",
+        str(free_port()),
+    ]
 
 
 def session_pids(sid: int) -> list[int]:
@@ -106,34 +117,64 @@ def two_nodes(cpus: int = 1):
     tmp = tempfile.mkdtemp(prefix="fmn", dir="/tmp")  # short: Ray's socket paths have a length limit
     gcs, dash, http, http2 = free_port(), free_port(), free_port(), free_port()
     env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    common = ["--block", f"--num-cpus={cpus}", "--node-ip-address=127.0.0.1", f"--temp-dir={tmp}",
-              "--object-store-memory=200000000", "--disable-usage-stats"]
+    common = [
+        "--block",
+        f"--num-cpus={cpus}",
+        "--node-ip-address=127.0.0.1",
+        f"--temp-dir={tmp}",
+        "--object-store-memory=200000000",
+        "--disable-usage-stats",
+    ]
     procs: list[subprocess.Popen] = []
 
     def start(args, log, extra_env=None):
-        p = subprocess.Popen([RAY, "start", *common, *args, *node_ports()], start_new_session=True,
-                             stdout=open(Path(tmp) / log, "w"), stderr=subprocess.STDOUT,
-                             env={**env, **(extra_env or {})})
+        p = subprocess.Popen(
+            [RAY, "start", *common, *args, *node_ports()],
+            start_new_session=True,
+            stdout=open(Path(tmp) / log, "w"),
+            stderr=subprocess.STDOUT,
+            env={**env, **(extra_env or {})},
+        )
         procs.append(p)
         return p
 
     try:
-        head = start(["--head", f"--port={gcs}", f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1",
-                      "--include-dashboard=true", f"--ray-client-server-port={free_port()}"], "head.log")
+        head = start(
+            [
+                "--head",
+                f"--port={gcs}",
+                f"--dashboard-port={dash}",
+                "--dashboard-host=127.0.0.1",
+                "--include-dashboard=true",
+                f"--ray-client-server-port={free_port()}",
+            ],
+            "head.log",
+        )
         base_dash = f"http://127.0.0.1:{dash}"
-        if not wait_for(lambda: httpx.get(f"{base_dash}/api/version", timeout=2, trust_env=False)
-                        .status_code == 200, 60):
+        if not wait_for(
+            lambda: httpx.get(f"{base_dash}/api/version", timeout=2, trust_env=False).status_code == 200, 60
+        ):
             raise RuntimeError("the head node did not start: " + (Path(tmp) / "head.log").read_text()[-2000:])
         # the worker's proxy shares this machine with the head's: ports of its own
-        worker = start([f"--address=127.0.0.1:{gcs}"], "worker.log",
-                       {"RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(http2),
-                        "RAY_SERVE_WORKER_PROXY_GRPC_PORT": str(free_port())})
+        worker = start(
+            [f"--address=127.0.0.1:{gcs}"],
+            "worker.log",
+            {"RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(http2), "RAY_SERVE_WORKER_PROXY_GRPC_PORT": str(free_port())},
+        )
         from ray.util.state import list_nodes
 
         if not wait_for(lambda: len([n for n in list_nodes(address=base_dash) if n.state == "ALIVE"]) == 2, 60):
             raise RuntimeError("the worker node did not join: " + (Path(tmp) / "worker.log").read_text()[-2000:])
-        yield TwoNodes(head, worker, f"127.0.0.1:{gcs}", base_dash, f"http://127.0.0.1:{http}",
-                       f"http://127.0.0.1:{http2}", env, tmp)
+        yield TwoNodes(
+            head,
+            worker,
+            f"127.0.0.1:{gcs}",
+            base_dash,
+            f"http://127.0.0.1:{http}",
+            f"http://127.0.0.1:{http2}",
+            env,
+            tmp,
+        )
     finally:
         for p in reversed(procs):
             kill_session(p)

@@ -20,6 +20,7 @@ def _variant(name: str, **opts):
         spec = cluster.model_copy(update={"objective": "fair_sum", **opts, **extra})
         type(cluster).model_validate(spec.model_dump())  # the overrides are valid fields
         return FaroPolicy(models, spec, forecaster, name=name)
+
     return build
 
 

@@ -37,8 +37,9 @@ def _schedule(rate: float, seconds: float):
 async def _measure(lc: LiveCluster, rate: float, seconds: float) -> dict:
     idle = await burst_hold(lc.base, "m0", 30)
     stop = asyncio.Event()
-    bg = asyncio.create_task(send_schedule(_schedule(rate, seconds), lc.base, timeout_s=60.0,
-                                           status_every_s=None, stop_sending=stop))
+    bg = asyncio.create_task(
+        send_schedule(_schedule(rate, seconds), lc.base, timeout_s=60.0, status_every_s=None, stop_sending=stop)
+    )
     await asyncio.sleep(min(30.0, seconds / 3))  # let queues and the load average settle
     loaded = await burst_hold(lc.base, "m0", 30)
     load_avg = os.getloadavg()[0]
@@ -52,8 +53,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", type=float, default=4.3, help="requests/s to each loaded model (4.3)")
     ap.add_argument("--seconds", type=float, default=90.0, help="at most this long under load (90)")
-    ap.add_argument("--data-path", choices=("direct", "front"), default="direct",
-                    help="the models' data path (direct, the default)")
+    ap.add_argument(
+        "--data-path", choices=("direct", "front"), default="direct", help="the models' data path (direct, the default)"
+    )
     args = ap.parse_args(argv)
     if not (0 < args.rate <= 50 and 10 <= args.seconds <= 600):
         ap.error("--rate must be in (0, 50] and --seconds in [10, 600]")
@@ -65,12 +67,13 @@ def main(argv=None) -> int:
         while time.time() < end and any(lc.running().get(n) != 3 for n in LOADED):
             time.sleep(1)
         res = asyncio.run(_measure(lc, args.rate, args.seconds))
-    print(f"data path: {args.data_path}; load: {args.rate:g} req/s on each of {len(LOADED)} models (3 replicas each), "
-          f"{res['sent']} requests; 1-min load average {res['load_average']:.2f}")
+    print(
+        f"data path: {args.data_path}; load: {args.rate:g} req/s on each of {len(LOADED)} models (3 replicas each), "
+        f"{res['sent']} requests; 1-min load average {res['load_average']:.2f}"
+    )
     for k in ("idle", "loaded"):
         h = np.asarray(res[k]) * 1e3
-        print(f"{k}: replica hold p50 {np.median(h):.1f} ms, p90 {np.percentile(h, 90):.1f} ms "
-              f"({h.size} gaps)")
+        print(f"{k}: replica hold p50 {np.median(h):.1f} ms, p90 {np.percentile(h, 90):.1f} ms ({h.size} gaps)")
     return 0
 
 

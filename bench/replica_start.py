@@ -51,8 +51,13 @@ def main(argv=None) -> int:
     name, body = "rn", demo_image()
     starts, served, spans = [], [], []
     with LiveCluster(8) as lc:
-        serve.run(model_app({"name": name, "model": {"kind": "vision", "arch": args.arch}, "cpus": 0.25}),
-                  name=name, route_prefix=f"/{name}", external_scaler_enabled=True, blocking=False)
+        serve.run(
+            model_app({"name": name, "model": {"kind": "vision", "arch": args.arch}, "cpus": 0.25}),
+            name=name,
+            route_prefix=f"/{name}",
+            external_scaler_enabled=True,
+            blocking=False,
+        )
         _wait(lambda: lc.running().get(name) == 1, 300, "the model to serve")
         stop = threading.Event()
         load = threading.Thread(target=_serve_load, args=(lc.base, name, body, stop, served), daemon=True)
@@ -78,25 +83,36 @@ def main(argv=None) -> int:
     for a, b in spans:
         during |= (t >= a) & (t <= b)
     before = t < spans[0][0]
-    res = {"env": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-           "arch": args.arch, "starts": starts,
-           "wall_s_median": float(np.median([s["wall_s"] for s in starts])),
-           "cpu_s_median": float(np.median([s["cpu_s"] for s in starts])),
-           "idle_cpu_rate": round(idle_rate, 3),
-           "serving_processing_ms": {"before_p50": float(np.median(p[before])) if before.any() else None,
-                                     "during_start_p50": float(np.median(p[during])) if during.any() else None,
-                                     "during_start_max": float(p[during].max()) if during.any() else None,
-                                     "n_before": int(before.sum()), "n_during": int(during.sum())}}
+    res = {
+        "env": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "arch": args.arch,
+        "starts": starts,
+        "wall_s_median": float(np.median([s["wall_s"] for s in starts])),
+        "cpu_s_median": float(np.median([s["cpu_s"] for s in starts])),
+        "idle_cpu_rate": round(idle_rate, 3),
+        "serving_processing_ms": {
+            "before_p50": float(np.median(p[before])) if before.any() else None,
+            "during_start_p50": float(np.median(p[during])) if during.any() else None,
+            "during_start_max": float(p[during].max()) if during.any() else None,
+            "n_before": int(before.sum()),
+            "n_during": int(during.sum()),
+        },
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "replica_start.json").write_text(json.dumps(res, indent=2))
     sp = res["serving_processing_ms"]
-    print(f"{args.arch} replica start ({res['env']}): wall median {res['wall_s_median']:.1f} s, "
-          f"CPU median {res['cpu_s_median']:.1f} CPU-s above the serving rate ({len(starts)} starts: "
-          + ", ".join(f"{s['wall_s']} s / {s['cpu_s']} CPU-s" for s in starts) + ")")
-    print(f"the serving replica's processing: p50 {sp['before_p50']:.0f} ms before, "
-          f"{sp['during_start_p50']:.0f} ms during starts (max {sp['during_start_max']:.0f} ms; "
-          f"{sp['n_before']} / {sp['n_during']} requests)")
+    print(
+        f"{args.arch} replica start ({res['env']}): wall median {res['wall_s_median']:.1f} s, "
+        f"CPU median {res['cpu_s_median']:.1f} CPU-s above the serving rate ({len(starts)} starts: "
+        + ", ".join(f"{s['wall_s']} s / {s['cpu_s']} CPU-s" for s in starts)
+        + ")"
+    )
+    print(
+        f"the serving replica's processing: p50 {sp['before_p50']:.0f} ms before, "
+        f"{sp['during_start_p50']:.0f} ms during starts (max {sp['during_start_max']:.0f} ms; "
+        f"{sp['n_before']} / {sp['n_during']} requests)"
+    )
     return 0
 
 

@@ -64,13 +64,19 @@ def main(argv=None) -> int:
     ap.add_argument("--minutes", type=int, default=360, help="sim: minutes of day 10")
     ap.add_argument("--sim-policy", default="faro-fairsum")
     ap.add_argument("--ticks", type=int, default=96, help="loop: 10 s ticks (4 plans in 96)")
-    ap.add_argument("--loop-forecasters", default="shipped,fallback",
-                    help="loop: run once per forecaster (shipped N-HiTS, fallback predictor)")
+    ap.add_argument(
+        "--loop-forecasters",
+        default="shipped,fallback",
+        help="loop: run once per forecaster (shipped N-HiTS, fallback predictor)",
+    )
     ap.add_argument("--loop-forecaster", default="shipped", help=argparse.SUPPRESS)
     ap.add_argument("--trace", default=str(TRACE))
     ap.add_argument("--out", default=str(ROOT / "docs" / "results"))
-    ap.add_argument("--merge", action="store_true", help="keep the parts of the existing "
-                    "scale-bench.json that this run does not repeat")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the parts of the existing scale-bench.json that this run does not repeat",
+    )
     ap.add_argument("--only", help=argparse.SUPPRESS)
     ap.add_argument("--part-json", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -88,16 +94,18 @@ def main(argv=None) -> int:
         results = {p: kept[p] for p in PARTS if p in kept}
     for p in args.parts.split(","):
         if p == "loop":  # once per forecaster: N-HiTS's stack dominates the memory
-            results[p] = [_child(p, args, [*argv, "--loop-forecaster", f])
-                          for f in args.loop_forecasters.split(",")]
+            results[p] = [_child(p, args, [*argv, "--loop-forecaster", f]) for f in args.loop_forecasters.split(",")]
         else:
             results[p] = _child(p, args, argv)
-    env = {"commands": commands + [f"nice -n 10 .venv/bin/python -m bench.scale_bench "
-                                   f"{' '.join(argv)}".strip()],
-           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                    capture_output=True, text=True).stdout.strip() + " + working tree",
-           "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
+    env = {
+        "commands": commands + [f"nice -n 10 .venv/bin/python -m bench.scale_bench {' '.join(argv)}".strip()],
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        + " + working tree",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
     write(Path(args.out), env, results)
     return 0
 

@@ -33,10 +33,14 @@ def parse_args(argv=None):
     p.add_argument("--rules", default="fallback,pad-mean,pad-edge,pad-tile,mask")
     p.add_argument("--first-minutes", type=int, default=15)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    p.add_argument("--minutes", type=int, default=None, help="replay only each day's first N minutes "
-                   "(default: the whole day)")
-    p.add_argument("--forecaster-dir", default=None, help="a trained N-HiTS (default: the one trained "
-                   "on days 1-8 of --trace, cached under runs/forecasters)")
+    p.add_argument(
+        "--minutes", type=int, default=None, help="replay only each day's first N minutes (default: the whole day)"
+    )
+    p.add_argument(
+        "--forecaster-dir",
+        default=None,
+        help="a trained N-HiTS (default: the one trained on days 1-8 of --trace, cached under runs/forecasters)",
+    )
     return p.parse_args(argv)
 
 
@@ -68,20 +72,33 @@ def main(argv=None) -> int:
                 t0 = time.time()
                 res = run_scenario(sc, "faro-fairsum", a.capacity, seed, fc, loaded=loaded)
                 first, run = lost(res, a.first_minutes)
-                rows.append({"day": day, "seed": seed, "rule": rule, "lost_first": round(first, 4),
-                             "lost_run": round(run, 4), "wall_s": round(time.time() - t0, 1)})
+                rows.append(
+                    {
+                        "day": day,
+                        "seed": seed,
+                        "rule": rule,
+                        "lost_first": round(first, 4),
+                        "lost_run": round(run, 4),
+                        "wall_s": round(time.time() - t0, 1),
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "short_history.json").write_text(json.dumps(rows, indent=1))
-    lines = [f"| day | rule | lost, first {a.first_minutes} min (mean of seeds) | lost, run | per seed, first |",
-             "|---:|---|---:|---:|---|"]
+    lines = [
+        f"| day | rule | lost, first {a.first_minutes} min (mean of seeds) | lost, run | per seed, first |",
+        "|---:|---|---:|---:|---|",
+    ]
     for day in sorted({r["day"] for r in rows}):
         for rule in rules:
             rs = [r for r in rows if r["day"] == day and r["rule"] == rule]
-            lines.append(f"| {day} | {rule} | {np.mean([r['lost_first'] for r in rs]):.3f} | "
-                         f"{np.mean([r['lost_run'] for r in rs]):.4f} | "
-                         + " / ".join(f"{r['lost_first']:.3f}" for r in rs) + " |")
+            lines.append(
+                f"| {day} | {rule} | {np.mean([r['lost_first'] for r in rs]):.3f} | "
+                f"{np.mean([r['lost_run'] for r in rs]):.4f} | "
+                + " / ".join(f"{r['lost_first']:.3f}" for r in rs)
+                + " |"
+            )
     (out / "short_history.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -34,8 +34,9 @@ def base_rates(rng) -> np.ndarray:
 
         return load_trace(TRACE, days="10", sample=0).rates()
     t = np.arange(360)
-    return np.stack([np.clip(rng.uniform(5, 20) * (1 + 0.4 * np.sin(t / rng.uniform(20, 60))), 0.1, 26)
-                     for _ in range(10)])
+    return np.stack(
+        [np.clip(rng.uniform(5, 20) * (1 + 0.4 * np.sin(t / rng.uniform(20, 60))), 0.1, 26) for _ in range(10)]
+    )
 
 
 def forecasts(rates: np.ndarray, origin: int, n_models: int, rng, samples=100, steps=7):
@@ -44,7 +45,7 @@ def forecasts(rates: np.ndarray, origin: int, n_models: int, rng, samples=100, s
     for i in range(n_models):
         job = rates[i % rates.shape[0]]
         jitter = 1.0 if n_models <= rates.shape[0] else rng.uniform(0.8, 1.2)
-        mean = job[origin:origin + steps] * jitter
+        mean = job[origin : origin + steps] * jitter
         out[f"m{i}"] = np.abs(rng.normal(mean, 0.15 * mean + 0.05, size=(samples, steps)))
     return out
 
@@ -64,11 +65,18 @@ def run_case(name, n_models, capacity, groups, reps, rng, rates, objective="fair
         values.append(a.objective_value)
         used.append(a.cpus_used)
         current = a.replicas
-    return {"case": name, "models": n_models, "replicas": capacity, "groups": groups,
-            "objective": objective, "reps": reps, "median_ms": round(statistics.median(times), 2),
-            "p90_ms": round(float(np.quantile(times, 0.9)), 2),
-            "mean_objective": round(float(np.mean(values)), 4),
-            "mean_replicas_used": round(float(np.mean(used)), 1)}
+    return {
+        "case": name,
+        "models": n_models,
+        "replicas": capacity,
+        "groups": groups,
+        "objective": objective,
+        "reps": reps,
+        "median_ms": round(statistics.median(times), 2),
+        "p90_ms": round(float(np.quantile(times, 0.9)), 2),
+        "mean_objective": round(float(np.mean(values)), 4),
+        "mean_replicas_used": round(float(np.mean(used)), 1),
+    }
 
 
 def paired_groups(n_models, capacity, reps, rng, rates, objective="fair_sum"):
@@ -79,22 +87,26 @@ def paired_groups(n_models, capacity, reps, rng, rates, objective="fair_sum"):
     ratios, speed = [], []
     for o in rng.integers(0, rates.shape[1] - 7, size=reps):
         fc = forecasts(rates, int(o), n_models, rng)
-        g10, g1 = (plan(models, fc, current, ClusterSpec(cpus=capacity, objective=objective, groups=g))
-                   for g in (10, 1))
+        g10, g1 = (
+            plan(models, fc, current, ClusterSpec(cpus=capacity, objective=objective, groups=g)) for g in (10, 1)
+        )
         # fair_sum can be negative: shift by its spread bound (gamma) before taking ratios
         ratios.append((g10.objective_value + n_models) / (g1.objective_value + n_models))
         speed.append(g1.solve_ms / g10.solve_ms)
-    return {"case": f"{n_models} models / {capacity} replicas, G=10 vs G=1 on the same input",
-            "reps": reps, "objective_ratio_median": round(statistics.median(ratios), 4),
-            "objective_ratio_min": round(min(ratios), 4), "speedup_median": round(statistics.median(speed), 1)}
+    return {
+        "case": f"{n_models} models / {capacity} replicas, G=10 vs G=1 on the same input",
+        "reps": reps,
+        "objective_ratio_median": round(statistics.median(ratios), 4),
+        "objective_ratio_min": round(min(ratios), 4),
+        "speedup_median": round(statistics.median(speed), 1),
+    }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--cases", default="a,b", help="a: 10 models; b: 100 models, with G=10 against "
-                    "G=1 (a,b)")
+    ap.add_argument("--cases", default="a,b", help="a: 10 models; b: 100 models, with G=10 against G=1 (a,b)")
     args = ap.parse_args(argv)
     cases = set(args.cases.split(","))
     if not cases <= {"a", "b"}:
@@ -115,19 +127,27 @@ def main(argv=None) -> int:
             run_case("(b') 100 models / 320 replicas, G=1", 100, 320, 1, max(3, args.reps // 5), rng, rates),
         ]
         paired = paired_groups(100, 320, max(3, args.reps // 5), rng, rates)
-    env = {"machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
-           "python": platform.python_version(), "trace": TRACE.name if TRACE.exists() else "synthetic"}
+    env = {
+        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+        "python": platform.python_version(),
+        "trace": TRACE.name if TRACE.exists() else "synthetic",
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "solver.json").write_text(json.dumps({"env": env, "rows": rows, "paired": paired}, indent=2))
-    lines = ["| case | objective | median ms | p90 ms | mean objective | replicas used |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r['case']} | {r['objective']} | {r['median_ms']} | {r['p90_ms']} | "
-              f"{r['mean_objective']} | {r['mean_replicas_used']} |" for r in rows]
+    lines = ["| case | objective | median ms | p90 ms | mean objective | replicas used |", "|---|---|---|---|---|---|"]
+    lines += [
+        f"| {r['case']} | {r['objective']} | {r['median_ms']} | {r['p90_ms']} | "
+        f"{r['mean_objective']} | {r['mean_replicas_used']} |"
+        for r in rows
+    ]
     if paired:
-        lines += ["", f"{paired['case']}, {paired['reps']} decisions: objective (+ gamma) G=10 / G=1 "
-                  f"median {paired['objective_ratio_median']}, worst {paired['objective_ratio_min']}; "
-                  f"G=10 is {paired['speedup_median']}x faster (median)"]
+        lines += [
+            "",
+            f"{paired['case']}, {paired['reps']} decisions: objective (+ gamma) G=10 / G=1 "
+            f"median {paired['objective_ratio_median']}, worst {paired['objective_ratio_min']}; "
+            f"G=10 is {paired['speedup_median']}x faster (median)",
+        ]
     (out / "solver.md").write_text("\n".join(lines) + "\n")
     print(f"plan() decision time ({env['machine']}, Python {env['python']}, forecasts from {env['trace']})")
     print("\n".join(lines))

@@ -58,9 +58,16 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    slo = ModelSLO(name=NAME, slo_ms=1000, percentile=99, processing_ms=49, cpus=2, min_replicas=1,
-                   max_replicas=1, batching=Batching(profile=str(ROOT / "profiles/resnet18.json"),
-                                                     max_batch_size=8))
+    slo = ModelSLO(
+        name=NAME,
+        slo_ms=1000,
+        percentile=99,
+        processing_ms=49,
+        cpus=2,
+        min_replicas=1,
+        max_replicas=1,
+        batching=Batching(profile=str(ROOT / "profiles/resnet18.json"), max_batch_size=8),
+    )
     app = {"model": {"kind": "vision", "arch": "resnet18"}, "max_batch_size": 8, "data_path": "direct"}
     cluster = ClusterSpec(cpus=2, objective="fair_sum")
     counts = np.array([[LOW_PER_S * 60] * args.minutes + [HIGH_PER_S * 60] * args.minutes])
@@ -75,8 +82,14 @@ def main() -> None:
         for _ in range(20):  # warm the model: the first passes are slow
             httpx.post(f"{base}/{NAME}/predict", content=body, timeout=60)
         for policy in ("static-2", "sponge"):
-            lc.deploy_autoscaler({"cluster": cluster.model_dump(), "models": [slo.model_dump()],
-                                  "policy": "sponge", "enabled": policy == "sponge"})
+            lc.deploy_autoscaler(
+                {
+                    "cluster": cluster.model_dump(),
+                    "models": [slo.model_dump()],
+                    "policy": "sponge",
+                    "enabled": policy == "sponge",
+                }
+            )
             if policy == "static-2":
                 front.control.remote(batch_size=1, threads=2).result(timeout_s=30)
             time.sleep(5)
@@ -91,34 +104,56 @@ def main() -> None:
             m = front.metrics.remote(reset_mean=False).result(timeout_s=30)
             served, lat = client_latency(sched, rec)
             results[policy] = {
-                "requests": int(sched.size), "answered_200": int(served.sum()),
+                "requests": int(sched.size),
+                "answered_200": int(served.sum()),
                 "slo_violation_rate": round(float(res.summary.cluster_slo_violation_rate), 5),
                 "p99_ms": round(float(np.percentile(lat, 99, method="higher")) * 1e3, 1),
-                "violations_per_minute": [round(float(v), 4) for v in
-                                          (res.table.over_slo[0] + res.table.dropped[0])
-                                          / np.maximum(res.table.requests[0], 1)],
-                "failures": {s: int(n) for s, n in zip(*np.unique(
-                    [x for x in rec.status if x != "200"], return_counts=True))},
+                "violations_per_minute": [
+                    round(float(v), 4)
+                    for v in (res.table.over_slo[0] + res.table.dropped[0]) / np.maximum(res.table.requests[0], 1)
+                ],
+                "failures": {
+                    s: int(n) for s, n in zip(*np.unique([x for x in rec.status if x != "200"], return_counts=True))
+                },
                 "processing_ms_mean": (m.get("processing") or {}).get("mean_ms"),
                 "mean_threads": round(float(np.mean(threads)), 3) if threads else 2.0,
                 "mean_batch_set": round(float(np.mean(batches)), 3) if batches else 1.0,
                 "mean_batch_served": round(float(m.get("mean_batch") or 1.0), 3),
                 "network_ms_mean": round(float(sched.network_s.mean()) * 1e3, 1),
-                "sponge_decisions": len(ticks), "wall_s": round(time.time() - t0, 1)}
+                "sponge_decisions": len(ticks),
+                "wall_s": round(time.time() - t0, 1),
+            }
             print(policy, results[policy], flush=True)
-    doc = {"machine": "x86_64, 2 cores", "model": "resnet18 (random weights, 224 px)",
-           "rates_per_s": [LOW_PER_S, HIGH_PER_S], "minutes_each": args.minutes, "seed": args.seed,
-           "slo_ms": 1000, "network": str(sched.network), "results": results}
+    doc = {
+        "machine": "x86_64, 2 cores",
+        "model": "resnet18 (random weights, 224 px)",
+        "rates_per_s": [LOW_PER_S, HIGH_PER_S],
+        "minutes_each": args.minutes,
+        "seed": args.seed,
+        "slo_ms": 1000,
+        "network": str(sched.network),
+        "results": results,
+    }
     (out / "sponge-live.json").write_text(json.dumps(doc, indent=2) + "\n")
-    rows = ["| policy | SLO violations | p99 end to end | mean threads (cores) | mean batch served |",
-            "|---|---:|---:|---:|---:|"]
+    rows = [
+        "| policy | SLO violations | p99 end to end | mean threads (cores) | mean batch served |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for p, r in results.items():
-        rows.append(f"| {p} | {100 * r['slo_violation_rate']:.2f} % | {r['p99_ms']:.0f} ms | "
-                    f"{r['mean_threads']:.2f} | {r['mean_batch_served']:.2f} |")
-    text = "\n".join([f"ResNet18 on one replica of 2 CPUs, {LOW_PER_S:g} then {HIGH_PER_S:g} "
-                      f"requests/s for {args.minutes} min each, network {sched.network} "
-                      f"(mean {results['sponge']['network_ms_mean']:.0f} ms), SLO 1 s p99 end to end",
-                      "", *rows, ""])
+        rows.append(
+            f"| {p} | {100 * r['slo_violation_rate']:.2f} % | {r['p99_ms']:.0f} ms | "
+            f"{r['mean_threads']:.2f} | {r['mean_batch_served']:.2f} |"
+        )
+    text = "\n".join(
+        [
+            f"ResNet18 on one replica of 2 CPUs, {LOW_PER_S:g} then {HIGH_PER_S:g} "
+            f"requests/s for {args.minutes} min each, network {sched.network} "
+            f"(mean {results['sponge']['network_ms_mean']:.0f} ms), SLO 1 s p99 end to end",
+            "",
+            *rows,
+            "",
+        ]
+    )
     (out / "sponge-live.md").write_text(text)
     print(text)
 

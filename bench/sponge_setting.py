@@ -44,32 +44,47 @@ def main(argv=None) -> int:
     ap.add_argument("--slo-ms", type=float, default=1000.0)
     args = ap.parse_args(argv)
     prof, source = load_profile(args.profile)
-    print(f"model: {source}: gamma {prof.gamma * 1e3:.2f} ms, eps {prof.eps * 1e3:.2f} ms, "
-          f"delta {prof.delta * 1e3:.2f} ms, eta {prof.eta * 1e3:.2f} ms (R^2 {prof.r2:.3f})")
-    models = [ModelSLO(name="m", slo_ms=args.slo_ms, processing_ms=min(float(prof.latency(1, 1)) * 1e3,
-                                                                         args.slo_ms / 2),
-                       cpus=16, max_replicas=1,
-                       batching=Batching(gamma=prof.gamma, eps=prof.eps, delta=prof.delta,
-                                         eta=prof.eta, max_batch_size=16))]
+    print(
+        f"model: {source}: gamma {prof.gamma * 1e3:.2f} ms, eps {prof.eps * 1e3:.2f} ms, "
+        f"delta {prof.delta * 1e3:.2f} ms, eta {prof.eta * 1e3:.2f} ms (R^2 {prof.r2:.3f})"
+    )
+    models = [
+        ModelSLO(
+            name="m",
+            slo_ms=args.slo_ms,
+            processing_ms=min(float(prof.latency(1, 1)) * 1e3, args.slo_ms / 2),
+            cpus=16,
+            max_replicas=1,
+            batching=Batching(gamma=prof.gamma, eps=prof.eps, delta=prof.delta, eta=prof.eta, max_batch_size=16),
+        )
+    ]
     cluster, profiles = ClusterSpec(cpus=16), {"m": prof}
     rows: dict[str, list] = {}
     for seed in range(args.seeds):
-        setting = BatchedSetting(profile=prof, slo_s=args.slo_ms / 1e3, rate=args.rate,
-                                 duration_s=args.seconds, seed=seed)
-        for pol in (SpongePolicy(models, cluster, profiles), static(16, models, cluster, profiles),
-                    static(8, models, cluster, profiles)):
+        setting = BatchedSetting(
+            profile=prof, slo_s=args.slo_ms / 1e3, rate=args.rate, duration_s=args.seconds, seed=seed
+        )
+        for pol in (
+            SpongePolicy(models, cluster, profiles),
+            static(16, models, cluster, profiles),
+            static(8, models, cluster, profiles),
+        ):
             r = simulate_batched(setting, pol)
             rows.setdefault(pol.name, []).append(r)
-    print(f"{args.rate:g} req/s, SLO {args.slo_ms:g} ms, {args.seconds} s, {args.seeds} seeds "
-          "(mean over seeds; network 0.5-7 MB/s, 200 KB)")
+    print(
+        f"{args.rate:g} req/s, SLO {args.slo_ms:g} ms, {args.seconds} s, {args.seeds} seeds "
+        "(mean over seeds; network 0.5-7 MB/s, 200 KB)"
+    )
     print("| policy | SLO violations | mean cores | cores vs static 16 | p99 ms | mean batch |")
     print("|---|---:|---:|---:|---:|---:|")
     base = np.mean([r.mean_cores for r in rows["static-16"]])
     for name, rs in rows.items():
         v = np.mean([r.slo_violation_rate for r in rs])
         c = np.mean([r.mean_cores for r in rs])
-        print(f"| {name} | {v * 100:.2f} % | {c:.2f} | {(c / base - 1) * 100:+.0f} % | "
-              f"{np.mean([r.p99_ms for r in rs]):.0f} | {np.mean([r.batch.mean() for r in rs]):.1f} |")
+        print(
+            f"| {name} | {v * 100:.2f} % | {c:.2f} | {(c / base - 1) * 100:+.0f} % | "
+            f"{np.mean([r.p99_ms for r in rs]):.0f} | {np.mean([r.batch.mean() for r in rs]):.1f} |"
+        )
     return 0
 
 

@@ -52,12 +52,22 @@ def step_counts() -> np.ndarray:
 
 def simulated(counts: np.ndarray, surge: bool, cold_start_s: float, seed: int) -> dict:
     pol = make_policy(POLICY, MODELS, cluster_spec(CAPACITY).model_copy(update={"surge": surge}))
-    res = simulate(counts, MODELS, pol, SimConfig(capacity_cpus=CAPACITY, cold_start_s=cold_start_s,
-                                                  client_timeout_s=REPLAY_TIMEOUT_S, keep_records=True,
-                                                  seed=seed))
+    res = simulate(
+        counts,
+        MODELS,
+        pol,
+        SimConfig(
+            capacity_cpus=CAPACITY,
+            cold_start_s=cold_start_s,
+            client_timeout_s=REPLAY_TIMEOUT_S,
+            keep_records=True,
+            seed=seed,
+        ),
+    )
     r = res.records
-    rep = surge_report([m.name for m in MODELS], r["model"], r["arrival_s"], r["latency_s"],
-                       r["dropped"], 0.72, 99.0, 60.0 * STEP_MIN)
+    rep = surge_report(
+        [m.name for m in MODELS], r["model"], r["arrival_s"], r["latency_s"], r["dropped"], 0.72, 99.0, 60.0 * STEP_MIN
+    )
     return {**rep["models"]["a"], "surge_decisions": res.decisions.get("surge", 0)}
 
 
@@ -78,34 +88,54 @@ def main() -> None:
     with LiveCluster(CAPACITY) as lc:
         for surge in (False, True):
             t0 = time.time()
-            _, rec, _ = lc.run_policy(POLICY, sched, MODELS, CAPACITY, str(PAPER_PROCESSING), None,
-                                      cluster={"surge": surge})
+            _, rec, _ = lc.run_policy(
+                POLICY, sched, MODELS, CAPACITY, str(PAPER_PROCESSING), None, cluster={"surge": surge}
+            )
             lags += scale_up_lags(rec.status_polls, sched.names)
             rep = replay_step(sched, rec, slo, pct, 60.0 * STEP_MIN)["models"]["a"]
             decided = [(st.get("last_decision") or {}).get("kind") for _, st in rec.status_polls]
-            live["on" if surge else "off"] = {**rep, "sent": int(sched.size),
-                                              "answered": int(sum(s not in (ERROR, NOT_SENT)
-                                                                  for s in rec.status)),
-                                              "wall_s": round(time.time() - t0, 1),
-                                              "surge_seen_in_status": "surge" in decided}
+            live["on" if surge else "off"] = {
+                **rep,
+                "sent": int(sched.size),
+                "answered": int(sum(s not in (ERROR, NOT_SENT) for s in rec.status)),
+                "wall_s": round(time.time() - t0, 1),
+                "surge_seen_in_status": "surge" in decided,
+            }
             print("live, surge", "on" if surge else "off", live["on" if surge else "off"], flush=True)
     cold = float(np.median(lags)) if lags else 10.0
     sim = {k: simulated(counts, k == "on", cold, args.seed) for k in ("off", "on")}
-    doc = {"step_s": 60.0 * STEP_MIN, "capacity": CAPACITY, "policy": POLICY,
-           "requests": int(sched.size), "cold_start_s_live": round(cold, 2),
-           "scale_up_lags_s": [round(x, 2) for x in lags], "live": live, "sim": sim}
+    doc = {
+        "step_s": 60.0 * STEP_MIN,
+        "capacity": CAPACITY,
+        "policy": POLICY,
+        "requests": int(sched.size),
+        "cold_start_s_live": round(cold, 2),
+        "scale_up_lags_s": [round(x, 2) for x in lags],
+        "live": live,
+        "sim": sim,
+    }
     (out / "surge.json").write_text(json.dumps(doc, indent=2) + "\n")
-    rows = ["| side | surge rule | recovery (s) | dropped | over SLO | bad of requests (first 2 min) |",
-            "|---|---|---:|---:|---:|---|"]
+    rows = [
+        "| side | surge rule | recovery (s) | dropped | over SLO | bad of requests (first 2 min) |",
+        "|---|---|---:|---:|---:|---|",
+    ]
     for side, d in (("live", live), ("sim", sim)):
         for k in ("off", "on"):
             r = d[k]
             rec_s = "not within 2 min" if r["recovery_s"] is None else f"{r['recovery_s']:.1f}"
-            rows.append(f"| {side} | {k} | {rec_s} | {r['dropped']} | {r['over_slo']} | "
-                        f"{r['bad']} of {r['requests']} |")
-    text = "\n".join([f"Step at {60 * STEP_MIN} s, model a 0.8x -> 5x one replica's SLO rate, "
-                      f"capacity {CAPACITY}; live cold start (median scale-up lag) {cold:.1f} s; "
-                      f"target: recovery <= cold start + 15 s = {cold + 15:.1f} s", "", *rows, ""])
+            rows.append(
+                f"| {side} | {k} | {rec_s} | {r['dropped']} | {r['over_slo']} | {r['bad']} of {r['requests']} |"
+            )
+    text = "\n".join(
+        [
+            f"Step at {60 * STEP_MIN} s, model a 0.8x -> 5x one replica's SLO rate, "
+            f"capacity {CAPACITY}; live cold start (median scale-up lag) {cold:.1f} s; "
+            f"target: recovery <= cold start + 15 s = {cold + 15:.1f} s",
+            "",
+            *rows,
+            "",
+        ]
+    )
     (out / "surge.md").write_text(text)
     print(text)
 

@@ -36,8 +36,13 @@ def main(argv=None) -> int:
     ap.add_argument("--traces", default="../shared/traces", help="folder of the shared traces")
     ap.add_argument("--out", default="faro_serve/data/forecaster", help="where to save it")
     ap.add_argument("--mlp-width", type=int, default=MLP_WIDTH, help=f"hidden units ({MLP_WIDTH})")
-    ap.add_argument("--max-steps", type=int, default=None, help="training steps (default: TrainConfig's; "
-                    "fewer only to try the command: the shipped one is trained with the default)")
+    ap.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="training steps (default: TrainConfig's; "
+        "fewer only to try the command: the shipped one is trained with the default)",
+    )
     args = ap.parse_args(argv)
 
     from faro_serve.commands.forecast import training_history, training_sources
@@ -45,22 +50,27 @@ def main(argv=None) -> int:
     from forecasting.train import TrainConfig, train_forecaster
 
     folder = Path(args.traces)
-    sources = training_sources([str(folder / f) for f, _, _ in SOURCES],
-                               [d for _, d, _ in SOURCES], [s for _, _, s in SOURCES])
+    sources = training_sources(
+        [str(folder / f) for f, _, _ in SOURCES], [d for _, d, _ in SOURCES], [s for _, _, s in SOURCES]
+    )
     history = training_history(sources)
     steps = {} if args.max_steps is None else {"max_steps": args.max_steps}
     cfg = TrainConfig(mlp_width=args.mlp_width, seed=SEED, threads=1, **steps)
     fc = train_forecaster(history, cfg)
     out = save_forecaster(fc, args.out)
     meta = json.loads((out / "meta.json").read_text())
-    meta["train_data"] = [{"file": f, "sha256": hashlib.sha256((folder / f).read_bytes()).hexdigest(),
-                           "days": d, "sample": s} for f, d, s in SOURCES]
+    meta["train_data"] = [
+        {"file": f, "sha256": hashlib.sha256((folder / f).read_bytes()).hexdigest(), "days": d, "sample": s}
+        for f, d, s in SOURCES
+    ]
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     rep = fc.meta["training"]
     size = sum(p.stat().st_size for p in out.iterdir())
-    print(f"trained on {len(history)} series ({sum(h.size for h in history.values()):,} minutes) in "
-          f"{rep['seconds']:.0f} s, {rep['steps']} steps, best validation loss "
-          f"{rep['best_val_loss']:.4f} at step {rep['best_step']}; {out} ({size / 1e6:.2f} MB)")
+    print(
+        f"trained on {len(history)} series ({sum(h.size for h in history.values()):,} minutes) in "
+        f"{rep['seconds']:.0f} s, {rep['steps']} steps, best validation loss "
+        f"{rep['best_val_loss']:.4f} at step {rep['best_step']}; {out} ({size / 1e6:.2f} MB)"
+    )
     return 0
 
 

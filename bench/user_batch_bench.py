@@ -40,8 +40,7 @@ async def _clients(url: str, clients: int, seconds: float) -> list[tuple[int, fl
             except Exception as err:
                 out.append((type(err).__name__, time.perf_counter() - t0, 0))
 
-    async with httpx.AsyncClient(timeout=60, trust_env=False,
-                                 limits=httpx.Limits(max_connections=clients + 4)) as c:
+    async with httpx.AsyncClient(timeout=60, trust_env=False, limits=httpx.Limits(max_connections=clients + 4)) as c:
         await asyncio.gather(*(one(c) for _ in range(clients)))
     return out
 
@@ -54,17 +53,26 @@ def _summary(res: list, seconds: float) -> dict:
     for r in res:
         if r[0] != 200:
             codes[str(r[0])] = codes.get(str(r[0]), 0) + 1
-    return {"requests": len(res), "ok": len(ok), "errors": len(res) - len(ok), "codes": codes,
-            "rps": round(len(ok) / seconds, 1), "p50_ms": round(float(np.median(lat)) * 1e3, 1),
-            "p99_ms": round(float(np.percentile(lat, 99)) * 1e3, 1),
-            "mean_batch": round(float(batches.mean()), 2), "max_batch": int(batches.max())}
+    return {
+        "requests": len(res),
+        "ok": len(ok),
+        "errors": len(res) - len(ok),
+        "codes": codes,
+        "rps": round(len(ok) / seconds, 1),
+        "p50_ms": round(float(np.median(lat)) * 1e3, 1),
+        "p99_ms": round(float(np.percentile(lat, 99)) * 1e3, 1),
+        "mean_batch": round(float(batches.mean()), 2),
+        "max_batch": int(batches.max()),
+    }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=15.0)
-    ap.add_argument("--scale", type=float, default=10.0, help="x the H200 ResNet50 curve (10: 33 ms alone, 43 ms for 16)")
+    ap.add_argument(
+        "--scale", type=float, default=10.0, help="x the H200 ResNet50 curve (10: 33 ms alone, 43 ms for 16)"
+    )
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "user-batch-bench.md"))
     args = ap.parse_args(argv)
 
@@ -79,8 +87,15 @@ def main(argv=None) -> int:
     port, dash = free_port(), free_port()
     # the dashboard serves the REST API the autoscaler scales through (one replica here, but
     # its ticks must not fail: a failing tick applies nothing)
-    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=True, dashboard_host="127.0.0.1",
-             dashboard_port=dash, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=1,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=dash,
+        log_to_driver=False,
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     url, out = f"http://127.0.0.1:{port}", {}
     try:
@@ -91,27 +106,37 @@ def main(argv=None) -> int:
         serve.delete("plain")
         slo = SLO(name="gpu", slo_ms=2000, cpus=0.2, gpus=1, max_replicas=1)
         app = faro_serve.scaled(GpuLikeClassifier.options(ray_actor_options={"num_cpus": 0.2}), slo)
-        faro_serve.run({"gpu": app.bind(scale=args.scale, seed=0)}, [slo], Cluster(cpus=2, gpus=1),
-                       forecaster="fallback", dashboard_url=f"http://127.0.0.1:{dash}")
+        faro_serve.run(
+            {"gpu": app.bind(scale=args.scale, seed=0)},
+            [slo],
+            Cluster(cpus=2, gpus=1),
+            forecaster="fallback",
+            dashboard_url=f"http://127.0.0.1:{dash}",
+        )
         asyncio.run(_clients(url + "/gpu", 4, 2.0))
         out["faro"] = _summary(asyncio.run(_clients(url + "/gpu", args.clients, args.seconds)), args.seconds)
     finally:
         serve.shutdown()
         ray.shutdown()
     ratio = out["faro"]["rps"] / out["plain"]["rps"]
-    lines = ["# A user's @serve.batch deployment: plain Ray Serve against Faro, one replica (issue 47)", "",
-             f"`python -m bench.user_batch_bench --clients {args.clients} --seconds {args.seconds:g} "
-             f"--scale {args.scale:g}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, this "
-             "machine, one run). examples/gpu_batch's GpuLikeClassifier, @serve.batch(max_batch_size=16, "
-             "batch_wait_timeout_s=0.004), unchanged in both.", "",
-             "| | requests | not 200 | req/s | p50 ms | p99 ms | mean batch | largest batch |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# A user's @serve.batch deployment: plain Ray Serve against Faro, one replica (issue 47)",
+        "",
+        f"`python -m bench.user_batch_bench --clients {args.clients} --seconds {args.seconds:g} "
+        f"--scale {args.scale:g}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, this "
+        "machine, one run). examples/gpu_batch's GpuLikeClassifier, @serve.batch(max_batch_size=16, "
+        "batch_wait_timeout_s=0.004), unchanged in both.",
+        "",
+        "| | requests | not 200 | req/s | p50 ms | p99 ms | mean batch | largest batch |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for k, r in out.items():
         bad = ", ".join(f"{n} x {c}" for c, n in sorted(r["codes"].items())) or "0"
-        lines.append(f"| {k} | {r['requests']} | {bad} | {r['rps']} | {r['p50_ms']} | "
-                     f"{r['p99_ms']} | {r['mean_batch']} | {r['max_batch']} |")
-    lines += ["", f"Faro serves {ratio:.2f}x plain Ray Serve's requests/s (issue 47's target: at "
-              "least 0.8x)."]
+        lines.append(
+            f"| {k} | {r['requests']} | {bad} | {r['rps']} | {r['p50_ms']} | "
+            f"{r['p99_ms']} | {r['mean_batch']} | {r['max_batch']} |"
+        )
+    lines += ["", f"Faro serves {ratio:.2f}x plain Ray Serve's requests/s (issue 47's target: at least 0.8x)."]
     Path(args.out).write_text("\n".join(lines) + "\n")
     Path(args.out).with_suffix(".json").write_text(json.dumps({"args": vars(args), **out}, indent=1))
     print("\n".join(lines))

@@ -36,6 +36,7 @@ class StreamModel:
         async def chunks():
             for i in range(3):
                 yield f"chunk-{i};"
+
         return StreamingResponse(chunks(), media_type="text/plain")
 
 
@@ -48,15 +49,21 @@ def main(argv=None) -> int:
             dep = serve.deployment(cls, name=cls.__name__, ray_actor_options={"num_cpus": 0.25})
             serve.run(dep.bind(), name=f"plain-{kind}", route_prefix=f"/plain-{kind}")
             slo = faro_serve.SLO(name=f"faro-{kind}", slo_ms=1000, cpus=0.25)
-            serve.run(faro_serve.scaled(dep, slo, queue_limit=1000).bind(), name=f"faro-{kind}",
-                      route_prefix=f"/faro-{kind}")
+            serve.run(
+                faro_serve.scaled(dep, slo, queue_limit=1000).bind(), name=f"faro-{kind}", route_prefix=f"/faro-{kind}"
+            )
             # plain again, at Faro's bound per replica (2 ongoing): the routers compared alike
-            serve.run(dep.options(name=f"{cls.__name__}2", max_ongoing_requests=2).bind(),
-                      name=f"plain2-{kind}", route_prefix=f"/plain2-{kind}")
-            paths |= {f"plain-{kind}": f"/plain-{kind}", f"plain2-{kind}": f"/plain2-{kind}",
-                      f"faro-{kind}": f"/faro-{kind}"}
-        rows = measure(f"http://127.0.0.1:{port}", paths, args.requests, args.seconds,
-                       args.concurrency)
+            serve.run(
+                dep.options(name=f"{cls.__name__}2", max_ongoing_requests=2).bind(),
+                name=f"plain2-{kind}",
+                route_prefix=f"/plain2-{kind}",
+            )
+            paths |= {
+                f"plain-{kind}": f"/plain-{kind}",
+                f"plain2-{kind}": f"/plain2-{kind}",
+                f"faro-{kind}": f"/faro-{kind}",
+            }
+        rows = measure(f"http://127.0.0.1:{port}", paths, args.requests, args.seconds, args.concurrency)
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -68,15 +75,21 @@ def main(argv=None) -> int:
                 "p50_overhead_ms": round(f["p50_ms"] - p["p50_ms"], 3),
                 "p99_overhead_ms": round(f["p99_ms"] - p["p99_ms"], 3),
                 "throughput_ratio": round(f["throughput_rps"] / p["throughput_rps"], 3),
-                "cpu_ratio": round(f["cpu_s_per_1000"] / p["cpu_s_per_1000"], 3)}
-    save_and_show(res, Path(args.out) / "user_router.json",
-                  f"a user's deployment, plain Ray Serve vs under Faro, 0-ms models ({res['env']})")
+                "cpu_ratio": round(f["cpu_s_per_1000"] / p["cpu_s_per_1000"], 3),
+            }
+    save_and_show(
+        res,
+        Path(args.out) / "user_router.json",
+        f"a user's deployment, plain Ray Serve vs under Faro, 0-ms models ({res['env']})",
+    )
     for kind in ("json", "stream"):
         for base in ("plain", "plain2"):
             r = res[f"{kind}_vs_{base}"]
-            print(f"{kind} against {base}: p50 overhead {r['p50_overhead_ms']} ms (target <= 1), "
-                  f"p99 overhead {r['p99_overhead_ms']} ms, throughput ratio "
-                  f"{r['throughput_ratio']}, CPU per request {r['cpu_ratio']}x (target <= 1.25)")
+            print(
+                f"{kind} against {base}: p50 overhead {r['p50_overhead_ms']} ms (target <= 1), "
+                f"p99 overhead {r['p99_overhead_ms']} ms, throughput ratio "
+                f"{r['throughput_ratio']}, CPU per request {r['cpu_ratio']}x (target <= 1.25)"
+            )
     return 0
 
 

@@ -65,9 +65,16 @@ def start_prometheus(tmp: Path, scrape_s: int) -> tuple[subprocess.Popen, str]:
     cfg = tmp / "prometheus.yml"
     cfg.write_text(re.sub(r"scrape_interval: \S+", f"scrape_interval: {scrape_s}s", gen.read_text()))
     port = _free_port()
-    proc = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     if not _wait(lambda: _ok(f"{url}/-/ready"), 30):
         raise SystemExit("prometheus did not start")
@@ -95,8 +102,11 @@ class Poller(threading.Thread):
             try:
                 st = httpx.get(f"{self.base}/faro/status", timeout=5).json()
                 apps = serve.status().applications
-                reps = {a: {d: dict(x.replica_states) for d, x in app.deployments.items()}
-                        for a, app in apps.items() if a in ("a", "b")}
+                reps = {
+                    a: {d: dict(x.replica_states) for d, x in app.deployments.items()}
+                    for a, app in apps.items()
+                    if a in ("a", "b")
+                }
                 self.rows.append({"t": time.time(), "status": st, "serve": reps})
             except Exception as err:  # noqa: BLE001 (a poll that fails is recorded as such)
                 self.rows.append({"t": time.time(), "error": str(err)})
@@ -130,16 +140,22 @@ def main(argv=None) -> int:
 
     jobs = args.jobs.split(",")
     tr = load_trace(TRACE, days=str(args.day), sample=0, jobs=jobs)
-    sl = Trace(tr.names, tr.counts[:, args.start:args.start + args.minutes])
+    sl = Trace(tr.names, tr.counts[:, args.start : args.start + args.minutes])
     lo, hi = (float(x) for x in args.rescale.split(","))
     sl = sl.rescale(lo, hi)
     names = ["a", "b"]
     schedule = build_schedule(sl, names, seed=args.seed)
 
     dash, http = _free_port(), _free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
-             dashboard_port=dash, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=dash,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}},
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": http})
     base, dashboard = f"http://127.0.0.1:{http}", f"http://127.0.0.1:{dash}"
     prom_proc, prom = start_prometheus(out, args.scrape_s)
@@ -148,21 +164,33 @@ def main(argv=None) -> int:
 
         serve.run(plain_app.a, name="a", route_prefix="/a", blocking=False)
         serve.run(plain_app.b, name="b", route_prefix="/b", blocking=False)
-        slos = [ModelSLO(name=n, app=n, deployment=d, slo_ms=SLO_MS, processing_ms=50, cpus=0.1,
-                         max_replicas=5) for n, d in (("a", "A"), ("b", "B"))]
+        slos = [
+            ModelSLO(name=n, app=n, deployment=d, slo_ms=SLO_MS, processing_ms=50, cpus=0.1, max_replicas=5)
+            for n, d in (("a", "A"), ("b", "B"))
+        ]
         spec = ClusterSpec(cpus=CAPACITY, objective="fair_sum", long_term_interval_s=LONG_TERM_S)
         # the replay starts at a minute's start (t0) and the shadow PHASE_S later: its plans
         # then see the minutes the simulator's plans see at t0 + 60 k (autoscaler/driving/serve_metrics.py
         # takes a minute as complete LAG_S after its end)
         time.sleep(60.0 - time.time() % 60.0)
         t0 = time.time()
-        sender = threading.Thread(target=lambda: box.append(asyncio.run(send_schedule(
-            schedule, base, path="/{model}", status_every_s=None, timeout_s=30.0))))
+        sender = threading.Thread(
+            target=lambda: box.append(
+                asyncio.run(send_schedule(schedule, base, path="/{model}", status_every_s=None, timeout_s=30.0))
+            )
+        )
         box: list = []
         sender.start()
         time.sleep(max(0.0, t0 + PHASE_S - time.time()))
-        run_autoscaler(slos, spec, dashboard_url=dashboard, forecaster="fallback", mode="shadow",
-                       observe="prometheus", prometheus_url=prom)
+        run_autoscaler(
+            slos,
+            spec,
+            dashboard_url=dashboard,
+            forecaster="fallback",
+            mode="shadow",
+            observe="prometheus",
+            prometheus_url=prom,
+        )
         poller = Poller(base)
         poller.start()
         sender.join()
@@ -179,12 +207,19 @@ def main(argv=None) -> int:
         hist.save(out / "export.json")
         (out / "polls.json").write_text(json.dumps(poller.rows, default=str))
         (out / "decisions.json").write_text(json.dumps(decisions, default=str))
-        (out / "schedule.json").write_text(json.dumps({"t0": t0, "counts": schedule.counts.tolist(),
-                                                       "accounting": rec.counts()}))
+        (out / "schedule.json").write_text(
+            json.dumps({"t0": t0, "counts": schedule.counts.tolist(), "accounting": rec.counts()})
+        )
         doc = analyse(hist, schedule, rec, decisions, poller.rows, slos, spec, t0, out)
-        doc.update({"t0": t0, "sent_end": sent_end, "prometheus_scrape_s": args.scrape_s,
-                    "trace": f"{TRACE.name} day {args.day} jobs {args.jobs} minutes {args.start}.."
-                             f"{args.start + minutes - 1} rescaled to {args.rescale} req/min"})
+        doc.update(
+            {
+                "t0": t0,
+                "sent_end": sent_end,
+                "prometheus_scrape_s": args.scrape_s,
+                "trace": f"{TRACE.name} day {args.day} jobs {args.jobs} minutes {args.start}.."
+                f"{args.start + minutes - 1} rescaled to {args.rescale} req/min",
+            }
+        )
         (out / "result.json").write_text(json.dumps(doc, indent=1, default=str))
         print(json.dumps({k: v for k, v in doc.items() if k != "plans"}, indent=1, default=str))
     finally:
@@ -205,13 +240,18 @@ def analyse(hist, schedule, rec, decisions, polls, slos, spec, t0, out: Path) ->
     keys = {"a": "a/A", "b": "b/B"}
     sent = np.asarray(schedule.counts, float)
     read = np.stack([np.asarray(hist.deployments[keys[n]].arrivals) for n in ("a", "b")])
-    rec_doc = {"sent": sent.sum(axis=1).tolist(), "read": read.sum(axis=1).tolist(),
-               "total_error": (np.abs(read.sum(axis=1) - sent.sum(axis=1)) / sent.sum(axis=1)).round(4).tolist(),
-               "worst_minute_error": (np.abs(read - sent) / np.maximum(sent, 1)).max(axis=1).round(4).tolist(),
-               "minutes_within_2pct": ((np.abs(read - sent) / np.maximum(sent, 1)) <= 0.02).sum(axis=1).tolist(),
-               "per_minute": {"sent": sent.tolist(), "read": read.tolist()}}
+    rec_doc = {
+        "sent": sent.sum(axis=1).tolist(),
+        "read": read.sum(axis=1).tolist(),
+        "total_error": (np.abs(read.sum(axis=1) - sent.sum(axis=1)) / sent.sum(axis=1)).round(4).tolist(),
+        "worst_minute_error": (np.abs(read - sent) / np.maximum(sent, 1)).max(axis=1).round(4).tolist(),
+        "minutes_within_2pct": ((np.abs(read - sent) / np.maximum(sent, 1)) <= 0.02).sum(axis=1).tolist(),
+        "per_minute": {"sent": sent.tolist(), "read": read.tolist()},
+    }
     # 2. the simulator's check on the settings as they ran, and Faro's column
-    w = run_whatif(hist.select(list(keys.values())), CAPACITY, slos={keys[n]: (SLO_MS, 99.0) for n in ("a", "b")}, forecaster=None)
+    w = run_whatif(
+        hist.select(list(keys.values())), CAPACITY, slos={keys[n]: (SLO_MS, 99.0) for n in ("a", "b")}, forecaster=None
+    )
     from faro_serve.sim.history_replay_report import figures
 
     fig = figures(w)
@@ -219,13 +259,25 @@ def analyse(hist, schedule, rec, decisions, polls, slos, spec, t0, out: Path) ->
     # with every service time scaled (faro-serve whatif --service-scale)
     sens = {}
     for f in (0.85, 0.9, 0.95, 1.05):
-        wf = figures(run_whatif(hist.select(list(keys.values())), CAPACITY, forecaster=None, service_scale=f,
-                                slos={keys[n]: (SLO_MS, 99.0) for n in ("a", "b")}))
-        sens[f"{f:g}"] = {k: {"service_ms": r["processing_mean_ms"], "as_run": r["as_run"]["slo_violation_rate"]}
-                          for k, r in wf["deployments"].items()}
+        wf = figures(
+            run_whatif(
+                hist.select(list(keys.values())),
+                CAPACITY,
+                forecaster=None,
+                service_scale=f,
+                slos={keys[n]: (SLO_MS, 99.0) for n in ("a", "b")},
+            )
+        )
+        sens[f"{f:g}"] = {
+            k: {"service_ms": r["processing_mean_ms"], "as_run": r["as_run"]["slo_violation_rate"]}
+            for k, r in wf["deployments"].items()
+        }
     # 3. the shadow's long-term plans against the simulator's on the same minutes
-    live = [(float(d["time"]) - t0 - PHASE_S, d["decision"]["replicas"]) for d in decisions
-            if d.get("decision") and d["decision"]["kind"] == "long_term"]
+    live = [
+        (float(d["time"]) - t0 - PHASE_S, d["decision"]["replicas"])
+        for d in decisions
+        if d.get("decision") and d["decision"]["kind"] == "long_term"
+    ]
     procs = [processing_of(hist.deployments[keys[m.name]], [])[0] for m in slos]
     cfg = SimConfig(capacity_cpus=CAPACITY, processing=tuple(procs), seed=0)
     planned: list[tuple[float, dict]] = []
@@ -237,19 +289,33 @@ def analyse(hist, schedule, rec, decisions, polls, slos, spec, t0, out: Path) ->
         if d is not None and d.kind == "long_term":
             planned.append((obs.now, {n: s.replicas for n, s in d.settings.items() if s.replicas is not None}))
         return d
+
     pol.decide = recording
     simulate(read, slos, pol, cfg)
     pairs = []
     for t, reps in live:
         sim = min(planned, key=lambda p: abs(p[0] - t), default=None)
         if sim is not None and abs(sim[0] - t) <= spec.reactive_interval_s + 1:
-            pairs.append({"t": round(t, 1), "shadow": reps, "sim_t": sim[0], "sim": sim[1],
-                          "equal": all(sim[1].get(n) == r for n, r in reps.items())})
+            pairs.append(
+                {
+                    "t": round(t, 1),
+                    "shadow": reps,
+                    "sim_t": sim[0],
+                    "sim": sim[1],
+                    "equal": all(sim[1].get(n) == r for n, r in reps.items()),
+                }
+            )
     # 4. the shadow never scaled: Serve's targets move only where Ray's autoscaler set them
     counts = [(r["t"] - t0, r["serve"]) for r in polls if "serve" in r]
-    return {"reconstruction": rec_doc, "whatif": fig, "service_scale": sens, "plans": pairs,
-            "plans_equal": f"{sum(p['equal'] for p in pairs)}/{len(pairs)}",
-            "replicas_seen": counts[-5:], "accounting": rec.counts()}
+    return {
+        "reconstruction": rec_doc,
+        "whatif": fig,
+        "service_scale": sens,
+        "plans": pairs,
+        "plans_equal": f"{sum(p['equal'] for p in pairs)}/{len(pairs)}",
+        "replicas_seen": counts[-5:],
+        "accounting": rec.counts(),
+    }
 
 
 if __name__ == "__main__":

@@ -30,8 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET_S = 300.0
 PROC_LE = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, math.inf]
 LAT_LE = [10, 25, 50, 100, 200, 400, 800, 1600, 3200, 6400, math.inf]
-TUNED = {"target_ongoing_requests": 1, "upscale_delay_s": 3, "downscale_delay_s": 60,
-         "metrics_interval_s": 2, "look_back_period_s": 10}
+TUNED = {
+    "target_ongoing_requests": 1,
+    "upscale_delay_s": 3,
+    "downscale_delay_s": 60,
+    "metrics_interval_s": 2,
+    "look_back_period_s": 10,
+}
 
 
 def _cdf(le, median: float, shape: float) -> np.ndarray:
@@ -73,8 +78,16 @@ def synthetic_history(deployments: int = 100, minutes: int = 10080, seed: int = 
         need_cpu += rec
         need_gpu += gpus * rec.max()
         n = float(arr.sum())
-        deps[f"{app}/{dep}"] = DeploymentHistory(app, dep, arr.round(3).tolist(), rec.tolist(), PROC_LE,
-                                                 (_cdf(PROC_LE, med, shape) * n).round(1).tolist(), mean, cfg)
+        deps[f"{app}/{dep}"] = DeploymentHistory(
+            app,
+            dep,
+            arr.round(3).tolist(),
+            rec.tolist(),
+            PROC_LE,
+            (_cdf(PROC_LE, med, shape) * n).round(1).tolist(),
+            mean,
+            cfg,
+        )
         by_app[app] = by_app.get(app, np.zeros(minutes)) + arr
     k = max(1, math.ceil(minutes / LATENCY_STEPS))
     latency = {}
@@ -118,24 +131,45 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     f = write_report(w, out / "whatif_scale_report", {"forecaster": kind}, plots=args.plots)
     report_s = time.perf_counter() - t0
-    row = {"deployments": args.deployments, "minutes": args.minutes, "capacity_cpus": cpus,
-           "capacity_gpus": gpus, "policy": policy, "forecaster": kind, "requests": f["total"]["requests"],
-           "export_mb": round(export.stat().st_size / 2**20, 1), "build_s": round(build_s, 1),
-           "read_s": round(read_s, 1), "as_run_s": round(w.as_run.wall_s, 1), "faro_s": round(w.faro.wall_s, 1),
-           "read_and_simulate_s": round(read_s + sim_s, 1), "report_s": round(report_s, 1),
-           "plots": args.plots, "target_s": TARGET_S, "meets_target": read_s + sim_s <= TARGET_S,
-           "violations": {k: f["total"][k]["slo_violation_rate"] for k in ("as_run", "faro")},
-           "replica_hours": {k: f["total"][k]["replica_hours"] for k in ("as_run", "faro")},
-           "faro_decisions": f["decisions"]["faro"]}
-    env = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
-           "load_average": [round(x, 2) for x in os.getloadavg()]}
+    row = {
+        "deployments": args.deployments,
+        "minutes": args.minutes,
+        "capacity_cpus": cpus,
+        "capacity_gpus": gpus,
+        "policy": policy,
+        "forecaster": kind,
+        "requests": f["total"]["requests"],
+        "export_mb": round(export.stat().st_size / 2**20, 1),
+        "build_s": round(build_s, 1),
+        "read_s": round(read_s, 1),
+        "as_run_s": round(w.as_run.wall_s, 1),
+        "faro_s": round(w.faro.wall_s, 1),
+        "read_and_simulate_s": round(read_s + sim_s, 1),
+        "report_s": round(report_s, 1),
+        "plots": args.plots,
+        "target_s": TARGET_S,
+        "meets_target": read_s + sim_s <= TARGET_S,
+        "violations": {k: f["total"][k]["slo_violation_rate"] for k in ("as_run", "faro")},
+        "replica_hours": {k: f["total"][k]["replica_hours"] for k in ("as_run", "faro")},
+        "faro_decisions": f["decisions"]["faro"],
+    }
+    env = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
     (out / "whatif_scale.json").write_text(json.dumps({"env": env, "row": row}, indent=2) + "\n")
-    md = ["# whatif at scale (`python -m bench.whatif_scale`)", "",
-          f"{env['machine']}, Python {env['python']}; load average at the end {env['load_average']}.", "",
-          "| deployments | minutes | requests | policy | forecaster | read s | as run s | Faro s | "
-          "read + simulate s | target s | report s |", "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|",
-          f"| {args.deployments} | {args.minutes:,} | {row['requests']:,} | {policy} | {kind} | {row['read_s']} | "
-          f"{row['as_run_s']} | {row['faro_s']} | {row['read_and_simulate_s']} | {TARGET_S:.0f} | {row['report_s']} |"]
+    md = [
+        "# whatif at scale (`python -m bench.whatif_scale`)",
+        "",
+        f"{env['machine']}, Python {env['python']}; load average at the end {env['load_average']}.",
+        "",
+        "| deployments | minutes | requests | policy | forecaster | read s | as run s | Faro s | "
+        "read + simulate s | target s | report s |",
+        "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|",
+        f"| {args.deployments} | {args.minutes:,} | {row['requests']:,} | {policy} | {kind} | {row['read_s']} | "
+        f"{row['as_run_s']} | {row['faro_s']} | {row['read_and_simulate_s']} | {TARGET_S:.0f} | {row['report_s']} |",
+    ]
     (out / "whatif_scale.md").write_text("\n".join(md) + "\n")
     print("\n".join(md[4:]))
     print(f"wrote {out / 'whatif_scale.json'} and {out / 'whatif_scale.md'}")

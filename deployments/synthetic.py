@@ -16,8 +16,7 @@ from faro_serve.distributions import PAPER_PROCESSING, parse_dist
 
 
 class SyntheticModel:
-    def __init__(self, processing: str = str(PAPER_PROCESSING), seed: int | None = None,
-                 batch_share: float = 1.0):
+    def __init__(self, processing: str = str(PAPER_PROCESSING), seed: int | None = None, batch_share: float = 1.0):
         self.dist = parse_dist(processing)
         self.rng = np.random.default_rng(seed)
         if not 0 < batch_share <= 1:
@@ -43,5 +42,8 @@ class SyntheticModel:
         async with self._one_at_a_time:
             t0 = time.perf_counter()
             await asyncio.sleep(float(self.dist.sample(self.rng, 1)[0]))
-            return {"result": "ok", "processing_ms": (time.perf_counter() - t0) * 1e3,
-                    "waited_ms": (t0 - arrived) * 1e3}
+            return {
+                "result": "ok",
+                "processing_ms": (time.perf_counter() - t0) * 1e3,
+                "waited_ms": (t0 - arrived) * 1e3,
+            }

@@ -67,15 +67,23 @@ def pick_device(device: str = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: torch sees no CUDA GPU here (in Ray, give the "
-                         "model gpus so that Ray assigns it one)")
+        raise ValueError(
+            f"device {device!r}: torch sees no CUDA GPU here (in Ray, give the model gpus so that Ray assigns it one)"
+        )
     return dev
 
 
 class ImageClassifier:
-    def __init__(self, arch: str = "resnet18", checkpoint: str | None = None, top_k: int = 5,
-                 image_size: int = 224, threads: int = 1, device: str = "auto",
-                 max_pixels: int = MAX_PIXELS):
+    def __init__(
+        self,
+        arch: str = "resnet18",
+        checkpoint: str | None = None,
+        top_k: int = 5,
+        image_size: int = 224,
+        threads: int = 1,
+        device: str = "auto",
+        max_pixels: int = MAX_PIXELS,
+    ):
         if arch not in ARCHS:
             raise ValueError(f"arch must be one of {', '.join(ARCHS)} (got {arch!r})")
         self.max_pixels = int(max_pixels)
@@ -92,20 +100,23 @@ class ImageClassifier:
         self._one_at_a_time = threading.Lock()
         self.arch = arch
         self.top_k = top_k
-        self.transform = T.Compose([
-            T.Resize(int(image_size * 256 / 224), antialias=True),
-            T.CenterCrop(image_size),
-            T.ToDtype(torch.float32, scale=True),
-            T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
-        ])
+        self.transform = T.Compose(
+            [
+                T.Resize(int(image_size * 256 / 224), antialias=True),
+                T.CenterCrop(image_size),
+                T.ToDtype(torch.float32, scale=True),
+                T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+            ]
+        )
 
     def decode(self, payload: bytes) -> torch.Tensor:
         if not payload:
             raise ValueError("empty body: send JPEG or PNG bytes")
         size = image_pixels(payload)
         if size is not None and size[0] * size[1] > self.max_pixels:
-            what = (f"of {size[0]:,} x {size[1]:,} pixels" if size[1] > 1 else
-                    f"of more than {size[0] - 1:,} pixels")  # past Pillow's bound: no size
+            what = (
+                f"of {size[0]:,} x {size[1]:,} pixels" if size[1] > 1 else f"of more than {size[0] - 1:,} pixels"
+            )  # past Pillow's bound: no size
             raise TooManyPixels(f"image {what} exceeds the limit of {self.max_pixels:,} pixels")
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         try:
@@ -145,16 +156,18 @@ class ImageClassifier:
             if images:
                 with torch.inference_mode():
                     probs = self._forward(torch.stack([x for _, x in images]))
-                done = {"processing_ms": (time.perf_counter() - t0) * 1e3,
-                        "cpu_ms": (time.thread_time() - c0) * 1e3, "batch": len(images),
-                        "device": str(self.device)}
+                done = {
+                    "processing_ms": (time.perf_counter() - t0) * 1e3,
+                    "cpu_ms": (time.thread_time() - c0) * 1e3,
+                    "batch": len(images),
+                    "device": str(self.device),
+                }
                 for (k, _), p in zip(images, probs):
                     classes, scores = self._top(p)
                     out[k] = {"model": self.arch, "classes": classes, "scores": scores, **done}
             return out
 
-    def profile(self, batches: list[int], threads: list[int], repeats: int = 5,
-                image_size: int = 224) -> list[dict]:
+    def profile(self, batches: list[int], threads: list[int], repeats: int = 5, image_size: int = 224) -> list[dict]:
         """Forward-pass seconds at every (batch, threads) point: ``repeats`` timed passes
         after one untimed pass, on random input. Before the grid, three passes at its largest
         point warm the model up (the first passes of a fresh model are slower: measured here,
@@ -177,8 +190,14 @@ class ImageClassifier:
                             t0 = time.perf_counter()
                             self.model(x)
                             self._sync()
-                            rows.append({"batch": int(b), "threads": int(c), "device": str(self.device),
-                                         "latency_s": time.perf_counter() - t0})
+                            rows.append(
+                                {
+                                    "batch": int(b),
+                                    "threads": int(c),
+                                    "device": str(self.device),
+                                    "latency_s": time.perf_counter() - t0,
+                                }
+                            )
         finally:
             torch.set_num_threads(before)
         return rows
@@ -193,7 +212,12 @@ class ImageClassifier:
             with torch.inference_mode():
                 probs = self._forward(self.transform(img).unsqueeze(0))[0]
             classes, scores = self._top(probs)
-            return {"model": self.arch, "classes": classes, "scores": scores,
-                    "device": str(self.device), "processing_ms": (time.perf_counter() - t0) * 1e3,
-                    # CPU this request used (torch's intra-op threads: 1 by default, this thread)
-                    "cpu_ms": (time.thread_time() - c0) * 1e3}
+            return {
+                "model": self.arch,
+                "classes": classes,
+                "scores": scores,
+                "device": str(self.device),
+                "processing_ms": (time.perf_counter() - t0) * 1e3,
+                # CPU this request used (torch's intra-op threads: 1 by default, this thread)
+                "cpu_ms": (time.thread_time() - c0) * 1e3,
+            }

@@ -6,6 +6,7 @@ Your own deployment under Faro (docs/own-models.md)::
     slo = SLO(name="clf", slo_ms=300, cpus=0.5)
     run({"clf": scaled(Classifier, slo).bind()}, [slo], Cluster(cpus=4))
 """
+
 __version__ = "0.1.0"
 
 from .config import ClusterSpec as Cluster  # noqa: E402

@@ -62,8 +62,9 @@ class BatchCurve:
     def affine(cls, per_request_s: float, per_batch_s: float) -> "BatchCurve":
         """``l(b) = per_request_s * b + per_batch_s`` (Sponge's model at given cores)."""
         if not (per_request_s >= 0 and per_batch_s >= 0 and per_request_s + per_batch_s > 0):
-            raise ValueError(f"an affine batch curve needs times >= 0, not both 0 "
-                             f"(got {per_request_s!r}, {per_batch_s!r})")
+            raise ValueError(
+                f"an affine batch curve needs times >= 0, not both 0 (got {per_request_s!r}, {per_batch_s!r})"
+            )
         one = per_request_s + per_batch_s
         return cls(((1.0, one), (2.0, one + per_request_s)))
 
@@ -85,8 +86,7 @@ class BatchCurve:
         fit = self.latency(sizes)
         total = float(np.sum((med - med.mean()) ** 2))
         r2 = 1.0 - float(np.sum((med - fit) ** 2)) / total if total > 0 else 1.0
-        return BatchCurve(self.points, r2=r2, max_rel_err=float(np.max(np.abs(fit - med) / med)),
-                          measured=int(b.size))
+        return BatchCurve(self.points, r2=r2, max_rel_err=float(np.max(np.abs(fit - med) / med)), measured=int(b.size))
 
     # -- what it says ----------------------------------------------------------------
     def latency(self, b):
@@ -113,16 +113,22 @@ class BatchCurve:
         return f
 
     def to_dict(self) -> dict:
-        return {"points": [[b, t] for b, t in self.points], "r2": _num(self.r2),
-                "max_rel_err": _num(self.max_rel_err), "measured": self.measured}
+        return {
+            "points": [[b, t] for b, t in self.points],
+            "r2": _num(self.r2),
+            "max_rel_err": _num(self.max_rel_err),
+            "measured": self.measured,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "BatchCurve":
         try:
-            return cls(tuple((float(b), float(t)) for b, t in d["points"]),
-                       float(d.get("r2") if d.get("r2") is not None else math.nan),
-                       float(d.get("max_rel_err") if d.get("max_rel_err") is not None else math.nan),
-                       int(d.get("measured", 0)))
+            return cls(
+                tuple((float(b), float(t)) for b, t in d["points"]),
+                float(d.get("r2") if d.get("r2") is not None else math.nan),
+                float(d.get("max_rel_err") if d.get("max_rel_err") is not None else math.nan),
+                int(d.get("measured", 0)),
+            )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"not a batch curve ({err}): {d!r}") from None
 

@@ -36,9 +36,10 @@ COMMANDS = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="faro-serve",
-        description="SLO-aware autoscaling for multi-model Ray Serve clusters (Faro).")
+        prog="faro-serve", description="SLO-aware autoscaling for multi-model Ray Serve clusters (Faro)."
+    )
     from . import __version__
+
     parser.add_argument("--version", action="version", version=f"faro-serve {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from .config import ConfigError
+
     try:
         return int(args.func(args) or 0)
     except (UsageError, ConfigError, ValueError, FileNotFoundError) as err:

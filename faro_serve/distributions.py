@@ -81,8 +81,9 @@ def parse_dist(text: str) -> TimeDist:
     kind, _, rest = str(text).partition(":")
     kind = kind.strip().lower()
     if kind not in KINDS or not rest.strip():
-        raise ValueError(f"cannot read distribution {text!r}: use lognorm:SHAPE,LOC,SCALE, "
-                         f"const:SECONDS or expon:LOC,SCALE")
+        raise ValueError(
+            f"cannot read distribution {text!r}: use lognorm:SHAPE,LOC,SCALE, const:SECONDS or expon:LOC,SCALE"
+        )
     try:
         params = tuple(float(x) for x in rest.split(","))
     except ValueError:

@@ -147,19 +147,42 @@ def _processing(v) -> Processing:
 
 
 _CHECKS = {
-    "model": text, "now": number, "arrival_rate": number, "arrivals_per_min": numbers,
-    "current_minute_count": number, "current_minute_elapsed_s": number,
-    "latency_ms": optional(number), "latency_p50_ms": optional(number),
-    "latency_mean_ms": optional(number), "processing": _processing, "in_flight": integer,
-    "mean_in_flight": number, "queue_length": number, "arrivals_total": integer,
-    "completed_total": integer, "dropped": _counts, "drop_rate": number, "replicas": integer,
-    "percentile": number, "setting": _setting, "waiting": integer, "dispatched": integer,
-    "dispatch_capacity": integer, "replica_cpus": optional(number),
-    "replica_memory_gb": optional(number), "network_ms": optional(number),
-    "queued_ages_s": optional(numbers), "batch_size": optional(integer),
-    "threads": optional(integer), "mean_batch": optional(number),
-    "batch_times": optional(_rows), "device": optional(text), "variant": optional(text),
-    "routers": optional(integer), "replica_held_max": optional(integer), "retried": optional(integer),
+    "model": text,
+    "now": number,
+    "arrival_rate": number,
+    "arrivals_per_min": numbers,
+    "current_minute_count": number,
+    "current_minute_elapsed_s": number,
+    "latency_ms": optional(number),
+    "latency_p50_ms": optional(number),
+    "latency_mean_ms": optional(number),
+    "processing": _processing,
+    "in_flight": integer,
+    "mean_in_flight": number,
+    "queue_length": number,
+    "arrivals_total": integer,
+    "completed_total": integer,
+    "dropped": _counts,
+    "drop_rate": number,
+    "replicas": integer,
+    "percentile": number,
+    "setting": _setting,
+    "waiting": integer,
+    "dispatched": integer,
+    "dispatch_capacity": integer,
+    "replica_cpus": optional(number),
+    "replica_memory_gb": optional(number),
+    "network_ms": optional(number),
+    "queued_ages_s": optional(numbers),
+    "batch_size": optional(integer),
+    "threads": optional(integer),
+    "mean_batch": optional(number),
+    "batch_times": optional(_rows),
+    "device": optional(text),
+    "variant": optional(text),
+    "routers": optional(integer),
+    "replica_held_max": optional(integer),
+    "retried": optional(integer),
 }
 assert set(_CHECKS) == {f.name for f in fields(MeterReport)}, "a field of MeterReport lacks its check"
 
@@ -171,8 +194,9 @@ def decode_meter_report(raw, model: str | None = None) -> MeterReport:
     label = f"front report of {model!r}" if model else "front report"
     if not isinstance(raw, Mapping):
         raise MeterReportError(f"{label}: expected a mapping, got {type(raw).__name__}")
-    check_version(raw, VERSION, label, MeterReportError,
-                  f"this autoscaler reads v{VERSION}; redeploy the model applications")
+    check_version(
+        raw, VERSION, label, MeterReportError, f"this autoscaler reads v{VERSION}; redeploy the model applications"
+    )
     vals = read_fields(raw, _CHECKS, f"{label} v{VERSION}", MeterReportError)
     return MeterReport(**vals)
 
@@ -180,12 +204,16 @@ def decode_meter_report(raw, model: str | None = None) -> MeterReport:
 def resources_mismatch(report: MeterReport, slo: ModelSLO) -> str | None:
     """Why the replicas' reserved resources disagree with the SLO's (which the planner
     counts against the capacity), or None when they agree or the meter does not know."""
-    for what, deployed, planned in (("CPUs", report.replica_cpus, slo.cpus),
-                                    ("GiB of memory", report.replica_memory_gb, slo.memory_gb)):
+    for what, deployed, planned in (
+        ("CPUs", report.replica_cpus, slo.cpus),
+        ("GiB of memory", report.replica_memory_gb, slo.memory_gb),
+    ):
         if deployed is not None and not math.isclose(deployed, planned, rel_tol=1e-9, abs_tol=1e-9):
-            return (f"model {slo.name!r}: each replica reserves {deployed:g} {what} (the model "
-                    f"application's args) but its SLO entry says {planned:g} (the faro "
-                    f"application's models); make them agree")
+            return (
+                f"model {slo.name!r}: each replica reserves {deployed:g} {what} (the model "
+                f"application's args) but its SLO entry says {planned:g} (the faro "
+                f"application's models); make them agree"
+            )
     return None
 
 
@@ -193,15 +221,18 @@ def batching_mismatch(report: MeterReport, slo: ModelSLO) -> str | None:
     """Why a model whose replicas serve batches cannot be planned as its SLO says: it
     declares no batching, so each batch's time would count as one request's."""
     if report.batch_size is not None and slo.batching is None:
-        return (f"model {slo.name!r}: its replicas serve batches (batch size "
-                f"{report.batch_size}, e.g. @serve.batch) but its SLO entry declares no "
-                f"batching; add 'batching: {{max_batch_size: {report.batch_size}}}' to it "
-                "(faro-serve init writes it)")
+        return (
+            f"model {slo.name!r}: its replicas serve batches (batch size "
+            f"{report.batch_size}, e.g. @serve.batch) but its SLO entry declares no "
+            f"batching; add 'batching: {{max_batch_size: {report.batch_size}}}' to it "
+            "(faro-serve init writes it)"
+        )
     return None
 
 
-def read_reports(raw: Mapping[str, object], slos: Mapping[str, ModelSLO]
-                 ) -> tuple[dict[str, MeterReport], dict[str, str]]:
+def read_reports(
+    raw: Mapping[str, object], slos: Mapping[str, ModelSLO]
+) -> tuple[dict[str, MeterReport], dict[str, str]]:
     """Every model's report decoded and checked against its SLO's resources: (the good
     reports, the error of each model left out). A model left out is planned as one whose
     meter did not answer; the error is logged, naming the model and the field or both
@@ -213,8 +244,11 @@ def read_reports(raw: Mapping[str, object], slos: Mapping[str, ModelSLO]
         except MeterReportError as err:
             errors[name] = str(err)
         else:
-            bad = (resources_mismatch(report, slos[name]) or batching_mismatch(report, slos[name])
-                   if name in slos else None)
+            bad = (
+                resources_mismatch(report, slos[name]) or batching_mismatch(report, slos[name])
+                if name in slos
+                else None
+            )
             if bad is None:
                 reports[name] = report
             else:

@@ -56,10 +56,14 @@ class MinuteTable:
         if both.any():
             raise ValueError("tables overlap: a (job, minute) cell appears in both")
         take = other.requests > 0
-        return MinuteTable(self.names, self.requests + other.requests, self.dropped + other.dropped,
-                           self.over_slo + other.over_slo,
-                           np.where(take, other.p_all, self.p_all),
-                           np.where(take, other.p_served, self.p_served))
+        return MinuteTable(
+            self.names,
+            self.requests + other.requests,
+            self.dropped + other.dropped,
+            self.over_slo + other.over_slo,
+            np.where(take, other.p_all, self.p_all),
+            np.where(take, other.p_served, self.p_served),
+        )
 
 
 def _sort_cells(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -96,9 +100,16 @@ def _group_quantile(k: np.ndarray, v: np.ndarray, n_keys: int, q: float) -> np.n
     return out
 
 
-def minute_table(names: list[str], model: np.ndarray, arrival_s: np.ndarray, latency_s: np.ndarray,
-                 dropped: np.ndarray, slo_s, minutes: int | None = None,
-                 percentile=99.0) -> MinuteTable:
+def minute_table(
+    names: list[str],
+    model: np.ndarray,
+    arrival_s: np.ndarray,
+    latency_s: np.ndarray,
+    dropped: np.ndarray,
+    slo_s,
+    minutes: int | None = None,
+    percentile=99.0,
+) -> MinuteTable:
     """Aggregate request records into a :class:`MinuteTable` (minute = floor(arrival / 60)).
 
     ``slo_s`` and ``percentile`` are scalars or one value per job. Requests arriving at or
@@ -169,15 +180,22 @@ class Summary:
     fairness: dict[str, float]  # min, q25, median, q75, max of job_lost_utility
 
     def to_dict(self, per_job: bool = True) -> dict:
-        out = {"lost_cluster_utility": round(self.lost_cluster_utility, 6),
-               "lost_effective_utility": round(self.lost_effective_utility, 6),
-               "cluster_slo_violation_rate": round(self.cluster_slo_violation_rate, 6),
-               "fairness": {k: round(v, 6) for k, v in self.fairness.items()}}
+        out = {
+            "lost_cluster_utility": round(self.lost_cluster_utility, 6),
+            "lost_effective_utility": round(self.lost_effective_utility, 6),
+            "cluster_slo_violation_rate": round(self.cluster_slo_violation_rate, 6),
+            "fairness": {k: round(v, 6) for k, v in self.fairness.items()},
+        }
         if per_job:
-            out["jobs"] = {n: {"requests": int(self.job_requests[i]), "dropped": int(self.job_dropped[i]),
-                               "slo_violation_rate": round(float(self.job_slo_violation_rate[i]), 6),
-                               "lost_utility": round(float(self.job_lost_utility[i]), 6)}
-                           for i, n in enumerate(self.names)}
+            out["jobs"] = {
+                n: {
+                    "requests": int(self.job_requests[i]),
+                    "dropped": int(self.job_dropped[i]),
+                    "slo_violation_rate": round(float(self.job_slo_violation_rate[i]), 6),
+                    "lost_utility": round(float(self.job_lost_utility[i]), 6),
+                }
+                for i, n in enumerate(self.names)
+            }
         return out
 
 
@@ -191,7 +209,8 @@ def summarize(table: MinuteTable, slo_s, alpha: float = 1.0) -> Summary:
         drop_rate = np.where(table.requests > 0, table.dropped / np.maximum(table.requests, 1), 0.0)
     # A minute where everything was dropped has no served latency: U(served) is moot, EU = phi(1) = 0.
     eu = phi(drop_rate, relaxed=False) * np.where(
-        (table.requests > 0) & (table.requests == table.dropped), 0.0, u_served)
+        (table.requests > 0) & (table.requests == table.dropped), 0.0, u_served
+    )
     minutes = max(table.minutes, 1)
     job_lost = (1.0 - u).sum(axis=1) / minutes
     req = table.requests.sum(axis=1)
@@ -201,17 +220,24 @@ def summarize(table: MinuteTable, slo_s, alpha: float = 1.0) -> Summary:
     ecu = eu.sum(axis=0)
     qs = np.quantile(job_lost, [0.0, 0.25, 0.5, 0.75, 1.0]) if n_jobs else np.zeros(5)
     return Summary(
-        names=list(table.names), job_lost_utility=job_lost, job_slo_violation_rate=viol,
-        job_requests=req, job_dropped=table.dropped.sum(axis=1), cluster_utility=cu,
+        names=list(table.names),
+        job_lost_utility=job_lost,
+        job_slo_violation_rate=viol,
+        job_requests=req,
+        job_dropped=table.dropped.sum(axis=1),
+        cluster_utility=cu,
         effective_cluster_utility=ecu,
         lost_cluster_utility=float(n_jobs - cu.mean()) if table.minutes else 0.0,
         lost_effective_utility=float(n_jobs - ecu.mean()) if table.minutes else 0.0,
         cluster_slo_violation_rate=float(viol.mean()) if n_jobs else 0.0,
-        fairness=dict(zip(("min", "q25", "median", "q75", "max"), map(float, qs))))
+        fairness=dict(zip(("min", "q25", "median", "q75", "max"), map(float, qs))),
+    )
 
 
-def summarize_records(names, model, arrival_s, latency_s, dropped, slo_s, minutes=None,
-                      percentile=99.0, alpha: float = 1.0) -> Summary:
+def summarize_records(
+    names, model, arrival_s, latency_s, dropped, slo_s, minutes=None, percentile=99.0, alpha: float = 1.0
+) -> Summary:
     """:func:`minute_table` then :func:`summarize`, for a complete set of records."""
-    return summarize(minute_table(names, model, arrival_s, latency_s, dropped, slo_s, minutes,
-                                  percentile), slo_s, alpha)
+    return summarize(
+        minute_table(names, model, arrival_s, latency_s, dropped, slo_s, minutes, percentile), slo_s, alpha
+    )

@@ -45,11 +45,16 @@ class Batching(BaseModel):
     eps: float | None = Field(None, ge=0, description="s per batch, parallel (/ c)")
     delta: float | None = Field(None, ge=0, description="s per request, serial (x b)")
     eta: float | None = Field(None, ge=0, description="s per batch, serial")
-    latency_ms: dict[int, float] | None = Field(None, description="measured time of a batch "
-                                                "of each size (ms), e.g. {1: 3.3, 16: 4.3}")
+    latency_ms: dict[int, float] | None = Field(
+        None, description="measured time of a batch of each size (ms), e.g. {1: 3.3, 16: 4.3}"
+    )
     max_batch_size: int = Field(16, ge=1, le=64, description="largest batch a replica takes")
-    batch_wait_s: float = Field(0.0, ge=0, le=1, description="how long a batch that is not "
-                                "full waits for more requests (Ray's batch_wait_timeout_s)")
+    batch_wait_s: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="how long a batch that is not full waits for more requests (Ray's batch_wait_timeout_s)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -64,13 +69,18 @@ class Batching(BaseModel):
             saved = json.loads(path.read_text())
             found = _curve_fields(saved)
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"batching profile {path}: not a saved profile "
-                             f"(faro-serve profile writes one): {err}") from None
+            raise ValueError(
+                f"batching profile {path}: not a saved profile (faro-serve profile writes one): {err}"
+            ) from None
         mine = {k for k in ("gamma", "eps", "delta", "eta", "latency_ms") if data.get(k) is not None}
         if mine:  # the file's curve is replaced by what is given beside it
-            found = {k: v for k, v in found.items() if k not in ("gamma", "eps", "delta", "eta", "latency_ms")
-                     or (k in mine) or (k != "latency_ms" and "latency_ms" not in mine
-                                        and not mine & {"gamma", "eps"})}
+            found = {
+                k: v
+                for k, v in found.items()
+                if k not in ("gamma", "eps", "delta", "eta", "latency_ms")
+                or (k in mine)
+                or (k != "latency_ms" and "latency_ms" not in mine and not mine & {"gamma", "eps"})
+            }
         return {**found, **data}
 
     @model_validator(mode="after")
@@ -78,8 +88,10 @@ class Batching(BaseModel):
         affine = [self.gamma, self.eps, self.delta, self.eta]
         if any(v is not None for v in affine):
             if self.latency_ms is not None:
-                raise ValueError("give the batch curve once: gamma/eps/delta/eta (Sponge's "
-                                 "model) or latency_ms (measured points), not both")
+                raise ValueError(
+                    "give the batch curve once: gamma/eps/delta/eta (Sponge's "
+                    "model) or latency_ms (measured points), not both"
+                )
             if sum(v or 0.0 for v in affine) <= 0:
                 raise ValueError("a batch profile needs a positive time (gamma, eps, delta, eta all 0)")
         if self.latency_ms is not None:
@@ -91,8 +103,7 @@ class Batching(BaseModel):
     @property
     def measured(self) -> bool:
         """No curve given: the replicas' own batches measure it (module docstring)."""
-        return self.latency_ms is None and all(
-            v is None for v in (self.gamma, self.eps, self.delta, self.eta))
+        return self.latency_ms is None and all(v is None for v in (self.gamma, self.eps, self.delta, self.eta))
 
     def curve(self, cores: float = 1.0) -> BatchCurve | None:
         """The batch latency curve at ``cores`` (Sponge's model: its cores; breakpoints:
@@ -146,8 +157,9 @@ class Variant(BaseModel):
     accuracy: float = Field(gt=0, le=100, description="top-1 accuracy, %")
     processing_ms: float = Field(gt=0, description="one request alone on the replica's cpus")
     batching: Batching | None = None
-    load_s: float | None = Field(None, ge=0, description="time to load it on a replica "
-                                 "(default: the cluster's cold start)")
+    load_s: float | None = Field(
+        None, ge=0, description="time to load it on a replica (default: the cluster's cold start)"
+    )
 
 
 class ModelSLO(BaseModel):
@@ -155,8 +167,11 @@ class ModelSLO(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64,
-                      description="unique model name (letters, digits, '_', '-', '.')")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        max_length=64,
+        description="unique model name (letters, digits, '_', '-', '.')",
+    )
     slo_ms: float = Field(gt=0, description="latency target in milliseconds")
     percentile: float = Field(99.0, gt=0, lt=100, description="SLO percentile k, e.g. 99")
     priority: float = Field(1.0, gt=0, description="weight pi in the sum objectives")
@@ -165,34 +180,54 @@ class ModelSLO(BaseModel):
     cpus: float = Field(1.0, gt=0, description="vCPU per replica")
     memory_gb: float = Field(1.0, gt=0, description="GiB of memory per replica")
     gpus: float = Field(0.0, ge=0, description="GPUs per replica, fractions allowed (Ray's num_gpus)")
-    resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources "
-                                        "per replica, e.g. {accelerator_type:A10G: 0.001}")
-    concurrency: int = Field(1, ge=1, le=1024, description="requests one replica serves at once "
-                             "(Ray's max_ongoing_requests); the planner counts a replica as "
-                             "this many servers of the processing time (docs/concurrency.md); "
-                             "1: the paper's M/D/c, one at a time")
-    app: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64,
-                            description="the Serve application the model runs in (default: "
-                            "its name)")
-    deployment: str | None = Field(None, max_length=128, description="the deployment Faro scales "
-                                   "in that application (default: faro-serve's own, 'Model')")
-    processing_ms: float | None = Field(None, gt=0, description="prior per-request processing "
-                                        "time; replaced by measurements at run time")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Ray custom resources per replica, e.g. {accelerator_type:A10G: 0.001}"
+    )
+    concurrency: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="requests one replica serves at once "
+        "(Ray's max_ongoing_requests); the planner counts a replica as "
+        "this many servers of the processing time (docs/concurrency.md); "
+        "1: the paper's M/D/c, one at a time",
+    )
+    app: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        max_length=64,
+        description="the Serve application the model runs in (default: its name)",
+    )
+    deployment: str | None = Field(
+        None,
+        max_length=128,
+        description="the deployment Faro scales in that application (default: faro-serve's own, 'Model')",
+    )
+    processing_ms: float | None = Field(
+        None, gt=0, description="prior per-request processing time; replaced by measurements at run time"
+    )
     allow_drop: bool = Field(True, description="penalty objectives may drop this model's requests")
-    batching: Batching | None = Field(None, description="the replicas serve dynamic batches "
-                                      "(profile and largest batch); None: one request at a time")
-    variants: list[Variant] | None = Field(None, description="variants of this model's task "
-                                           "(INFaaS); the first is the one deployed")
-    min_accuracy: float | None = Field(None, gt=0, le=100, description="the task's accuracy "
-                                       "target for variant selection (default: the first variant's)")
-    pipeline: str | None = Field(None, description="the pipeline this model is a stage of "
-                                 "(set by PipelineSLO.stage_models; None: a single model)")
+    batching: Batching | None = Field(
+        None, description="the replicas serve dynamic batches (profile and largest batch); None: one request at a time"
+    )
+    variants: list[Variant] | None = Field(
+        None, description="variants of this model's task (INFaaS); the first is the one deployed"
+    )
+    min_accuracy: float | None = Field(
+        None,
+        gt=0,
+        le=100,
+        description="the task's accuracy target for variant selection (default: the first variant's)",
+    )
+    pipeline: str | None = Field(
+        None,
+        description="the pipeline this model is a stage of (set by PipelineSLO.stage_models; None: a single model)",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> "ModelSLO":
         if self.max_replicas < self.min_replicas:
-            raise ValueError(f"max_replicas ({self.max_replicas}) is below min_replicas "
-                             f"({self.min_replicas})")
+            raise ValueError(f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})")
         if self.variants is not None:
             names = [v.name for v in self.variants]
             if not names or len(set(names)) != len(names):
@@ -202,17 +237,20 @@ class ModelSLO(BaseModel):
                 raise ValueError(f"no variant reaches accuracy {acc:g} within slo_ms {self.slo_ms:g}")
         elif self.min_accuracy is not None:
             raise ValueError("min_accuracy needs variants")
-        if self.concurrency > 1 and (self.batching is not None
-                                     or any(v.batching for v in self.variants or ())):
-            raise ValueError(f"concurrency {self.concurrency} with batching: a replica either "
-                             "serves its requests in batches (one batch at a time, the batch "
-                             "profile's time) or serves up to concurrency requests side by side, "
-                             "each in the measured time; the planner models each alone, not "
-                             "both at once (docs/concurrency.md). Set concurrency 1 or drop "
-                             "batching")
+        if self.concurrency > 1 and (self.batching is not None or any(v.batching for v in self.variants or ())):
+            raise ValueError(
+                f"concurrency {self.concurrency} with batching: a replica either "
+                "serves its requests in batches (one batch at a time, the batch "
+                "profile's time) or serves up to concurrency requests side by side, "
+                "each in the measured time; the planner models each alone, not "
+                "both at once (docs/concurrency.md). Set concurrency 1 or drop "
+                "batching"
+            )
         if self.processing_ms is not None and self.processing_ms >= self.slo_ms:
-            raise ValueError(f"processing_ms ({self.processing_ms:g}) must be below slo_ms "
-                             f"({self.slo_ms:g}): no replica count could meet the SLO")
+            raise ValueError(
+                f"processing_ms ({self.processing_ms:g}) must be below slo_ms "
+                f"({self.slo_ms:g}): no replica count could meet the SLO"
+            )
         return self
 
     def planning_ms(self, measured_ms: float | None = None) -> float:
@@ -226,8 +264,7 @@ class ModelSLO(BaseModel):
     def _custom_resources(cls, v: dict[str, float]) -> dict[str, float]:
         for name, amount in v.items():
             if name in ("CPU", "GPU", "memory", "object_store_memory"):
-                raise ValueError(f"resources: give {name} as cpus/gpus/memory_gb, not as a "
-                                 "custom resource")
+                raise ValueError(f"resources: give {name} as cpus/gpus/memory_gb, not as a custom resource")
             if not amount > 0:
                 raise ValueError(f"resources: {name} must be > 0 per replica (got {amount!r})")
         return v

@@ -37,27 +37,38 @@ class Stage(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    name: str = Field(pattern=_NAME, max_length=64, description="the stage's model name, "
-                      "unique across the cluster's models and stages")
-    after: list[str] = Field(default_factory=list, description="the stages whose output this "
-                             "stage takes (none: an entry stage, which gets the queries)")
-    fraction: float = Field(1.0, gt=0, le=1, description="share of the pipeline's queries "
-                            "that visit this stage (InferLine's s_m)")
-    slo_ms: float | None = Field(None, gt=0, description="this stage's own target, for "
-                                 "policies that plan stages one by one (default: the "
-                                 "pipeline's SLO split equally along its longest path)")
+    name: str = Field(
+        pattern=_NAME,
+        max_length=64,
+        description="the stage's model name, unique across the cluster's models and stages",
+    )
+    after: list[str] = Field(
+        default_factory=list,
+        description="the stages whose output this stage takes (none: an entry stage, which gets the queries)",
+    )
+    fraction: float = Field(
+        1.0, gt=0, le=1, description="share of the pipeline's queries that visit this stage (InferLine's s_m)"
+    )
+    slo_ms: float | None = Field(
+        None,
+        gt=0,
+        description="this stage's own target, for "
+        "policies that plan stages one by one (default: the "
+        "pipeline's SLO split equally along its longest path)",
+    )
 
     @model_validator(mode="after")
     def _model_fields(self) -> "Stage":
         bad = sorted(set(self.model_extra or {}) - set(ModelSLO.model_fields))
         if bad:
-            raise ValueError(f"stage {self.name!r}: unknown field(s) {', '.join(bad)}; a stage "
-                             f"takes name, after, fraction, slo_ms and the model fields "
-                             f"({', '.join(sorted(set(ModelSLO.model_fields) - {'name', 'slo_ms', 'percentile', 'priority', 'pipeline'}))})")
+            raise ValueError(
+                f"stage {self.name!r}: unknown field(s) {', '.join(bad)}; a stage "
+                f"takes name, after, fraction, slo_ms and the model fields "
+                f"({', '.join(sorted(set(ModelSLO.model_fields) - {'name', 'slo_ms', 'percentile', 'priority', 'pipeline'}))})"
+            )
         clash = sorted({"percentile", "priority", "pipeline"} & set(self.model_extra or {}))
         if clash:
-            raise ValueError(f"stage {self.name!r}: {', '.join(clash)} belong(s) to the "
-                             f"pipeline, not to a stage")
+            raise ValueError(f"stage {self.name!r}: {', '.join(clash)} belong(s) to the pipeline, not to a stage")
         return self
 
 
@@ -71,14 +82,21 @@ class PipelineSLO(BaseModel):
     percentile: float = Field(99.0, gt=0, lt=100, description="SLO percentile, e.g. 99")
     priority: float = Field(1.0, gt=0, description="weight in the sum objectives")
     stages: list[Stage] = Field(min_length=1, description="the stages, any order")
-    app: str | None = Field(None, pattern=_NAME, max_length=64, description="the Serve "
-                            "application the pipeline runs in (default: its name); a stage's "
-                            "own app wins")
-    ingress: str | None = Field(None, max_length=128, description="the deployment that takes "
-                                "the pipeline's queries and calls its stages "
-                                "(faro_serve.scaled(Ingress, pipeline)): its meter measures "
-                                "arrivals and end-to-end latency; None: the end-to-end latency "
-                                "is not measured live")
+    app: str | None = Field(
+        None,
+        pattern=_NAME,
+        max_length=64,
+        description="the Serve application the pipeline runs in (default: its name); a stage's own app wins",
+    )
+    ingress: str | None = Field(
+        None,
+        max_length=128,
+        description="the deployment that takes "
+        "the pipeline's queries and calls its stages "
+        "(faro_serve.scaled(Ingress, pipeline)): its meter measures "
+        "arrivals and end-to-end latency; None: the end-to-end latency "
+        "is not measured live",
+    )
 
     @model_validator(mode="after")
     def _dag(self) -> "PipelineSLO":
@@ -90,15 +108,19 @@ class PipelineSLO(BaseModel):
         for s in self.stages:
             for p in s.after:
                 if p not in known:
-                    raise ValueError(f"pipeline {self.name!r}: stage {s.name!r} comes after "
-                                     f"unknown stage {p!r} (stages: {', '.join(names)})")
+                    raise ValueError(
+                        f"pipeline {self.name!r}: stage {s.name!r} comes after "
+                        f"unknown stage {p!r} (stages: {', '.join(names)})"
+                    )
                 if p == s.name:
                     raise ValueError(f"pipeline {self.name!r}: stage {s.name!r} comes after itself")
             parent = max((self.stage(p).fraction for p in s.after), default=1.0)
             if s.fraction > parent + 1e-12:
-                raise ValueError(f"pipeline {self.name!r}: stage {s.name!r} has fraction "
-                                 f"{s.fraction:g}, above its parents' ({parent:g}): a stage "
-                                 f"only sees queries that visited a stage before it")
+                raise ValueError(
+                    f"pipeline {self.name!r}: stage {s.name!r} has fraction "
+                    f"{s.fraction:g}, above its parents' ({parent:g}): a stage "
+                    f"only sees queries that visited a stage before it"
+                )
         self.order()  # raises on a cycle
         self.stage_models()  # each stage a valid model (raises with the model's own checks)
         return self
@@ -113,8 +135,7 @@ class PipelineSLO(BaseModel):
         for m in self.stage_models():
             if m.name == name:
                 return m
-        raise KeyError(f"pipeline {self.name!r} has no stage {name!r} (stages: "
-                       f"{', '.join(self.stage_names)})")
+        raise KeyError(f"pipeline {self.name!r} has no stage {name!r} (stages: {', '.join(self.stage_names)})")
 
     def stage(self, name: str) -> Stage:
         for s in self.stages:
@@ -134,8 +155,7 @@ class PipelineSLO(BaseModel):
         while left:
             ready = [n for n in self.stage_names if n in left and not left[n]]
             if not ready:
-                raise ValueError(f"pipeline {self.name!r}: its stages form a cycle through "
-                                 f"{', '.join(sorted(left))}")
+                raise ValueError(f"pipeline {self.name!r}: its stages form a cycle through {', '.join(sorted(left))}")
             for n in ready:
                 out.append(n)
                 del left[n]
@@ -188,9 +208,16 @@ class PipelineSLO(BaseModel):
         for s in self.stages:
             extra = dict(s.model_extra or {})
             extra.setdefault("app", self.app_name)
-            out.append(ModelSLO(name=s.name, slo_ms=s.slo_ms if s.slo_ms is not None else split,
-                                percentile=self.percentile, priority=self.priority,
-                                pipeline=self.name, **extra))
+            out.append(
+                ModelSLO(
+                    name=s.name,
+                    slo_ms=s.slo_ms if s.slo_ms is not None else split,
+                    percentile=self.percentile,
+                    priority=self.priority,
+                    pipeline=self.name,
+                    **extra,
+                )
+            )
         return out
 
 
@@ -202,16 +229,16 @@ def expand(models: Sequence[ModelSLO], pipelines: Iterable[PipelineSLO]) -> list
     pipelines = list(pipelines)
     for p in pipelines:
         if p.name in seen:
-            raise ValueError(f"pipeline {p.name!r} has the name of a model: a pipeline's "
-                             f"name must differ from every model's and stage's")
+            raise ValueError(
+                f"pipeline {p.name!r} has the name of a model: a pipeline's "
+                f"name must differ from every model's and stage's"
+            )
     for p in pipelines:
         for m in p.stage_models():
             if m.name in seen:
-                raise ValueError(f"pipeline {p.name!r}: stage {m.name!r} has the name of "
-                                 f"another {seen[m.name]}")
+                raise ValueError(f"pipeline {p.name!r}: stage {m.name!r} has the name of another {seen[m.name]}")
             if m.name in {q.name for q in pipelines}:
-                raise ValueError(f"pipeline {p.name!r}: stage {m.name!r} has the name of a "
-                                 f"pipeline")
+                raise ValueError(f"pipeline {p.name!r}: stage {m.name!r} has the name of a pipeline")
             seen[m.name] = f"stage (of pipeline {p.name!r})"
             out.append(m)
     return out

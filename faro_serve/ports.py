@@ -7,6 +7,7 @@ we named, so an ephemeral pick can be taken in between (CI once lost ``ray start
 that: "Failed to bind to address 127.0.0.1:36039"). Picking between Ray's worker ports and the
 ephemeral range, where nothing is assigned behind our back, closes that window.
 """
+
 from __future__ import annotations
 
 import random

@@ -26,8 +26,9 @@ def _latencies(latency_s, dropped) -> np.ndarray:
     return np.where(np.asarray(dropped, bool), np.inf, np.asarray(latency_s, float))
 
 
-def window_percentiles(arrival_s, latency_s, dropped, percentile: float, starts: np.ndarray,
-                       window_s: float) -> np.ndarray:
+def window_percentiles(
+    arrival_s, latency_s, dropped, percentile: float, starts: np.ndarray, window_s: float
+) -> np.ndarray:
     """Percentile latency of the requests arriving in ``[t, t + window_s)`` for each start
     ``t``; NaN for an empty window, inf when the percentile falls on a dropped request."""
     arr = np.asarray(arrival_s, float)
@@ -45,14 +46,24 @@ def window_percentiles(arrival_s, latency_s, dropped, percentile: float, starts:
             i = int(math.floor(h))
             frac = h - i
             j = min(i + 1, v.size - 1)
-            out[k] = v[i] if frac == 0 or v[i] == v[j] else (
-                math.inf if math.isinf(v[j]) else v[i] + (v[j] - v[i]) * frac)
+            out[k] = (
+                v[i] if frac == 0 or v[i] == v[j] else (math.inf if math.isinf(v[j]) else v[i] + (v[j] - v[i]) * frac)
+            )
     return out
 
 
-def recovery_time(arrival_s, latency_s, dropped, slo_s: float, percentile: float, step_s: float,
-                  *, window_s: float = 10.0, resolution_s: float = 1.0,
-                  until_s: float | None = None) -> float | None:
+def recovery_time(
+    arrival_s,
+    latency_s,
+    dropped,
+    slo_s: float,
+    percentile: float,
+    step_s: float,
+    *,
+    window_s: float = 10.0,
+    resolution_s: float = 1.0,
+    until_s: float | None = None,
+) -> float | None:
     """Seconds from ``step_s`` to the first window start from which every window meets the SLO.
 
     Windows of ``window_s`` start every ``resolution_s`` from ``step_s`` and end by
@@ -62,8 +73,10 @@ def recovery_time(arrival_s, latency_s, dropped, slo_s: float, percentile: float
     arr = np.asarray(arrival_s, float)
     end = until_s if until_s is not None else (float(arr.max()) if arr.size else step_s)
     if end - step_s < window_s:
-        raise ValueError(f"the records end {end - step_s:.1f} s after the step; a recovery "
-                         f"needs at least one whole {window_s:g} s window")
+        raise ValueError(
+            f"the records end {end - step_s:.1f} s after the step; a recovery "
+            f"needs at least one whole {window_s:g} s window"
+        )
     starts = np.arange(step_s, end - window_s + 1e-9, resolution_s)
     p = window_percentiles(arr, latency_s, dropped, percentile, starts, window_s)
     bad = np.flatnonzero(~(np.isnan(p) | (p <= slo_s)))
@@ -74,8 +87,7 @@ def recovery_time(arrival_s, latency_s, dropped, slo_s: float, percentile: float
     return float(starts[bad[-1] + 1] - step_s)
 
 
-def surge_damage(arrival_s, latency_s, dropped, slo_s: float, step_s: float,
-                 span_s: float = 120.0) -> dict:
+def surge_damage(arrival_s, latency_s, dropped, slo_s: float, step_s: float, span_s: float = 120.0) -> dict:
     """Requests that arrived in ``[step_s, step_s + span_s)``, and how many of them were
     dropped or slower than the SLO."""
     arr = np.asarray(arrival_s, float)
@@ -86,8 +98,19 @@ def surge_damage(arrival_s, latency_s, dropped, slo_s: float, step_s: float,
     return {"requests": int(sel.sum()), "dropped": drops, "over_slo": slow, "bad": drops + slow}
 
 
-def surge_report(names, model, arrival_s, latency_s, dropped, slo_s, percentile, step_s: float,
-                 *, window_s: float = 10.0, span_s: float = 120.0) -> dict:
+def surge_report(
+    names,
+    model,
+    arrival_s,
+    latency_s,
+    dropped,
+    slo_s,
+    percentile,
+    step_s: float,
+    *,
+    window_s: float = 10.0,
+    span_s: float = 120.0,
+) -> dict:
     """Per model: the recovery time within, and the damage of, the first ``span_s`` seconds
     after a step at ``step_s`` (what ``simulate --step-at`` and ``replay --step-at`` write
     to JSON)."""
@@ -101,9 +124,20 @@ def surge_report(names, model, arrival_s, latency_s, dropped, slo_s, percentile,
         sel = model == i
         rec = None
         if end - step_s >= window_s:
-            rec = recovery_time(arr[sel], np.asarray(latency_s)[sel], np.asarray(dropped)[sel],
-                                float(slo[i]), float(pct[i]), step_s, window_s=window_s, until_s=end)
-        out[n] = {"recovery_s": rec, **surge_damage(arr[sel], np.asarray(latency_s)[sel],
-                                                    np.asarray(dropped)[sel], float(slo[i]),
-                                                    step_s, span_s)}
+            rec = recovery_time(
+                arr[sel],
+                np.asarray(latency_s)[sel],
+                np.asarray(dropped)[sel],
+                float(slo[i]),
+                float(pct[i]),
+                step_s,
+                window_s=window_s,
+                until_s=end,
+            )
+        out[n] = {
+            "recovery_s": rec,
+            **surge_damage(
+                arr[sel], np.asarray(latency_s)[sel], np.asarray(dropped)[sel], float(slo[i]), step_s, span_s
+            ),
+        }
     return {"step_s": step_s, "window_s": window_s, "span_s": span_s, "models": out}

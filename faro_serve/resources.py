@@ -61,9 +61,14 @@ class Capacity:
     default: float = math.inf
 
     @classmethod
-    def of(cls, cpus: float | None = None, memory_gb: float | None = None,
-           gpus: float | None = None, resources: Mapping[str, float] | None = None,
-           default: float = math.inf) -> "Capacity":
+    def of(
+        cls,
+        cpus: float | None = None,
+        memory_gb: float | None = None,
+        gpus: float | None = None,
+        resources: Mapping[str, float] | None = None,
+        default: float = math.inf,
+    ) -> "Capacity":
         """From the config's fields; a None leaves that resource to ``default``."""
         caps = {CPU: cpus, MEMORY: memory_gb, GPU: gpus, **(resources or {})}
         return cls.from_mapping({k: v for k, v in caps.items() if v is not None}, default)
@@ -75,8 +80,7 @@ class Capacity:
     @classmethod
     def of_cluster(cls, spec) -> "Capacity":
         """A ClusterSpec's caps (gpus or resources None: not binding here)."""
-        return cls.of(spec.cpus, spec.memory_gb, getattr(spec, "gpus", None),
-                      getattr(spec, "resources", None))
+        return cls.of(spec.cpus, spec.memory_gb, getattr(spec, "gpus", None), getattr(spec, "resources", None))
 
     @property
     def limits(self) -> dict[str, float]:
@@ -98,8 +102,7 @@ class Capacity:
     def capped_by(self, other: "Capacity") -> "Capacity":
         """Each resource at the smaller of the two caps."""
         names = set(self.limits) | set(other.limits)
-        return Capacity.from_mapping({n: min(self[n], other[n]) for n in names},
-                                     min(self.default, other.default))
+        return Capacity.from_mapping({n: min(self[n], other[n]) for n in names}, min(self.default, other.default))
 
     def replaced(self, **caps: float) -> "Capacity":
         """This capacity with some caps set (by Ray's name; ``math.inf``: not binding)."""
@@ -111,8 +114,11 @@ class Capacity:
 
     def over(self, used: Mapping[str, float]) -> list[str]:
         """'need X of R, have Y' for each resource ``used`` exceeds; empty when it fits."""
-        return [f"{a:g} {unit(r)} (the cluster has {self[r]:g})" for r, a in sorted(used.items(), key=_order)
-                if a > self[r] + TOL]
+        return [
+            f"{a:g} {unit(r)} (the cluster has {self[r]:g})"
+            for r, a in sorted(used.items(), key=_order)
+            if a > self[r] + TOL
+        ]
 
     def fits(self, used: Mapping[str, float]) -> bool:
         return not self.over(used)

@@ -94,8 +94,10 @@ class Trace:
         to its warm-up history too), never below 0. HIGH is held to the loader's limit: the
         file's counts were checked against it, the rescaled ones would not be."""
         if not 0 <= low <= high <= MAX_REQUESTS_PER_MINUTE:  # nan too
-            raise TraceError(f"--rescale {low:g},{high:g}: needs 0 <= LOW <= HIGH <= "
-                             f"{MAX_REQUESTS_PER_MINUTE:,} (the limit of requests per minute per job)")
+            raise TraceError(
+                f"--rescale {low:g},{high:g}: needs 0 <= LOW <= HIGH <= "
+                f"{MAX_REQUESTS_PER_MINUTE:,} (the limit of requests per minute per job)"
+            )
         c = self.counts
         ref = c if fit is None else np.asarray(fit, float)
         lo, hi = float(ref.min()), float(ref.max())
@@ -138,8 +140,9 @@ def _load_csv(path: Path, days, sample) -> Trace:
     df.columns = [str(c).strip() for c in df.columns]
     missing = [c for c in ("minute", "job", "requests") if c not in df.columns]
     if missing:
-        raise TraceError(f"{path}: missing column(s) {', '.join(missing)} "
-                         f"(need minute, job, requests; optional day, sample)")
+        raise TraceError(
+            f"{path}: missing column(s) {', '.join(missing)} (need minute, job, requests; optional day, sample)"
+        )
     if df.empty:
         raise TraceError(f"{path}: no rows")
     if days is not None:
@@ -154,12 +157,12 @@ def _load_csv(path: Path, days, sample) -> Trace:
         if "sample" not in df.columns:
             raise TraceError(f"{path}: --sample given but the file has no 'sample' column")
         if sample not in set(df["sample"].unique().tolist()):
-            raise TraceError(f"{path}: sample {sample} not in file "
-                             f"(has {sorted(df['sample'].unique().tolist())})")
+            raise TraceError(f"{path}: sample {sample} not in file (has {sorted(df['sample'].unique().tolist())})")
         df = df[df["sample"] == sample]
     elif "sample" in df.columns and df["sample"].nunique() > 1:
-        raise TraceError(f"{path}: the file has several samples "
-                         f"{sorted(df['sample'].unique().tolist())}; choose one with --sample")
+        raise TraceError(
+            f"{path}: the file has several samples {sorted(df['sample'].unique().tolist())}; choose one with --sample"
+        )
 
     def row(bad: pd.Series) -> int:
         """The first flagged data row as numbered in the file (1: the line after the header)."""
@@ -174,8 +177,10 @@ def _load_csv(path: Path, days, sample) -> Trace:
         raise TraceError(f"{path}: 'requests' has negative counts (data row {row(req < 0)})")
     if (req > MAX_REQUESTS_PER_MINUTE).any():
         r = row(req > MAX_REQUESTS_PER_MINUTE)
-        raise TraceError(f"{path}: 'requests' is {req.loc[r - 1]:g} in data row {r}, above the limit of "
-                         f"{MAX_REQUESTS_PER_MINUTE:,} requests per minute per job")
+        raise TraceError(
+            f"{path}: 'requests' is {req.loc[r - 1]:g} in data row {r}, above the limit of "
+            f"{MAX_REQUESTS_PER_MINUTE:,} requests per minute per job"
+        )
     minute = pd.to_numeric(df["minute"], errors="coerce")
     if minute.isna().any():
         raise TraceError(f"{path}: 'minute' has a missing or non-numeric value (data row {row(minute.isna())})")
@@ -188,12 +193,14 @@ def _load_csv(path: Path, days, sample) -> Trace:
         raise TraceError(f"{path}: duplicate rows for the same job and minute")
     wide = df.pivot_table(index=keys, columns="job", values="requests", aggfunc="first", sort=True)
     index = wide.index.to_frame(index=False)
-    for day, m in (index.groupby("day")["minute"] if "day" in index else [(None, index["minute"])]):
+    for day, m in index.groupby("day")["minute"] if "day" in index else [(None, index["minute"])]:
         gaps = _gaps(m)
         if gaps:
             where = "" if day is None else f"day {day}: "
-            raise TraceError(f"{path}: {where}{_minute_list(gaps)} missing: the trace needs a row for "
-                             f"every minute from the first to the last; write 0 for minutes without requests")
+            raise TraceError(
+                f"{path}: {where}{_minute_list(gaps)} missing: the trace needs a row for "
+                f"every minute from the first to the last; write 0 for minutes without requests"
+            )
     if wide.isna().any().any():
         job = wide.columns[wide.isna().any().to_numpy()][0]
         holes = wide.index[wide[job].isna().to_numpy()]
@@ -202,8 +209,10 @@ def _load_csv(path: Path, days, sample) -> Trace:
             where, holes = f"day {day}: ", [m for d, m in holes if d == day]
         else:
             where = ""
-        raise TraceError(f"{path}: {where}job {job} lacks {_minute_list(_runs(holes))}: "
-                         f"every job needs a row for every minute; write 0 for minutes without requests")
+        raise TraceError(
+            f"{path}: {where}job {job} lacks {_minute_list(_runs(holes))}: "
+            f"every job needs a row for every minute; write 0 for minutes without requests"
+        )
     names = [str(c) for c in wide.columns]
     return Trace(names, wide.to_numpy(dtype=float).T.copy())
 
@@ -219,8 +228,10 @@ def _json_count(where: str, job: str, value) -> float:
             raise TraceError(f"{where}: job {job}: counts must be finite and >= 0 (got {json.dumps(v)})")
     n = float(sum(values))
     if n > MAX_REQUESTS_PER_MINUTE:
-        raise TraceError(f"{where}: job {job}: {n:g} requests, above the limit of "
-                         f"{MAX_REQUESTS_PER_MINUTE:,} requests per minute per job")
+        raise TraceError(
+            f"{where}: job {job}: {n:g} requests, above the limit of "
+            f"{MAX_REQUESTS_PER_MINUTE:,} requests per minute per job"
+        )
     return n
 
 
@@ -238,7 +249,7 @@ def _load_jsonl(path: Path) -> Trace:
             ts, counts = rec["ts"], rec["counts"]
             jobs = list(counts.items())
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise TraceError(f"{path}:{k}: expected {{\"ts\": i, \"counts\": {{job: {{deployment: n}}}}}}") from None
+            raise TraceError(f'{path}:{k}: expected {{"ts": i, "counts": {{job: {{deployment: n}}}}}}') from None
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not float(ts).is_integer():
             raise TraceError(f"{path}:{k}: 'ts' must be a whole minute number (got {json.dumps(ts)})")
         if int(ts) in by_ts:
@@ -248,9 +259,11 @@ def _load_jsonl(path: Path) -> Trace:
         raise TraceError(f"{path}: no records")
     gaps = _gaps(by_ts)
     if gaps:
-        raise TraceError(f"{path}: no line has {_minute_list(gaps, 'ts')}: the trace needs a line for "
-                         f"every minute from the first ts to the last; write "
-                         f"{{\"ts\": t, \"counts\": {{}}}} for minutes without requests")
+        raise TraceError(
+            f"{path}: no line has {_minute_list(gaps, 'ts')}: the trace needs a line for "
+            f"every minute from the first ts to the last; write "
+            f'{{"ts": t, "counts": {{}}}} for minutes without requests'
+        )
     per_min = [by_ts[t][1] for t in sorted(by_ts)]
     names = sorted({j for m in per_min for j in m})
     if not names:
@@ -259,8 +272,7 @@ def _load_jsonl(path: Path) -> Trace:
     return Trace(names, counts)
 
 
-def load_trace(path: str | Path, days=None, sample: int | None = None,
-               jobs: list[str] | None = None) -> Trace:
+def load_trace(path: str | Path, days=None, sample: int | None = None, jobs: list[str] | None = None) -> Trace:
     """Load a trace file (CSV or JSON lines), optionally filtering days, sample and jobs."""
     p = Path(path)
     if not p.exists():
@@ -275,8 +287,7 @@ def load_trace(path: str | Path, days=None, sample: int | None = None,
     return trace.select(jobs) if jobs else trace
 
 
-def duplicate_jobs(trace: Trace, n_jobs: int, jitter: float = 0.1, max_shift: int = 30,
-                   seed: int = 0) -> Trace:
+def duplicate_jobs(trace: Trace, n_jobs: int, jitter: float = 0.1, max_shift: int = 30, seed: int = 0) -> Trace:
     """An ``n_jobs`` workload from a trace's jobs, for large-scale runs (paper Table 8).
 
     Job ``k`` copies source job ``k mod J``. The first copy of each is the original; later
@@ -307,8 +318,9 @@ def duplicate_jobs(trace: Trace, n_jobs: int, jitter: float = 0.1, max_shift: in
     return Trace(names, np.vstack(rows))
 
 
-def previous_day_tail(path: str | Path, day: int, sample: int | None, minutes: int,
-                      jobs: list[str] | None = None) -> np.ndarray | None:
+def previous_day_tail(
+    path: str | Path, day: int, sample: int | None, minutes: int, jobs: list[str] | None = None
+) -> np.ndarray | None:
     """The last ``minutes`` counts before day ``day`` (same sample): day ``day - 1``, and the
     days before it when ``minutes`` is longer than a day, as far back as the file goes; None
     when it has no such day: the arrival history a long-running system would have at the

@@ -50,8 +50,10 @@ def numbers(v) -> tuple:
 
 def optional(check: Check) -> Check:
     """``check``, or None."""
+
     def opt(v):
         return None if v is None else check(v)
+
     opt.__name__ = check.__name__
     opt.optional = True
     return opt
@@ -68,8 +70,9 @@ def check_version(raw: Mapping, version: int, label: str, error: type[Exception]
         raise error(f"{label}: version {v!r:.20} is not supported ({hint or f'this side speaks v{version}'})")
 
 
-def read_fields(raw: Mapping, checks: Mapping[str, Check], where: str, error: type[Exception],
-                envelope: Iterable[str] = ("v",)) -> dict:
+def read_fields(
+    raw: Mapping, checks: Mapping[str, Check], where: str, error: type[Exception], envelope: Iterable[str] = ("v",)
+) -> dict:
     """Every field of ``checks`` read from ``raw`` through its check; ``envelope``: keys
     beside the fields (the version, a type tag). ``error`` names the first field unknown,
     missing or ill-typed."""

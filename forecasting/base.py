@@ -25,8 +25,10 @@ class Forecast:
     def __post_init__(self) -> None:
         self.samples = np.maximum(np.asarray(self.samples, dtype=float), 0.0)
         if self.samples.ndim != 3 or self.samples.shape[0] != len(self.names):
-            raise ValueError(f"forecast samples must be (models, samples, horizon) for "
-                             f"{len(self.names)} models, got shape {self.samples.shape}")
+            raise ValueError(
+                f"forecast samples must be (models, samples, horizon) for "
+                f"{len(self.names)} models, got shape {self.samples.shape}"
+            )
 
     def by_model(self) -> dict[str, np.ndarray]:
         """``{name: (samples, horizon)}``, the form ``plan(...)`` takes."""
@@ -53,8 +55,7 @@ class Forecaster(Protocol):
     input_size: int
     horizon: int
 
-    def predict(self, history: Mapping[str, np.ndarray], n_samples: int = 100,
-                seed: int | None = None) -> Forecast:
+    def predict(self, history: Mapping[str, np.ndarray], n_samples: int = 100, seed: int | None = None) -> Forecast:
         """``history``: per model, per-minute request counts (oldest first)."""
         ...
 
@@ -74,13 +75,12 @@ class FallbackForecaster:
         self.horizon = horizon
         self.reason = reason
 
-    def predict(self, history: Mapping[str, np.ndarray], n_samples: int = 100,
-                seed: int | None = None) -> Forecast:
+    def predict(self, history: Mapping[str, np.ndarray], n_samples: int = 100, seed: int | None = None) -> Forecast:
         rng = np.random.default_rng(seed)
         names = list(history)
         out = np.zeros((len(names), n_samples, self.horizon))
         for i, name in enumerate(names):
-            h = np.asarray(history[name], dtype=float)[-self.input_size:] / 60.0
+            h = np.asarray(history[name], dtype=float)[-self.input_size :] / 60.0
             if h.size == 0:
                 continue
             lo, hi = float(h.mean()), float(h.max())

@@ -31,14 +31,13 @@ class PointBaseline:
     def statistic(self, window: np.ndarray) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def predict(self, history: Mapping[str, np.ndarray], n_samples: int = 100,
-                seed: int | None = None) -> Forecast:
+    def predict(self, history: Mapping[str, np.ndarray], n_samples: int = 100, seed: int | None = None) -> Forecast:
         hist = check_history(history)
         names = list(hist)
         out = np.zeros((len(names), n_samples, self.horizon))
         predictor = {}
         for i, name in enumerate(names):
-            window = hist[name][-self.input_size:]
+            window = hist[name][-self.input_size :]
             if window.size == 0:  # nothing observed yet: forecast no load
                 predictor[name] = "fallback"
                 continue

@@ -46,14 +46,15 @@ def yesterday_means(history: np.ndarray, period: int, level_minutes: int, horizo
     t, p, k = h.size, int(period), int(level_minutes)
     if t < p + k:
         return None
-    same = h[t - p:t - p + horizon]
+    same = h[t - p : t - p + horizon]
     if same.size < horizon:  # a period shorter than the horizon: repeat what there is
         same = np.resize(same, horizon)
-    return cast(np.ndarray, same * (h[t - k:].mean() / max(h[t - p - k:t - p].mean(), 1.0)))
+    return cast(np.ndarray, same * (h[t - k :].mean() / max(h[t - p - k : t - p].mean(), 1.0)))
 
 
-def add_daily(fc: Forecast, history: Mapping[str, np.ndarray], period: int, weight: float,
-              level_minutes: int) -> Forecast:
+def add_daily(
+    fc: Forecast, history: Mapping[str, np.ndarray], period: int, weight: float, level_minutes: int
+) -> Forecast:
     """``fc`` with every model that has a day of ``history`` moved towards yesterday (module
     doc); its predictor label gains `` + daily``. ``weight`` 0 returns ``fc`` unchanged."""
     if weight <= 0.0:
@@ -80,8 +81,13 @@ class DailyContext:
     ``period``: minutes in a day of the series (1440 live; a replayed trace's points per day
     in the simulator, e.g. 360 for the Faro workload). ``weight`` 0 is ``base`` itself."""
 
-    def __init__(self, base: Forecaster, period: int = DAY_MINUTES, weight: float = DEFAULT_WEIGHT,
-                 level_minutes: int | None = None):
+    def __init__(
+        self,
+        base: Forecaster,
+        period: int = DAY_MINUTES,
+        weight: float = DEFAULT_WEIGHT,
+        level_minutes: int | None = None,
+    ):
         check_daily(period, weight)
         self.base = base
         self.period = int(period)
@@ -94,8 +100,6 @@ class DailyContext:
     def yesterday_means(self, history: np.ndarray) -> np.ndarray | None:
         return yesterday_means(history, self.period, self.level_minutes, self.horizon)
 
-    def predict(self, history: Mapping[str, np.ndarray], n_samples: int = 100,
-                seed: int | None = None) -> Forecast:
+    def predict(self, history: Mapping[str, np.ndarray], n_samples: int = 100, seed: int | None = None) -> Forecast:
         fc = self.base.predict(history, n_samples=n_samples, seed=seed)
         return add_daily(fc, history, self.period, self.weight, self.level_minutes)
-

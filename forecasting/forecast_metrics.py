@@ -19,8 +19,9 @@ def _check(samples: np.ndarray, actual: np.ndarray) -> tuple[np.ndarray, np.ndar
     s = np.asarray(samples, dtype=float)
     a = np.asarray(actual, dtype=float)
     if s.ndim < 2 or s.shape[:-2] + s.shape[-1:] != a.shape:
-        raise ValueError(f"samples {s.shape} must be (..., n_samples, horizon) matching "
-                         f"actual (..., horizon) {a.shape}")
+        raise ValueError(
+            f"samples {s.shape} must be (..., n_samples, horizon) matching actual (..., horizon) {a.shape}"
+        )
     return s, a
 
 

@@ -27,8 +27,7 @@ def check_history(history: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         except (TypeError, ValueError):
             raise ValueError(f"history of {name!r}: counts must be numbers") from None
         if h.ndim != 1:
-            raise ValueError(f"history of {name!r}: expected a 1-D series of per-minute counts, "
-                             f"got shape {h.shape}")
+            raise ValueError(f"history of {name!r}: expected a 1-D series of per-minute counts, got shape {h.shape}")
         if not np.all(np.isfinite(h)):
             raise ValueError(f"history of {name!r}: counts must be finite (found NaN or inf)")
         if (h < 0).any():
@@ -42,8 +41,10 @@ def history_frame(hist: Mapping[str, np.ndarray]) -> pd.DataFrame:
     import pandas as pd
 
     names = list(hist)
-    return pd.DataFrame({
-        "unique_id": np.repeat(names, [len(hist[n]) for n in names]),
-        "ds": np.concatenate([np.arange(len(hist[n])) for n in names]),
-        "y": np.concatenate([np.asarray(hist[n], dtype=np.float32) for n in names]),
-    })
+    return pd.DataFrame(
+        {
+            "unique_id": np.repeat(names, [len(hist[n]) for n in names]),
+            "ds": np.concatenate([np.arange(len(hist[n])) for n in names]),
+            "y": np.concatenate([np.asarray(hist[n], dtype=np.float32) for n in names]),
+        }
+    )

@@ -43,11 +43,14 @@ def save_forecaster(forecaster: NHitsForecaster, directory: str | Path) -> Path:
         raise ValueError(f"{d}: exists and is not a directory")
     d.mkdir(parents=True, exist_ok=True)
     if forecaster.model is None:
-        raise ValueError("this forecaster was loaded without its model (traced forward only); "
-                         "save the directory it was loaded from instead")
+        raise ValueError(
+            "this forecaster was loaded without its model (traced forward only); "
+            "save the directory it was loaded from instead"
+        )
     if any(m is None for m, _ in forecaster.nets):
-        raise ValueError("an ensemble member was loaded without its model; save the directory "
-                         "it was loaded from instead")
+        raise ValueError(
+            "an ensemble member was loaded without its model; save the directory it was loaded from instead"
+        )
     with quiet_lightning():
         for i, (model, _) in enumerate(forecaster.nets):
             model.save(str(d / member_file(WEIGHTS_FILE, i)))
@@ -56,7 +59,7 @@ def save_forecaster(forecaster: NHitsForecaster, directory: str | Path) -> Path:
     for name in (WEIGHTS_FILE, SCRIPT_FILE):
         stem, _, ext = name.partition(".")
         for old in d.glob(f"{stem}-*.{ext}"):
-            index = old.name[len(stem) + 1:-len(ext) - 1]
+            index = old.name[len(stem) + 1 : -len(ext) - 1]
             if index.isdigit() and int(index) >= forecaster.n_members:
                 old.unlink()
     cfg = forecaster.meta.get("config", {})
@@ -95,14 +98,14 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
     """The validated ``meta.json`` of a forecaster directory."""
     d = Path(directory)
     if d.is_file():
-        raise ForecasterLoadError(f"{d}: a file, not a forecaster directory (one that holds "
-                                  f"meta.json and the network)")
+        raise ForecasterLoadError(f"{d}: a file, not a forecaster directory (one that holds meta.json and the network)")
     if not d.is_dir():
         raise ForecasterLoadError(f"{d}: no such forecaster directory")
     path = d / META_FILE
     if not path.is_file():
-        raise ForecasterLoadError(f"{d}: not a trained forecaster (no {META_FILE}); "
-                                  f"train one with 'faro-serve forecast train'")
+        raise ForecasterLoadError(
+            f"{d}: not a trained forecaster (no {META_FILE}); train one with 'faro-serve forecast train'"
+        )
     try:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -110,8 +113,9 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ForecasterLoadError(f"{path}: not a {FORMAT} metadata file")
     if meta.get("version") != VERSION:
-        raise ForecasterLoadError(f"{path}: unsupported forecaster version {meta.get('version')!r} "
-                                  f"(this faro-serve reads version {VERSION})")
+        raise ForecasterLoadError(
+            f"{path}: unsupported forecaster version {meta.get('version')!r} (this faro-serve reads version {VERSION})"
+        )
     if meta.get("loss") not in PREDICTORS:
         raise ForecasterLoadError(f"{path}: unknown loss {meta.get('loss')!r}")
     meta.setdefault("members", 1)  # saved before ensembles: one network
@@ -136,14 +140,23 @@ def load_forecaster(directory: str | Path, script: bool = True) -> NHitsForecast
 
             with preserved_global_rng():
                 nets = [load(p) for p in scripts]
-                fc = NHitsForecaster(None, meta["loss"], _meta_of(meta), script=nets[0],
-                                     input_size=meta["input_size"], horizon=meta["horizon"],
-                                     members=nets[1:])
+                fc = NHitsForecaster(
+                    None,
+                    meta["loss"],
+                    _meta_of(meta),
+                    script=nets[0],
+                    input_size=meta["input_size"],
+                    horizon=meta["horizon"],
+                    members=nets[1:],
+                )
                 fc.warm_up()
             return fc
         except Exception as err:  # a corrupt or foreign file: the weights are the source
-            log.warning("%s: cannot load the traced forward (%s); loading the weights instead",
-                        d, str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+            log.warning(
+                "%s: cannot load the traced forward (%s); loading the weights instead",
+                d,
+                str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__,
+            )
     models = [_load_weights(d, member_file(WEIGHTS_FILE, i), meta) for i in range(k)]
     fc = NHitsForecaster(models[0], meta["loss"], _meta_of(meta), members=models[1:])
     fc.warm_up()
@@ -164,8 +177,10 @@ def _load_weights(d: Path, name: str, meta: dict[str, Any]) -> Any:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ForecasterLoadError(f"{weights}: cannot load the N-HiTS weights ({msg})") from None
     if int(model.input_size) != meta["input_size"] or int(model.h) != meta["horizon"]:
-        raise ForecasterLoadError(f"{d}: weights (input {model.input_size}, horizon {model.h}) do not "
-                                  f"match {META_FILE} (input {meta['input_size']}, horizon {meta['horizon']})")
+        raise ForecasterLoadError(
+            f"{d}: weights (input {model.input_size}, horizon {model.h}) do not "
+            f"match {META_FILE} (input {meta['input_size']}, horizon {meta['horizon']})"
+        )
     return model
 
 

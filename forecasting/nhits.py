@@ -67,9 +67,17 @@ class NHitsForecaster:
     draws an equal share of the samples from each network (docs/forecasting.md, "Ensemble").
     """
 
-    def __init__(self, model: Any, loss: str, meta: Mapping[str, Any] | None = None, *,
-                 script: Any = None, input_size: int | None = None, horizon: int | None = None,
-                 members: Sequence[Any] = ()):
+    def __init__(
+        self,
+        model: Any,
+        loss: str,
+        meta: Mapping[str, Any] | None = None,
+        *,
+        script: Any = None,
+        input_size: int | None = None,
+        horizon: int | None = None,
+        members: Sequence[Any] = (),
+    ):
         """``model``: the neuralforecast ``NHITS``; or None with ``script``, its forward pass
         traced (:mod:`forecasting.scripted`, torch alone), and ``input_size``/``horizon``.
         ``members``: the ensemble's further networks, each of the kind of the first (models,
@@ -81,8 +89,7 @@ class NHitsForecaster:
         self.model = None if model is None else model.eval()
         self.script = script
         # every network of the ensemble, the first included: (model, traced forward)
-        self.nets = [(self.model, script)] + [(m.eval(), None) if model is not None else (None, m)
-                                              for m in members]
+        self.nets = [(self.model, script)] + [(m.eval(), None) if model is not None else (None, m) for m in members]
         self.loss = loss
         self.name = PREDICTORS[loss]
         self.input_size = int(model.input_size if model is not None else input_size)  # type: ignore[arg-type]
@@ -103,8 +110,9 @@ class NHitsForecaster:
         """Networks in the ensemble (1: a single N-HiTS)."""
         return len(self.nets)
 
-    def predict_params(self, windows: np.ndarray, masks: np.ndarray | None = None,
-                       member: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def predict_params(
+        self, windows: np.ndarray, masks: np.ndarray | None = None, member: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Mean and std ``(models, horizon)`` in requests per MINUTE for ``(models, input_size)``
         windows of counts (std is 0 for the point model), by the ensemble's network ``member``;
         ``masks`` (same shape, 0 = not observed) keeps padded minutes out of the scaling and
@@ -123,13 +131,17 @@ class NHitsForecaster:
                 mu, sigma = run(script, torch.from_numpy(x), torch.from_numpy(k))
             return mu.double().numpy(), sigma.double().numpy()
         with torch_threads(self.threads), torch.inference_mode():
-            y = torch.from_numpy(x).unsqueeze(-1)                 # [B, L, 1]
-            mask = (torch.ones_like(y) if masks is None
-                    else torch.from_numpy(np.asarray(masks, dtype=np.float32)).unsqueeze(-1))
-            z = m.scaler.transform(x=y, mask=mask)                 # per-window scaling, as in training
-            loc, scale = m.scaler.x_shift, m.scaler.x_scale        # [B, 1, 1]
-            out = m({"insample_y": z, "insample_mask": mask, "futr_exog": None,
-                     "hist_exog": None, "stat_exog": None})        # [B, h, n_outputs]
+            y = torch.from_numpy(x).unsqueeze(-1)  # [B, L, 1]
+            mask = (
+                torch.ones_like(y)
+                if masks is None
+                else torch.from_numpy(np.asarray(masks, dtype=np.float32)).unsqueeze(-1)
+            )
+            z = m.scaler.transform(x=y, mask=mask)  # per-window scaling, as in training
+            loc, scale = m.scaler.x_shift, m.scaler.x_scale  # [B, 1, 1]
+            out = m(
+                {"insample_y": z, "insample_mask": mask, "futr_exog": None, "hist_exog": None, "stat_exog": None}
+            )  # [B, h, n_outputs]
             if self.loss == "normal":
                 mu, sigma = m.loss.scale_decouple(output=m.loss.domain_map(out), loc=loc, scale=scale)
                 mu, sigma = mu[..., 0], sigma[..., 0]
@@ -138,8 +150,7 @@ class NHitsForecaster:
                 sigma = torch.zeros_like(mu)
         return mu.double().numpy(), sigma.double().numpy()
 
-    def predict(self, history: Mapping[str, np.ndarray], n_samples: int = 100,
-                seed: int | None = None) -> Forecast:
+    def predict(self, history: Mapping[str, np.ndarray], n_samples: int = 100, seed: int | None = None) -> Forecast:
         """Samples ``(models, n_samples, horizon)`` of requests/s, never negative."""
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1 (got {n_samples})")
@@ -152,31 +163,34 @@ class NHitsForecaster:
         if rule not in SHORT_RULES:
             raise ValueError(f"unknown short_history rule {rule!r} (expected one of {', '.join(SHORT_RULES)})")
         size = self.input_size
-        net = [i for i, n in enumerate(names)
-               if hist[n].size >= size or (rule != "fallback" and hist[n].size > 0)]
+        net = [i for i, n in enumerate(names) if hist[n].size >= size or (rule != "fallback" and hist[n].size > 0)]
         if net:
             pairs = [complete_window(hist[names[i]], size, rule) for i in net]
             windows, masks = np.stack([w for w, _ in pairs]), np.stack([k for _, k in pairs])
             out[net] = self._sample(windows, masks if rule == "mask" else None, n_samples, rng)
             for i in net:
                 k = hist[names[i]].size
-                predictor[names[i]] = (self.name if k >= size else
-                                       f"{self.name} (short history: {k} of {size} minutes)")
+                predictor[names[i]] = self.name if k >= size else f"{self.name} (short history: {k} of {size} minutes)"
         short = [n for i, n in enumerate(names) if i not in set(net)]
         if short:
             fb_seed = None if seed is None else int(rng.integers(2**32))
             fb = self.fallback.predict({n: hist[n] for n in short}, n_samples, fb_seed)
             for k, n in enumerate(short):
                 out[names.index(n)] = fb.samples[k]
-                predictor[n] = (f"{fb.predictor[n]}: no history" if hist[n].size == 0 else
-                                f"{fb.predictor[n]}: short history ({hist[n].size} of {size} minutes)")
+                predictor[n] = (
+                    f"{fb.predictor[n]}: no history"
+                    if hist[n].size == 0
+                    else f"{fb.predictor[n]}: short history ({hist[n].size} of {size} minutes)"
+                )
         check_daily(self.daily_period, self.daily_weight)
-        fc = add_daily(Forecast(names, out, {n: predictor[n] for n in names}), hist,
-                       self.daily_period, self.daily_weight, size)
+        fc = add_daily(
+            Forecast(names, out, {n: predictor[n] for n in names}), hist, self.daily_period, self.daily_weight, size
+        )
         return add_recurrence(fc, hist, Recurrence(share=self.recurrence_share))
 
-    def _sample(self, windows: np.ndarray, masks: np.ndarray | None, n_samples: int,
-                rng: np.random.Generator) -> np.ndarray:
+    def _sample(
+        self, windows: np.ndarray, masks: np.ndarray | None, n_samples: int, rng: np.random.Generator
+    ) -> np.ndarray:
         """``(models, n_samples, horizon)`` requests/s: each network of the ensemble draws an
         equal share of the samples from its Normal (a mixture; Lakshminarayanan et al.,
         NeurIPS '17: members of other seeds disagree where the data do not decide). The
@@ -200,8 +214,9 @@ class NHitsForecaster:
             self.predict_params(np.ones((1, self.input_size)), member=i)
 
 
-def neuralforecast_predict(forecaster: NHitsForecaster, history: Mapping[str, np.ndarray],
-                           seed: int = 1) -> dict[str, np.ndarray]:
+def neuralforecast_predict(
+    forecaster: NHitsForecaster, history: Mapping[str, np.ndarray], seed: int = 1
+) -> dict[str, np.ndarray]:
     """Reference forecast through neuralforecast's own ``NeuralForecast.predict(df)``.
 
     Returns ``{"mean": (models, horizon)}`` in requests per minute (for the Gaussian model

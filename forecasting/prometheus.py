@@ -35,9 +35,9 @@ def contiguous_tail(grid: np.ndarray) -> np.ndarray:
     seen = np.flatnonzero(~np.isnan(grid))
     if not seen.size:
         return np.zeros(0)
-    grid = grid[:seen[-1] + 1]
+    grid = grid[: seen[-1] + 1]
     gaps = np.flatnonzero(np.isnan(grid))
-    return cast(np.ndarray, np.maximum(grid[gaps[-1] + 1:] if gaps.size else grid, 0.0))
+    return cast(np.ndarray, np.maximum(grid[gaps[-1] + 1 :] if gaps.size else grid, 0.0))
 
 
 def api_result(base: str, path: str, params: Mapping[str, Any], timeout_s: float) -> list[dict[str, Any]]:
@@ -53,8 +53,7 @@ def api_result(base: str, path: str, params: Mapping[str, Any], timeout_s: float
         raise PrometheusError(f"{base}: not a Prometheus API (HTTP {r.status_code}, not JSON)") from None
     if not isinstance(doc, dict) or doc.get("status") != "success":
         why = doc.get("error", doc) if isinstance(doc, dict) else doc
-        raise PrometheusError(f"{base}: the query {params.get('query')!r} failed "
-                              f"(HTTP {r.status_code}): {why}")
+        raise PrometheusError(f"{base}: the query {params.get('query')!r} failed (HTTP {r.status_code}): {why}")
     return cast("list[dict[str, Any]]", doc.get("data", {}).get("result", []))
 
 
@@ -62,8 +61,9 @@ def arrivals_query(metric: str = METRIC) -> str:
     return f'sum by (model) (increase({metric}{{outcome="arrival"}}[1m]))'
 
 
-def prometheus_history(url: str, minutes: int = 7 * 1440, end: float | None = None,
-                       metric: str = METRIC, timeout_s: float = 30.0) -> dict[str, np.ndarray]:
+def prometheus_history(
+    url: str, minutes: int = 7 * 1440, end: float | None = None, metric: str = METRIC, timeout_s: float = 30.0
+) -> dict[str, np.ndarray]:
     """``{model: per-minute arrivals}`` of the ``minutes`` before ``end`` (default: now) from
     the Prometheus at ``url``, each model's contiguous minutes after its last gap."""
     if not 1 <= minutes < MAX_POINTS:

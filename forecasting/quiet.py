@@ -17,13 +17,18 @@ from contextlib import contextmanager
 
 import numpy as np
 
-LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning",
-                     "neuralforecast")
+LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning", "neuralforecast")
 
 # Trainer settings that turn off Lightning's own output and files (CPU only: section 3.5
 # predictions are small MLP evaluations, a GPU buys nothing here).
-QUIET_TRAINER_KWARGS = dict(accelerator="cpu", devices=1, enable_progress_bar=False,
-                            enable_model_summary=False, logger=False, enable_checkpointing=False)
+QUIET_TRAINER_KWARGS = dict(
+    accelerator="cpu",
+    devices=1,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    logger=False,
+    enable_checkpointing=False,
+)
 
 
 @contextmanager

@@ -55,9 +55,14 @@ ONGOING = "ray_serve_num_ongoing_requests_at_replicas"
 LATENCY_STEPS = 480
 
 
-def read_serve_history(url: str, minutes: int, end: float | None = None,
-                       dashboard_url: str | None = None, timeout_s: float = 60.0,
-                       lag_s: float | None = None) -> ServeHistory:
+def read_serve_history(
+    url: str,
+    minutes: int,
+    end: float | None = None,
+    dashboard_url: str | None = None,
+    timeout_s: float = 60.0,
+    lag_s: float | None = None,
+) -> ServeHistory:
     """The ``minutes`` completed minutes before ``end`` (default: now) of every Ray Serve
     deployment Prometheus at ``url`` has, with each application's config from the dashboard
     at ``dashboard_url`` (optional); each minute's end read ``lag_s`` later (default:
@@ -72,55 +77,88 @@ def read_serve_history(url: str, minutes: int, end: float | None = None,
     lag = export_lag_s(base) if lag_s is None else float(lag_s)
     arr = counter_minutes(base, REQUESTS, first_end, minutes, notes, timeout_s, lag_s=lag)
     if not arr:
-        raise ServeHistoryError(f"{base}: no Ray Serve requests in the {minutes} minutes before "
-                                f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(end_t))} UTC "
-                                f"(no {REQUESTS} series: is Prometheus scraping Ray's metrics?)")
-    reps = by_deployment(api_result(base, "/api/v1/query_range",
-                               {"query": f"sum by (application, deployment) ({HEALTHY})", **rng}, timeout_s),
-                          first_end, minutes)
+        raise ServeHistoryError(
+            f"{base}: no Ray Serve requests in the {minutes} minutes before "
+            f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(end_t))} UTC "
+            f"(no {REQUESTS} series: is Prometheus scraping Ray's metrics?)"
+        )
+    reps = by_deployment(
+        api_result(
+            base, "/api/v1/query_range", {"query": f"sum by (application, deployment) ({HEALTHY})", **rng}, timeout_s
+        ),
+        first_end,
+        minutes,
+    )
     window = f"{minutes}m"
-    buckets = api_result(base, "/api/v1/query", {"query": f"sum by (application, deployment, le) "
-                                                    f"(increase({PROCESSING}_bucket[{window}]))", "time": end_t},
-                   timeout_s)
-    sums = api_result(base, "/api/v1/query", {"query": f"sum by (application, deployment) "
-                                                 f"(increase({PROCESSING}_sum[{window}])) / sum by "
-                                                 f"(application, deployment) (increase({PROCESSING}_count[{window}]))",
-                                        "time": end_t}, timeout_s)
+    buckets = api_result(
+        base,
+        "/api/v1/query",
+        {"query": f"sum by (application, deployment, le) (increase({PROCESSING}_bucket[{window}]))", "time": end_t},
+        timeout_s,
+    )
+    sums = api_result(
+        base,
+        "/api/v1/query",
+        {
+            "query": f"sum by (application, deployment) "
+            f"(increase({PROCESSING}_sum[{window}])) / sum by "
+            f"(application, deployment) (increase({PROCESSING}_count[{window}]))",
+            "time": end_t,
+        },
+        timeout_s,
+    )
     proc: dict[tuple[str, str], dict[float, float]] = {}
     for s in buckets:
         m = s.get("metric", {})
-        proc.setdefault((m.get("application", ""), m.get("deployment")), {})[float(m.get("le", "inf"))] = \
-            float(s["value"][1])
-    means = {(s["metric"].get("application", ""), s["metric"].get("deployment")): float(s["value"][1])
-             for s in sums if math.isfinite(float(s["value"][1]))}
+        proc.setdefault((m.get("application", ""), m.get("deployment")), {})[float(m.get("le", "inf"))] = float(
+            s["value"][1]
+        )
+    means = {
+        (s["metric"].get("application", ""), s["metric"].get("deployment")): float(s["value"][1])
+        for s in sums
+        if math.isfinite(float(s["value"][1]))
+    }
     deps = {}
     for (app, dep), grid in sorted(arr.items()):
         key = f"{app}/{dep}"
         le = sorted(proc.get((app, dep), {}))
         deps[key] = DeploymentHistory(
-            application=app, deployment=dep, arrivals=fill_gaps(grid, key, notes).round(3).tolist(),
+            application=app,
+            deployment=dep,
+            arrivals=fill_gaps(grid, key, notes).round(3).tolist(),
             replicas=reps.get((app, dep), np.full(minutes, np.nan)).tolist(),
-            processing_le=le, processing_counts=[proc[(app, dep)][x] for x in le],
-            processing_mean_ms=means.get((app, dep)))
-    latency = read_app_latency(base, first_end, end_t, minutes, {d.application for d in deps.values()},
-                               timeout_s)
+            processing_le=le,
+            processing_counts=[proc[(app, dep)][x] for x in le],
+            processing_mean_ms=means.get((app, dep)),
+        )
+    latency = read_app_latency(base, first_end, end_t, minutes, {d.application for d in deps.values()}, timeout_s)
     read_processing_steps(base, end_t, minutes, deps, timeout_s)
-    hist = ServeHistory(start=first_end - 60.0, minutes=minutes, deployments=deps, latency=latency,
-                        notes=notes, source=base)
+    hist = ServeHistory(
+        start=first_end - 60.0, minutes=minutes, deployments=deps, latency=latency, notes=notes, source=base
+    )
     if dashboard_url:
         attach_configs(hist, serve_configs(dashboard_url, timeout_s))
     return hist
 
 
-def read_app_latency(base: str, first_end: float, end_t: float, minutes: int, apps: set[str],
-                     timeout_s: float = 60.0) -> dict[str, AppLatency]:
+def read_app_latency(
+    base: str, first_end: float, end_t: float, minutes: int, apps: set[str], timeout_s: float = 60.0
+) -> dict[str, AppLatency]:
     """Each application's end-to-end latency histogram per step (a minute, or longer so that
     the range has at most :data:`LATENCY_STEPS` steps)."""
     k, step, n = _steps(minutes)
     t0 = end_t - step * (n - 1)
-    res = api_result(base, "/api/v1/query_range",
-               {"query": f"sum by (application, le) (increase({HTTP_LATENCY}_bucket[{k}m]))",
-                "start": t0, "end": end_t, "step": step}, timeout_s)
+    res = api_result(
+        base,
+        "/api/v1/query_range",
+        {
+            "query": f"sum by (application, le) (increase({HTTP_LATENCY}_bucket[{k}m]))",
+            "start": t0,
+            "end": end_t,
+            "step": step,
+        },
+        timeout_s,
+    )
     grids: dict[str, dict[float, np.ndarray]] = {}
     for s in res:
         m = s.get("metric", {})
@@ -140,8 +178,7 @@ class ServeMetricsStore:
     where it has no arrival store of its own: a ``forecasting.store.HistorySource``, as the
     SQLite ``ArrivalStore`` is. ``where``: model -> (application, deployment)."""
 
-    def __init__(self, url: str, where: dict[str, tuple[str, str]], keep_days: float = 7.0,
-                 timeout_s: float = 10.0):
+    def __init__(self, url: str, where: dict[str, tuple[str, str]], keep_days: float = 7.0, timeout_s: float = 10.0):
         self.url = self.path = url.rstrip("/")
         self.where = dict(where)
         self.keep_minutes = min(int(round(keep_days * 1440)), MAX_POINTS - 1)
@@ -164,8 +201,16 @@ class ServeMetricsStore:
         app, dep = self.where.get(model, (model, "Model"))
         if self.lag_s is None:
             self.lag_s = export_lag_s(self.url, self.timeout_s)
-        got = counter_minutes(self.url, REQUESTS, 60.0 * (end - n + 1), n, [], self.timeout_s,
-                              match=f'application="{app}",deployment="{dep}"', lag_s=self.lag_s)
+        got = counter_minutes(
+            self.url,
+            REQUESTS,
+            60.0 * (end - n + 1),
+            n,
+            [],
+            self.timeout_s,
+            match=f'application="{app}",deployment="{dep}"',
+            lag_s=self.lag_s,
+        )
         return got.get((app, dep), out)
 
 
@@ -176,23 +221,26 @@ def _steps(minutes: int) -> tuple[int, float, int]:
     return k, 60.0 * k, math.ceil(minutes / k)
 
 
-def read_processing_steps(base: str, end_t: float, minutes: int, deps: dict[str, DeploymentHistory],
-                          timeout_s: float = 60.0) -> None:
+def read_processing_steps(
+    base: str, end_t: float, minutes: int, deps: dict[str, DeploymentHistory], timeout_s: float = 60.0
+) -> None:
     """Each deployment's processing histogram and summed milliseconds per step, into
     ``processing_steps`` and ``processing_step_ms`` (:meth:`DeploymentHistory.quiet_processing`)."""
     k, step, n = _steps(minutes)
     t0 = end_t - step * (n - 1)
     by = "application, deployment"
-    buckets = query_range(base, f"sum by ({by}, le) (increase({PROCESSING}_bucket[{k}m]))", t0, end_t, step,
-                          timeout_s)
+    buckets = query_range(base, f"sum by ({by}, le) (increase({PROCESSING}_bucket[{k}m]))", t0, end_t, step, timeout_s)
     sums = query_range(base, f"sum by ({by}) (increase({PROCESSING}_sum[{k}m]))", t0, end_t, step, timeout_s)
     grids: dict[str, dict[float, np.ndarray]] = {}
     for s in buckets:
         m = s.get("metric", {})
-        grids.setdefault(f"{m.get('application', '')}/{m.get('deployment')}", {})[float(m.get("le", "inf"))] = \
+        grids.setdefault(f"{m.get('application', '')}/{m.get('deployment')}", {})[float(m.get("le", "inf"))] = (
             series_grid(s, t0, n, step)
-    ms = {f"{s['metric'].get('application', '')}/{s['metric'].get('deployment')}": series_grid(s, t0, n, step)
-          for s in sums}
+        )
+    ms = {
+        f"{s['metric'].get('application', '')}/{s['metric'].get('deployment')}": series_grid(s, t0, n, step)
+        for s in sums
+    }
     for key, d in deps.items():
         if key not in grids or key not in ms:
             continue
@@ -203,8 +251,13 @@ def read_processing_steps(base: str, end_t: float, minutes: int, deps: dict[str,
 
 
 # -- Serve's REST API ---------------------------------------------------------------------
-CONFIG_FIELDS = ("num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests",
-                 "ray_actor_options")
+CONFIG_FIELDS = (
+    "num_replicas",
+    "autoscaling_config",
+    "max_ongoing_requests",
+    "max_queued_requests",
+    "ray_actor_options",
+)
 
 
 def dashboard_headers() -> dict[str, str]:
@@ -236,5 +289,3 @@ def serve_configs(dashboard_url: str, timeout_s: float = 10.0) -> dict[str, dict
             cfg = d.get("deployment_config") or {}
             out[f"{app}/{dep}"] = {k: cfg.get(k) for k in CONFIG_FIELDS if k in cfg}
     return out
-
-

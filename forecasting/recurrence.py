@@ -52,8 +52,7 @@ class Recurrence:
     def __post_init__(self) -> None:
         check_share(self.share)
         if not 2 <= self.min_lag <= self.max_lag:
-            raise ValueError(f"recurrence: need 2 <= min_lag <= max_lag (got {self.min_lag}, "
-                             f"{self.max_lag})")
+            raise ValueError(f"recurrence: need 2 <= min_lag <= max_lag (got {self.min_lag}, {self.max_lag})")
         if self.jitter < 0:
             raise ValueError(f"recurrence: jitter must be >= 0 (got {self.jitter})")
 
@@ -66,19 +65,20 @@ def autocorrelation(x: np.ndarray, max_lag: int) -> np.ndarray:
         return np.zeros(max_lag + 1)
     n = 1 << int(np.ceil(np.log2(2 * x.size)))
     f = np.fft.rfft(x, n)
-    return np.fft.irfft(f * np.conj(f), n)[:max_lag + 1] / denom
+    return np.fft.irfft(f * np.conj(f), n)[: max_lag + 1] / denom
 
 
 def detect_period(history: np.ndarray, rc: Recurrence) -> int | None:
     """The cycle of ``history`` in minutes (module doc), or None. The series widened by the
     jitter is tried first (a drifting cycle), then as it is (a cycle too short to widen)."""
-    x = np.asarray(history, float)[-rc.window:]
+    x = np.asarray(history, float)[-rc.window :]
     max_lag = min(rc.max_lag, x.size // 3)
     if max_lag <= rc.min_lag:
         return None
     if rc.jitter > 0:  # each minute widened to its neighbourhood: a drifting cycle aligns
-        wide = np.lib.stride_tricks.sliding_window_view(
-            np.pad(x, rc.jitter, mode="edge"), 2 * rc.jitter + 1).max(axis=1)
+        wide = np.lib.stride_tricks.sliding_window_view(np.pad(x, rc.jitter, mode="edge"), 2 * rc.jitter + 1).max(
+            axis=1
+        )
         found = _strongest_peak(autocorrelation(wide, max_lag + 1), max_lag, rc)
         if found is not None:
             return found

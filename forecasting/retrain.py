@@ -66,9 +66,15 @@ class Verdict:
     seconds: float
 
     def as_dict(self) -> dict[str, Any]:
-        return {"swap": self.swap, "reason": self.reason, "current": self.current.as_dict(),
-                "candidate": self.candidate.as_dict(), "trained_minutes": self.trained_minutes,
-                "holdout_minutes": self.holdout_minutes, "seconds": round(self.seconds, 1)}
+        return {
+            "swap": self.swap,
+            "reason": self.reason,
+            "current": self.current.as_dict(),
+            "candidate": self.candidate.as_dict(),
+            "trained_minutes": self.trained_minutes,
+            "holdout_minutes": self.holdout_minutes,
+            "seconds": round(self.seconds, 1),
+        }
 
 
 def planner_loss(samples: np.ndarray, actual: np.ndarray, q: float = Q) -> float:
@@ -77,18 +83,21 @@ def planner_loss(samples: np.ndarray, actual: np.ndarray, q: float = Q) -> float
     ``samples``: (origins, models, samples, horizon); ``actual``: (origins, models, horizon)."""
     s, a = np.asarray(samples, float), np.asarray(actual, float)
     if s.ndim != 4 or a.shape != s.shape[:2] + s.shape[3:]:
-        raise ValueError(f"samples (origins, models, samples, horizon) and actual (origins, models, "
-                         f"horizon) do not match: {s.shape} and {a.shape}")
-    want = window_max_quantile(s, q)          # (origins, models)
-    real = a.max(axis=-1)                     # (origins, models)
+        raise ValueError(
+            f"samples (origins, models, samples, horizon) and actual (origins, models, "
+            f"horizon) do not match: {s.shape} and {a.shape}"
+        )
+    want = window_max_quantile(s, q)  # (origins, models)
+    real = a.max(axis=-1)  # (origins, models)
     err = real - want
     pinball = np.where(err > 0, q * err, (q - 1.0) * err)
     scale = np.maximum(real.mean(axis=0), 1.0)  # a model of ~0 requests: per request
     return float(np.mean(pinball.mean(axis=0) / scale))
 
 
-def held_back(history: Mapping[str, np.ndarray], holdout: int, input_size: int
-              ) -> tuple[dict[str, np.ndarray], list[str], np.ndarray]:
+def held_back(
+    history: Mapping[str, np.ndarray], holdout: int, input_size: int
+) -> tuple[dict[str, np.ndarray], list[str], np.ndarray]:
     """Split: the minutes before the last ``holdout`` of every model (to train on), and the
     models with ``input_size`` minutes of context before their held-back minutes with those
     ``input_size + holdout`` minutes as a ``(models, minutes)`` array (to judge on)."""
@@ -101,12 +110,13 @@ def held_back(history: Mapping[str, np.ndarray], holdout: int, input_size: int
             train[n] = h[:-holdout]
         if h.size >= holdout + input_size:
             names.append(n)
-            rows.append(h[-(holdout + input_size):])
+            rows.append(h[-(holdout + input_size) :])
     return train, names, (np.stack(rows) if rows else np.zeros((0, holdout + input_size)))
 
 
-def score(forecaster: Forecaster, names: list[str], counts: np.ndarray, step: int = 5,
-          n_samples: int = 100, seed: int = 0) -> Score:
+def score(
+    forecaster: Forecaster, names: list[str], counts: np.ndarray, step: int = 5, n_samples: int = 100, seed: int = 0
+) -> Score:
     """``forecaster`` on ``counts`` ((models, input_size + holdout) requests per minute),
     forecasting from every ``step``-th minute after the first ``input_size`` (its context)."""
     ev = rolling_evaluation(forecaster, names, counts, step=step, n_samples=n_samples, seed=seed)
@@ -114,15 +124,16 @@ def score(forecaster: Forecaster, names: list[str], counts: np.ndarray, step: in
     return Score(planner_loss(ev.samples, ev.actual), cover, len(ev.origins), len(names))
 
 
-def judge(current: Score, candidate: Score, min_gain: float = 0.02,
-          coverage_slack: float = 0.05) -> tuple[bool, str]:
+def judge(current: Score, candidate: Score, min_gain: float = 0.02, coverage_slack: float = 0.05) -> tuple[bool, str]:
     """Swap only for a planner loss lower by ``min_gain`` at a coverage not further from
     the target by more than ``coverage_slack``: the reason names the deciding figures."""
     gain = 1.0 - candidate.planner_loss / current.planner_loss if current.planner_loss > 0 else 0.0
     off_now, off_new = abs(current.coverage - Q), abs(candidate.coverage - Q)
-    figures = (f"planner loss {candidate.planner_loss:.4f} against {current.planner_loss:.4f} "
-               f"({gain:+.1%}), window-max coverage {candidate.coverage:.2f} against "
-               f"{current.coverage:.2f} (target {Q})")
+    figures = (
+        f"planner loss {candidate.planner_loss:.4f} against {current.planner_loss:.4f} "
+        f"({gain:+.1%}), window-max coverage {candidate.coverage:.2f} against "
+        f"{current.coverage:.2f} (target {Q})"
+    )
     if gain < min_gain:
         return False, f"not better: {figures}; a swap needs {min_gain:.0%} lower loss"
     if off_new > off_now + coverage_slack:
@@ -136,16 +147,25 @@ def candidate_config(current: Forecaster, seed: int = 0, **overrides: Any) -> Tr
     steps, seed ``seed + 1``; ``overrides`` change any field (e.g. ``threads=1``)."""
     from .train import TrainConfig
 
-    fields = dict(input_size=current.input_size, horizon=current.horizon, max_steps=400,
-                  seed=seed + 1, members=getattr(current, "n_members", 1))
+    fields = dict(
+        input_size=current.input_size,
+        horizon=current.horizon,
+        max_steps=400,
+        seed=seed + 1,
+        members=getattr(current, "n_members", 1),
+    )
     return TrainConfig(**{**fields, **overrides})
 
 
-def retrain(history: Mapping[str, np.ndarray], current: Forecaster, holdout: int = 120,
-            config: TrainConfig | None = None,
-            train: Callable[[dict[str, np.ndarray], TrainConfig], Forecaster] | None = None,
-            min_gain: float = 0.02, seed: int = 0
-            ) -> tuple[Forecaster | None, Verdict]:
+def retrain(
+    history: Mapping[str, np.ndarray],
+    current: Forecaster,
+    holdout: int = 120,
+    config: TrainConfig | None = None,
+    train: Callable[[dict[str, np.ndarray], TrainConfig], Forecaster] | None = None,
+    min_gain: float = 0.02,
+    seed: int = 0,
+) -> tuple[Forecaster | None, Verdict]:
     """Train a candidate on ``history`` (per model, per-minute counts, oldest first) without
     its last ``holdout`` minutes and judge it against ``current`` on them. Returns the
     candidate (None when it did not train) and the verdict. ``config``: a
@@ -155,14 +175,19 @@ def retrain(history: Mapping[str, np.ndarray], current: Forecaster, holdout: int
     config = config or candidate_config(current, seed)
     if train is None:
         from .train import train_forecaster
+
         train = train_forecaster
     if (config.input_size, config.horizon) != (current.input_size, current.horizon):
-        raise ValueError(f"the candidate's input and horizon ({config.input_size}, {config.horizon}) "
-                         f"must match the current forecaster's ({current.input_size}, {current.horizon})")
+        raise ValueError(
+            f"the candidate's input and horizon ({config.input_size}, {config.horizon}) "
+            f"must match the current forecaster's ({current.input_size}, {current.horizon})"
+        )
     train_part, names, counts = held_back(history, holdout, config.input_size)
     if not names:
-        raise ValueError(f"no model has {holdout + config.input_size} minutes of history "
-                         f"({holdout} held back + {config.input_size} of context); nothing to judge on")
+        raise ValueError(
+            f"no model has {holdout + config.input_size} minutes of history "
+            f"({holdout} held back + {config.input_size} of context); nothing to judge on"
+        )
     need = config.input_size + config.horizon
     train_part = {n: h for n, h in train_part.items() if h.size >= need}
     if not train_part:
@@ -174,5 +199,6 @@ def retrain(history: Mapping[str, np.ndarray], current: Forecaster, holdout: int
     now = score(current, names, counts, seed=seed)
     new = score(candidate, names, counts, seed=seed)
     swap, reason = judge(now, new, min_gain)
-    return candidate, Verdict(swap, reason, now, new, int(sum(h.size for h in train_part.values())),
-                              holdout, time.perf_counter() - t0)
+    return candidate, Verdict(
+        swap, reason, now, new, int(sum(h.size for h in train_part.values())), holdout, time.perf_counter() - t0
+    )

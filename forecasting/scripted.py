@@ -36,11 +36,12 @@ def _forward(model: Any, loss: str) -> Callable[[torch.Tensor, torch.Tensor], tu
     m = model.eval()
 
     def forward(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y, k = x.unsqueeze(-1), mask.unsqueeze(-1)             # [B, L, 1]
-        z = m.scaler.transform(x=y, mask=k)                    # per-window scaling
-        loc, scale = m.scaler.x_shift, m.scaler.x_scale        # [B, 1, 1]
-        out = m({"insample_y": z, "insample_mask": k, "futr_exog": None,
-                 "hist_exog": None, "stat_exog": None})        # [B, h, n_outputs]
+        y, k = x.unsqueeze(-1), mask.unsqueeze(-1)  # [B, L, 1]
+        z = m.scaler.transform(x=y, mask=k)  # per-window scaling
+        loc, scale = m.scaler.x_shift, m.scaler.x_scale  # [B, 1, 1]
+        out = m(
+            {"insample_y": z, "insample_mask": k, "futr_exog": None, "hist_exog": None, "stat_exog": None}
+        )  # [B, h, n_outputs]
         if loss == "normal":
             mu, sigma = m.loss.scale_decouple(output=m.loss.domain_map(out), loc=loc, scale=scale)
             return mu[..., 0], sigma[..., 0]
@@ -66,7 +67,8 @@ def export(model: Any, loss: str, input_size: int, path: str | Path) -> Path:
     other = torch.rand(CHUNK, input_size, generator=gen) * 1000
     with torch.no_grad():
         traced = torch.jit.trace(  # type: ignore[no-untyped-call]  # not annotated
-            _forward(net, loss), (x, mask), check_inputs=[(other, mask)])
+            _forward(net, loss), (x, mask), check_inputs=[(other, mask)]
+        )
     traced.save(str(path))
     return Path(path)
 
@@ -88,5 +90,5 @@ def run(module: torch.jit.ScriptModule, x: torch.Tensor, mask: torch.Tensor) -> 
     if pad:
         x = torch.cat([x, torch.ones(pad, x.shape[1], dtype=x.dtype)])
         mask = torch.cat([mask, torch.ones(pad, mask.shape[1], dtype=mask.dtype)])
-    parts = [module(x[i:i + CHUNK], mask[i:i + CHUNK]) for i in range(0, x.shape[0], CHUNK)]
+    parts = [module(x[i : i + CHUNK], mask[i : i + CHUNK]) for i in range(0, x.shape[0], CHUNK)]
     return torch.cat([m for m, _ in parts])[:b], torch.cat([s for _, s in parts])[:b]

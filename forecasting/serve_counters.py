@@ -32,11 +32,13 @@ def query(url: str, q: str, t: float, timeout_s: float = 30.0) -> list[dict[str,
     return api_result(url.rstrip("/"), "/api/v1/query", {"query": q, "time": t}, timeout_s)
 
 
-def query_range(url: str, q: str, start: float, end: float, step: float,
-                timeout_s: float = 30.0) -> list[dict[str, Any]]:
+def query_range(
+    url: str, q: str, start: float, end: float, step: float, timeout_s: float = 30.0
+) -> list[dict[str, Any]]:
     """A range query's result, one value per ``step`` s from ``start`` to ``end``."""
-    return api_result(url.rstrip("/"), "/api/v1/query_range",
-                {"query": q, "start": start, "end": end, "step": step}, timeout_s)
+    return api_result(
+        url.rstrip("/"), "/api/v1/query_range", {"query": q, "start": start, "end": end, "step": step}, timeout_s
+    )
 
 
 def series_grid(series: dict[str, Any], start: float, n: int, step: float) -> np.ndarray:
@@ -48,8 +50,9 @@ def series_grid(series: dict[str, Any], start: float, n: int, step: float) -> np
     return out
 
 
-def by_deployment(result: list[dict[str, Any]], start: float, n: int,
-                   step: float = 60.0) -> dict[tuple[str, str], np.ndarray]:
+def by_deployment(
+    result: list[dict[str, Any]], start: float, n: int, step: float = 60.0
+) -> dict[tuple[str, str], np.ndarray]:
     out = {}
     for s in result:
         m = s.get("metric", {})
@@ -71,20 +74,30 @@ def fill_gaps(x: np.ndarray, key: str, notes: list[str]) -> np.ndarray:
         notes.append(f"{key}: appears at minute {first} (no requests counted before)")
     if last < x.size - 1:
         notes.append(f"{key}: no values after minute {last} (taken as no requests)")
-    inner = np.isnan(x[first:last + 1])
+    inner = np.isnan(x[first : last + 1])
     if inner.any():
         idx = np.arange(first, last + 1)
         gaps = idx[inner]
-        x[gaps] = np.interp(gaps, idx[~inner], x[first:last + 1][~inner])
-        notes.append(f"{key}: {gaps.size} minute(s) without a scrape (first at minute "
-                     f"{int(gaps[0])}), filled from the minutes beside them")
+        x[gaps] = np.interp(gaps, idx[~inner], x[first : last + 1][~inner])
+        notes.append(
+            f"{key}: {gaps.size} minute(s) without a scrape (first at minute "
+            f"{int(gaps[0])}), filled from the minutes beside them"
+        )
     x[:first] = 0.0
-    x[last + 1:] = 0.0
+    x[last + 1 :] = 0.0
     return cast(np.ndarray, np.maximum(x, 0.0))
 
 
-def counter_minutes(url: str, metric: str, first_end: float, minutes: int, notes: list[str],
-                    timeout_s: float = 60.0, match: str = "", lag_s: float = 0.0) -> dict[tuple[str, str], np.ndarray]:
+def counter_minutes(
+    url: str,
+    metric: str,
+    first_end: float,
+    minutes: int,
+    notes: list[str],
+    timeout_s: float = 60.0,
+    match: str = "",
+    lag_s: float = 0.0,
+) -> dict[tuple[str, str], np.ndarray]:
     """Per (application, deployment): the counter's increase in each of ``minutes`` minutes,
     the first ending at ``first_end``; NaN where no series of it had a value. Each minute's
     end is read ``lag_s`` later (:func:`export_lag_s`: what Prometheus holds is that late).
@@ -97,8 +110,9 @@ def counter_minutes(url: str, metric: str, first_end: float, minutes: int, notes
     requests of a series' scrape gap are spread over the gap's minutes."""
     sel = f"{metric}{{{match}}}" if match else metric
     first_end += lag_s
-    res = query_range(url, f"last_over_time({sel}[1m])", first_end - 60.0, first_end + 60.0 * (minutes - 1),
-                      60, timeout_s)
+    res = query_range(
+        url, f"last_over_time({sel}[1m])", first_end - 60.0, first_end + 60.0 * (minutes - 1), 60, timeout_s
+    )
     out: dict[tuple[str, str], np.ndarray] = {}
     resets: dict[tuple[str, str], int] = {}
     gaps: dict[tuple[str, str], tuple[int, int]] = {}
@@ -115,8 +129,7 @@ def counter_minutes(url: str, metric: str, first_end: float, minutes: int, notes
                 continue
             if prev is not None:
                 j, pv = prev
-                d = v[k] - pv if v[k] >= pv else v[k] + _before_reset(url, metric, m, first_end, k, pv,
-                                                                     timeout_s)
+                d = v[k] - pv if v[k] >= pv else v[k] + _before_reset(url, metric, m, first_end, k, pv, timeout_s)
                 if v[k] < pv:
                     resets[key] = resets.get(key, 0) + 1
                 inc[j:k] = d / (k - j)
@@ -130,8 +143,10 @@ def counter_minutes(url: str, metric: str, first_end: float, minutes: int, notes
     for (app, dep), n in sorted(resets.items()):
         notes.append(f"{app}/{dep}: {n} counter reset(s) (a replica restarted); counted across")
     for (app, dep), (j, n) in sorted(gaps.items()):
-        notes.append(f"{app}/{dep}: no scrape for {n - 1} minute(s) after minute {j}: the requests "
-                     f"counted across the gap are spread over its {n} minutes")
+        notes.append(
+            f"{app}/{dep}: no scrape for {n - 1} minute(s) after minute {j}: the requests "
+            f"counted across the gap are spread over its {n} minutes"
+        )
     return out
 
 
@@ -158,8 +173,9 @@ def _seconds(text: str) -> float | None:
     return sum(float(a) * {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}[b] for a, b in parts)
 
 
-def _before_reset(url: str, metric: str, labels: dict[str, str], first_end: float, k: int, pv: float,
-                  timeout_s: float) -> float:
+def _before_reset(
+    url: str, metric: str, labels: dict[str, str], first_end: float, k: int, pv: float, timeout_s: float
+) -> float:
     """What a series counted between its value ``pv`` at the start of the minute that ends at
     boundary ``k`` and its reset inside that minute: its highest value there less ``pv``
     (one query, for the rare reset: Ray starts a new series for a new replica)."""

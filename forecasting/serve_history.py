@@ -62,7 +62,7 @@ class DeploymentHistory:
         per = []
         for j in range(n):
             lo = max(0, reps.size - k * (n - j))
-            r = reps[lo:lo + k]
+            r = reps[lo : lo + k]
             per.append(float(np.nanmean(r)) if np.isfinite(r).any() else 1.0)
         return service_time_ms(rows[:, -1], self.processing_step_ms, per, self.processing_step_s)
 
@@ -84,14 +84,14 @@ class DeploymentHistory:
         load = np.full(n.size, np.inf)
         for j in range(n.size):  # step j: the k minutes ending at the range's end - k (n - 1 - j)
             lo = max(0, arr.size - k * (n.size - j))
-            r = reps[lo:lo + k]
+            r = reps[lo : lo + k]
             mean_r = float(np.nanmean(r)) if np.isfinite(r).any() else 1.0
             if n[j] > 0:
-                load[j] = arr[lo:lo + k].sum() / max(mean_r, 1.0)
+                load[j] = arr[lo : lo + k].sum() / max(mean_r, 1.0)
         served = np.flatnonzero(n > 0)
         if not served.size:
             return list(self.processing_counts), self.processing_mean_ms
-        pick = served[np.argsort(load[served], kind="stable")][:max(1, math.ceil(share * served.size))]
+        pick = served[np.argsort(load[served], kind="stable")][: max(1, math.ceil(share * served.size))]
         ms = np.asarray(self.processing_step_ms, float)[pick].sum()
         total = rows[pick].sum(axis=0)
         return total.tolist(), (float(ms / total[-1]) if total[-1] > 0 else self.processing_mean_ms)
@@ -129,10 +129,15 @@ class ServeHistory:
 
     def save(self, path: str | Path) -> Path:
         p = Path(path)
-        doc = {"version": EXPORT_VERSION, "source": self.source, "start": self.start,
-               "minutes": self.minutes, "notes": self.notes,
-               "deployments": {k: asdict(d) for k, d in self.deployments.items()},
-               "latency": {k: asdict(a) for k, a in self.latency.items()}}
+        doc = {
+            "version": EXPORT_VERSION,
+            "source": self.source,
+            "start": self.start,
+            "minutes": self.minutes,
+            "notes": self.notes,
+            "deployments": {k: asdict(d) for k, d in self.deployments.items()},
+            "latency": {k: asdict(a) for k, a in self.latency.items()},
+        }
         p.write_text(json.dumps(_nan_to_none(doc)))
         return p
 
@@ -146,23 +151,32 @@ class ServeHistory:
         except ValueError as err:
             raise ServeHistoryError(f"{p}: not a faro-serve export (not JSON: {err})") from None
         if not isinstance(doc, dict) or doc.get("version") != EXPORT_VERSION:
-            raise ServeHistoryError(f"{p}: not a faro-serve export of version {EXPORT_VERSION} "
-                                    f"(whatif --save writes one)")
+            raise ServeHistoryError(
+                f"{p}: not a faro-serve export of version {EXPORT_VERSION} (whatif --save writes one)"
+            )
         try:
-            deps = {k: DeploymentHistory(**{**d, "replicas": [math.nan if v is None else v
-                                                             for v in d["replicas"]]})
-                    for k, d in doc["deployments"].items()}
+            deps = {
+                k: DeploymentHistory(**{**d, "replicas": [math.nan if v is None else v for v in d["replicas"]]})
+                for k, d in doc["deployments"].items()
+            }
             lat = {k: AppLatency(**{**a, "le": _edges(a["le"])}) for k, a in doc.get("latency", {}).items()}
             for d in deps.values():
                 d.processing_le = _edges(d.processing_le)
-            out = cls(float(doc["start"]), int(doc["minutes"]), deps, lat, list(doc.get("notes", [])),
-                      str(doc.get("source", p)))
+            out = cls(
+                float(doc["start"]),
+                int(doc["minutes"]),
+                deps,
+                lat,
+                list(doc.get("notes", [])),
+                str(doc.get("source", p)),
+            )
         except (KeyError, TypeError, ValueError) as err:
             raise ServeHistoryError(f"{p}: a malformed export ({type(err).__name__}: {err})") from None
         for d in out.deployments.values():
             if len(d.arrivals) != out.minutes or len(d.replicas) != out.minutes:
-                raise ServeHistoryError(f"{p}: deployment {d.key} has {len(d.arrivals)} minutes, "
-                                        f"the export {out.minutes}")
+                raise ServeHistoryError(
+                    f"{p}: deployment {d.key} has {len(d.arrivals)} minutes, the export {out.minutes}"
+                )
         return out
 
     def select(self, names: list[str] | None) -> "ServeHistory":
@@ -178,12 +192,19 @@ class ServeHistory:
                 raise ServeHistoryError(f"{n!r} {what}; it has {', '.join(sorted(self.deployments)) or 'none'}")
             keep[hits[0]] = self.deployments[hits[0]]
         apps = {d.application for d in keep.values()}
-        return ServeHistory(self.start, self.minutes, keep,
-                            {a: v for a, v in self.latency.items() if a in apps}, self.notes, self.source)
+        return ServeHistory(
+            self.start,
+            self.minutes,
+            keep,
+            {a: v for a, v in self.latency.items() if a in apps},
+            self.notes,
+            self.source,
+        )
 
 
-def service_time_ms(counts: npt.ArrayLike, sums_ms: npt.ArrayLike, replicas: npt.ArrayLike,
-                    step_s: float = 60.0) -> float | None:
+def service_time_ms(
+    counts: npt.ArrayLike, sums_ms: npt.ArrayLike, replicas: npt.ArrayLike, step_s: float = 60.0
+) -> float | None:
     """The mean service time behind the processing times Ray recorded, per step: ``counts``
     requests completed, ``sums_ms`` their summed processing time, ``replicas`` serving.
 
@@ -245,8 +266,7 @@ def attach_configs(hist: ServeHistory, configs: dict[str, dict[str, Any]]) -> No
         if key in configs:
             d.config = configs[key]
         else:
-            hist.notes.append(f"{key}: not running now, so its config is unknown (fixed at its "
-                              f"recorded replicas)")
+            hist.notes.append(f"{key}: not running now, so its config is unknown (fixed at its recorded replicas)")
 
 
 def _nan_to_none(x: Any) -> Any:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SHIPPED = "shipped"    # the forecaster name of the packaged N-HiTS
+SHIPPED = "shipped"  # the forecaster name of the packaged N-HiTS
 FALLBACK = "fallback"  # the explicit opt-out: the fallback predictor
 BUILTIN_NAMES = (SHIPPED, FALLBACK)
 
@@ -60,8 +60,9 @@ def fallback(reason: str) -> FallbackForecaster:
     return FallbackForecaster(reason=reason)
 
 
-def default_forecaster(spec: str | None = None, short_history: str | None = None
-                       ) -> tuple[NHitsForecaster | FallbackForecaster, str]:
+def default_forecaster(
+    spec: str | None = None, short_history: str | None = None
+) -> tuple[NHitsForecaster | FallbackForecaster, str]:
     """``(forecaster, why)`` for a built-in forecaster name or none (``spec`` None):
     ``shipped`` / none -> the shipped N-HiTS; ``fallback`` -> the fallback predictor
     (``fallback: chosen``). With no name, a shipped forecaster that fails to load is
@@ -78,7 +79,10 @@ def default_forecaster(spec: str | None = None, short_history: str | None = None
             raise
         msg = str(err).strip().splitlines()[0] if str(err).strip() else ""
         why = f"forecaster failed to load: {type(err).__name__}" + (f": {msg}" if msg else "")
-        log.warning("the shipped forecaster (%s) cannot be loaded (%s); the fallback predictor "
-                    "serves every model", shipped_dir(), why)
+        log.warning(
+            "the shipped forecaster (%s) cannot be loaded (%s); the fallback predictor serves every model",
+            shipped_dir(),
+            why,
+        )
         return fallback(why), f"fallback: {why}"
     return fc, f"{fc.name} (shipped)"

@@ -111,8 +111,13 @@ class ArrivalStore:
                 if f.read(16) != b"SQLite format 3\x00":
                     raise StoreRefused("not an SQLite database")
         if self.read_only:
-            db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0,
-                                 check_same_thread=False, isolation_level=None)
+            db = sqlite3.connect(
+                f"{self.path.resolve().as_uri()}?mode=ro",
+                uri=True,
+                timeout=5.0,
+                check_same_thread=False,
+                isolation_level=None,
+            )
         else:
             db = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False, isolation_level=None)
         try:
@@ -122,14 +127,19 @@ class ArrivalStore:
             if app == 0 and not tables and self.read_only:
                 raise StoreRefused("an empty SQLite database, not a faro-serve history store")
             if app == 0 and not tables:  # a new (or empty) file: ours from now on
-                db.executescript(f"BEGIN; {_SCHEMA} PRAGMA application_id = {APPLICATION_ID}; "
-                                 f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+                db.executescript(
+                    f"BEGIN; {_SCHEMA} PRAGMA application_id = {APPLICATION_ID}; "
+                    f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+                )
             elif app != APPLICATION_ID:
-                raise StoreRefused(f"a foreign SQLite database (application id {app}, tables "
-                                   f"{', '.join(tables) or 'none'}), not a faro-serve history store")
+                raise StoreRefused(
+                    f"a foreign SQLite database (application id {app}, tables "
+                    f"{', '.join(tables) or 'none'}), not a faro-serve history store"
+                )
             elif version != SCHEMA_VERSION:
-                raise StoreRefused(f"history store schema version {version}; this faro-serve "
-                                   f"reads version {SCHEMA_VERSION}")
+                raise StoreRefused(
+                    f"history store schema version {version}; this faro-serve reads version {SCHEMA_VERSION}"
+                )
             else:
                 check = db.execute("PRAGMA quick_check").fetchone()[0]
                 if check != "ok" or "arrivals" not in tables:
@@ -162,8 +172,13 @@ class ArrivalStore:
         journal = self.path.with_name(self.path.name + "-journal")
         if journal.exists():
             journal.replace(moved.with_name(moved.name + "-journal"))
-        log.error("arrival history store %s refused: %s; moved aside to %s, starting a fresh "
-                  "store (the forecaster starts from the meters' history)", self.path, reason, moved)
+        log.error(
+            "arrival history store %s refused: %s; moved aside to %s, starting a fresh "
+            "store (the forecaster starts from the meters' history)",
+            self.path,
+            reason,
+            moved,
+        )
         self.refused.append({"file": str(self.path), "reason": reason, "moved_to": str(moved)})
 
     def _run(self, fn: Callable[[sqlite3.Connection], T], default: T) -> T:
@@ -205,12 +220,15 @@ class ArrivalStore:
         def write(db: sqlite3.Connection) -> int:
             with db:
                 db.execute("BEGIN")
-                db.executemany("INSERT INTO arrivals (model, minute, count) VALUES (?, ?, ?) "
-                               "ON CONFLICT (model, minute) DO UPDATE SET count = excluded.count", data)
-                newest = db.execute("SELECT MAX(minute) FROM arrivals WHERE model = ?",
-                                    (str(model),)).fetchone()[0]
-                db.execute("DELETE FROM arrivals WHERE model = ? AND minute <= ?",
-                           (str(model), newest - self.keep_minutes))
+                db.executemany(
+                    "INSERT INTO arrivals (model, minute, count) VALUES (?, ?, ?) "
+                    "ON CONFLICT (model, minute) DO UPDATE SET count = excluded.count",
+                    data,
+                )
+                newest = db.execute("SELECT MAX(minute) FROM arrivals WHERE model = ?", (str(model),)).fetchone()[0]
+                db.execute(
+                    "DELETE FROM arrivals WHERE model = ? AND minute <= ?", (str(model), newest - self.keep_minutes)
+                )
             return len(data)
 
         return self._run(write, 0)
@@ -226,15 +244,15 @@ class ArrivalStore:
         def read(db: sqlite3.Connection) -> np.ndarray:
             end = end_minute
             if end is None:
-                newest = db.execute("SELECT MAX(minute) FROM arrivals WHERE model = ?",
-                                    (str(model),)).fetchone()[0]
+                newest = db.execute("SELECT MAX(minute) FROM arrivals WHERE model = ?", (str(model),)).fetchone()[0]
                 if newest is None:
                     return out
                 end = newest + 1
             start = int(end) - out.size
             for minute, count in db.execute(
-                    "SELECT minute, count FROM arrivals WHERE model = ? AND minute >= ? AND minute < ?",
-                    (str(model), start, int(end))):
+                "SELECT minute, count FROM arrivals WHERE model = ? AND minute >= ? AND minute < ?",
+                (str(model), start, int(end)),
+            ):
                 out[minute - start] = count
             return out
 
@@ -242,13 +260,17 @@ class ArrivalStore:
 
     def models(self) -> list[str]:
         """The models the store holds minutes of, sorted."""
-        return self._run(lambda db: [r[0] for r in db.execute(
-            "SELECT DISTINCT model FROM arrivals ORDER BY model")], [])
+        return self._run(
+            lambda db: [r[0] for r in db.execute("SELECT DISTINCT model FROM arrivals ORDER BY model")], []
+        )
 
     def rows(self, model: str | None = None) -> int:
         """How many minutes the store holds (of ``model``, or of every model)."""
-        q, args = ("SELECT COUNT(*) FROM arrivals", ()) if model is None else \
-            ("SELECT COUNT(*) FROM arrivals WHERE model = ?", (str(model),))
+        q, args = (
+            ("SELECT COUNT(*) FROM arrivals", ())
+            if model is None
+            else ("SELECT COUNT(*) FROM arrivals WHERE model = ?", (str(model),))
+        )
         return self._run(lambda db: db.execute(q, args).fetchone()[0], 0)
 
     def close(self) -> None:

@@ -32,26 +32,25 @@ SCALERS = ("robust", "standard", "minmax", "identity")
 class TrainConfig:
     """Hyper-parameters; the defaults are the ones tuned on days 1-8 (docs/forecasting.md)."""
 
-    input_size: int = 15          # minutes of history fed to the network (paper: 15)
-    horizon: int = 7              # minutes forecast (paper: 7)
-    loss: str = "normal"          # "normal" (Faro) or "mae" (point N-HiTS baseline)
+    input_size: int = 15  # minutes of history fed to the network (paper: 15)
+    horizon: int = 7  # minutes forecast (paper: 7)
+    loss: str = "normal"  # "normal" (Faro) or "mae" (point N-HiTS baseline)
     max_steps: int = 1500
     learning_rate: float = 5e-4
     scaler_type: str = "standard"
-    val_size: int | None = None   # minutes per series held out; None: 1/8 of the shortest series
+    val_size: int | None = None  # minutes per series held out; None: 1/8 of the shortest series
     val_check_steps: int = 50
-    early_stop_patience_steps: int = 5   # validation checks without improvement
-    mlp_width: int = 256          # units of the 2 hidden layers of each of the 3 N-HiTS stacks
+    early_stop_patience_steps: int = 5  # validation checks without improvement
+    mlp_width: int = 256  # units of the 2 hidden layers of each of the 3 N-HiTS stacks
     windows_batch_size: int = 256
     seed: int = 1
-    members: int = 4              # networks of the ensemble, seeds seed .. seed + members - 1
-    threads: int | None = None    # torch threads while training (None: half the cores, at most 4)
+    members: int = 4  # networks of the ensemble, seeds seed .. seed + members - 1
+    threads: int | None = None  # torch threads while training (None: half the cores, at most 4)
     extra: dict[str, Any] = field(default_factory=dict)  # further NHITS keyword arguments
 
     def validate(self) -> None:
         if self.input_size < 2 or self.horizon < 1:
-            raise ValueError(f"input size must be >= 2 and horizon >= 1 "
-                             f"(got {self.input_size}, {self.horizon})")
+            raise ValueError(f"input size must be >= 2 and horizon >= 1 (got {self.input_size}, {self.horizon})")
         if self.loss not in PREDICTORS:
             raise ValueError(f"loss must be one of {', '.join(PREDICTORS)} (got {self.loss!r})")
         if self.max_steps < 1:
@@ -95,8 +94,10 @@ def choose_val_size(lengths: list[int], cfg: TrainConfig) -> int:
     else:
         val = max(cfg.horizon, (shortest // 8) // cfg.horizon * cfg.horizon)
     if shortest < need + val:
-        raise ValueError(f"series too short to train: the shortest has {shortest} minutes, need at "
-                         f"least input_size + horizon + validation = {need} + {val} = {need + val}")
+        raise ValueError(
+            f"series too short to train: the shortest has {shortest} minutes, need at "
+            f"least input_size + horizon + validation = {need} + {val} = {need + val}"
+        )
     return val
 
 
@@ -107,8 +108,9 @@ def _callback(report: TrainReport, best: dict[str, Any], max_steps: int, progres
     import pytorch_lightning as pl
 
     class BestAndProgress(pl.Callback):
-        def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                               batch_idx: int) -> None:
+        def on_train_batch_end(
+            self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
             report.steps = int(trainer.global_step)
             if progress is not None:
                 loss = outputs["loss"] if isinstance(outputs, dict) else outputs
@@ -126,8 +128,12 @@ def _callback(report: TrainReport, best: dict[str, Any], max_steps: int, progres
     return BestAndProgress()
 
 
-def train_forecaster(history: Mapping[str, np.ndarray], config: TrainConfig | None = None,
-                     progress: ProgressFn | None = None, verbose: bool = False) -> NHitsForecaster:
+def train_forecaster(
+    history: Mapping[str, np.ndarray],
+    config: TrainConfig | None = None,
+    progress: ProgressFn | None = None,
+    verbose: bool = False,
+) -> NHitsForecaster:
     """Train the global N-HiTS on ``history`` (``{job: per-minute counts}``), CPU only: an
     ensemble of ``config.members`` networks alike but for their seeds (``seed``, ``seed + 1``,
     ...), which :class:`NHitsForecaster` mixes (docs/forecasting.md, "Ensemble": on the tuning
@@ -145,20 +151,24 @@ def train_forecaster(history: Mapping[str, np.ndarray], config: TrainConfig | No
     total = cfg.members * cfg.max_steps
     nets, reports = [], []
     for i in range(cfg.members):
-        step = None if progress is None else (
-            lambda s, _, loss, done=i * cfg.max_steps: progress(done + s, total, loss))
+        step = (
+            None if progress is None else (lambda s, _, loss, done=i * cfg.max_steps: progress(done + s, total, loss))
+        )
         model, report = _train_one(hist, cfg, cfg.seed + i, val_size, step, verbose)
         nets.append(model)
         reports.append(asdict(report))
-    meta = {"config": asdict(cfg),
-            "train_series": list(hist), "train_minutes": {n: int(h.size) for n, h in hist.items()},
-            "training": {**reports[0], "seconds": sum(r["seconds"] for r in reports),
-                         "members": reports}}
+    meta = {
+        "config": asdict(cfg),
+        "train_series": list(hist),
+        "train_minutes": {n: int(h.size) for n, h in hist.items()},
+        "training": {**reports[0], "seconds": sum(r["seconds"] for r in reports), "members": reports},
+    }
     return NHitsForecaster(nets[0], cfg.loss, meta, members=nets[1:])
 
 
-def _train_one(hist: dict[str, np.ndarray], cfg: TrainConfig, seed: int, val_size: int,
-               progress: ProgressFn | None, verbose: bool) -> tuple[Any, TrainReport]:
+def _train_one(
+    hist: dict[str, np.ndarray], cfg: TrainConfig, seed: int, val_size: int, progress: ProgressFn | None, verbose: bool
+) -> tuple[Any, TrainReport]:
     """One network of the ensemble, seeded by ``seed``: the model and its report."""
     report = TrainReport(val_size=val_size)
     best: dict[str, Any] = {}
@@ -174,12 +184,21 @@ def _train_one(hist: dict[str, np.ndarray], cfg: TrainConfig, seed: int, val_siz
         if verbose:
             trainer_kwargs.update(enable_model_summary=True)
         model = NHITS(
-            h=cfg.horizon, input_size=cfg.input_size, loss=loss, max_steps=cfg.max_steps,
-            learning_rate=cfg.learning_rate, scaler_type=cfg.scaler_type,
+            h=cfg.horizon,
+            input_size=cfg.input_size,
+            loss=loss,
+            max_steps=cfg.max_steps,
+            learning_rate=cfg.learning_rate,
+            scaler_type=cfg.scaler_type,
             mlp_units=3 * [[cfg.mlp_width, cfg.mlp_width]],
-            windows_batch_size=cfg.windows_batch_size, val_check_steps=cfg.val_check_steps,
+            windows_batch_size=cfg.windows_batch_size,
+            val_check_steps=cfg.val_check_steps,
             early_stop_patience_steps=cfg.early_stop_patience_steps if val_size else -1,
-            random_seed=seed, callbacks=[cb], **cfg.extra, **trainer_kwargs)
+            random_seed=seed,
+            callbacks=[cb],
+            **cfg.extra,
+            **trainer_kwargs,
+        )
         nf = NeuralForecast(models=[model], freq=1)
         nf.fit(history_frame(hist), val_size=val_size)
         model = nf.models[0]

@@ -20,6 +20,7 @@ def with_batching(models):
     b = Batching(gamma=0.1155, eps=0.0385, max_batch_size=8)
     return [m.model_copy(update={"batching": b}) for m in models]
 
+
 _REPORT: list[str] = []
 
 
@@ -38,11 +39,22 @@ def chaos():
     """``chaos(fault, requests=, answered=, bare_5xx=, lost=, recover_s=, note=)``: one row of
     the chaos suite's table (issue 50), printed in the terminal summary and written as
     markdown to ``$FARO_CHAOS_TABLE`` when set (docs/reliability.md shows it)."""
-    def row(fault: str, requests: int, answered: int, bare_5xx: int, lost: int,
-            recover_s: float | None, note: str) -> None:
-        _CHAOS.append({"fault": fault, "requests": requests, "answered": answered, "5xx": bare_5xx,
-                       "lost": lost, "recovered in": "-" if recover_s is None else f"{recover_s:.1f} s",
-                       "what happened": note})
+
+    def row(
+        fault: str, requests: int, answered: int, bare_5xx: int, lost: int, recover_s: float | None, note: str
+    ) -> None:
+        _CHAOS.append(
+            {
+                "fault": fault,
+                "requests": requests,
+                "answered": answered,
+                "5xx": bare_5xx,
+                "lost": lost,
+                "recovered in": "-" if recover_s is None else f"{recover_s:.1f} s",
+                "what happened": note,
+            }
+        )
+
     return row
 
 

@@ -25,7 +25,8 @@ def modules(root: Path) -> dict[str, Path]:
 def _type_checking(node: ast.AST) -> bool:
     t = node.test if isinstance(node, ast.If) else None
     return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.AST):
@@ -43,13 +44,19 @@ def _imports(tree: ast.AST):
 def _dynamic(tree: ast.AST, mods) -> set[str]:
     """A module that calls ``import_module``/``__import__`` imports the project modules it
     names in string literals (a list of plug-in or command modules): edges too."""
-    calls = any(isinstance(n, ast.Call) and (getattr(n.func, "attr", None) == "import_module"
-                                              or getattr(n.func, "id", None) in ("import_module", "__import__"))
-                for n in ast.walk(tree))
+    calls = any(
+        isinstance(n, ast.Call)
+        and (
+            getattr(n.func, "attr", None) == "import_module"
+            or getattr(n.func, "id", None) in ("import_module", "__import__")
+        )
+        for n in ast.walk(tree)
+    )
     if not calls:
         return set()
-    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
-            and isinstance(n.value, str) and n.value in mods}
+    return {
+        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in mods
+    }
 
 
 def edges(root: Path) -> dict[str, set[str]]:
@@ -69,10 +76,9 @@ def edges(root: Path) -> dict[str, set[str]]:
                 base = node.module or ""
                 if node.level:
                     anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                    anchor = anchor[:len(anchor) - (node.level - 1)]
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
                     base = ".".join(anchor + ([base] if base else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
-                           for a in node.names]
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
             for t in targets:
                 while t and t not in mods:  # import a.b.c of a module a.b.c's attribute
                     t = t.rpartition(".")[0]

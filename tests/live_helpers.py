@@ -20,8 +20,14 @@ def local_serve(num_cpus: int = 2) -> tuple[str, str]:
     from ray import serve
 
     dash, http = free_port(), free_port()
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
-             dashboard_port=dash, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=dash,
+        log_to_driver=False,
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": http})
     return f"http://127.0.0.1:{dash}", f"http://127.0.0.1:{http}"
 
@@ -37,8 +43,7 @@ def wait_for(cond, timeout: float, every: float = 1.0):
     return cond()
 
 
-def fire(base: str, path: str, n: int, concurrency: int, rate: float | None = None,
-         body: bytes = b"x") -> list[tuple]:
+def fire(base: str, path: str, n: int, concurrency: int, rate: float | None = None, body: bytes = b"x") -> list[tuple]:
     """``n`` POSTs, at most ``concurrency`` in flight, open-loop at ``rate``/s if given:
     one (status or error name, seconds, 503 reason or "ray" for Ray's text errors) each
     (faro_serve.replay.client.post_burst)."""
@@ -67,8 +72,13 @@ def check_flood(res: list[tuple], n: int, reason: str, hang_s: float = 15.0) -> 
     assert codes.count(503) > 0 and {r[2] for r in res if r[0] == 503} == {reason}
     served = np.array([r[1] for r in res if r[0] == 200])
     rejected = np.array([r[1] for r in res if r[0] == 503])
-    f = {"200": served.size, "503": rejected.size, "max_200_s": float(served.max()),
-         "median_503_s": float(np.median(rejected)), "p90_503_s": float(np.percentile(rejected, 90))}
+    f = {
+        "200": served.size,
+        "503": rejected.size,
+        "max_200_s": float(served.max()),
+        "median_503_s": float(np.median(rejected)),
+        "p90_503_s": float(np.percentile(rejected, 90)),
+    }
     assert f["max_200_s"] <= hang_s and f["median_503_s"] < f["max_200_s"], f
     return f
 
@@ -165,9 +175,16 @@ class SteadyLoad:
         got = collections.Counter(o for u, o, t in self.outcomes if (url is None or u == url) and t >= since)
         answered = sum(n for o, n in got.items() if o.isdigit())
         bare_5xx = sum(n for o, n in got.items() if o.isdigit() and 500 <= int(o) < 600 and o != "503")
-        return {"sent": sum(got.values()), "answered": answered, "200": got.get("200", 0),
-                "5xx": bare_5xx, "503": got.get("503", 0),
-                "lost": sum(got.get(k, 0) for k in LOST), "hung": got.get("hung", 0),
-                "refused": got.get("refused", 0), "other": {o: n for o, n in got.items()
-                                                            if not o.isdigit() and o not in LOST
-                                                            and o not in ("hung", "refused")}}
+        return {
+            "sent": sum(got.values()),
+            "answered": answered,
+            "200": got.get("200", 0),
+            "5xx": bare_5xx,
+            "503": got.get("503", 0),
+            "lost": sum(got.get(k, 0) for k in LOST),
+            "hung": got.get("hung", 0),
+            "refused": got.get("refused", 0),
+            "other": {
+                o: n for o, n in got.items() if not o.isdigit() and o not in LOST and o not in ("hung", "refused")
+            },
+        }

@@ -39,9 +39,11 @@ def test_the_curves_fit_the_h200_and_the_cpu_profiles(arch, report):
     hinge = fit_hinge(b, t)
     cb, ct = rows(f"cpu16-{arch}.json", threads=1)
     cpu = fit_hinge(cb, ct)
-    report(f"curve fit {arch}: H200 breakpoints R2 {points.r2:.4f} (max error "
-           f"{points.max_rel_err:.1%}), H200 hinge R2 {hinge.r2:.4f} ({hinge.max_rel_err:.1%}), "
-           f"CPU 1-thread hinge R2 {cpu.r2:.4f} ({cpu.max_rel_err:.1%})")
+    report(
+        f"curve fit {arch}: H200 breakpoints R2 {points.r2:.4f} (max error "
+        f"{points.max_rel_err:.1%}), H200 hinge R2 {hinge.r2:.4f} ({hinge.max_rel_err:.1%}), "
+        f"CPU 1-thread hinge R2 {cpu.r2:.4f} ({cpu.max_rel_err:.1%})"
+    )
     assert points.max_rel_err <= 0.15 and points.r2 >= 0.99
     assert np.all(np.diff(points.latency(np.arange(1, 129))) >= 0)  # never faster when larger
     assert cpu.r2 >= 0.94
@@ -135,9 +137,34 @@ def test_the_surge_rule_and_the_guard_size_a_batching_model_by_its_batches():
 def _kernel(arr, batch, wait, window, shape, p=0.01, replicas=1):
     n = arr.size
     start, lat, status = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=np.int8)
-    advance(0.0, 1e9, arr, np.full(n, p), np.zeros(n), np.ones(n), start, lat, status, 0, n,
-            np.zeros(n + 1, dtype=np.int64), 0, 0, np.zeros(replicas), np.full(replicas, -np.inf),
-            0.0, 10_000, 0.0, np.inf, True, batch, shape, 1.0, wait, window)
+    advance(
+        0.0,
+        1e9,
+        arr,
+        np.full(n, p),
+        np.zeros(n),
+        np.ones(n),
+        start,
+        lat,
+        status,
+        0,
+        n,
+        np.zeros(n + 1, dtype=np.int64),
+        0,
+        0,
+        np.zeros(replicas),
+        np.full(replicas, -np.inf),
+        0.0,
+        10_000,
+        0.0,
+        np.inf,
+        True,
+        batch,
+        shape,
+        1.0,
+        wait,
+        window,
+    )
     assert np.all(status == DONE)
     return start, lat
 
@@ -173,10 +200,8 @@ def test_the_reactive_step_raises_a_flat_curves_batch_when_the_model_breaks_its_
         pol = make_policy("faro-fairsum", [m], ClusterSpec(cpus=8, replan=False, surge=False))
         d = None
         for t in range(0, 60, 10):  # the plan at 0, then over the SLO from 10 s on
-            o = _obs("m", arrival_rate=50.0, latency_ms=None if t == 0 else 400.0,
-                     batch_size=2, processing_ms=10.0)
-            d = pol.decide(Observation(now=float(t), capacity_cpus=8, capacity_memory_gb=None,
-                                       models={"m": o}))
+            o = _obs("m", arrival_rate=50.0, latency_ms=None if t == 0 else 400.0, batch_size=2, processing_ms=10.0)
+            d = pol.decide(Observation(now=float(t), capacity_cpus=8, capacity_memory_gb=None, models={"m": o}))
             if t > 0 and d is not None and d.kind == "reactive":
                 return d
         return d

@@ -30,11 +30,33 @@ def kernel_p99(lam, c, bmax, shape=SHAPE, p=P, n=30000, seed=0):
     arr = np.cumsum(rng.exponential(1 / lam, n))
     z = np.zeros(n)
     start, lat, status = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=np.int8)
-    advance(0.0, 1e12, arr, np.full(n, p), z, np.ones(n), start, lat, status, 0, n,
-            np.zeros(n + 1, dtype=np.int64), 0, 0, np.zeros(c), np.full(c, -np.inf), 0.0, n, 0.0,
-            np.inf, True, bmax, shape)
+    advance(
+        0.0,
+        1e12,
+        arr,
+        np.full(n, p),
+        z,
+        np.ones(n),
+        start,
+        lat,
+        status,
+        0,
+        n,
+        np.zeros(n + 1, dtype=np.int64),
+        0,
+        0,
+        np.zeros(c),
+        np.full(c, -np.inf),
+        0.0,
+        n,
+        0.0,
+        np.inf,
+        True,
+        bmax,
+        shape,
+    )
     assert np.all(status == DONE)
-    return np.percentile(lat[n // 10:], 99)
+    return np.percentile(lat[n // 10 :], 99)
 
 
 def test_batch_one_is_the_papers_estimate():
@@ -62,8 +84,7 @@ def h200_curve(arch: str, dtype: str = "fp32"):
     """The measured H200 forward-pass curve of ``arch`` (profiles/, shared/profiles' copy)."""
     from faro_serve.batch_curve import BatchCurve
 
-    rows = [r for r in json.loads((ROOT / "profiles" / f"h200-{arch}.json").read_text())["rows"]
-            if r["dtype"] == dtype]
+    rows = [r for r in json.loads((ROOT / "profiles" / f"h200-{arch}.json").read_text())["rows"] if r["dtype"] == dtype]
     return BatchCurve.from_points([r["batch"] for r in rows], [r["latency_s"] for r in rows])
 
 
@@ -82,8 +103,7 @@ def test_the_batched_estimate_follows_the_kernel_on_the_h200_curves(arch, report
                 lam = rho * full
                 est = latency_batched(c, lam, p, 0.99, 0.95, EST_MDC_EXACT, shape, bmax)
                 ratios.append(est / kernel_p99(lam, c, bmax, shape, p, n=60000, seed=3))
-    report(f"batched estimate / kernel p99, H200 {arch}: {min(ratios):.2f}-{max(ratios):.2f} "
-           f"over {len(ratios)} points")
+    report(f"batched estimate / kernel p99, H200 {arch}: {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} points")
     assert 0.7 <= min(ratios) and max(ratios) <= 1.4, (min(ratios), max(ratios))
 
 
@@ -97,8 +117,31 @@ def test_a_freed_replica_takes_its_queue_as_one_batch():
     free, busy = np.zeros(1), np.full(1, -np.inf)
     proc = np.full(n, P)
     proc[0] = 0.1
-    advance(0.0, 10.0, arr, proc, np.zeros(n), np.ones(n), start, lat, status, 0, n, qbuf, 0, 0,
-            free, busy, 0.0, 50, 0.0, np.inf, True, 8, SHAPE)
+    advance(
+        0.0,
+        10.0,
+        arr,
+        proc,
+        np.zeros(n),
+        np.ones(n),
+        start,
+        lat,
+        status,
+        0,
+        n,
+        qbuf,
+        0,
+        0,
+        free,
+        busy,
+        0.0,
+        50,
+        0.0,
+        np.inf,
+        True,
+        8,
+        SHAPE,
+    )
     assert np.all(status == DONE)
     assert start[1:5] == pytest.approx([0.1] * 4)
     assert lat[1:5] == pytest.approx(0.1 - arr[1:5] + P * (SHARE * 4 + 1 - SHARE))
@@ -147,18 +190,34 @@ def test_faro_divides_the_measured_batch_time_into_one_requests_time():
 
     models = _models(BATCHING)
     pol = make_policy("faro-fairsum", models, ClusterSpec(cpus=12))
-    obs = Observation(now=0.0, capacity_cpus=12, capacity_memory_gb=None, models={
-        m.name: ModelObservation(name=m.name, replicas=1, target_replicas=1,
-                                 arrivals_per_min=np.full(30, 600.0), arrival_rate=10.0,
-                                 processing_ms=130.0, mean_batch=4.0) for m in models})
+    obs = Observation(
+        now=0.0,
+        capacity_cpus=12,
+        capacity_memory_gb=None,
+        models={
+            m.name: ModelObservation(
+                name=m.name,
+                replicas=1,
+                target_replicas=1,
+                arrivals_per_min=np.full(30, 600.0),
+                arrival_rate=10.0,
+                processing_ms=130.0,
+                mean_batch=4.0,
+            )
+            for m in models
+        },
+    )
     d = pol.decide(obs)
     assert d.info["models"]["a"]["processing_ms"] == pytest.approx(130 / (SHARE * 4 + 1 - SHARE), rel=1e-3)
 
 
 def test_batching_config_from_a_saved_profile(tmp_path):
     path = tmp_path / "resnet.json"
-    path.write_text(json.dumps({"arch": "resnet34", "profile": {"gamma": 0.03, "eps": 0.01,
-                                                                "delta": 0.002, "eta": 0.001, "r2": 0.99}}))
+    path.write_text(
+        json.dumps(
+            {"arch": "resnet34", "profile": {"gamma": 0.03, "eps": 0.01, "delta": 0.002, "eta": 0.001, "r2": 0.99}}
+        )
+    )
     b = Batching(profile=str(path), max_batch_size=8)
     assert (b.gamma, b.eps, b.delta, b.eta, b.max_batch_size) == (0.03, 0.01, 0.002, 0.001, 8)
     assert b.share(1.0) == pytest.approx(0.032 / 0.043)
@@ -189,8 +248,13 @@ def test_batching_aware_faro_loses_less_in_the_simulator(tmp_path):
 
     prof = tmp_path / "p.json"
     prof.write_text(json.dumps({"profile": {"gamma": 0.030, "eps": 0.010, "delta": 0.0, "eta": 0.0}}))
-    base = dict(trace=str(SHARED_TRACES / "faro10_days1-10.csv"), day=10, sample=0,
-                jobs=("job0", "job2", "job7", "job9"), minutes=40)
+    base = dict(
+        trace=str(SHARED_TRACES / "faro10_days1-10.csv"),
+        day=10,
+        sample=0,
+        jobs=("job0", "job2", "job7", "job9"),
+        minutes=40,
+    )
     plain = run_scenario(Scenario(**base), "faro-fairsum", 7)
     batched = run_scenario(Scenario(**base, batching=Batching(profile=str(prof))), "faro-fairsum", 7)
     assert batched.decisions.get("long_term", 0) >= 8

@@ -73,6 +73,7 @@ def test_sponge_takes_the_fewest_cores_then_the_smallest_batch():
 
 # ------------------------------------------------------------------ the batched kernel
 
+
 def _run_batched(arr, budgets, batch, cores, prof, replicas=1, net=None, limit=1000, jitter=None):
     from faro_serve.sim.batched import advance_batched
 
@@ -82,16 +83,36 @@ def _run_batched(arr, budgets, batch, cores, prof, replicas=1, net=None, limit=1
     jitter = np.ones(n) if jitter is None else np.asarray(jitter, dtype=float)
     start, lat, status = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=np.int64)
     hkey, hidx = np.empty(n + 1), np.empty(n + 1, dtype=np.int64)
-    out = advance_batched(0.0, 1e9, arr, arr + np.asarray(budgets, dtype=float), net, jitter,
-                          np.zeros(n), start, lat, status, 0, n, hkey, hidx, 0,
-                          np.zeros(replicas), batch, float(cores), np.asarray(prof, dtype=float), limit)
+    out = advance_batched(
+        0.0,
+        1e9,
+        arr,
+        arr + np.asarray(budgets, dtype=float),
+        net,
+        jitter,
+        np.zeros(n),
+        start,
+        lat,
+        status,
+        0,
+        n,
+        hkey,
+        hidx,
+        0,
+        np.zeros(replicas),
+        batch,
+        float(cores),
+        np.asarray(prof, dtype=float),
+        limit,
+    )
     return start, lat, status, out
 
 
 def test_a_freed_replica_takes_what_waits_as_one_batch():
     # l(b, 1) = 0.1 b: the first request runs alone; the three that came meanwhile go together
     start, lat, status, (nxt, nq, n_arr, n_drop, batches) = _run_batched(
-        [0.0, 0.01, 0.02, 0.03], [1.0] * 4, 4, 1, (0.1, 0, 0, 0))
+        [0.0, 0.01, 0.02, 0.03], [1.0] * 4, 4, 1, (0.1, 0, 0, 0)
+    )
     assert status.tolist() == [1, 1, 1, 1] and (nxt, nq, n_arr, n_drop, batches) == (4, 0, 4, 0, 2)
     np.testing.assert_allclose(lat, [0.1, 0.39, 0.38, 0.37])
     np.testing.assert_allclose(start, [0.0, 0.1, 0.1, 0.1])
@@ -116,17 +137,35 @@ def test_batch_one_is_the_unbatched_kernel():
     rng = np.random.default_rng(3)
     arr = np.cumsum(rng.exponential(1 / 21, 3000))  # just past saturation: tail-drops
     jitter = rng.lognormal(0, 0.2, arr.size)
-    _, lat_b, st_b, _ = _run_batched(arr, np.ones(arr.size), 1, 1, (0, 0, 0, 0.05), replicas=1,
-                                     jitter=jitter, limit=50)
+    _, lat_b, st_b, _ = _run_batched(arr, np.ones(arr.size), 1, 1, (0, 0, 0, 0.05), replicas=1, jitter=jitter, limit=50)
     n = arr.size
     start, lat, status = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=np.int64)
-    advance(0.0, 1e9, arr, 0.05 * jitter, np.zeros(n), np.ones(n), start, lat, status, 0, n,
-            np.zeros(n, dtype=np.int64), 0, 0, np.zeros(1), np.zeros(1), 0.0, 50)
+    advance(
+        0.0,
+        1e9,
+        arr,
+        0.05 * jitter,
+        np.zeros(n),
+        np.ones(n),
+        start,
+        lat,
+        status,
+        0,
+        n,
+        np.zeros(n, dtype=np.int64),
+        0,
+        0,
+        np.zeros(1),
+        np.zeros(1),
+        0.0,
+        50,
+    )
     assert (st_b == status).all() and (status == 3).sum() > 0  # the same tail-drops too
     np.testing.assert_allclose(lat_b[status == 1], lat[status == 1])
 
 
 # ------------------------------------------------------------------ Sponge, simulated
+
 
 def test_sponge_in_its_own_setting_saves_cores_and_meets_the_budgets():
     """The paper's section 4 setting, shortened: 20 req/s at a fixed rate, SLO 1 s, 200 KB
@@ -138,8 +177,7 @@ def test_sponge_in_its_own_setting_saves_cores_and_meets_the_budgets():
 
     prof = BatchProfile(gamma=0.4, eps=0.02, delta=0.004, eta=0.02)
     batching = Batching(gamma=0.4, eps=0.02, delta=0.004, eta=0.02, max_batch_size=16)
-    models = [ModelSLO(name="m", slo_ms=1000, processing_ms=400, cpus=16, max_replicas=1,
-                       batching=batching)]
+    models = [ModelSLO(name="m", slo_ms=1000, processing_ms=400, cpus=16, max_replicas=1, batching=batching)]
     cluster, profiles = ClusterSpec(cpus=16), {"m": prof}
     setting = BatchedSetting(profile=prof, duration_s=180, seed=1)
     sponge = simulate_batched(setting, SpongePolicy(models, cluster, profiles))
@@ -155,14 +193,30 @@ def test_sponge_in_its_own_setting_saves_cores_and_meets_the_budgets():
 
 # ------------------------------------------------------------------ the profile command
 
+
 @pytest.mark.slow
 def test_profile_command_measures_on_ray_serve_fits_and_saves(tmp_path, capsys):
     import json
 
     from faro_serve.cli import main
 
-    rc = main(["profile", "--arch", "resnet18", "--batches", "1,8", "--threads", "1,2",
-               "--repeats", "3", "--image-size", "96", "--out", str(tmp_path)])
+    rc = main(
+        [
+            "profile",
+            "--arch",
+            "resnet18",
+            "--batches",
+            "1,8",
+            "--threads",
+            "1,2",
+            "--repeats",
+            "3",
+            "--image-size",
+            "96",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     doc = json.loads((tmp_path / "resnet18.json").read_text())
     prof = BatchProfile.from_dict(doc["profile"])
@@ -170,8 +224,11 @@ def test_profile_command_measures_on_ray_serve_fits_and_saves(tmp_path, capsys):
     # the fit predicts what was measured (medians), and a batch of 8 costs more than 1 (eight
     # times the arithmetic: a margin no scheduling noise on a busy CI machine closes; a batch
     # of 4 against 1, at three repeats, once did not hold there)
-    med = {(b, c): np.median([r["latency_s"] for r in doc["rows"] if (r["batch"], r["threads"]) == (b, c)])
-           for b in (1, 8) for c in (1, 2)}
+    med = {
+        (b, c): np.median([r["latency_s"] for r in doc["rows"] if (r["batch"], r["threads"]) == (b, c)])
+        for b in (1, 8)
+        for c in (1, 2)
+    }
     assert med[(8, 1)] > med[(1, 1)]
     for (b, c), m in med.items():
         assert float(prof.latency(b, c)) == pytest.approx(m, rel=0.5)
@@ -193,9 +250,23 @@ def test_profile_of_a_users_batching_deployment_times_its_batches(tmp_path, caps
     from faro_serve.config import Batching
 
     monkeypatch.chdir(ROOT)  # the user's package imports from here, as for a user
-    rc = main(["profile", "--deployment", "tests.user_apps.batcher:Batcher", "--init-kwargs",
-               '{"base_s": 0.02, "per_item_s": 0.002}', "--batches", "1,4,16", "--repeats", "3",
-               "--cpus", "0.5", "--out", str(tmp_path)])
+    rc = main(
+        [
+            "profile",
+            "--deployment",
+            "tests.user_apps.batcher:Batcher",
+            "--init-kwargs",
+            '{"base_s": 0.02, "per_item_s": 0.002}',
+            "--batches",
+            "1,4,16",
+            "--repeats",
+            "3",
+            "--cpus",
+            "0.5",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0, capsys.readouterr()
     doc = json.loads((tmp_path / "batcher.json").read_text())
     got = {r["batch"]: r["latency_s"] for r in doc["rows"]}

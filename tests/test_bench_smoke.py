@@ -52,13 +52,42 @@ FIRST_PARTY = ("faro_serve", "autoscaler", "forecasting", "deployments", "bench"
 MODULES = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")
 
 HELPERS = {"procstat", "scale_report", "scale_parts", "gpu_cluster_sim", "plain_app", "ray_nodes", "replan_variants"}
-LIVE = {"flood", "gpu_live", "pipeline_live", "proxy_bench", "replica_hold", "replica_start", "router_bench",
-        "sponge_live", "surge_live", "user_batch_bench", "user_router_bench", "whatif_live"}
+LIVE = {
+    "flood",
+    "gpu_live",
+    "pipeline_live",
+    "proxy_bench",
+    "replica_hold",
+    "replica_start",
+    "router_bench",
+    "sponge_live",
+    "surge_live",
+    "user_batch_bench",
+    "user_router_bench",
+    "whatif_live",
+}
 COVERED = {"gpu_cluster", "pipeline_suite", "whatif_scale"}
-TINY = {"batched_faro", "capacity_need", "compare_slices", "concurrency_check", "daily_context", "ensemble_seeds",
-        "forecast_bench", "inferline_paper", "oracle_bounds", "pipeline_composition", "pipeline_plans",
-        "policy_fingerprint", "retrain_eval", "scale_bench", "short_history", "sim_bench", "solver_bench",
-        "sponge_setting", "train_shipped_forecaster"}
+TINY = {
+    "batched_faro",
+    "capacity_need",
+    "compare_slices",
+    "concurrency_check",
+    "daily_context",
+    "ensemble_seeds",
+    "forecast_bench",
+    "inferline_paper",
+    "oracle_bounds",
+    "pipeline_composition",
+    "pipeline_plans",
+    "policy_fingerprint",
+    "retrain_eval",
+    "scale_bench",
+    "short_history",
+    "sim_bench",
+    "solver_bench",
+    "sponge_setting",
+    "train_shipped_forecaster",
+}
 COMMANDS = sorted(set(MODULES) - HELPERS)
 PARSER_OF = {"user_router_bench": "router_bench"}  # its parser is router_bench.start's
 needs_shared = pytest.mark.skipif(not SHARED.exists(), reason="../shared/traces is not here")
@@ -92,8 +121,9 @@ def _options(name: str) -> list[str]:
 @pytest.mark.parametrize("name", COMMANDS)
 def test_help(name):
     """``python -m bench.<name> --help``: it imports, and the help names its options."""
-    r = subprocess.run([sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.startswith("usage:"), r.stdout[:500]
     missing = [o for o in _options(name) if o not in r.stdout]
@@ -153,6 +183,7 @@ def test_first_party_imports_resolve(name):
 
 # ---- tiny runs ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory) -> Path:
     """A folder with tiny stand-ins of the shared traces: ``faro10_days1-10.csv`` (3 jobs,
@@ -161,11 +192,20 @@ def traces(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("traces")
     rng = np.random.default_rng(0)
     m = np.arange(60)
-    rows = [f"{day},{s},{t},job{j},{int(c)}" for day in range(1, 11) for s in (0, 1) for j in range(3)
-            for t, c in zip(m, rng.poisson(200 + 80 * j + 100 * np.sin(m / 9 + day + j)))]
+    rows = [
+        f"{day},{s},{t},job{j},{int(c)}"
+        for day in range(1, 11)
+        for s in (0, 1)
+        for j in range(3)
+        for t, c in zip(m, rng.poisson(200 + 80 * j + 100 * np.sin(m / 9 + day + j)))
+    ]
     (d / "faro10_days1-10.csv").write_text("day,sample,minute,job,requests\n" + "\n".join(rows) + "\n")
-    rows = [f"{day},{t},fn{j},{int(c)}" for day in range(8, 13) for j in range(2)
-            for t, c in zip(m, rng.poisson(40 + 20 * np.sin(m / 7 + j)))]
+    rows = [
+        f"{day},{t},fn{j},{int(c)}"
+        for day in range(8, 13)
+        for j in range(2)
+        for t, c in zip(m, rng.poisson(40 + 20 * np.sin(m / 7 + j)))
+    ]
     (d / "azure12_days8-12.csv").write_text("day,minute,job,requests\n" + "\n".join(rows) + "\n")
     return d
 
@@ -246,8 +286,25 @@ def test_sim_bench(trace, tmp_path):
 def test_scale_bench_sim_and_loop(trace, tmp_path):
     """The simulator and the autoscaler loop over its fake cluster adapter (the meters'
     reports), each in its child process, and the report (bench.scale_report)."""
-    run("scale_bench", "--parts", "sim,loop", "--jobs", 6, "--capacity", 12, "--minutes", 3, "--ticks", 3,
-        "--loop-forecasters", "fallback", "--trace", trace, "--out", tmp_path)
+    run(
+        "scale_bench",
+        "--parts",
+        "sim,loop",
+        "--jobs",
+        6,
+        "--capacity",
+        12,
+        "--minutes",
+        3,
+        "--ticks",
+        3,
+        "--loop-forecasters",
+        "fallback",
+        "--trace",
+        trace,
+        "--out",
+        tmp_path,
+    )
     res = json.loads((tmp_path / "scale-bench.json").read_text())
     assert res["sim"]["jobs"] == 6 and res["loop"][0]["ticks"] == 3
     assert "## Autoscaler loop" in (tmp_path / "scale-bench.md").read_text()
@@ -277,30 +334,73 @@ def test_forecast_bench(trace, tmp_path):
 
 
 def test_retrain_eval(trace, tmp_path, capsys):
-    run("retrain_eval", "--trace", trace, "--days", "8-9", "--sample", 0, "--holdout", 30, "--max-steps", 2,
-        "--out", tmp_path / "candidate")
+    run(
+        "retrain_eval",
+        "--trace",
+        trace,
+        "--days",
+        "8-9",
+        "--sample",
+        0,
+        "--holdout",
+        30,
+        "--max-steps",
+        2,
+        "--out",
+        tmp_path / "candidate",
+    )
     doc = json.loads(capsys.readouterr().out)
     assert {"swap", "candidate", "current"} <= set(doc) and Path(doc["saved_to"]).exists()
 
 
 def test_ensemble_seeds(trace, tmp_path, capsys):
-    run("ensemble_seeds", "--trace", trace, "--net-seeds", 1, "--mixes", 1, "--capacities", 6, "--seeds", 1,
-        "--max-steps", 2, "--cache", tmp_path)
+    run(
+        "ensemble_seeds",
+        "--trace",
+        trace,
+        "--net-seeds",
+        1,
+        "--mixes",
+        1,
+        "--capacities",
+        6,
+        "--seeds",
+        1,
+        "--max-steps",
+        2,
+        "--cache",
+        tmp_path,
+    )
     out = capsys.readouterr().out
     assert "| seed 1 |" in out and "| seeds 1 |" in out
 
 
 def test_train_shipped_forecaster(traces, tmp_path, capsys):
-    run("train_shipped_forecaster", "--traces", traces, "--out", tmp_path / "fc", "--mlp-width", 16,
-        "--max-steps", 2)
+    run("train_shipped_forecaster", "--traces", traces, "--out", tmp_path / "fc", "--mlp-width", 16, "--max-steps", 2)
     meta = json.loads((tmp_path / "fc" / "meta.json").read_text())
     assert [d["file"] for d in meta["train_data"]] == ["faro10_days1-10.csv", "azure12_days8-12.csv"]
 
 
 def test_short_history(trace, tmp_path):
-    run("short_history", "--trace", trace, "--days", 10, "--seeds", 0, "--rules", "fallback,pad-mean",
-        "--minutes", 12, "--first-minutes", 10, "--forecaster-dir", ROOT / "faro_serve" / "data" / "forecaster",
-        "--out", tmp_path)
+    run(
+        "short_history",
+        "--trace",
+        trace,
+        "--days",
+        10,
+        "--seeds",
+        0,
+        "--rules",
+        "fallback,pad-mean",
+        "--minutes",
+        12,
+        "--first-minutes",
+        10,
+        "--forecaster-dir",
+        ROOT / "faro_serve" / "data" / "forecaster",
+        "--out",
+        tmp_path,
+    )
     rows = json.loads((tmp_path / "short_history.json").read_text())
     assert [r["rule"] for r in rows] == ["fallback", "pad-mean"]
 
@@ -308,8 +408,21 @@ def test_short_history(trace, tmp_path):
 @needs_shared
 def test_batched_faro(tmp_path):
     out = tmp_path / "batched.md"
-    run("batched_faro", "--capacities", 16, "--seeds", 1, "--workers", 1, "--minutes", 4,
-        "--forecaster-dir", ROOT / "faro_serve" / "data" / "forecaster", "--out", out)
+    run(
+        "batched_faro",
+        "--capacities",
+        16,
+        "--seeds",
+        1,
+        "--workers",
+        1,
+        "--minutes",
+        4,
+        "--forecaster-dir",
+        ROOT / "faro_serve" / "data" / "forecaster",
+        "--out",
+        out,
+    )
     assert "| 16 |" in out.read_text() and json.loads(out.with_suffix(".json").read_text())["cells"]
 
 

@@ -47,32 +47,84 @@ def png(size: int = 64) -> bytes:
     return buf.getvalue()
 
 
-def config(path: Path, history: Path, models: tuple[str, ...] = ("chaos", "chaos-front", "chaos-img"),
-           **chaos_args) -> dict:
+def config(
+    path: Path, history: Path, models: tuple[str, ...] = ("chaos", "chaos-front", "chaos-img"), **chaos_args
+) -> dict:
     """A serve config of the module's models on free ports; returns its document."""
-    slos = {"chaos": {"name": "chaos", "slo_ms": 500, "processing_ms": 50, "cpus": 0.25,
-                      "min_replicas": 2, "max_replicas": 3},
-            "chaos-front": {"name": "chaos-front", "slo_ms": 500, "processing_ms": 50, "cpus": 0.25,
-                            "min_replicas": 2, "max_replicas": 2},
-            "chaos-img": {"name": "chaos-img", "slo_ms": 2000, "processing_ms": 150, "cpus": 0.25,
-                          "min_replicas": 1, "max_replicas": 1}}
+    slos = {
+        "chaos": {
+            "name": "chaos",
+            "slo_ms": 500,
+            "processing_ms": 50,
+            "cpus": 0.25,
+            "min_replicas": 2,
+            "max_replicas": 3,
+        },
+        "chaos-front": {
+            "name": "chaos-front",
+            "slo_ms": 500,
+            "processing_ms": 50,
+            "cpus": 0.25,
+            "min_replicas": 2,
+            "max_replicas": 2,
+        },
+        "chaos-img": {
+            "name": "chaos-img",
+            "slo_ms": 2000,
+            "processing_ms": 150,
+            "cpus": 0.25,
+            "min_replicas": 1,
+            "max_replicas": 1,
+        },
+    }
     # chaos starts below its min_replicas: the autoscaler scales it into its bounds (and
     # again after a redeploy, which resets the count to initial_replicas)
-    apps = {"chaos": {"name": "chaos", "model": SYNTH, "cpus": 0.25, "initial_replicas": 1, **chaos_args},
-            "chaos-front": {"name": "chaos-front", "model": SYNTH, "cpus": 0.25, "initial_replicas": 2,
-                            "data_path": "front"},
-            "chaos-img": {"name": "chaos-img", "model": {"kind": "vision", "arch": "resnet18"},
-                          "cpus": 0.25}}
-    faro = {"name": "faro", "route_prefix": "/faro", "import_path": "faro_serve.serving.app:autoscaler_app",
-            "args": {"cluster": {"cpus": 2, "objective": "fair_sum", "long_term_interval_s": 600,
-                                 "window_s": 120, "cold_start_s": 10, "reactive_interval_s": 2,
-                                 "reactive_trigger_s": 6},
-                     "models": [slos[m] for m in models], "forecaster": "fallback",
-                     "history_dir": str(history), "dashboard_url": f"http://127.0.0.1:{free_port()}"}}
-    doc = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": free_port()},
-           "applications": [faro] + [{"name": m, "route_prefix": f"/{m}",
-                                      "import_path": "faro_serve.serving.app:model_app",
-                                      "external_scaler_enabled": True, "args": apps[m]} for m in models]}
+    apps = {
+        "chaos": {"name": "chaos", "model": SYNTH, "cpus": 0.25, "initial_replicas": 1, **chaos_args},
+        "chaos-front": {
+            "name": "chaos-front",
+            "model": SYNTH,
+            "cpus": 0.25,
+            "initial_replicas": 2,
+            "data_path": "front",
+        },
+        "chaos-img": {"name": "chaos-img", "model": {"kind": "vision", "arch": "resnet18"}, "cpus": 0.25},
+    }
+    faro = {
+        "name": "faro",
+        "route_prefix": "/faro",
+        "import_path": "faro_serve.serving.app:autoscaler_app",
+        "args": {
+            "cluster": {
+                "cpus": 2,
+                "objective": "fair_sum",
+                "long_term_interval_s": 600,
+                "window_s": 120,
+                "cold_start_s": 10,
+                "reactive_interval_s": 2,
+                "reactive_trigger_s": 6,
+            },
+            "models": [slos[m] for m in models],
+            "forecaster": "fallback",
+            "history_dir": str(history),
+            "dashboard_url": f"http://127.0.0.1:{free_port()}",
+        },
+    }
+    doc = {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": free_port()},
+        "applications": [faro]
+        + [
+            {
+                "name": m,
+                "route_prefix": f"/{m}",
+                "import_path": "faro_serve.serving.app:model_app",
+                "external_scaler_enabled": True,
+                "args": apps[m],
+            }
+            for m in models
+        ],
+    }
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return doc
 
@@ -88,20 +140,35 @@ class Run:
         self.out = where / "run.out"
         with self.out.open("wb") as f:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "faro_serve", "run", str(cfg), "--ray-temp-dir", self.temp,
-                 "--log-dir", str(where / "logs"), "--drain-timeout", "20"],
-                cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "faro_serve",
+                    "run",
+                    str(cfg),
+                    "--ray-temp-dir",
+                    self.temp,
+                    "--log-dir",
+                    str(where / "logs"),
+                    "--drain-timeout",
+                    "20",
+                ],
+                cwd=ROOT,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self.client = httpx.Client(base_url=self.base, timeout=30)
 
     def ready(self, models: dict[str, bytes], timeout: float = 240) -> bool:
         def up():
             assert self.proc.poll() is None, self.output()
             try:
-                return all(self.client.post(f"/{m}/predict", content=b).status_code == 200
-                           for m, b in models.items())
+                return all(self.client.post(f"/{m}/predict", content=b).status_code == 200 for m, b in models.items())
             except httpx.HTTPError:
                 return False
+
         return bool(wait_for(up, timeout, every=2))
 
     def output(self) -> str:
@@ -159,13 +226,31 @@ def test_a_corrupt_history_store_is_set_aside_and_every_model_serves(run, chaos)
         time.sleep(6)
     t = load.tally()
     assert t["sent"] == t["answered"] == t["200"] > 0, t
-    chaos("corrupt history store at start", t["sent"], t["answered"], t["5xx"], t["lost"], None,
-          f"the store moved aside (arrivals.sqlite3.corrupt-<time>), a fresh one; {_note(t)}")
+    chaos(
+        "corrupt history store at start",
+        t["sent"],
+        t["answered"],
+        t["5xx"],
+        t["lost"],
+        None,
+        f"the store moved aside (arrivals.sqlite3.corrupt-<time>), a fresh one; {_note(t)}",
+    )
 
 
-FUZZ = [b"", b"\x00" * 10, os.urandom(2048), png()[:40], b"GIF89a" + os.urandom(100),
-        b'{"image": "not base64!"}', b'{"image": 12}', b'{"image": ""}', b"[1, 2, 3]", b"{",
-        b'{"image": "' + b"A" * 5000 + b'"}', "é".encode("latin-1") * 50]
+FUZZ = [
+    b"",
+    b"\x00" * 10,
+    os.urandom(2048),
+    png()[:40],
+    b"GIF89a" + os.urandom(100),
+    b'{"image": "not base64!"}',
+    b'{"image": 12}',
+    b'{"image": ""}',
+    b"[1, 2, 3]",
+    b"{",
+    b'{"image": "' + b"A" * 5000 + b'"}',
+    "é".encode("latin-1") * 50,
+]
 
 
 def test_fuzzed_bodies_and_a_pixel_bomb_are_refused_while_others_are_served(run, chaos):
@@ -187,11 +272,24 @@ def test_fuzzed_bodies_and_a_pixel_bomb_are_refused_while_others_are_served(run,
     assert after.status_code == 200 and bomb_s < 5
     t = load.tally()
     assert t["sent"] == t["answered"] == t["200"] > 0, t
-    chaos("fuzzed bodies (40) to an image model", len(bodies) + t["sent"], len(bodies) + t["answered"],
-          t["5xx"], t["lost"], None, f"each fuzzed body {'/'.join(map(str, codes))} with a reason; "
-          f"steady load on another model {_note(t)}")
-    chaos("pixel bomb (20,000 x 20,000 PNG)", 1 + t["sent"], 1 + t["answered"], 0, 0, None,
-          f"413 too_many_pixels in {bomb_s:.2f} s, the next image 200")
+    chaos(
+        "fuzzed bodies (40) to an image model",
+        len(bodies) + t["sent"],
+        len(bodies) + t["answered"],
+        t["5xx"],
+        t["lost"],
+        None,
+        f"each fuzzed body {'/'.join(map(str, codes))} with a reason; steady load on another model {_note(t)}",
+    )
+    chaos(
+        "pixel bomb (20,000 x 20,000 PNG)",
+        1 + t["sent"],
+        1 + t["answered"],
+        0,
+        0,
+        None,
+        f"413 too_many_pixels in {bomb_s:.2f} s, the next image 200",
+    )
 
 
 def test_a_replica_killed_under_load(run, chaos):
@@ -210,6 +308,7 @@ def test_a_replica_killed_under_load(run, chaos):
         def replaced():  # a new replica RUNNING in place of each killed one
             now = {app: run.pids(app) for app in before}
             return all(pids[0] not in now[app] and len(now[app]) >= len(pids) for app, pids in before.items())
+
         back = wait_for(replaced, 60, every=0.5)
         recover = time.time() - kill_t
         time.sleep(2)
@@ -221,11 +320,24 @@ def test_a_replica_killed_under_load(run, chaos):
     assert f["5xx"] == 0 and f["200"] >= f["sent"] - 2, f
     retried = run.client.get("/chaos-front/metrics").json()["retried"]
     assert 1 <= retried <= 4, retried  # the killed replica's requests, each sent once more
-    chaos(f"a replica SIGKILLed (direct path, {len(before['chaos'])} replicas)", d["sent"], d["answered"], d["5xx"],
-          d["lost"], recover, f"{d['5xx']} x 500 from Ray's proxy for what it held (no retry on "
-          f"this path); {_note(d)}")
-    chaos("a replica SIGKILLed (router front, 2 replicas)", f["sent"], f["answered"], f["5xx"], f["lost"],
-          recover, f"{retried} retried once on the other replica (counted in the meter); {_note(f)}")
+    chaos(
+        f"a replica SIGKILLed (direct path, {len(before['chaos'])} replicas)",
+        d["sent"],
+        d["answered"],
+        d["5xx"],
+        d["lost"],
+        recover,
+        f"{d['5xx']} x 500 from Ray's proxy for what it held (no retry on this path); {_note(d)}",
+    )
+    chaos(
+        "a replica SIGKILLed (router front, 2 replicas)",
+        f["sent"],
+        f["answered"],
+        f["5xx"],
+        f["lost"],
+        recover,
+        f"{retried} retried once on the other replica (counted in the meter); {_note(f)}",
+    )
 
 
 def test_the_autoscaler_killed_under_load(run, chaos):
@@ -240,6 +352,7 @@ def test_the_autoscaler_killed_under_load(run, chaos):
                 return r.json().get("ticks") if r.status_code == 200 else None
             except (httpx.HTTPError, ValueError):
                 return None
+
         time.sleep(0.5)
         first = wait_for(ticks, 90, every=0.5)  # a new autoscaler answers ...
         back = first and wait_for(lambda: (ticks() or 0) > first, 30, every=0.5)  # ... and ticks
@@ -248,8 +361,15 @@ def test_the_autoscaler_killed_under_load(run, chaos):
     assert back
     t = load.tally()
     assert t["sent"] == t["answered"] == t["200"] > 0, t
-    chaos("the autoscaler SIGKILLed", t["sent"], t["answered"], t["5xx"], t["lost"], recover,
-          f"models served throughout; a new autoscaler ticking again; {_note(t)}")
+    chaos(
+        "the autoscaler SIGKILLed",
+        t["sent"],
+        t["answered"],
+        t["5xx"],
+        t["lost"],
+        recover,
+        f"models served throughout; a new autoscaler ticking again; {_note(t)}",
+    )
 
 
 def test_a_model_application_redeployed_under_load(run, chaos):
@@ -266,25 +386,42 @@ def test_a_model_application_redeployed_under_load(run, chaos):
         time.sleep(2)
         old = set(run.pids("chaos"))
         t0 = time.time()
-        out = subprocess.run([serve_cli, "deploy", "--address", run.dashboard, str(new)], env=env,
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [serve_cli, "deploy", "--address", run.dashboard, str(new)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stdout + out.stderr
 
         def replaced():
             r = httpx.get(f"{run.dashboard}/api/serve/applications/", headers=dashboard_headers(), timeout=10)
             app = r.json()["applications"]["chaos"]
             pids = set(run.pids("chaos"))
-            return (app["status"] == "RUNNING" and app["deployed_app_config"]["args"].get("max_body_kb") == 4096
-                    and len(pids) >= 2 and not pids & old)  # all replaced, back to min_replicas
+            return (
+                app["status"] == "RUNNING"
+                and app["deployed_app_config"]["args"].get("max_body_kb") == 4096
+                and len(pids) >= 2
+                and not pids & old
+            )  # all replaced, back to min_replicas
+
         done = wait_for(replaced, 90, every=0.5)
         recover = time.time() - t0
         time.sleep(2)
     assert done
     t = load.tally()
     assert t["sent"] == t["answered"] == t["200"] > 0, t
-    chaos("a model application redeployed (serve deploy)", t["sent"], t["answered"], t["5xx"], t["lost"],
-          recover, f"Ray's rolling update: old replicas finish what they hold; the count, reset to "
-          f"initial_replicas (1), scaled back to min_replicas (2) by the autoscaler; {_note(t)}")
+    chaos(
+        "a model application redeployed (serve deploy)",
+        t["sent"],
+        t["answered"],
+        t["5xx"],
+        t["lost"],
+        recover,
+        f"Ray's rolling update: old replicas finish what they hold; the count, reset to "
+        f"initial_replicas (1), scaled back to min_replicas (2) by the autoscaler; {_note(t)}",
+    )
 
 
 def _stopped_under_load(r: Run, sig: int, urls: list[str]) -> tuple[int, dict, float, dict]:
@@ -312,9 +449,16 @@ def test_sigint_drains_then_stops_under_load(run, chaos):
     urls = [f"{run.base}/{m}/predict" for m in ("chaos", "chaos-front")]
     code, t, took, reasons = _stopped_under_load(run, signal.SIGINT, urls)
     _check_stop(code, t, reasons, run.output(), "SIGINT")
-    chaos("SIGINT (Ctrl-C) to `faro-serve run`", t["sent"], t["answered"], t["5xx"], t["lost"], None,
-          f"drained, then Serve and Ray stopped in {took:.0f} s, exit 0; {_note(t)} (shutting_down), "
-          f"{t['refused']} refused at connect after the port closed")
+    chaos(
+        "SIGINT (Ctrl-C) to `faro-serve run`",
+        t["sent"],
+        t["answered"],
+        t["5xx"],
+        t["lost"],
+        None,
+        f"drained, then Serve and Ray stopped in {took:.0f} s, exit 0; {_note(t)} (shutting_down), "
+        f"{t['refused']} refused at connect after the port closed",
+    )
 
 
 def test_sigterm_drains_then_stops_under_load(tmp_path, chaos):
@@ -327,6 +471,13 @@ def test_sigterm_drains_then_stops_under_load(tmp_path, chaos):
         _check_stop(code, t, reasons, r.output(), "SIGTERM")
     finally:
         r.stop()
-    chaos("SIGTERM to `faro-serve run`", t["sent"], t["answered"], t["5xx"], t["lost"], None,
-          f"drained, then Serve and Ray stopped in {took:.0f} s, exit 0, no stack dump; {_note(t)} "
-          f"(shutting_down), {t['refused']} refused at connect after the port closed")
+    chaos(
+        "SIGTERM to `faro-serve run`",
+        t["sent"],
+        t["answered"],
+        t["5xx"],
+        t["lost"],
+        None,
+        f"drained, then Serve and Ray stopped in {took:.0f} s, exit 0, no stack dump; {_note(t)} "
+        f"(shutting_down), {t['refused']} refused at connect after the port closed",
+    )

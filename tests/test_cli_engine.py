@@ -12,11 +12,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_estimate_reproduces_the_paper_example(cli):
-    code, out, _ = cli("estimate", "--rate", "40", "--proc-ms", "150", "--slo-ms", "600",
-                       "--percentile", "99.99", "--json")
+    code, out, _ = cli(
+        "estimate", "--rate", "40", "--proc-ms", "150", "--slo-ms", "600", "--percentile", "99.99", "--json"
+    )
     assert code == 0 and json.loads(out)["replicas"] == 8
-    code, out, _ = cli("estimate", "--rate", "40", "--proc-ms", "150", "--slo-ms", "600",
-                       "--percentile", "99.99", "--estimator", "upper", "--json")
+    code, out, _ = cli(
+        "estimate",
+        "--rate",
+        "40",
+        "--proc-ms",
+        "150",
+        "--slo-ms",
+        "600",
+        "--percentile",
+        "99.99",
+        "--estimator",
+        "upper",
+        "--json",
+    )
     res = json.loads(out)
     assert code == 0 and res["replicas"] == 10 and res["latency_ms"] == pytest.approx(600)
 
@@ -27,8 +40,9 @@ def test_estimate_rejects_impossible_slo(cli):
     assert err.strip().count("\n") == 0 and "below the processing time" in err
 
 
-@pytest.mark.parametrize("flag, value", [("--rate", "inf"), ("--rate", "nan"), ("--slo-ms", "nan"),
-                                         ("--proc-ms", "inf")])
+@pytest.mark.parametrize(
+    "flag, value", [("--rate", "inf"), ("--rate", "nan"), ("--slo-ms", "nan"), ("--proc-ms", "inf")]
+)
 def test_estimate_names_a_flag_that_is_not_a_finite_number(cli, flag, value):
     args = {"--rate": "5", "--proc-ms": "150", "--slo-ms": "600", flag: value}
     code, out, err = cli("estimate", *[x for kv in args.items() for x in kv])
@@ -50,20 +64,27 @@ def test_plan_table_output(cli):
     assert code == 0 and "resnet34-a" in out and "objective value" in out
 
 
-@pytest.mark.parametrize("body, needle", [
-    ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: -1, rate: 1}]", "models.0.slo_ms"),
-    ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, processing_ms: 100}]", "exactly one of 'rate'"),
-    ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, processing_ms: 100, rate: -2}]", "negative"),
-    ("cluster: {cpus: 1}\nmodels: [{name: a, slo_ms: 500, processing_ms: 100, rate: 1, min_replicas: 2}]",
-     "min_replicas need 2 CPUs"),
-    ("cluster: {cpus: 4, objective: best}\nmodels: [{name: a, slo_ms: 500, rate: 1}]", "cluster.objective"),
-    ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, rate: 1}, {name: a, slo_ms: 500, rate: 1}]",
-     "appears twice"),
-    ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, rate: 1}]", "no processing time"),
-    ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, rate: 1, bogus: 3}]", "bogus"),
-    ("cluster: [1, 2\n", "cannot parse"),
-    ("- just\n- a list\n", "expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: -1, rate: 1}]", "models.0.slo_ms"),
+        ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, processing_ms: 100}]", "exactly one of 'rate'"),
+        ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, processing_ms: 100, rate: -2}]", "negative"),
+        (
+            "cluster: {cpus: 1}\nmodels: [{name: a, slo_ms: 500, processing_ms: 100, rate: 1, min_replicas: 2}]",
+            "min_replicas need 2 CPUs",
+        ),
+        ("cluster: {cpus: 4, objective: best}\nmodels: [{name: a, slo_ms: 500, rate: 1}]", "cluster.objective"),
+        (
+            "cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, rate: 1}, {name: a, slo_ms: 500, rate: 1}]",
+            "appears twice",
+        ),
+        ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, rate: 1}]", "no processing time"),
+        ("cluster: {cpus: 4}\nmodels: [{name: a, slo_ms: 500, rate: 1, bogus: 3}]", "bogus"),
+        ("cluster: [1, 2\n", "cannot parse"),
+        ("- just\n- a list\n", "expected a mapping"),
+    ],
+)
 def test_plan_bad_specs_exit_2_with_a_clear_message(cli, tmp_path, body, needle):
     spec = tmp_path / "spec.yaml"
     spec.write_text(body)
@@ -80,8 +101,12 @@ def test_plan_missing_file(cli, tmp_path):
 
 def test_console_script_is_installed():
     exe = Path(sys.executable).parent / "faro-serve"
-    res = subprocess.run([str(exe), "estimate", "--rate", "1", "--proc-ms", "10", "--slo-ms", "50",
-                          "--json"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [str(exe), "estimate", "--rate", "1", "--proc-ms", "10", "--slo-ms", "50", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0 and json.loads(res.stdout)["replicas"] == 1
 
 
@@ -112,8 +137,9 @@ def test_estimate_counts_replicas_of_concurrency_k(cli):
     (40 req/s of 150 ms under 600 ms at p99) needs at most a quarter of the replicas."""
     code, out, _ = cli("estimate", "--rate", "40", "--proc-ms", "150", "--slo-ms", "600", "--json")
     one = json.loads(out)
-    code4, out4, _ = cli("estimate", "--rate", "40", "--proc-ms", "150", "--slo-ms", "600",
-                         "--concurrency", "4", "--json")
+    code4, out4, _ = cli(
+        "estimate", "--rate", "40", "--proc-ms", "150", "--slo-ms", "600", "--concurrency", "4", "--json"
+    )
     four = json.loads(out4)
     assert code == code4 == 0 and four["concurrency"] == 4
     # 4k servers pool at least as well as k: never more than a quarter of the replicas
@@ -160,13 +186,17 @@ def test_status_of_something_else_or_of_a_fresh_autoscaler_says_so(cli):
     srv.shutdown()
     assert code == 2 and out == "" and err.count("\n") == 1 and "welcome" not in err
     assert f"(text/html, {len(page)} bytes), not a faro-serve status" in err
-    srv, url = _serve_once(b'{"policy": "faro-fairsum", "models": {}, "ticks": 0, "restored": true}',
-                           "application/json")
+    srv, url = _serve_once(
+        b'{"policy": "faro-fairsum", "models": {}, "ticks": 0, "restored": true}', "application/json"
+    )
     code, out, _ = cli("status", "--url", url)
     srv.shutdown()
     assert code == 1 and "has not observed the cluster yet since it restarted" in out
-    srv, url = _serve_once(b'{"policy": "faro-fairsum", "models": {}, "ticks": 0, "restored": '
-                           b'{"from": "the previous configuration", "age_s": 0.1}}', "application/json")
+    srv, url = _serve_once(
+        b'{"policy": "faro-fairsum", "models": {}, "ticks": 0, "restored": '
+        b'{"from": "the previous configuration", "age_s": 0.1}}',
+        "application/json",
+    )
     code, out, _ = cli("status", "--url", url)  # a redeploy with a new config: not a restart
     srv.shutdown()
     assert code == 1 and "has not observed the cluster yet since its config changed" in out

@@ -22,13 +22,26 @@ def trace(tmp_path_factory):
 
 
 def sim(cli, trace, *args):
-    return cli("simulate", "--trace", str(trace), "--day", "1", "--sample", "0",
-               "--warmup-minutes", "0", *args)
+    return cli("simulate", "--trace", str(trace), "--day", "1", "--sample", "0", "--warmup-minutes", "0", *args)
 
 
 def suite(cli, trace, out, *args):
-    return cli("suite", "--trace", str(trace), "--day", "1", "--sample", "0",
-               "--warmup-minutes", "0", "--seeds", "1", "--out", str(out), *args)
+    return cli(
+        "suite",
+        "--trace",
+        str(trace),
+        "--day",
+        "1",
+        "--sample",
+        "0",
+        "--warmup-minutes",
+        "0",
+        "--seeds",
+        "1",
+        "--out",
+        str(out),
+        *args,
+    )
 
 
 def error(err: str) -> str:
@@ -38,14 +51,18 @@ def error(err: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("policy, message", [
-    ("Boom", "policy '{p}' failed at t=60s: KeyError: 'x'"),
-    ("ReturnsDict", "policy '{p}' returned a dict at t=0s, not a Decision "
-                    "(autoscaler.contract.policy.Decision) or None"),
-    ("Negative", "policy '{p}' asked for -3 replicas of 'a' at t=0s (a number >= 0)"),
-    ("TooMany", "policy '{p}' asked for 200 CPUs (the cluster has 8) at t=0s "
-                "(targets {{'a': 100, 'b': 100}})"),
-])
+@pytest.mark.parametrize(
+    "policy, message",
+    [
+        ("Boom", "policy '{p}' failed at t=60s: KeyError: 'x'"),
+        (
+            "ReturnsDict",
+            "policy '{p}' returned a dict at t=0s, not a Decision (autoscaler.contract.policy.Decision) or None",
+        ),
+        ("Negative", "policy '{p}' asked for -3 replicas of 'a' at t=0s (a number >= 0)"),
+        ("TooMany", "policy '{p}' asked for 200 CPUs (the cluster has 8) at t=0s (targets {{'a': 100, 'b': 100}})"),
+    ],
+)
 def test_a_failing_user_policy_is_one_line_naming_it(cli, trace, policy, message):
     p = f"{USER}:{policy}"
     code, out, err = sim(cli, trace, "--capacity", "8", "--policy", p)
@@ -85,9 +102,14 @@ def test_the_live_loop_drives_a_policy_as_the_simulator_does():
     from autoscaler.driving.loop import AutoscalerLoop
     from faro_serve.serving.schema import parse_autoscaler_config
 
-    cfg = parse_autoscaler_config({
-        "cluster": {"cpus": 2}, "policy": f"{USER}:Boom", "forecaster": "fallback",
-        "models": [{"name": "a", "slo_ms": 720, "processing_ms": 50, "cpus": 0.5}]})
+    cfg = parse_autoscaler_config(
+        {
+            "cluster": {"cpus": 2},
+            "policy": f"{USER}:Boom",
+            "forecaster": "fallback",
+            "models": [{"name": "a", "slo_ms": 720, "processing_ms": 50, "cpus": 0.5}],
+        }
+    )
     clock = {"t": 1000.0}
     loop = AutoscalerLoop(cfg, FakeCluster({"a": 1}), clock=lambda: clock["t"])
     loop.step()  # Boom fails from its second minute on, counted from the loop's start
@@ -99,34 +121,48 @@ def test_the_live_loop_drives_a_policy_as_the_simulator_does():
 
 def test_a_suite_keeps_the_runs_that_finished_when_a_policy_fails(cli, trace, tmp_path):
     out = tmp_path / "suite"
-    code, _, err = suite(cli, trace, out, "--capacities", "8", "--seeds", "0,1", "--workers", "2",
-                         "--policies", f"aiad,{USER}:Boom")
+    code, _, err = suite(
+        cli, trace, out, "--capacities", "8", "--seeds", "0,1", "--workers", "2", "--policies", f"aiad,{USER}:Boom"
+    )
     assert code == 2
-    assert error(err) == (f"faro-serve: error: policy '{USER}:Boom' failed at t=60s: KeyError: 'x'; "
-                          f"the suite stopped; the 2 of 4 runs that finished are in "
-                          f"{out / 'results.csv'} (summary.md names the others)")
+    assert error(err) == (
+        f"faro-serve: error: policy '{USER}:Boom' failed at t=60s: KeyError: 'x'; "
+        f"the suite stopped; the 2 of 4 runs that finished are in "
+        f"{out / 'results.csv'} (summary.md names the others)"
+    )
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert [(r["policy"], r["seed"]) for r in rows] == [("aiad", "0"), ("aiad", "1")]
-    assert (f"**Incomplete**: 2 of 4 runs finished; the suite stopped at: policy '{USER}:Boom' "
-            f"failed at t=60s" in (out / "summary.md").read_text())
+    assert (
+        f"**Incomplete**: 2 of 4 runs finished; the suite stopped at: policy '{USER}:Boom' "
+        f"failed at t=60s" in (out / "summary.md").read_text()
+    )
 
 
 def test_a_dead_suite_worker_is_one_line_naming_its_run(cli, trace, tmp_path):
-    code, _, err = suite(cli, trace, tmp_path / "s", "--capacities", "8", "--workers", "2",
-                         "--policies", f"{USER}:Dies")
+    code, _, err = suite(
+        cli, trace, tmp_path / "s", "--capacities", "8", "--workers", "2", "--policies", f"{USER}:Dies"
+    )
     assert code == 2
-    assert error(err) == (f"faro-serve: error: a suite worker process died while running "
-                          f"{USER}:Dies at 8 (seed 0) (out of memory or the policy exited); the "
-                          f"suite stopped before any run finished (of 1)")
+    assert error(err) == (
+        f"faro-serve: error: a suite worker process died while running "
+        f"{USER}:Dies at 8 (seed 0) (out of memory or the policy exited); the "
+        f"suite stopped before any run finished (of 1)"
+    )
 
 
-@pytest.mark.parametrize("make, args, message", [
-    ("file", ("suite", "--out", "{x}"), "--out {x}: is a file, not a directory"),
-    ("none", ("suite", "--out", "/proc/x"), "--out /proc/x: cannot be written (No such file or directory)"),
-    ("dir", ("simulate", "--json", "{x}"), "--json {x}: is a directory"),
-    ("none", ("simulate", "--json", "/proc/x/y.json"),
-     "--json /proc/x/y.json: cannot be written (No such file or directory)"),
-])
+@pytest.mark.parametrize(
+    "make, args, message",
+    [
+        ("file", ("suite", "--out", "{x}"), "--out {x}: is a file, not a directory"),
+        ("none", ("suite", "--out", "/proc/x"), "--out /proc/x: cannot be written (No such file or directory)"),
+        ("dir", ("simulate", "--json", "{x}"), "--json {x}: is a directory"),
+        (
+            "none",
+            ("simulate", "--json", "/proc/x/y.json"),
+            "--json /proc/x/y.json: cannot be written (No such file or directory)",
+        ),
+    ],
+)
 def test_an_output_path_is_checked_before_the_runs(cli, trace, tmp_path, make, args, message):
     x = tmp_path / "x"
     if make == "file":
@@ -136,22 +172,20 @@ def test_an_output_path_is_checked_before_the_runs(cli, trace, tmp_path, make, a
     cmd, flag, where = args
     # the user's policy would fail its first tick: the path is refused before any run
     if cmd == "suite":
-        code, _, err = suite(cli, trace, where.format(x=x), "--capacities", "8",
-                             "--policies", f"{USER}:ReturnsDict")
+        code, _, err = suite(cli, trace, where.format(x=x), "--capacities", "8", "--policies", f"{USER}:ReturnsDict")
     else:
-        code, _, err = sim(cli, trace, "--capacity", "8", "--policy", f"{USER}:ReturnsDict",
-                           flag, where.format(x=x))
+        code, _, err = sim(cli, trace, "--capacity", "8", "--policy", f"{USER}:ReturnsDict", flag, where.format(x=x))
     assert (code, err) == (2, f"faro-serve: error: {message.format(x=x)}\n")
     assert make != "file" or x.read_text() == "mine\n"
 
 
-@pytest.mark.parametrize("where, message", [
-    ("{x}", "-o {x}: is a directory"),
-    ("/proc/x", "-o /proc/x: cannot be written (No such file or directory)")])
+@pytest.mark.parametrize(
+    "where, message",
+    [("{x}", "-o {x}: is a directory"), ("/proc/x", "-o /proc/x: cannot be written (No such file or directory)")],
+)
 def test_init_checks_its_output_before_importing_the_deployment(cli, tmp_path, where, message):
     (tmp_path / "x").mkdir()
-    code, _, err = cli("init", "tests.user_plugins.mistakes:NoSuchDeployment", "-o",
-                       where.format(x=tmp_path / "x"))
+    code, _, err = cli("init", "tests.user_plugins.mistakes:NoSuchDeployment", "-o", where.format(x=tmp_path / "x"))
     assert (code, err) == (2, f"faro-serve: error: {message.format(x=tmp_path / 'x')}\n")
 
 
@@ -159,12 +193,15 @@ def _trained_anyway(*args, **kwargs):
     raise ValueError("trained before the output was checked")
 
 
-@pytest.mark.parametrize("where, message", [
-    ("{f}", "--out {f}: is a file, not a directory"),
-    ("{f}/net", "--out {f}/net: cannot be written (Not a directory)"),
-    ("/proc/x", "--out /proc/x: cannot be written (No such file or directory)")])
-def test_forecast_train_checks_its_output_before_training(cli, trace, tmp_path, monkeypatch,
-                                                          where, message):
+@pytest.mark.parametrize(
+    "where, message",
+    [
+        ("{f}", "--out {f}: is a file, not a directory"),
+        ("{f}/net", "--out {f}/net: cannot be written (Not a directory)"),
+        ("/proc/x", "--out /proc/x: cannot be written (No such file or directory)"),
+    ],
+)
+def test_forecast_train_checks_its_output_before_training(cli, trace, tmp_path, monkeypatch, where, message):
     import forecasting.train
 
     monkeypatch.setattr(forecasting.train, "train_forecaster", _trained_anyway)
@@ -186,10 +223,10 @@ def test_forecast_train_makes_its_output_only_to_save(cli, trace, tmp_path, monk
 
 
 def test_a_timeline_capacity_must_be_one_of_the_capacities(cli, trace, tmp_path):
-    code, _, err = suite(cli, trace, tmp_path / "s", "--capacities", "8,4", "--policies", "aiad",
-                         "--timeline-capacity", "7")
-    assert (code, err) == (2, "faro-serve: error: --timeline-capacity 7 is not one of "
-                              "--capacities 8,4\n")
+    code, _, err = suite(
+        cli, trace, tmp_path / "s", "--capacities", "8,4", "--policies", "aiad", "--timeline-capacity", "7"
+    )
+    assert (code, err) == (2, "faro-serve: error: --timeline-capacity 7 is not one of --capacities 8,4\n")
 
 
 @pytest.mark.parametrize("value", ["inf", "nan"])
@@ -197,8 +234,7 @@ def test_a_capacity_must_be_a_finite_number(cli, trace, tmp_path, value):
     code, _, err = sim(cli, trace, "--capacity", value, "--policy", "aiad")
     assert (code, err) == (2, f"faro-serve: error: --capacity must be a finite number > 0 (got {value})\n")
     code, _, err = suite(cli, trace, tmp_path / "s", "--capacities", f"8,{value}", "--policies", "aiad")
-    assert (code, err) == (2, f"faro-serve: error: each of --capacities must be a finite number > 0 "
-                              f"(got {value})\n")
+    assert (code, err) == (2, f"faro-serve: error: each of --capacities must be a finite number > 0 (got {value})\n")
 
 
 @pytest.mark.parametrize("command", ["simulate", "suite"])
@@ -213,10 +249,13 @@ def test_a_rescale_past_the_trace_limit_is_refused(cli, trace, tmp_path, command
     if command == "simulate":
         code, _, err = sim(cli, trace, "--capacity", "8", "--policy", "aiad", "--rescale", f"1,{high}")
     else:
-        code, _, err = suite(cli, trace, tmp_path / "s", "--capacities", "8", "--policies", "aiad",
-                             "--rescale", f"1,{high}")
-    assert code == 2 and error(err) == (f"faro-serve: error: --rescale 1,{high:g}: needs 0 <= LOW "
-                                        f"<= HIGH <= {MAX:,} (the limit of requests per minute per job)")
+        code, _, err = suite(
+            cli, trace, tmp_path / "s", "--capacities", "8", "--policies", "aiad", "--rescale", f"1,{high}"
+        )
+    assert code == 2 and error(err) == (
+        f"faro-serve: error: --rescale 1,{high:g}: needs 0 <= LOW "
+        f"<= HIGH <= {MAX:,} (the limit of requests per minute per job)"
+    )
     assert Trace(["a"], np.array([[3.0, 5.0]])).rescale(1, MAX).counts.max() == MAX
 
 
@@ -224,10 +263,10 @@ def test_simulate_reads_the_faro_application_of_a_serve_config(cli, tmp_path):
     """The project's own serve_config.yaml: its faro application's models are simulated."""
     names = ["resnet18", "resnet34", "synth-a", "synth-b"]
     tr = day_trace(tmp_path / "t.csv", {n: [60] * 3 for n in names})
-    code, out, err = sim(cli, tr, "--config", str(ROOT / "serve_config.yaml"), "--policy", "aiad",
-                         "--json", "-")
+    code, out, err = sim(cli, tr, "--config", str(ROOT / "serve_config.yaml"), "--policy", "aiad", "--json", "-")
     assert code == 0, err
     import json
+
     assert sorted(json.loads(out)["jobs"]) == names
 
 
@@ -243,15 +282,20 @@ def test_a_forecaster_trained_on_the_replayed_day_is_noted(tmp_path):
     notes = []
 
     def args(**kw):
-        base = dict(trace=str(f), history=str(f), day=8, sample=0, history_days="1-8",
-                    history_sample=0)
+        base = dict(trace=str(f), history=str(f), day=8, sample=0, history_days="1-8", history_sample=0)
         return Namespace(**(base | kw))
 
     warn_if_trained_on_the_day(args(), notes.append)
-    assert notes == ["note: --history-days 1-8 includes day 8, the day replayed: the forecaster "
-                     "is trained on the minutes it forecasts (use the days before it)"]
-    for kw in ({"history_days": "1-7"}, {"history_sample": 1}, {"history": str(tmp_path / "other.csv")},
-               {"history_days": None}):
+    assert notes == [
+        "note: --history-days 1-8 includes day 8, the day replayed: the forecaster "
+        "is trained on the minutes it forecasts (use the days before it)"
+    ]
+    for kw in (
+        {"history_days": "1-7"},
+        {"history_sample": 1},
+        {"history": str(tmp_path / "other.csv")},
+        {"history_days": None},
+    ):
         warn_if_trained_on_the_day(args(**kw), notes.append)
     assert len(notes) == 1
 
@@ -259,10 +303,10 @@ def test_a_forecaster_trained_on_the_replayed_day_is_noted(tmp_path):
 @pytest.mark.parametrize("command", ["simulate", "replay"])
 def test_a_jobs_list_of_commas_is_named_not_read_as_every_job(cli, trace, command):
     extra = ["--capacity", "8"] if command == "simulate" else ["--slo-ms", "500"]
-    code, _, err = cli(command, "--trace", str(trace), "--day", "1", "--sample", "0",
-                       "--jobs", " , ", *extra)
-    assert code == 2 and error(err) == ("faro-serve: error: --jobs ' , ' names no job (write "
-                                        "job names separated by commas)")
+    code, _, err = cli(command, "--trace", str(trace), "--day", "1", "--sample", "0", "--jobs", " , ", *extra)
+    assert code == 2 and error(err) == (
+        "faro-serve: error: --jobs ' , ' names no job (write job names separated by commas)"
+    )
 
 
 @pytest.mark.parametrize("command", ["simulate", "replay", "validate"])
@@ -276,7 +320,8 @@ def test_a_forecaster_that_renames_its_models_is_refused_at_start(cli, trace):
     assert code == 2 and error(err) == (
         f"faro-serve: error: forecaster '{USER}:RenamesModels': RenamesModels.predict must "
         "forecast the models it is given, in their order (['check-a', 'check-b']); got "
-        "['m0', 'm1']")
+        "['m0', 'm1']"
+    )
 
 
 def test_run_and_drain_name_bad_input_before_starting_anything(cli, tmp_path):

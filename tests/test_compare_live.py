@@ -32,6 +32,7 @@ def test_ray_native_deploys_on_real_serve_and_ray_scales_it_under_load(report):
         def watch():
             while not stop.wait(0.5):
                 seen.append(lc.native_replicas(["m"])["m"])
+
         th = threading.Thread(target=watch, daemon=True)
         th.start()
         t0 = time.time()
@@ -44,8 +45,10 @@ def test_ray_native_deploys_on_real_serve_and_ray_scales_it_under_load(report):
         assert all(s == 200 for s, *_ in res)
         targets = [s["target"] for s in seen]
         running = [s["replicas"] for s in seen]
-        report(f"ray-native under load (200 requests, 6 in flight, 0.2 s each): Ray's targets "
-               f"{sorted(set(targets))}, running up to {max(running)}, {wall:.0f} s")
+        report(
+            f"ray-native under load (200 requests, 6 in flight, 0.2 s each): Ray's targets "
+            f"{sorted(set(targets))}, running up to {max(running)}, {wall:.0f} s"
+        )
         assert max(targets) >= 2 and max(running) >= 2  # Ray's own autoscaler scaled it
         assert max(running) <= 3  # never past the CPU budget
 
@@ -56,11 +59,33 @@ def test_compare_short_slice_reports_both_runs_with_their_accounting(cli, tmp_pa
     tests deploy it and scale it under load; leaving it out here keeps the suite's time)."""
     trace = day_trace(tmp_path / "t.csv", {"a": [300] * 3, "b": [90] * 3})
     out = tmp_path / "cmp"
-    code, stdout, err = cli("compare", "--trace", str(trace), "--day", "1", "--sample", "0",
-                            "--jobs", "a,b", "--start", "1", "--minutes", "1", "--capacity", "4",
-                            "--slowdown", "1", "--rate-scale", "1", "--out", str(out),
-                            "--policies", "faro-fairsum,ray-tuned",
-                            "--forecaster", "fallback")  # not about the forecaster
+    code, stdout, err = cli(
+        "compare",
+        "--trace",
+        str(trace),
+        "--day",
+        "1",
+        "--sample",
+        "0",
+        "--jobs",
+        "a,b",
+        "--start",
+        "1",
+        "--minutes",
+        "1",
+        "--capacity",
+        "4",
+        "--slowdown",
+        "1",
+        "--rate-scale",
+        "1",
+        "--out",
+        str(out),
+        "--policies",
+        "faro-fairsum,ray-tuned",
+        "--forecaster",
+        "fallback",
+    )  # not about the forecaster
     assert code == 0, err
     text = (out / "compare.md").read_text()
     assert (out / "compare.png").exists() and (out / "validation.md").exists()
@@ -113,12 +138,16 @@ def test_ray_tuned_deploys_its_settings_scales_in_seconds_and_refuses_past_its_q
             t0 = time.time()
             while not stop.wait(0.5):
                 seen.append((time.time() - t0, lc.native_replicas(["m"])["m"]))
+
         th = threading.Thread(target=watch, daemon=True)
         th.start()
         # 6 in flight on one replica of 0.2 s: target_ongoing_requests 1 asks for 4 (the budget)
         res = fire(lc.base, "/m/predict", n=150, concurrency=6)
-        running = wait_for(lambda: lc.native_replicas(["m"])["m"]["replicas"] > 1 and
-                           lc.native_replicas(["m"])["m"]["replicas"], 30, every=0.5)
+        running = wait_for(
+            lambda: lc.native_replicas(["m"])["m"]["replicas"] > 1 and lc.native_replicas(["m"])["m"]["replicas"],
+            30,
+            every=0.5,
+        )
         stop.set()
         th.join()
         assert all(s == 200 for s, *_ in res)
@@ -142,8 +171,10 @@ def test_ray_tuned_deploys_its_settings_scales_in_seconds_and_refuses_past_its_q
         # every admitted request waited at most (room / r) services of 0.2 s, plus slack for
         # this 2-core machine; the refusals came at once
         assert served.max() <= room / r * 0.2 + 5.0 and np.median(refused) < 2.0
-        report(f"ray-tuned: first replica added {up:.1f} s into the load, {r} running at the "
-               f"burst; burst of {n} (room {room}): {codes.count(200)} x 200, "
-               f"{codes.count(503)} x 503 (median {np.median(refused):.2f} s, reasons "
-               f"{sorted({str(why) for c, _, why in burst if c == 503})}), longest 200 "
-               f"{served.max():.2f} s, {wall:.1f} s in all")
+        report(
+            f"ray-tuned: first replica added {up:.1f} s into the load, {r} running at the "
+            f"burst; burst of {n} (room {room}): {codes.count(200)} x 200, "
+            f"{codes.count(503)} x 503 (median {np.median(refused):.2f} s, reasons "
+            f"{sorted({str(why) for c, _, why in burst if c == 503})}), longest 200 "
+            f"{served.max():.2f} s, {wall:.1f} s in all"
+        )

@@ -110,7 +110,8 @@ def test_replica_level_helpers_divide_by_k():
         nk, lat = min_replicas_for_slo(lam, P, slo, Q, concurrency=k)
         assert nk == math.ceil(n1 / k) and lat <= slo
         assert max_rate_one_replica(P, slo, Q, k) == pytest.approx(
-            max_rate_for_slo(1, P, slo, Q, concurrency=k), rel=1e-3)
+            max_rate_for_slo(1, P, slo, Q, concurrency=k), rel=1e-3
+        )
 
 
 @pytest.mark.parametrize("name", ["faro-fairsum", "mark", "swayam", "infaas", "inferline"])
@@ -121,9 +122,21 @@ def test_policies_size_replicas_of_concurrency_k(name):
     asks = {}
     for k in (1, 2, 4):
         m = [ModelSLO(name="m", slo_ms=720, processing_ms=154, max_replicas=64, concurrency=k)]
-        obs = Observation(now=10.0, capacity_cpus=64, capacity_memory_gb=None, models={
-            "m": ModelObservation(name="m", replicas=1, target_replicas=1, arrival_rate=60.0,
-                                  processing_ms=154.0, arrivals_per_min=np.full(20, 3600.0))})
+        obs = Observation(
+            now=10.0,
+            capacity_cpus=64,
+            capacity_memory_gb=None,
+            models={
+                "m": ModelObservation(
+                    name="m",
+                    replicas=1,
+                    target_replicas=1,
+                    arrival_rate=60.0,
+                    processing_ms=154.0,
+                    arrivals_per_min=np.full(20, 3600.0),
+                )
+            },
+        )
         asks[k] = make_policy(name, m, ClusterSpec(cpus=64)).decide(obs).replicas["m"]
     assert asks[1] >= 10
     for k in (2, 4):

@@ -30,7 +30,7 @@ def test_is_a_forecaster_and_rejects_bad_settings():
 def test_short_history_is_the_base_forecast():
     base = FallbackForecaster()
     fc = DailyContext(base, period=PERIOD, weight=0.5)
-    h = {"m": periodic(1.0)[:PERIOD + 10]}  # less than a day and the level window
+    h = {"m": periodic(1.0)[: PERIOD + 10]}  # less than a day and the level window
     a, b = fc.predict(h, 50, seed=3), base.predict(h, 50, seed=3)
     np.testing.assert_array_equal(a.samples, b.samples)
     assert a.predictor["m"] == b.predictor["m"]
@@ -39,7 +39,7 @@ def test_short_history_is_the_base_forecast():
 def test_a_rise_seen_yesterday_is_forecast_today():
     """The fallback predictor (the last 15 minutes' mean..max) cannot see the daily rise at
     minute 40; with yesterday's minutes at weight 1 the forecast mean is that rise."""
-    h = periodic(2.0)[:PERIOD + 37]  # now: minute 37 of the second day, the rise 3 minutes on
+    h = periodic(2.0)[: PERIOD + 37]  # now: minute 37 of the second day, the rise 3 minutes on
     base = FallbackForecaster()
     plain = base.predict({"m": h}, 200, seed=0).samples[0].mean(axis=0) * 60
     daily = DailyContext(base, period=PERIOD, weight=1.0).predict({"m": h}, 200, seed=0)
@@ -52,7 +52,7 @@ def test_a_rise_seen_yesterday_is_forecast_today():
 
 
 def test_yesterday_is_scaled_to_todays_level():
-    h = periodic(2.0)[:PERIOD + 37]
+    h = periodic(2.0)[: PERIOD + 37]
     h[PERIOD:] *= 2.0  # today runs at twice yesterday's level
     y = DailyContext(FallbackForecaster(), period=PERIOD).yesterday_means(h)
     np.testing.assert_allclose(y, [60, 60, 60, 600, 600, 600, 600])
@@ -103,12 +103,12 @@ def test_the_warm_up_spans_days_and_the_scenario_tells_the_forecaster_its_day(tm
     from faro_serve.sim.pipeline_scenario import PipelineScenario
 
     with pytest.raises(ValueError, match=r"--daily-weight must be within 0\.\.1 \(got -1\)"):
-        PipelineScenario(trace=str(trace), models=(ModelSLO(name="j", slo_ms=720, processing_ms=154),),
-                         daily_weight=-1)
+        PipelineScenario(trace=str(trace), models=(ModelSLO(name="j", slo_ms=720, processing_ms=154),), daily_weight=-1)
 
 
-@pytest.mark.parametrize("value, shown", [(2.0, "2"), (-1e-9, "-1e-09"), (1.0000001, "1.0000001"),
-                                          (float("nan"), "nan")])
+@pytest.mark.parametrize(
+    "value, shown", [(2.0, "2"), (-1e-9, "-1e-09"), (1.0000001, "1.0000001"), (float("nan"), "nan")]
+)
 def test_every_weight_and_share_check_is_one_rule(value, shown):
     """The flags, the daily context and the recurring peaks refuse the same values in the
     same words (forecasting.base.check_fraction), the value as given: 1.0000001 is not "1"."""
@@ -116,10 +116,12 @@ def test_every_weight_and_share_check_is_one_rule(value, shown):
     from forecasting.daily import check_daily
     from forecasting.recurrence import check_share
 
-    checks = {"--daily-weight": lambda v: check_forecast_flags(v, 0.25),
-              "--recurrence-share": lambda v: check_forecast_flags(0.25, v),
-              "daily context: weight": lambda v: check_daily(PERIOD, v),
-              "recurrence: share": check_share}
+    checks = {
+        "--daily-weight": lambda v: check_forecast_flags(v, 0.25),
+        "--recurrence-share": lambda v: check_forecast_flags(0.25, v),
+        "daily context: weight": lambda v: check_daily(PERIOD, v),
+        "recurrence: share": check_share,
+    }
     for what, check in checks.items():
         check(0.0), check(1.0)
         with pytest.raises(ValueError) as err:
@@ -131,8 +133,11 @@ def test_rescale_keeps_the_days_range_whatever_the_warm_up(tmp_path):
     from faro_serve.sim.scenario import Scenario
 
     trace = tmp_path / "t.csv"
-    rows = ["day,sample,minute,job,requests"] + [f"1,0,{m},j,1000" for m in range(10)] \
+    rows = (
+        ["day,sample,minute,job,requests"]
+        + [f"1,0,{m},j,1000" for m in range(10)]
         + [f"2,0,{m},j,{10 + m}" for m in range(10)]
+    )
     trace.write_text("\n".join(rows) + "\n")
     a = Scenario(trace=str(trace), day=2, sample=0, rescale=(1, 100), warmup_minutes=0).validate().load()
     b = Scenario(trace=str(trace), day=2, sample=0, rescale=(1, 100)).validate().load()
@@ -150,11 +155,12 @@ def test_the_shipped_nhits_applies_it_and_set_daily_configures_it():
 
     fc = load_shipped()
     assert (fc.daily_period, fc.daily_weight) == (DAY_MINUTES_LIVE, 0.25)
-    h = periodic(2.0)[:PERIOD + 37]
+    h = periodic(2.0)[: PERIOD + 37]
     set_daily(fc, (PERIOD, 1.0))
     out = fc.predict({"m": h}, 50, seed=1)
-    np.testing.assert_allclose(out.samples[0].mean(axis=0) * 60,
-                               yesterday_means(h, PERIOD, fc.input_size, fc.horizon), rtol=1e-9)
+    np.testing.assert_allclose(
+        out.samples[0].mean(axis=0) * 60, yesterday_means(h, PERIOD, fc.input_size, fc.horizon), rtol=1e-9
+    )
     assert out.predictor["m"] == "nhits-normal + daily"
     set_daily(fc, (PERIOD, 0.0))
     plain = fc.predict({"m": h}, 50, seed=1)

@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "traces" / "faro10_days1-10.csv"
 
 
-
 # ---------------------------------------------------------------- the bundled slice
+
 
 def test_the_bundled_slice_is_real_data_with_a_model_per_job():
     tr = load_trace(DEMO_TRACE)
@@ -81,6 +81,7 @@ def test_demo_image_is_a_jpeg_the_resnets_decode():
 
 # ---------------------------------------------------------------- the report, on synthetic records
 
+
 def _fake_run(minutes=3, interrupted_at=None):
     """A schedule and records as the sender would return them: 200s, a few 503s, polls."""
     tr = Trace(["a", "b"], np.array([[60.0] * minutes, [30.0] * minutes]))
@@ -96,14 +97,37 @@ def _fake_run(minutes=3, interrupted_at=None):
             status[i] = NOT_SENT
     lat = np.where([st == NOT_SENT for st in status], np.nan, lat)
     send = np.where([st == NOT_SENT for st in status], np.nan, s.send_s)
-    polls = [(t, {"policy": "faro-fairsum", "capacity_cpus": 2.0,
-                  "models": {"synth-a": {"slo_ms": 720, "percentile": 99, "replicas": 1 + int(t > 40),
-                                         "target": 2, "arrival_rate": 1.0, "latency_ms": 300.0},
-                             "resnet18": {"slo_ms": 400, "percentile": 99, "replicas": 1, "target": 1}}})
-             for t in np.arange(0.0, 30.0 * minutes, 5.0)]
-    rec = ReplayRecords(model=s.model.copy(), trace_s=s.trace_s.copy(), send_s=send, status=status,
-                        latency_s=lat, reason=["queue_full" if st == "503" else "" for st in status],
-                        wall_s=30.0 * minutes, status_polls=polls)
+    polls = [
+        (
+            t,
+            {
+                "policy": "faro-fairsum",
+                "capacity_cpus": 2.0,
+                "models": {
+                    "synth-a": {
+                        "slo_ms": 720,
+                        "percentile": 99,
+                        "replicas": 1 + int(t > 40),
+                        "target": 2,
+                        "arrival_rate": 1.0,
+                        "latency_ms": 300.0,
+                    },
+                    "resnet18": {"slo_ms": 400, "percentile": 99, "replicas": 1, "target": 1},
+                },
+            },
+        )
+        for t in np.arange(0.0, 30.0 * minutes, 5.0)
+    ]
+    rec = ReplayRecords(
+        model=s.model.copy(),
+        trace_s=s.trace_s.copy(),
+        send_s=send,
+        status=status,
+        latency_s=lat,
+        reason=["queue_full" if st == "503" else "" for st in status],
+        wall_s=30.0 * minutes,
+        status_polls=polls,
+    )
     return s, rec
 
 
@@ -117,8 +141,17 @@ def _render(s, rec, tmp_path, interrupted=False, reached=None):
     doc = replay_document(res, ms, mr, "http://127.0.0.1:1")
     doc["accounting"] = rec.counts()
     plot_timeline(tmp_path / "timeline.png", ms, mr, res.table.p_all, slo)
-    meta = {"when": "now", "wall_s": 99.0, "deployment": "test", "trace": "fake", "interrupted": interrupted,
-            "stopped_at_s": 40.0, "full_minutes": s.minutes, "unsent_after_stop": 7, "files": ["report.md"]}
+    meta = {
+        "when": "now",
+        "wall_s": 99.0,
+        "deployment": "test",
+        "trace": "fake",
+        "interrupted": interrupted,
+        "stopped_at_s": 40.0,
+        "full_minutes": s.minutes,
+        "unsent_after_stop": 7,
+        "files": ["report.md"],
+    }
     return render_markdown(doc, res, ms, mr, slo, meta), doc, ms
 
 
@@ -156,14 +189,21 @@ def test_an_interrupted_run_reports_the_minutes_it_reached(tmp_path):
 
 # ---------------------------------------------------------------- the sender's early stop
 
+
 def test_stop_sending_ends_a_replay_early_and_every_request_is_accounted_for():
     from faro_serve.replay.client import send_schedule
 
     async def go():
         async def handle(reader, writer):
             head = await reader.readuntil(b"\r\n\r\n")
-            n = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:")), 0)
+            n = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
             if n:
                 await reader.readexactly(n)
             await asyncio.sleep(0.05)
@@ -179,8 +219,14 @@ def test_stop_sending_ends_a_replay_early_and_every_request_is_accounted_for():
         s = build_schedule(Trace(["j"], np.array([[600.0]])), names=["m"], time_scale=0.1, seed=3)  # 6 s
         t0 = time.monotonic()
         try:
-            rec = await send_schedule(s, f"http://127.0.0.1:{port}", status_every_s=None, body=b"x",
-                                      stop_sending=stop, on_result=lambda i, st, lat: results.append(st))
+            rec = await send_schedule(
+                s,
+                f"http://127.0.0.1:{port}",
+                status_every_s=None,
+                body=b"x",
+                stop_sending=stop,
+                on_result=lambda i, st, lat: results.append(st),
+            )
         finally:
             server.close()
             await server.wait_closed()
@@ -196,16 +242,20 @@ def test_stop_sending_ends_a_replay_early_and_every_request_is_accounted_for():
 
 # ---------------------------------------------------------------- bad input: exit 2, one line
 
-@pytest.mark.parametrize("extra, message", [
-    (["--trace", "/nonexistent/trace.csv"], "no such trace file"),
-    (["--url", "http://192.168.1.5:8000"], "not a loopback address"),
-    (["--config", "/nonexistent/serve.yaml"], "no such file"),
-    (["--map", "job2=nope"], "has no model nope"),
-    (["--time-scale", "0"], "--time-scale must be > 0"),
-    (["--minutes", "60"], "beyond the trace"),
-    (["--jobs", "job99"], "not in trace"),
-    (["--startup-timeout", "0"], "--startup-timeout must be > 0"),
-])
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--trace", "/nonexistent/trace.csv"], "no such trace file"),
+        (["--url", "http://192.168.1.5:8000"], "not a loopback address"),
+        (["--config", "/nonexistent/serve.yaml"], "no such file"),
+        (["--map", "job2=nope"], "has no model nope"),
+        (["--time-scale", "0"], "--time-scale must be > 0"),
+        (["--minutes", "60"], "beyond the trace"),
+        (["--jobs", "job99"], "not in trace"),
+        (["--startup-timeout", "0"], "--startup-timeout must be > 0"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(cli, tmp_path, extra, message):
     code, out, err = cli("demo", "--out", str(tmp_path / "o"), *extra)
     assert code == 2, (out, err)
@@ -214,9 +264,11 @@ def test_bad_input_exits_2_with_one_line(cli, tmp_path, extra, message):
 
 
 def test_a_config_that_is_not_a_serve_config_exits_2(cli, tmp_path):
-    for text, message in (("just: text\n", "not a Serve config"),
-                          ("applications: []\n", "needs exactly one application"),
-                          ("http_options: {host: 10.1.2.3}\napplications: []\n", "not a loopback")):
+    for text, message in (
+        ("just: text\n", "not a Serve config"),
+        ("applications: []\n", "needs exactly one application"),
+        ("http_options: {host: 10.1.2.3}\napplications: []\n", "not a loopback"),
+    ):
         cfg = tmp_path / "c.yaml"
         cfg.write_text(text)
         code, _, err = cli("demo", "--config", str(cfg), "--out", str(tmp_path / "o"))
@@ -247,8 +299,7 @@ print(plain, spawned, signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
 def test_children_get_sigint_even_when_the_demo_runs_as_a_background_job(tmp_path):
     """A script's ``faro-serve demo &`` ignores SIGINT; the ``serve run`` it spawns must not."""
     script = [sys.executable, "-c", _SPAWN_WITH_SIGINT_IGNORED, str(tmp_path / "child.log")]
-    out = subprocess.run(script, capture_output=True, text=True, timeout=60,
-                         check=True).stdout.split()
+    out = subprocess.run(script, capture_output=True, text=True, timeout=60, check=True).stdout.split()
     # a plain child inherits the ignore; the demo's spawn gives Python's KeyboardInterrupt
     # handler; and the demo's own disposition is restored afterwards
     assert out == ["False", "True", "True"]
@@ -265,6 +316,7 @@ def test_a_port_in_use_stops_before_starting_anything(cli, tmp_path):
 
 
 # ---------------------------------------------------------------- live: the real command
+
 
 def _config(tmp_path, models=None) -> Path:
     """serve_config.yaml with free HTTP and dashboard ports (and only ``models`` if given)."""
@@ -285,13 +337,19 @@ class _Demo:
     """``python -m faro_serve demo ...`` as a child; its output read line by line as it comes."""
 
     def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "faro_serve", "demo", *args], cwd=ROOT,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "faro_serve", "demo", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.out: list[str] = []
         self.err: list[str] = []
-        self._readers = [threading.Thread(target=lambda f=f, buf=buf: buf.extend(iter(f.readline, "")),
-                                          daemon=True)
-                         for f, buf in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        self._readers = [
+            threading.Thread(target=lambda f=f, buf=buf: buf.extend(iter(f.readline, "")), daemon=True)
+            for f, buf in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))
+        ]
         for t in self._readers:
             t.start()
 
@@ -346,8 +404,21 @@ def _assert_nothing_left(pids: list[int]) -> None:
 def test_live_demo_completes_accounts_for_every_request_and_leaves_nothing_running(tmp_path, report):
     cfg, out = _config(tmp_path), tmp_path / "run"
     t0 = time.time()
-    demo = _Demo("--config", str(cfg), "--start", "2", "--minutes", "2", "--time-scale", "0.25",
-                 "--rate-scale", "0.1", "--out", str(out), "--no-live")
+    demo = _Demo(
+        "--config",
+        str(cfg),
+        "--start",
+        "2",
+        "--minutes",
+        "2",
+        "--time-scale",
+        "0.25",
+        "--rate-scale",
+        "0.1",
+        "--out",
+        str(out),
+        "--no-live",
+    )
     code, stdout, err = demo.finish(timeout=240)
     wall = time.time() - t0
     assert code == 0, err[-3000:]
@@ -370,15 +441,28 @@ def test_live_demo_completes_accounts_for_every_request_and_leaves_nothing_runni
     assert "## The machine" in md and "Verdict: " in md and "| 1 | " in md
     assert f"report: {out / 'report.md'}" in stdout and f"sent {acc['sent']:,} = answered" in stdout
     assert (out / "serve.log").stat().st_size > 0
-    report(f"live demo: {acc['sent']} sent, by status {acc['by_status']}, errors {acc['errors']}, "
-           f"{wall:.0f} s wall (startup included)")
+    report(
+        f"live demo: {acc['sent']} sent, by status {acc['by_status']}, errors {acc['errors']}, "
+        f"{wall:.0f} s wall (startup included)"
+    )
 
 
 @pytest.mark.slow
 def test_live_demo_ctrl_c_writes_a_partial_report_and_shuts_down(tmp_path, report):
     cfg, out = _config(tmp_path, models={"synth-a", "synth-b"}), tmp_path / "run"
-    demo = _Demo("--config", str(cfg), "--map", "job7=synth-a,job1=synth-b", "--time-scale", "0.5",
-                 "--rate-scale", "0.2", "--out", str(out), "--no-live")
+    demo = _Demo(
+        "--config",
+        str(cfg),
+        "--map",
+        "job7=synth-a,job1=synth-b",
+        "--time-scale",
+        "0.5",
+        "--rate-scale",
+        "0.2",
+        "--out",
+        str(out),
+        "--no-live",
+    )
     assert demo.wait_for("ready after", timeout=240), "".join(demo.err)[-3000:]
     time.sleep(12)  # a trace minute lasts 30 s: stop within the first
     t0 = time.time()
@@ -391,8 +475,7 @@ def test_live_demo_ctrl_c_writes_a_partial_report_and_shuts_down(tmp_path, repor
     acc = json.loads((out / "result.json").read_text())["accounting"]
     assert acc["sent"] == acc["answered"] + acc["errors"] and acc["not_sent"] > 0 and acc["sent"] > 0
     assert "partial report (interrupted)" in stdout
-    report(f"demo Ctrl-C: {acc['sent']} sent, {acc['not_sent']} not sent, shut down in "
-           f"{time.time() - t0:.0f} s")
+    report(f"demo Ctrl-C: {acc['sent']} sent, {acc['not_sent']} not sent, shut down in {time.time() - t0:.0f} s")
 
 
 def test_report_explains_decisions_and_says_when_the_machine_was_the_bottleneck(tmp_path):
@@ -419,18 +502,35 @@ def test_report_explains_decisions_and_says_when_the_machine_was_the_bottleneck(
     assert "no decision" in "\n".join(decisions_section([], None))
 
     s, rec = _fake_run(minutes=3)
-    polls = [(tt, {"models": {"synth-a": {"processing_ms": 150.0 * (3 if 30 <= tt < 60 else 1),
-                                          "replicas": 1 + int(tt > 40), "target": 1 + int(tt >= 10)},
-                              "resnet18": {"processing_ms": 60.0, "replicas": 1, "target": 1}}})
-             for tt in np.arange(0.0, 90.0, 5.0)]
+    polls = [
+        (
+            tt,
+            {
+                "models": {
+                    "synth-a": {
+                        "processing_ms": 150.0 * (3 if 30 <= tt < 60 else 1),
+                        "replicas": 1 + int(tt > 40),
+                        "target": 1 + int(tt >= 10),
+                    },
+                    "resnet18": {"processing_ms": 60.0, "replicas": 1, "target": 1},
+                }
+            },
+        )
+        for tt in np.arange(0.0, 90.0, 5.0)
+    ]
     load = [(tt, 5.0 if 30 <= tt < 60 else 1.0) for tt in np.arange(0.0, 90.0, 5.0)]
     mm = machine_minutes(polls, load, ["synth-a", "resnet18"], 30.0, 3, cores=2)
     assert [bool(w) for w in mm["bound"]] == [False, True, False]
     assert "load average 5.0 on 2 cores" in mm["bound"][1][0] and "synth-a processing 450 ms" in mm["bound"][1][1]
     assert mm["lags"]["synth-a"] == [pytest.approx(45.0 - 10.0)]  # target 2 at 10 s, serving at 45 s
-    md = "\n".join(machine_section(mm, ["synth-a", "resnet18"],
-                                   {"synth-a": np.array([True, False, True]), "resnet18": np.ones(3, bool)},
-                                   "warm-up: measured"))
+    md = "\n".join(
+        machine_section(
+            mm,
+            ["synth-a", "resnet18"],
+            {"synth-a": np.array([True, False, True]), "resnet18": np.ones(3, bool)},
+            "warm-up: measured",
+        )
+    )
     assert "machine was the bottleneck in minute(s) 2 (minute 2: synth-a over the SLO)" in md
     assert "| 2 | 5.0 | 450 | 60 |" in md and "warm-up: measured" in md
     quiet = machine_minutes(polls[:6], [(0.0, 0.5)], ["synth-a"], 30.0, 1, cores=2)
@@ -444,9 +544,11 @@ def test_the_demo_is_sized_to_the_machine_by_its_warm_up():
     from faro_serve.engine import min_replicas_for_slo
 
     def fits(factor):  # the ResNets compute (CPU ~ processing); synth-a sleeps
-        return [ModelFit("resnet18", 400, 99, 0.25, 4, 60 * factor, 55 * factor, 5.0 / 0.3),
-                ModelFit("resnet34", 600, 99, 0.25, 4, 100 * factor, 95 * factor, 2.0 / 0.3),
-                ModelFit("synth-a", 720, 99, 0.25, 6, 154, 0.0, 18.0 / 0.3)]
+        return [
+            ModelFit("resnet18", 400, 99, 0.25, 4, 60 * factor, 55 * factor, 5.0 / 0.3),
+            ModelFit("resnet34", 600, 99, 0.25, 4, 100 * factor, 95 * factor, 2.0 / 0.3),
+            ModelFit("synth-a", 720, 99, 0.25, 6, 154, 0.0, 18.0 / 0.3),
+        ]
 
     scale, why = size_rate(fits(1), 0.3, 2.0, cores=2)
     assert scale == 0.3 and "fits this machine" in why

@@ -27,16 +27,16 @@ from faro_serve.serving.stats import MeterStats
 
 
 def _router():
-    router = ProxyQueueRouter(deployment_id=SimpleNamespace(app_name="m", name="Model"),
-                              handle_source=SimpleNamespace(value="test"))
+    router = ProxyQueueRouter(
+        deployment_id=SimpleNamespace(app_name="m", name="Model"), handle_source=SimpleNamespace(value="test")
+    )
     router.initialize_state()
     router._start_reporting = lambda: None  # no meter here: report() is read directly
     return router, [SimpleNamespace(replica_id=k, max_ongoing_requests=2) for k in "ab"]
 
 
 def _request(k, created_at=100.0):
-    return PendingRequest(args=[], kwargs={}, metadata=SimpleNamespace(internal_request_id=k),
-                          created_at=created_at)
+    return PendingRequest(args=[], kwargs={}, metadata=SimpleNamespace(internal_request_id=k), created_at=created_at)
 
 
 def test_proxy_queue_sends_the_next_request_to_the_replica_that_frees_first():
@@ -135,8 +135,12 @@ def test_router_stats_put_a_late_arrival_in_its_own_minute_and_second():
 def test_meter_merges_router_and_replica_reports():
     m = Meter.func_or_class("m")
     now = time.time()
-    m.ingest("router-1", RouterReport((Answered(now - 0.1, 0.3), Arrival(now - 0.4), Arrival(now - 0.2)),
-                                      waiting=1, dispatched=1, replicas=2).wire())
+    m.ingest(
+        "router-1",
+        RouterReport(
+            (Answered(now - 0.1, 0.3), Arrival(now - 0.4), Arrival(now - 0.2)), waiting=1, dispatched=1, replicas=2
+        ).wire(),
+    )
     ans = m.ingest("replica-x", ReplicaReport((Processed(now - 0.1, 0.15), Dropped(now, "drop_rate"))).wire())
     assert decode(ans, MeterAnswer) == MeterAnswer(drop_rate=0.0, batch_in_force=1)
     m.control(drop_rate=0.25)
@@ -154,6 +158,7 @@ def test_meter_merges_router_and_replica_reports():
 def test_a_batching_replica_takes_two_batches_of_the_size_in_force():
     """The proxy's router follows the batch size the meter answers: a replica holds up to
     two batches (the one served and the next), never more than its max_ongoing_requests."""
+
     async def run():
         router, _ = _router()
         reps = [SimpleNamespace(replica_id="a", max_ongoing_requests=16)]
@@ -187,10 +192,24 @@ def test_the_meter_passes_batching_both_ways():
     arrivals; the autoscaler's setting goes back to both in the answers."""
     m = Meter.func_or_class("m")
     now = time.time()
-    m.ingest("router-1", RouterReport((Arrival(now - 0.5), Arrival(now - 0.3)), waiting=2, dispatched=0,
-                                      replicas=1, waiting_since=(now - 0.5, now - 0.3)).wire())
-    ans = decode(m.ingest("replica-x", ReplicaReport(
-        (Processed(now, 0.3, 4), Processed(now, 0.3, 4), Processed(now, 0.1, 1)), batch_size=4, threads=1).wire()))
+    m.ingest(
+        "router-1",
+        RouterReport(
+            (Arrival(now - 0.5), Arrival(now - 0.3)),
+            waiting=2,
+            dispatched=0,
+            replicas=1,
+            waiting_since=(now - 0.5, now - 0.3),
+        ).wire(),
+    )
+    ans = decode(
+        m.ingest(
+            "replica-x",
+            ReplicaReport(
+                (Processed(now, 0.3, 4), Processed(now, 0.3, 4), Processed(now, 0.1, 1)), batch_size=4, threads=1
+            ).wire(),
+        )
+    )
     assert ans.batch_size is None and ans.batch_in_force == 4  # the user_config's batch
     snap = m.metrics(reset_mean=False)
     assert (snap["batch_size"], snap["threads"]) == (4, 1)
@@ -200,8 +219,7 @@ def test_the_meter_passes_batching_both_ways():
     # to have spent the median of the last 3 s's before it came (its budget starts lower)
     m.ingest("replica-x", ReplicaReport((NetworkTime(now, 0.2), NetworkTime(now, 0.4), NetworkTime(now, 0.9))).wire())
     snap = m.metrics(reset_mean=False)
-    assert snap["network_ms"] == pytest.approx(400) and snap["queued_ages_s"] == pytest.approx(
-        [0.7, 0.9], abs=0.2)
+    assert snap["network_ms"] == pytest.approx(400) and snap["queued_ages_s"] == pytest.approx([0.7, 0.9], abs=0.2)
     m.control(batch_size=8, threads=2)
     ans = decode(m.ingest("router-1", RouterReport((), waiting=0, dispatched=0, replicas=1).wire()))
     assert (ans.batch_size, ans.threads, ans.batch_in_force) == (8, 2, 8)
@@ -255,23 +273,35 @@ def test_a_variant_switch_loads_beside_the_variant_in_force():
         asyncio.run(vm.predict_batch([b""]))
 
 
-@pytest.mark.parametrize("args, message", [
-    ({"variants": {"b": {"kind": "synthetic"}}}, "variants need initial_variant"),
-    ({"initial_variant": "a"}, "initial_variant needs variants"),
-    ({"initial_variant": "b", "variants": {"b": {"kind": "synthetic"}}}, "list only the other variants"),
-    ({"initial_variant": "a", "variants": {"b": {"kind": "synthetic"}}, "data_path": "front"},
-     "variants need data_path: direct"),
-    ({"max_batch_size": 4, "data_path": "front"}, "max_batch_size > 1 needs data_path: direct"),
-    ({"max_batch_size": 65}, "max_batch_size"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"variants": {"b": {"kind": "synthetic"}}}, "variants need initial_variant"),
+        ({"initial_variant": "a"}, "initial_variant needs variants"),
+        ({"initial_variant": "b", "variants": {"b": {"kind": "synthetic"}}}, "list only the other variants"),
+        (
+            {"initial_variant": "a", "variants": {"b": {"kind": "synthetic"}}, "data_path": "front"},
+            "variants need data_path: direct",
+        ),
+        ({"max_batch_size": 4, "data_path": "front"}, "max_batch_size > 1 needs data_path: direct"),
+        ({"max_batch_size": 65}, "max_batch_size"),
+    ],
+)
 def test_batching_and_variant_app_args_are_checked(args, message):
     from faro_serve.config import ConfigError
     from faro_serve.serving.schema import parse_model_args
 
     with pytest.raises(ConfigError, match=message):
         parse_model_args({"name": "t", "model": {"kind": "synthetic"}, **args})
-    ok = parse_model_args({"name": "t", "model": {"kind": "synthetic"}, "initial_variant": "a",
-                           "variants": {"b": {"kind": "vision", "arch": "resnet50"}}, "max_batch_size": 8})
+    ok = parse_model_args(
+        {
+            "name": "t",
+            "model": {"kind": "synthetic"},
+            "initial_variant": "a",
+            "variants": {"b": {"kind": "vision", "arch": "resnet50"}},
+            "max_batch_size": 8,
+        }
+    )
     assert ok.variants["b"].arch == "resnet50" and ok.max_batch_size == 8
 
 
@@ -279,6 +309,7 @@ def test_proxy_queue_with_another_proxy_counts_a_refusal_once_and_looks_elsewher
     """Two proxies: the other proxy's router filled replica a. Ray's strict bound makes a
     refuse; Ray reports its queue length, cancels the attempt (a completion callback) and
     asks again. The request is one arrival and one answer, and the retry goes to b."""
+
     async def run():
         router, reps = _router()
         router._replicas = {r.replica_id: r for r in reps}  # what update_replicas keeps

@@ -40,7 +40,7 @@ def test_the_readme_is_at_most_200_lines():
 
 
 def test_every_document_is_on_the_readmes_map():
-    section = README[README.index("\n## Documents"):]
+    section = README[README.index("\n## Documents") :]
     linked = set(re.findall(r"\(docs/([\w-]+\.md)\)", section))
     docs = {p.name for p in (ROOT / "docs").glob("*.md")}
     assert docs - linked == set(), f"not on the README's map: {sorted(docs - linked)}"
@@ -51,8 +51,9 @@ def test_the_modules_the_readme_says_import_ray_serve_are_those_that_do():
     sentence = re.search(r"Ray Serve is\s+imported only by `faro_serve.serving` and.*?\.\s", README, re.S)
     assert sentence, "the Architecture section's sentence on Ray Serve's importers is gone"
     said = set(re.findall(r"`([\w/]+\.py)`", sentence.group(0)))
-    actual = {path for path, imps in _sources()
-              if _uses(imps, "ray.serve") and not path.startswith("faro_serve/serving/")}
+    actual = {
+        path for path, imps in _sources() if _uses(imps, "ray.serve") and not path.startswith("faro_serve/serving/")
+    }
     assert len(said) == 3 and said == actual, (said, actual)
     assert any(_uses(i, "ray.serve") for p, i in _sources() if p.startswith("faro_serve/serving/"))
 

@@ -68,8 +68,8 @@ def resolve(path: str) -> str | None:
     for i, name in enumerate(rest):
         if not hasattr(obj, name):
             # a submodule not imported by its package, or a method named through its class
-            if isinstance(obj, type(importlib)) and _module_file(parts[:k] + rest[:i + 1]):
-                obj = importlib.import_module(".".join(parts[:k] + rest[:i + 1]))
+            if isinstance(obj, type(importlib)) and _module_file(parts[:k] + rest[: i + 1]):
+                obj = importlib.import_module(".".join(parts[:k] + rest[: i + 1]))
                 continue
             return f"{'.'.join(parts[:k] + rest[:i])} has no {name!r}"
         obj = getattr(obj, name)
@@ -90,8 +90,7 @@ def test_the_docs_name_paths_at_all():
 @pytest.mark.parametrize("doc,path", sorted({(d, p) for d, k, p in ALL if k == "file"}))
 def test_a_documented_file_exists(doc, path):
     # a path inside the package may be written from the package (``serving/stats.py``)
-    assert (ROOT / path).exists() or (ROOT / "faro_serve" / path).exists(), \
-        f"{doc} names {path}, which does not exist"
+    assert (ROOT / path).exists() or (ROOT / "faro_serve" / path).exists(), f"{doc} names {path}, which does not exist"
 
 
 @pytest.mark.parametrize("doc,path", sorted({(d, p) for d, k, p in ALL if k == "module"}))

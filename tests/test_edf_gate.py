@@ -32,7 +32,7 @@ def test_requests_wait_for_the_batch_running_and_go_earliest_deadline_first():
             if running != 0:
                 holds[log[-2]].set()
             await asyncio.sleep(0.01)
-            assert log[-len(expect):] == expect
+            assert log[-len(expect) :] == expect
         holds[5].set()
         await asyncio.gather(*tasks)
         assert gate.batches == [1, 2, 2, 1] and gate.waiting == 0

@@ -71,8 +71,7 @@ def test_relaxed_latency_beyond_rho_max():
         assert latency_relaxed(c, lam, p, q, rho_max) == pytest.approx(expect)
     # identical below rho_max, continuous at it, and strictly increasing past it (no plateau)
     assert latency_relaxed(c, 20.0, p, q, rho_max) == latency_mdc(c, 20.0, p, q)
-    assert latency_relaxed(c, lam_r * (1 + 1e-9), p, q, rho_max) == pytest.approx(
-        latency_mdc(c, lam_r, p, q), rel=1e-6)
+    assert latency_relaxed(c, lam_r * (1 + 1e-9), p, q, rho_max) == pytest.approx(latency_mdc(c, lam_r, p, q), rel=1e-6)
     assert latency_relaxed(c, 100.0, p, q, rho_max) < latency_relaxed(c, 101.0, p, q, rho_max)
 
 
@@ -167,24 +166,63 @@ def test_tables_end_at_saturation_without_changing_a_value(estimator):
     from faro_serve.engine.problem import JobInput, build_problem
 
     rng = np.random.default_rng(5)
-    jobs = [JobInput(name=f"j{i}", rates=np.abs(rng.normal(rng.uniform(0, 40), 5, size=(10, 3))),
-                     proc_s=p, slo_s=p * f, quantile=q, priority=1.0, cpus=1.0, memory_gb=1.0,
-                     min_replicas=lo, max_replicas=100, current=cur, can_drop=drop)
-            for i, (p, f, q, lo, cur, drop) in enumerate([(0.15, 4.7, 0.99, 1, 0, True),
-                                                           (0.05, 1.3, 0.999, 2, 30, True),
-                                                           (0.3, 2.0, 0.9, 1, 3, False),
-                                                           (0.02, 1.1, 0.99, 5, 1, True)])]
-    prob = build_problem(jobs, cap_cpus=60, cap_mem=None, kind="penalty_sum", gamma=4.0, alpha=1.0,
-                         rho_max=0.95, estimator=estimator, window_s=420, cold_start_s=65,
-                         fair_tiebreak=0.0)
+    jobs = [
+        JobInput(
+            name=f"j{i}",
+            rates=np.abs(rng.normal(rng.uniform(0, 40), 5, size=(10, 3))),
+            proc_s=p,
+            slo_s=p * f,
+            quantile=q,
+            priority=1.0,
+            cpus=1.0,
+            memory_gb=1.0,
+            min_replicas=lo,
+            max_replicas=100,
+            current=cur,
+            can_drop=drop,
+        )
+        for i, (p, f, q, lo, cur, drop) in enumerate(
+            [
+                (0.15, 4.7, 0.99, 1, 0, True),
+                (0.05, 1.3, 0.999, 2, 30, True),
+                (0.3, 2.0, 0.9, 1, 3, False),
+                (0.02, 1.1, 0.99, 5, 1, True),
+            ]
+        )
+    ]
+    prob = build_problem(
+        jobs,
+        cap_cpus=60,
+        cap_mem=None,
+        kind="penalty_sum",
+        gamma=4.0,
+        alpha=1.0,
+        rho_max=0.95,
+        estimator=estimator,
+        window_s=420,
+        cold_start_s=65,
+        fair_tiebreak=0.0,
+    )
     assert prob.tables.shape[2] < max(j.max_replicas for j in prob.jobs) + 1  # it did truncate
     frac = cold_start_fractions(3, 420, 65)
     for i, j in enumerate(prob.jobs):
         grid = prob.drop_grid if j.can_drop else np.array([0.0])
         cmax = max(j.max_replicas, j.current)
-        full = window_table(step_utility_table(np.ascontiguousarray(j.rates), j.proc_s, j.quantile,
-                                               j.slo_s, 1.0, 0.95, ESTIMATORS[estimator], cmax, grid),
-                            j.current, frac)
+        full = window_table(
+            step_utility_table(
+                np.ascontiguousarray(j.rates),
+                j.proc_s,
+                j.quantile,
+                j.slo_s,
+                1.0,
+                0.95,
+                ESTIMATORS[estimator],
+                cmax,
+                grid,
+            ),
+            j.current,
+            frac,
+        )
         for c in range(cmax + 1):
             x = np.zeros(prob.n)
             x[i] = c

@@ -18,9 +18,15 @@ def random_instance(rng, objective):
     models, forecasts, current = [], {}, {}
     for i in range(n):
         p = float(rng.uniform(40, 200))
-        models.append(ModelSLO(name=f"m{i}", slo_ms=p * float(rng.uniform(2, 6)), processing_ms=p,
-                               percentile=float(rng.choice([90.0, 95.0, 99.0])),
-                               priority=float(rng.choice([1.0, 1.0, 2.0]))))
+        models.append(
+            ModelSLO(
+                name=f"m{i}",
+                slo_ms=p * float(rng.uniform(2, 6)),
+                processing_ms=p,
+                percentile=float(rng.choice([90.0, 95.0, 99.0])),
+                priority=float(rng.choice([1.0, 1.0, 2.0])),
+            )
+        )
         mean = float(rng.uniform(0, 40)) * 100 / p  # a few replicas' worth of load
         forecasts[f"m{i}"] = np.abs(rng.normal(mean, 0.25 * mean + 0.1, size=(16, 3)))
         current[f"m{i}"] = int(rng.integers(1, 4))
@@ -57,8 +63,10 @@ def test_rounded_relaxed_solution_is_near_the_integer_optimum(objective, report)
         shift = {"sum": 0.0, "fair_sum": prob.gamma, "fair": 1.0}[objective]
         ratios.append(1.0 if best + shift <= 1e-12 else (ours + shift) / (best + shift))
     ratios = np.array(ratios)
-    report(f"plan vs exhaustive optimum [{objective}], 200 instances: worst {ratios.min():.4f}, "
-           f"mean {ratios.mean():.4f}, optimal in {np.mean(ratios > 1 - 1e-9):.1%}")
+    report(
+        f"plan vs exhaustive optimum [{objective}], 200 instances: worst {ratios.min():.4f}, "
+        f"mean {ratios.mean():.4f}, optimal in {np.mean(ratios > 1 - 1e-9):.1%}"
+    )
     assert ratios.min() >= 0.98
 
 
@@ -101,10 +109,16 @@ def test_nlopt_runs_with_a_deadline_and_a_stall_falls_back_to_scipy():
 
 # --- invariants under hypothesis -------------------------------------------------------
 model_st = st.builds(
-    lambda p, f, lo, span, cpus, drop: dict(processing_ms=p, slo_ms=p * f, min_replicas=lo,
-                                           max_replicas=lo + span, cpus=cpus, allow_drop=drop),
-    st.floats(10, 300), st.floats(1.5, 8), st.integers(1, 3), st.integers(0, 20),
-    st.sampled_from([0.5, 1.0, 2.0]), st.booleans())
+    lambda p, f, lo, span, cpus, drop: dict(
+        processing_ms=p, slo_ms=p * f, min_replicas=lo, max_replicas=lo + span, cpus=cpus, allow_drop=drop
+    ),
+    st.floats(10, 300),
+    st.floats(1.5, 8),
+    st.integers(1, 3),
+    st.integers(0, 20),
+    st.sampled_from([0.5, 1.0, 2.0]),
+    st.booleans(),
+)
 
 
 @st.composite
@@ -125,8 +139,7 @@ def instances(draw):
             scale = draw(st.floats(0, 200))  # up to far beyond what the cluster can serve
             forecasts[m.name] = np.full((5, 4), scale) * np.linspace(0.5, 1.5, 20).reshape(5, 4)
     current = {m.name: draw(st.integers(0, 25)) for m in models}
-    cluster = ClusterSpec(cpus=cap, memory_gb=mem, objective=objective, groups=groups,
-                          seed=draw(st.integers(0, 3)))
+    cluster = ClusterSpec(cpus=cap, memory_gb=mem, objective=objective, groups=groups, seed=draw(st.integers(0, 3)))
     return models, forecasts, current, cluster, zero
 
 
@@ -215,13 +228,24 @@ def grouped_instances(draw):
     n = draw(st.integers(12, 60))
     seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
-    models = [ModelSLO(name=f"m{i}", slo_ms=720, processing_ms=float(rng.uniform(60, 200)),
-                       priority=float(rng.choice([1.0, 1.0, 2.0]))) for i in range(n)]
+    models = [
+        ModelSLO(
+            name=f"m{i}",
+            slo_ms=720,
+            processing_ms=float(rng.uniform(60, 200)),
+            priority=float(rng.choice([1.0, 1.0, 2.0])),
+        )
+        for i in range(n)
+    ]
     fc = {m.name: np.abs(rng.normal(rng.uniform(0.5, 15), 1.0, size=(20, 7))) for m in models}
     current = {m.name: int(rng.integers(1, 5)) for m in models}
     cap = n + draw(st.integers(0, 3 * n))
-    cluster = ClusterSpec(cpus=cap, groups=draw(st.integers(2, 10)), seed=draw(st.integers(0, 3)),
-                          objective=draw(st.sampled_from(["sum", "fair_sum", "penalty_sum"])))
+    cluster = ClusterSpec(
+        cpus=cap,
+        groups=draw(st.integers(2, 10)),
+        seed=draw(st.integers(0, 3)),
+        objective=draw(st.sampled_from(["sum", "fair_sum", "penalty_sum"])),
+    )
     return models, fc, current, cluster
 
 
@@ -247,9 +271,11 @@ def test_hierarchical_groups_cover_every_model_within_capacity(report):
     assert a.groups == 10 and len(a.decisions) == 60 and a.cpus_used <= 200
     assert stranded(models, fc, None, cluster, a) == []
     one = plan(models, fc, None, cluster.model_copy(update={"groups": 1}))
-    report(f"60 models / 200 CPUs: objective G=10 {a.objective_value:.3f} in {a.solve_ms:.0f} ms, "
-           f"G=1 {one.objective_value:.3f} in {one.solve_ms:.0f} ms; worst utility "
-           f"{min(d.utility for d in a.decisions):.3f} vs {min(d.utility for d in one.decisions):.3f}")
+    report(
+        f"60 models / 200 CPUs: objective G=10 {a.objective_value:.3f} in {a.solve_ms:.0f} ms, "
+        f"G=1 {one.objective_value:.3f} in {one.solve_ms:.0f} ms; worst utility "
+        f"{min(d.utility for d in a.decisions):.3f} vs {min(d.utility for d in one.decisions):.3f}"
+    )
     # fair_sum can be negative: compare with the spread term's bound (gamma) added
     assert a.objective_value + 60 >= 0.99 * (one.objective_value + 60)
 

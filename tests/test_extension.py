@@ -27,8 +27,7 @@ from tests.user_plugins import my_policies
 
 ROOT = Path(__file__).resolve().parents[1]
 USER = "tests.user_plugins.my_policies"
-MODELS = [ModelSLO(name="a", slo_ms=720, processing_ms=154),
-          ModelSLO(name="b", slo_ms=720, processing_ms=154)]
+MODELS = [ModelSLO(name="a", slo_ms=720, processing_ms=154), ModelSLO(name="b", slo_ms=720, processing_ms=154)]
 
 
 def faro_args(**extra) -> dict:
@@ -38,8 +37,7 @@ def faro_args(**extra) -> dict:
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
     """Two jobs, 8 minutes of steady load on day 1."""
-    return day_trace(tmp_path_factory.mktemp("trace") / "t.csv",
-                     {"a": [300] * 8, "b": [120] * 8})
+    return day_trace(tmp_path_factory.mktemp("trace") / "t.csv", {"a": [300] * 8, "b": [120] * 8})
 
 
 # -- by import path ---------------------------------------------------------------------------
@@ -71,9 +69,25 @@ def test_the_user_policy_decides_in_the_simulator(trace):
 
 
 def test_simulate_runs_a_policy_given_by_import_path(cli, trace):
-    code, out, err = cli("simulate", "--trace", str(trace), "--day", "1", "--sample", "0",
-                         "--warmup-minutes", "0", "--capacity", "8", "--policy", f"{USER}:MyPolicy",
-                         "--forecaster", "fallback", "--json", "-")
+    code, out, err = cli(
+        "simulate",
+        "--trace",
+        str(trace),
+        "--day",
+        "1",
+        "--sample",
+        "0",
+        "--warmup-minutes",
+        "0",
+        "--capacity",
+        "8",
+        "--policy",
+        f"{USER}:MyPolicy",
+        "--forecaster",
+        "fallback",
+        "--json",
+        "-",
+    )
     assert code == 0, err
     d = json.loads(out)
     assert d["policy"] == "my-policy" and d["decisions"] == {"my-policy": 48}
@@ -81,12 +95,17 @@ def test_simulate_runs_a_policy_given_by_import_path(cli, trace):
 
 # -- bad import paths -------------------------------------------------------------------------
 BAD = [
-    (f"{USER.rpartition('.')[0]}.nope:MyPolicy",
-     f"policy '{USER.rpartition('.')[0]}.nope:MyPolicy': module 'tests.user_plugins.nope' does "
-     f"not import (No module named 'tests.user_plugins.nope')"),
+    (
+        f"{USER.rpartition('.')[0]}.nope:MyPolicy",
+        f"policy '{USER.rpartition('.')[0]}.nope:MyPolicy': module 'tests.user_plugins.nope' does "
+        f"not import (No module named 'tests.user_plugins.nope')",
+    ),
     (f"{USER}:Nope", f"policy '{USER}:Nope': module '{USER}' has no attribute 'Nope'"),
-    (f"{USER}:MyForecaster", f"policy '{USER}:MyForecaster': {USER}.MyForecaster is not a Policy "
-     f"subclass (autoscaler.contract.policy.Policy) or a factory"),
+    (
+        f"{USER}:MyForecaster",
+        f"policy '{USER}:MyForecaster': {USER}.MyForecaster is not a Policy "
+        f"subclass (autoscaler.contract.policy.Policy) or a factory",
+    ),
     (f"{USER}:PERIOD", f"policy '{USER}:PERIOD': a int object is not a Policy subclass or a factory"),
 ]
 
@@ -98,13 +117,35 @@ def test_a_bad_import_path_fails_config_validation_naming_it(path, message):
     assert str(err.value) == f"invalid configuration in faro application args: {message}"
 
 
-@pytest.mark.parametrize("path, message", BAD + [
-    (f"{USER}:not_a_policy", f"policy '{USER}:not_a_policy': the factory returned a dict, not a "
-     f"Policy (autoscaler.contract.policy.Policy)")])
+@pytest.mark.parametrize(
+    "path, message",
+    BAD
+    + [
+        (
+            f"{USER}:not_a_policy",
+            f"policy '{USER}:not_a_policy': the factory returned a dict, not a "
+            f"Policy (autoscaler.contract.policy.Policy)",
+        )
+    ],
+)
 def test_a_bad_import_path_is_one_error_line_and_exit_2(cli, trace, path, message):
-    code, out, err = cli("simulate", "--trace", str(trace), "--day", "1", "--sample", "0",
-                         "--warmup-minutes", "0", "--capacity", "8", "--policy", path,
-                         "--forecaster", "fallback")  # no N-HiTS to load before the error
+    code, out, err = cli(
+        "simulate",
+        "--trace",
+        str(trace),
+        "--day",
+        "1",
+        "--sample",
+        "0",
+        "--warmup-minutes",
+        "0",
+        "--capacity",
+        "8",
+        "--policy",
+        path,
+        "--forecaster",
+        "fallback",
+    )  # no N-HiTS to load before the error
     assert code == 2 and err == f"faro-serve: error: {message}\n" and out == ""
 
 
@@ -136,8 +177,7 @@ def test_a_forecaster_by_import_path_reaches_the_faro_plan():
     fc = make_forecaster(cfg.forecaster)
     assert isinstance(fc, my_policies.MyForecaster)
     pol = make_policy(cfg.policy_name(), cfg.models, cfg.cluster, fc)
-    obs = Observation(0.0, 4, None, {m.name: ModelObservation(m.name, 1, 1, np.full(20, 60.0))
-                                     for m in MODELS})
+    obs = Observation(0.0, 4, None, {m.name: ModelObservation(m.name, 1, 1, np.full(20, 60.0)) for m in MODELS})
     d = pol.decide(obs)
     assert d.kind == "long_term"
     assert {n: p.predictor for n, p in d.plan.items()} == {"a": "my-forecaster", "b": "my-forecaster"}
@@ -151,13 +191,20 @@ def test_the_live_autoscaler_loads_the_forecaster_of_its_args():
     assert isinstance(forecaster_of(cfg)[0], my_policies.MyForecaster)
 
 
-@pytest.mark.parametrize("args, message", [
-    ({"forecaster": f"{USER}:MyForecaster", "forecaster_dir": "runs/fc"},
-     "give forecaster (an import path) or forecaster_dir (a trained directory), not both"),
-    ({"forecaster": f"{USER}:Gone"}, f"forecaster '{USER}:Gone': module '{USER}' has no attribute 'Gone'"),
-    ({"forecaster": "flat"}, "forecaster 'flat': not an import path (module:attribute) and no "
-     "forecaster plug-in of that name"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            {"forecaster": f"{USER}:MyForecaster", "forecaster_dir": "runs/fc"},
+            "give forecaster (an import path) or forecaster_dir (a trained directory), not both",
+        ),
+        ({"forecaster": f"{USER}:Gone"}, f"forecaster '{USER}:Gone': module '{USER}' has no attribute 'Gone'"),
+        (
+            {"forecaster": "flat"},
+            "forecaster 'flat': not an import path (module:attribute) and no forecaster plug-in of that name",
+        ),
+    ],
+)
 def test_bad_forecaster_args_are_config_errors(args, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_autoscaler_config(faro_args(**args))
@@ -171,13 +218,28 @@ def test_an_object_that_is_not_a_forecaster_is_named():
 
 
 def test_simulate_takes_a_forecaster_by_import_path(cli, trace):
-    code, out, err = cli("simulate", "--trace", str(trace), "--day", "1", "--sample", "0",
-                         "--warmup-minutes", "0", "--capacity", "8", "--policy", "faro-fairsum",
-                         "--forecaster", f"{USER}:MyForecaster", "--json", "-")
+    code, out, err = cli(
+        "simulate",
+        "--trace",
+        str(trace),
+        "--day",
+        "1",
+        "--sample",
+        "0",
+        "--warmup-minutes",
+        "0",
+        "--capacity",
+        "8",
+        "--policy",
+        "faro-fairsum",
+        "--forecaster",
+        f"{USER}:MyForecaster",
+        "--json",
+        "-",
+    )
     assert code == 0, err
     assert json.loads(out)["forecaster"] == f"{USER}:MyForecaster" and "fallback" not in err
-    code, _, err = cli("simulate", "--trace", str(trace), "--capacity", "8",
-                       "--forecaster", f"{USER}:NoHorizon")
+    code, _, err = cli("simulate", "--trace", str(trace), "--capacity", "8", "--forecaster", f"{USER}:NoHorizon")
     assert code == 2 and err.startswith("faro-serve: error: forecaster") and err.count("\n") == 1
 
 
@@ -185,28 +247,71 @@ def test_suite_gives_its_forecaster_to_faro_and_to_a_user_policy(cli, trace, tmp
     """``suite --forecaster``: the forecasting policies plan with it, and so is a policy
     named by import path given it (its rows say which forecaster); a bad one is refused."""
     out = tmp_path / "suite"
-    code, _, err = cli("suite", "--trace", str(trace), "--day", "1", "--sample", "0",
-                       "--warmup-minutes", "0", "--capacities", "8", "--seeds", "1", "--workers", "1",
-                       "--policies", f"faro-fairsum,aiad,{USER}:MyPolicy",
-                       "--forecaster", f"{USER}:MyForecaster", "--out", str(out))
+    code, _, err = cli(
+        "suite",
+        "--trace",
+        str(trace),
+        "--day",
+        "1",
+        "--sample",
+        "0",
+        "--warmup-minutes",
+        "0",
+        "--capacities",
+        "8",
+        "--seeds",
+        "1",
+        "--workers",
+        "1",
+        "--policies",
+        f"faro-fairsum,aiad,{USER}:MyPolicy",
+        "--forecaster",
+        f"{USER}:MyForecaster",
+        "--out",
+        str(out),
+    )
     assert code == 0, err
     rows = {r["policy"]: r for r in csv.DictReader((out / "results.csv").open())}
     assert rows["faro-fairsum"]["forecaster"] == f"{USER}:MyForecaster"
     assert rows[f"{USER}:MyPolicy"]["forecaster"] == f"{USER}:MyForecaster"
     assert rows["aiad"]["forecaster"] == ""  # a built-in that does not forecast
-    code, _, err = cli("suite", "--trace", str(trace), "--capacities", "8",
-                       "--forecaster", f"{USER}:Gone")
+    code, _, err = cli("suite", "--trace", str(trace), "--capacities", "8", "--forecaster", f"{USER}:Gone")
     assert code == 2 and err.startswith("faro-serve: error: forecaster") and err.count("\n") == 1
     # one whose forecast raises: one error line from the first run, not each worker's
     # traceback and a broken process pool
-    code, _, err = cli("suite", "--trace", str(trace), "--day", "1", "--sample", "0",
-                       "--warmup-minutes", "0", "--capacities", "8", "--seeds", "1",
-                       "--workers", "2", "--policies", "faro-fairsum",
-                       "--forecaster", f"{USER}:BrokenForecaster", "--out", str(tmp_path / "bad"))
-    assert code == 2 and err.splitlines()[-1] == (
-        f"faro-serve: error: forecaster '{USER}:BrokenForecaster': BrokenForecaster.predict("
-        "history, n_samples=2, seed=0) failed (KeyError: 'rate'); the suite stopped before any "
-        "run finished (of 1)") and "Traceback" not in err
+    code, _, err = cli(
+        "suite",
+        "--trace",
+        str(trace),
+        "--day",
+        "1",
+        "--sample",
+        "0",
+        "--warmup-minutes",
+        "0",
+        "--capacities",
+        "8",
+        "--seeds",
+        "1",
+        "--workers",
+        "2",
+        "--policies",
+        "faro-fairsum",
+        "--forecaster",
+        f"{USER}:BrokenForecaster",
+        "--out",
+        str(tmp_path / "bad"),
+    )
+    assert (
+        code == 2
+        and err.splitlines()[-1]
+        == (
+            f"faro-serve: error: forecaster '{USER}:BrokenForecaster': BrokenForecaster.predict("
+            "history, n_samples=2, seed=0) failed (KeyError: 'rate'); the suite stopped before any "
+            "run finished (of 1)"
+        )
+        and "Traceback" not in err
+    )
     assert not (tmp_path / "bad" / "results.csv").exists()
 
 
@@ -218,11 +323,37 @@ def test_a_suite_of_workers_runs_a_torch_forecaster_given_by_import_path(trace, 
 
     out = tmp_path / "suite"
     done = subprocess.run(
-        [sys.executable, "-m", "faro_serve", "suite", "--trace", str(trace), "--day", "1",
-         "--sample", "0", "--warmup-minutes", "0", "--capacities", "8", "--seeds", "2",
-         "--workers", "2", "--policies", "faro-fairsum", "--forecaster",
-         f"{USER}:shipped_nhits", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "faro_serve",
+            "suite",
+            "--trace",
+            str(trace),
+            "--day",
+            "1",
+            "--sample",
+            "0",
+            "--warmup-minutes",
+            "0",
+            "--capacities",
+            "8",
+            "--seeds",
+            "2",
+            "--workers",
+            "2",
+            "--policies",
+            "faro-fairsum",
+            "--forecaster",
+            f"{USER}:shipped_nhits",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["forecaster"] for r in rows] == [f"{USER}:shipped_nhits"] * 2
@@ -264,7 +395,8 @@ def acme(tmp_path, monkeypatch):
     (info / "entry_points.txt").write_text(
         "[faro_serve.policies]\nacme-fixed = acme_faro:AcmePolicy\n"
         "acme-broken = acme_gone:Policy\naiad = acme_faro:AcmePolicy\n\n"
-        "[faro_serve.forecasters]\nacme-flat = acme_faro:AcmeForecaster\n")
+        "[faro_serve.forecasters]\nacme-flat = acme_faro:AcmeForecaster\n"
+    )
     monkeypatch.syspath_prepend(str(site))
     yield site
     sys.modules.pop("acme_faro", None)
@@ -274,8 +406,12 @@ def test_an_installed_plugin_is_listed_and_built(acme, cli, caplog):
     with caplog.at_level(logging.WARNING, logger="autoscaler.catalogue.registry"):
         names = policy_names()
     assert {"acme-fixed", "acme-broken"} <= set(names) and names.count("aiad") == 1
-    assert any("'aiad'" in r.message and "acme_faro:AcmePolicy (acme-faro 1.2)" in r.message
-               and "the built-in wins" in r.message for r in caplog.records)
+    assert any(
+        "'aiad'" in r.message
+        and "acme_faro:AcmePolicy (acme-faro 1.2)" in r.message
+        and "the built-in wins" in r.message
+        for r in caplog.records
+    )
     assert type(make_policy("aiad", MODELS, ClusterSpec(cpus=4))).__name__ == "AIADPolicy"
     pol = make_policy("acme-fixed", MODELS, ClusterSpec(cpus=4))
     assert type(pol).__name__ == "AcmePolicy" and pol.name == "acme-fixed"
@@ -293,19 +429,24 @@ def test_an_installed_plugin_is_listed_and_built(acme, cli, caplog):
     kinds = {r["name"]: (r["kind"], r["source"]) for r in doc["policies"]}
     assert kinds["acme-fixed"] == ("plug-in", "acme_faro:AcmePolicy (acme-faro 1.2)")
     assert kinds["faro-fairsum"] == ("built-in", "autoscaler.catalogue.builtin")
-    assert doc["forecasters"] == [{"name": "acme-flat", "kind": "plug-in",
-                                   "source": "acme_faro:AcmeForecaster (acme-faro 1.2)"}]
+    assert doc["forecasters"] == [
+        {"name": "acme-flat", "kind": "plug-in", "source": "acme_faro:AcmeForecaster (acme-faro 1.2)"}
+    ]
     assert set(json.loads(cli("policies", "--json")[1])) == set(policy_names())
 
 
 def test_a_broken_plugin_fails_only_where_it_is_named(acme, cli, trace):
-    with pytest.raises(PluginError, match=r"policy plug-in 'acme-broken' = acme_gone:Policy "
-                       r"\(acme-faro 1.2\): module 'acme_gone' does not import"):
+    with pytest.raises(
+        PluginError,
+        match=r"policy plug-in 'acme-broken' = acme_gone:Policy "
+        r"\(acme-faro 1.2\): module 'acme_gone' does not import",
+    ):
         make_policy("acme-broken", MODELS, ClusterSpec(cpus=4))
     with pytest.raises(ConfigError, match="policy plug-in 'acme-broken'"):
         parse_autoscaler_config(faro_args(policy="acme-broken"))
-    code, _, err = cli("simulate", "--trace", str(trace), "--day", "1", "--sample", "0",
-                       "--capacity", "8", "--policy", "acme-broken")
+    code, _, err = cli(
+        "simulate", "--trace", str(trace), "--day", "1", "--sample", "0", "--capacity", "8", "--policy", "acme-broken"
+    )
     assert code == 2 and "module 'acme_gone' does not import" in err and err.count("\n") == 1
     assert cli("policies")[0] == 0  # listing does not import the plug-ins
 
@@ -324,16 +465,27 @@ def test_the_user_policy_runs_live_and_keeps_its_state_over_a_restart(tmp_path):
     from faro_serve.serving.app import deploy
 
     dash, http = free_port(), free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
-             dashboard_port=dash, log_to_driver=False,
-             runtime_env={"py_modules": [str(ROOT / "tests" / "user_plugins")]})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=dash,
+        log_to_driver=False,
+        runtime_env={"py_modules": [str(ROOT / "tests" / "user_plugins")]},
+    )
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": http})
         base, dashboard = f"http://127.0.0.1:{http}", f"http://127.0.0.1:{dash}"
         spec = ClusterSpec(cpus=2, reactive_interval_s=1, cold_start_s=5)
         model = ModelSLO(name="user-a", slo_ms=720, processing_ms=20, cpus=0.25, max_replicas=4)
-        deploy([(model, {"model": {"kind": "synthetic", "processing": "const:0.02"}})], spec,
-               policy="user_plugins.my_policies:MyPolicy", dashboard_url=dashboard, forecaster="fallback")
+        deploy(
+            [(model, {"model": {"kind": "synthetic", "processing": "const:0.02"}})],
+            spec,
+            policy="user_plugins.my_policies:MyPolicy",
+            dashboard_url=dashboard,
+            forecaster="fallback",
+        )
 
         def get(path: str) -> dict:  # {} while the autoscaler is away
             try:
@@ -349,20 +501,25 @@ def test_the_user_policy_runs_live_and_keeps_its_state_over_a_restart(tmp_path):
         # it decides, and its targets reach the cluster: 2, then 3 replicas running
         assert wait_for(lambda: running() >= 2, 60), running()
         assert wait_for(lambda: running() >= 3, 60), running()
-        saved = wait_for(lambda: (s := get("state")).get("policy", {}).get("fields", {}).get(
-            "decisions", 0) >= 20 and s, 60)
+        saved = wait_for(
+            lambda: (s := get("state")).get("policy", {}).get("fields", {}).get("decisions", 0) >= 20 and s, 60
+        )
         assert saved and saved["policy"]["policy"] == "my-policy", saved
         # the autoscaler replica dies; Serve starts another, which carries on counting
-        [actor] = [a for a in list_actors(address=dashboard, filters=[("state", "=", "ALIVE")])
-                   if a.class_name == "ServeReplica:faro:FaroAutoscaler"]
+        [actor] = [
+            a
+            for a in list_actors(address=dashboard, filters=[("state", "=", "ALIVE")])
+            if a.class_name == "ServeReplica:faro:FaroAutoscaler"
+        ]
         ray.kill(ray.get_actor(actor.name, namespace="serve"), no_restart=True)
         st = wait_for(lambda: (s := get("status")).get("restored") and s, 90)
         assert st and st["restored"]["from"].startswith("the state saved"), st
         before = saved["policy"]["fields"]["decisions"]
         # restored at once; it carries on counting from its next tick (a fresh-clone run read
         # the state between the restore and that tick once: 21 and 21)
-        now = wait_for(lambda: (s := get("state")).get("policy", {}).get("fields", {}).get(
-            "decisions", 0) > before and s, 60) or get("state")
+        now = wait_for(
+            lambda: (s := get("state")).get("policy", {}).get("fields", {}).get("decisions", 0) > before and s, 60
+        ) or get("state")
         after = now["policy"]["fields"]["decisions"]
         assert now["start"] == saved["start"] and after > before, (saved, now)
     finally:

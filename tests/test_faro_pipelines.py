@@ -16,9 +16,11 @@ from faro_serve.pipelines import PipelineSLO
 
 
 def chain(slo_ms=250.0, pa=5.0, pb=100.0, name="pipe"):
-    return PipelineSLO(name=name, slo_ms=slo_ms, stages=[
-        dict(name="a", processing_ms=pa, cpus=1),
-        dict(name="b", after=["a"], processing_ms=pb, cpus=1)])
+    return PipelineSLO(
+        name=name,
+        slo_ms=slo_ms,
+        stages=[dict(name="a", processing_ms=pa, cpus=1), dict(name="b", after=["a"], processing_ms=pb, cpus=1)],
+    )
 
 
 @pytest.mark.parametrize("lam", [40.0, 64.0])  # stage loads 0.5 and 0.8
@@ -74,16 +76,23 @@ def test_joint_plan_meets_the_slo_where_the_equal_split_fails_or_costs_more():
 
 
 def _obs(now, p, targets, pipe_latency=None, stage_latency=None, rate=40.0, cap=12):
-    models = {"m": ModelObservation("m", targets["m"], targets["m"], np.full(20, 600.0),
-                                    arrival_rate=10.0)}
+    models = {"m": ModelObservation("m", targets["m"], targets["m"], np.full(20, 600.0), arrival_rate=10.0)}
     for s in p.stages:
-        models[s.name] = ModelObservation(s.name, targets[s.name], targets[s.name],
-                                          np.full(20, rate * 60 * s.fraction),
-                                          arrival_rate=rate * s.fraction,
-                                          latency_ms=stage_latency)
-    return Observation(now=now, capacity_cpus=cap, capacity_memory_gb=None, models=models,
-                       pipelines={p.name: PipelineObservation(p.name, np.full(20, rate * 60),
-                                                              rate, pipe_latency)})
+        models[s.name] = ModelObservation(
+            s.name,
+            targets[s.name],
+            targets[s.name],
+            np.full(20, rate * 60 * s.fraction),
+            arrival_rate=rate * s.fraction,
+            latency_ms=stage_latency,
+        )
+    return Observation(
+        now=now,
+        capacity_cpus=cap,
+        capacity_memory_gb=None,
+        models=models,
+        pipelines={p.name: PipelineObservation(p.name, np.full(20, rate * 60), rate, pipe_latency)},
+    )
 
 
 def test_faro_with_pipelines_plans_every_stage_and_model_within_capacity():
@@ -103,8 +112,7 @@ def test_faro_with_pipelines_plans_every_stage_and_model_within_capacity():
 def test_reactive_step_adds_to_the_bottleneck_stage_on_the_end_to_end_slo():
     p = chain()
     m = ModelSLO(name="m", slo_ms=200, processing_ms=50, cpus=1)
-    policy = make_policy("faro-fairsum", [m] + p.stage_models(), ClusterSpec(cpus=12),
-                         pipelines=[p])
+    policy = make_policy("faro-fairsum", [m] + p.stage_models(), ClusterSpec(cpus=12), pipelines=[p])
     t = {"m": 2, "a": 1, "b": 6}
     policy.decide(_obs(0.0, p, t))
     # the stages over their own (equal-split) targets for 30 s while the pipeline meets its
@@ -140,9 +148,14 @@ def test_faro_split_is_faro_fairsum_on_the_stages_without_pipelines():
 
 
 def test_drops_are_the_entry_stages_and_reach_every_stage():
-    p = PipelineSLO(name="pipe", slo_ms=250, stages=[
-        dict(name="a", processing_ms=5, cpus=1, allow_drop=True),
-        dict(name="b", after=["a"], processing_ms=100, cpus=1, allow_drop=True)])
+    p = PipelineSLO(
+        name="pipe",
+        slo_ms=250,
+        stages=[
+            dict(name="a", processing_ms=5, cpus=1, allow_drop=True),
+            dict(name="b", after=["a"], processing_ms=100, cpus=1, allow_drop=True),
+        ],
+    )
     cl = ClusterSpec(cpus=5, objective="penalty_fair_sum")
     prob = make_problem(p.stage_models(), {"pipe": 40.0}, {"a": 1, "b": 4}, cl, pipelines=[p])
     assert list(prob.can_drop) == [True, False]

@@ -47,8 +47,16 @@ def write_csv(path, history: dict[str, np.ndarray]) -> str:
     return str(path)
 
 
-SMALL = dict(max_steps=300, mlp_width=64, windows_batch_size=128, val_check_steps=50,
-             learning_rate=3e-3, scaler_type="standard", seed=7, members=1)
+SMALL = dict(
+    max_steps=300,
+    mlp_width=64,
+    windows_batch_size=128,
+    val_check_steps=50,
+    learning_rate=3e-3,
+    scaler_type="standard",
+    seed=7,
+    members=1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +74,7 @@ def point_model():
 
 
 # -- metrics: pure functions ------------------------------------------------------------
+
 
 def test_interval_coverage_counts_points_inside_central_interval():
     samples = np.tile(np.arange(1.0, 101.0)[:, None], (1, 4))  # 1..100 at each of 4 steps
@@ -99,10 +108,10 @@ def test_forecast_origins_every_five_minutes_from_input_size():
 
 # -- baselines ------------------------------------------------------------------------------
 
+
 def test_baselines_shapes_and_values():
     hist = {"a": np.array([120.0, 180.0, 120.0, 60.0]), "b": np.array([600.0])}
-    expect = {LastValueForecaster: (1.0, 10.0), MovingMeanForecaster: (2.0, 10.0),
-              MovingMaxForecaster: (3.0, 10.0)}
+    expect = {LastValueForecaster: (1.0, 10.0), MovingMeanForecaster: (2.0, 10.0), MovingMaxForecaster: (3.0, 10.0)}
     for cls, (a, b) in expect.items():
         f = cls(input_size=15, horizon=5).predict(hist, n_samples=20)
         assert isinstance(cls(), Forecaster)
@@ -119,6 +128,7 @@ def test_baselines_shapes_and_values():
 
 # -- the Gaussian N-HiTS -----------------------------------------------------------------
 
+
 def test_predict_shapes_units_and_non_negative(trained):
     fc, _ = trained
     assert isinstance(fc, Forecaster) and (fc.input_size, fc.horizon) == (15, 7)
@@ -131,12 +141,12 @@ def test_predict_shapes_units_and_non_negative(trained):
     # the network's label; the seasonal series' own hourly cycle is named (forecasting/recurrence.py)
     assert f.predictor["zero"] == "nhits-normal"
     for name in synthetic(1, 0):
-        assert f.predictor[name] in {"nhits-normal"} | {f"nhits-normal + recurrence ({p} min)"
-                                                        for p in range(57, 64)}, f.predictor[name]
+        assert f.predictor[name] in {"nhits-normal"} | {
+            f"nhits-normal + recurrence ({p} min)" for p in range(57, 64)
+        }, f.predictor[name]
     # per-minute counts in, requests per SECOND out: the mean follows the true Poisson rate
     t = np.arange(200, 207)
-    true_rate = np.array([lvl * (1 + 0.3 * np.sin(2 * np.pi * t / PERIOD + i)) / 60
-                          for i, lvl in enumerate(LEVELS)])
+    true_rate = np.array([lvl * (1 + 0.3 * np.sin(2 * np.pi * t / PERIOD + i)) / 60 for i, lvl in enumerate(LEVELS)])
     np.testing.assert_allclose(f.samples[:4].mean(axis=(1, 2)), true_rate.mean(axis=1), rtol=0.25)
     assert f.samples[3].std(axis=0).mean() > 0.1  # a real spread, not a point forecast
     np.testing.assert_array_equal(fc.predict(hist, seed=0).samples, f.samples)
@@ -173,15 +183,23 @@ def test_short_history_falls_back_per_model(trained):
     """With the ``fallback`` rule a model with less than the input window is served by the
     fallback predictor; with the default (issue 32) by the network on a padded window."""
     fc, _ = trained
-    hist = {"long": synthetic(100, seed=5)["job1"], "short": np.array([60.0, 120.0, 90.0]),
-            "never-seen-in-training": synthetic(50, seed=6)["job2"], "empty": np.array([])}
+    hist = {
+        "long": synthetic(100, seed=5)["job1"],
+        "short": np.array([60.0, 120.0, 90.0]),
+        "never-seen-in-training": synthetic(50, seed=6)["job2"],
+        "empty": np.array([]),
+    }
     fc.short_history = "fallback"
     try:
         f = fc.predict(hist, seed=2)
     finally:
         fc.short_history = DEFAULT_SHORT_RULE
-    assert f.predictor == {"long": "nhits-normal", "short": "fallback: short history (3 of 15 minutes)",
-                           "never-seen-in-training": "nhits-normal", "empty": "fallback: no history"}
+    assert f.predictor == {
+        "long": "nhits-normal",
+        "short": "fallback: short history (3 of 15 minutes)",
+        "never-seen-in-training": "nhits-normal",
+        "empty": "fallback: no history",
+    }
     short = f.by_model()["short"]
     assert short.min() >= 1.5 - 1e-9 and short.max() <= 2.0 + 1e-9  # between mean and max rate
     assert (f.by_model()["empty"] == 0).all()
@@ -202,8 +220,9 @@ def test_save_load_round_trip(trained):
     np.testing.assert_array_equal(np.random.get_state()[1], state)  # caller's RNG untouched
     hist = synthetic(120, seed=8)
     assert loaded.model is None and (d / "nhits.pt").is_file()  # the traced forward, torch alone
-    np.testing.assert_allclose(loaded.predict(hist, seed=42).samples, fc.predict(hist, seed=42).samples,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        loaded.predict(hist, seed=42).samples, fc.predict(hist, seed=42).samples, rtol=1e-5, atol=1e-6
+    )
     full = load_forecaster(d, script=False)  # the weights, through neuralforecast
     np.testing.assert_array_equal(full.predict(hist, seed=42).samples, fc.predict(hist, seed=42).samples)
 
@@ -234,8 +253,11 @@ def test_a_training_that_ends_between_validations_saves(tmp_path):
 def ensemble(tmp_path_factory):
     """Three small networks of seeds 7, 8, 9 trained as one forecaster and saved."""
     steps = []
-    fc = train_forecaster(synthetic(400, seed=1), TrainConfig(**{**SMALL, "max_steps": 60, "members": 3}),
-                          progress=lambda s, total, loss: steps.append((s, total)))
+    fc = train_forecaster(
+        synthetic(400, seed=1),
+        TrainConfig(**{**SMALL, "max_steps": 60, "members": 3}),
+        progress=lambda s, total, loss: steps.append((s, total)),
+    )
     d = tmp_path_factory.mktemp("ensemble")
     save_forecaster(fc, d)
     return fc, d, steps
@@ -270,7 +292,8 @@ def test_an_ensemble_saves_each_network_and_loads_all_of_them(ensemble, trained,
     fc, d, _ = ensemble
     assert read_meta(d)["members"] == 3
     assert {"nhits.pt", "nhits-1.pt", "nhits-2.pt", "nhits-1.safetensors", "nhits-2.safetensors"} <= {
-        p.name for p in d.iterdir()}
+        p.name for p in d.iterdir()
+    }
     hist = synthetic(60, seed=8)
     want = fc.predict(hist, seed=5).samples
     traced = load_forecaster(d)
@@ -305,8 +328,9 @@ def test_a_forecaster_saved_before_ensembles_loads_as_one_network(trained, tmp_p
     loaded = load_forecaster(old)
     assert loaded.n_members == 1
     hist = synthetic(60, seed=8)
-    np.testing.assert_allclose(loaded.predict(hist, seed=2).samples, fc.predict(hist, seed=2).samples,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        loaded.predict(hist, seed=2).samples, fc.predict(hist, seed=2).samples, rtol=1e-5, atol=1e-6
+    )
     for bad in (0, "4"):
         (old / META_FILE).write_text(json.dumps({**meta, "members": bad}))
         with pytest.raises(ForecasterLoadError, match="'members' must be a positive integer"):
@@ -347,8 +371,9 @@ def test_load_rejects_unknown_or_invalid_dirs(tmp_path):
     (tmp_path / META_FILE).write_text("{not json")
     with pytest.raises(ForecasterLoadError, match="unreadable"):
         load_forecaster(tmp_path)
-    (tmp_path / META_FILE).write_text(json.dumps({"format": "faro-serve-forecaster", "version": 1,
-                                                   "loss": "normal", "input_size": 15, "horizon": 7}))
+    (tmp_path / META_FILE).write_text(
+        json.dumps({"format": "faro-serve-forecaster", "version": 1, "loss": "normal", "input_size": 15, "horizon": 7})
+    )
     with pytest.raises(ForecasterLoadError, match="weights file"):
         load_forecaster(tmp_path)
     (tmp_path / "nhits.safetensors").write_bytes(b"garbage")
@@ -366,6 +391,7 @@ def test_fallback_forecaster_still_satisfies_protocol():
 
 
 # -- command line ----------------------------------------------------------------------
+
 
 def _one_error_line(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
@@ -391,8 +417,27 @@ def test_cli_eval_model_and_baseline(trained, tmp_path, capsys):
 def test_cli_train_saves_a_loadable_model(tmp_path, capsys):
     csv = write_csv(tmp_path / "t.csv", synthetic(300, seed=13, levels=(50.0, 500.0)))
     out = tmp_path / "model"
-    assert main(["forecast", "train", "--trace", csv, "--out", str(out), "--max-steps", "10",
-                 "--baseline", "nhits-point", "--seed", "3", "--members", "2"]) == 0
+    assert (
+        main(
+            [
+                "forecast",
+                "train",
+                "--trace",
+                csv,
+                "--out",
+                str(out),
+                "--max-steps",
+                "10",
+                "--baseline",
+                "nhits-point",
+                "--seed",
+                "3",
+                "--members",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert "trained nhits-point on 2 jobs x 300 minutes" in capsys.readouterr().out
     assert read_meta(out)["loss"] == "mae" and load_forecaster(out).name == "nhits-point"
     assert read_meta(out)["members"] == 2 and load_forecaster(out).n_members == 2
@@ -400,12 +445,15 @@ def test_cli_train_saves_a_loadable_model(tmp_path, capsys):
     assert "members must be >= 1 (got 0)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("rows, message", [
-    ("minute,job\n0,a\n", "missing column"),
-    ("minute,job,requests\n0,a,1\n1,a,\n", "missing or non-numeric"),
-    ("minute,job,requests\n0,a,1\n1,a,-4\n", "negative"),
-    ("minute,job,requests\n" + "".join(f"{m},a,5\n" for m in range(12)), "too little history"),
-])
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ("minute,job\n0,a\n", "missing column"),
+        ("minute,job,requests\n0,a,1\n1,a,\n", "missing or non-numeric"),
+        ("minute,job,requests\n0,a,1\n1,a,-4\n", "negative"),
+        ("minute,job,requests\n" + "".join(f"{m},a,5\n" for m in range(12)), "too little history"),
+    ],
+)
 def test_cli_eval_bad_trace_is_one_line_exit_2(tmp_path, capsys, rows, message):
     csv = tmp_path / "bad.csv"
     csv.write_text(rows)

@@ -27,7 +27,16 @@ def test_a_short_run_of_each_kind_sums_up(policy):
     row = run_one(Run(policy, 9, 0, 4, 10.0, 20.0, 2000, None, 120, 123, 0.25))
     assert row["requests"] > 1000 and 0 <= row["lost_cluster_utility"] <= 10
     assert 2.5 <= row["mean_gpus"] <= 4.0 and row["policy"] == policy
-    args = argparse.Namespace(days="9", seeds="0", rate_scale=10.0, slo_ms=20.0, minutes="120-123",
-                              gpus_per_replica=0.25, gpus="4", batch1_gpus="4", few_gpus="4")
+    args = argparse.Namespace(
+        days="9",
+        seeds="0",
+        rate_scale=10.0,
+        slo_ms=20.0,
+        minutes="120-123",
+        gpus_per_replica=0.25,
+        gpus="4",
+        batch1_gpus="4",
+        few_gpus="4",
+    )
     text = report(aggregate([row]), args, 1.0)
     assert policy in text and "Issue 47's targets" in text

@@ -30,17 +30,22 @@ def per_min(name: str, minute: int) -> int:
 def nhits():
     """A small Gaussian N-HiTS (input 15, horizon 7), trained in a few seconds."""
     rng = np.random.default_rng(3)
-    series = {f"s{i}": rng.poisson(200 + 100 * i + 50 * np.sin(np.arange(400) / 9)).astype(float)
-              for i in range(3)}
-    return train_forecaster(series, TrainConfig(max_steps=60, mlp_width=32, windows_batch_size=64,
-                                                val_check_steps=30, seed=1, members=1))
+    series = {f"s{i}": rng.poisson(200 + 100 * i + 50 * np.sin(np.arange(400) / 9)).astype(float) for i in range(3)}
+    return train_forecaster(
+        series, TrainConfig(max_steps=60, mlp_width=32, windows_batch_size=64, val_check_steps=30, seed=1, members=1)
+    )
 
 
 def config():
-    return parse_autoscaler_config({
-        "cluster": {"cpus": 4, "objective": "fair_sum"},
-        "models": [{"name": "a", "slo_ms": 720, "processing_ms": 50, "cpus": 0.25},
-                   {"name": "b", "slo_ms": 720, "processing_ms": 50, "cpus": 0.25}]})
+    return parse_autoscaler_config(
+        {
+            "cluster": {"cpus": 4, "objective": "fair_sum"},
+            "models": [
+                {"name": "a", "slo_ms": 720, "processing_ms": 50, "cpus": 0.25},
+                {"name": "b", "slo_ms": 720, "processing_ms": 50, "cpus": 0.25},
+            ],
+        }
+    )
 
 
 class Cluster:
@@ -62,11 +67,18 @@ class Cluster:
         age = self.t - self.meter_start
         done = int(age // 60)
         held = range(0 if self.keep is None else max(done - self.keep, 0), done)
-        return {n: meter_report(n, now=self.t, arrivals_per_min=[per_min(n, self.minute(k))
-                                                                  for k in held],
-                                current_minute_count=0, current_minute_elapsed_s=age - 60 * done,
-                                arrival_rate=per_min(n, 0) / 60, latency_ms=100.0)
-                for n in names}
+        return {
+            n: meter_report(
+                n,
+                now=self.t,
+                arrivals_per_min=[per_min(n, self.minute(k)) for k in held],
+                current_minute_count=0,
+                current_minute_elapsed_s=age - 60 * done,
+                arrival_rate=per_min(n, 0) / 60,
+                latency_ms=100.0,
+            )
+            for n in names
+        }
 
     def minute(self, k: int) -> int:
         """The wall-clock minute of the meter's k-th minute (the grid is 17.3 s off)."""
@@ -86,10 +98,8 @@ class Spy:
         self.fc, self.seen = fc, []
         self.input_size, self.horizon = fc.input_size, fc.horizon
 
-    daily_period = property(lambda self: self.fc.daily_period,
-                            lambda self, v: setattr(self.fc, "daily_period", v))
-    daily_weight = property(lambda self: self.fc.daily_weight,
-                            lambda self, v: setattr(self.fc, "daily_weight", v))
+    daily_period = property(lambda self: self.fc.daily_period, lambda self, v: setattr(self.fc, "daily_period", v))
+    daily_weight = property(lambda self: self.fc.daily_weight, lambda self, v: setattr(self.fc, "daily_weight", v))
 
     def predict(self, history, n_samples=100, seed=None):
         self.seen.append({n: np.asarray(h).copy() for n, h in history.items()})
@@ -125,8 +135,7 @@ def test_loop_writes_each_minute_once_and_a_restarted_loop_plans_from_the_store(
     # autoscaler, without its saved state: a new loop over the same directory
     cluster2 = Cluster(cluster.t + 30.0)
     spy = Spy(nhits)
-    again = AutoscalerLoop(config(), cluster2, spy, clock=lambda: cluster2.t,
-                           history=ArrivalStore(tmp_path))
+    again = AutoscalerLoop(config(), cluster2, spy, clock=lambda: cluster2.t, history=ArrivalStore(tmp_path))
     first = again.step()
     assert first["decision"]["kind"] == "long_term"
     # not the fallback; the traffic's 7-minute cycle is seen (forecasting/recurrence.py)
@@ -203,8 +212,7 @@ def _refused(tmp_path, caplog, make, reason):
 
 
 def test_a_corrupt_file_is_refused_moved_aside_and_replaced(tmp_path, caplog):
-    aside = _refused(tmp_path, caplog, lambda p: p.write_bytes(b"\x00garbage" * 100),
-                     "not an SQLite database")
+    aside = _refused(tmp_path, caplog, lambda p: p.write_bytes(b"\x00garbage" * 100), "not an SQLite database")
     assert aside.read_bytes() == b"\x00garbage" * 100  # kept, not deleted
 
 
@@ -244,8 +252,7 @@ def test_a_file_damaged_while_in_use_is_set_aside_and_the_loop_keeps_running(tmp
 def test_short_history_forecasts_are_finite_non_negative_and_seeded(nhits, rule):
     nhits.short_history = rule
     try:
-        hist = {"one": np.array([40.0]), "few": np.array([0.0, 300.0, 20.0, 0.0]),
-                "zeros": np.zeros(6)}
+        hist = {"one": np.array([40.0]), "few": np.array([0.0, 300.0, 20.0, 0.0]), "zeros": np.zeros(6)}
         f = nhits.predict(hist, seed=4)
         again = nhits.predict(hist, seed=4)
         other = nhits.predict(hist, seed=5)
@@ -303,11 +310,11 @@ def test_a_restarted_loop_forecasts_with_yesterday_from_the_store(tmp_path, nhit
     run(loop, cluster, 6 * 60)  # past the next long-term plan
     assert reads and max(reads) == 1  # the meters' window moved a minute at a time: one row read
     last = spy.seen[-1]["a"]  # a later plan's history: the day, contiguous, moved on
-    ends = [e for e in range(start + 1, start + 8)
-            if np.array_equal(last, [per_min("a", m) for m in range(e - 359, e + 1)])]
+    ends = [
+        e for e in range(start + 1, start + 8) if np.array_equal(last, [per_min("a", m) for m in range(e - 359, e + 1)])
+    ]
     assert len(spy.seen) > 1 and ends
     off = Spy(nhits)
-    AutoscalerLoop(daily_config(300, 0.0), cluster, off, clock=lambda: cluster.t,
-                   history=ArrivalStore(tmp_path)).step()
+    AutoscalerLoop(daily_config(300, 0.0), cluster, off, clock=lambda: cluster.t, history=ArrivalStore(tmp_path)).step()
     assert off.seen[0]["a"].size < 360
     set_daily(nhits, (1440, 0.25))  # the module's fixture, as the other tests had it

@@ -22,8 +22,10 @@ def test_no_module_is_in_an_import_circle(report):
     bad = [c for c in found if tuple(c) not in ALLOWED]
     assert not bad, "import circles: " + "; ".join(" -> ".join(a_cycle(graph, c)) for c in bad)
     assert ALLOWED <= {tuple(c) for c in found}, "an allowed circle is gone: drop it from ALLOWED"
-    report(f"import graph: {len(graph)} modules, {sum(map(len, graph.values()))} edges, "
-           f"{len(found)} allowed circle(s): {sorted(ALLOWED)}")
+    report(
+        f"import graph: {len(graph)} modules, {sum(map(len, graph.values()))} edges, "
+        f"{len(found)} allowed circle(s): {sorted(ALLOWED)}"
+    )
 
 
 def test_the_graph_sees_imports_in_function_bodies_and_by_name(tmp_path):
@@ -31,10 +33,10 @@ def test_the_graph_sees_imports_in_function_bodies_and_by_name(tmp_path):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("def f():\n    from . import b\n")
-    (pkg / "b.py").write_text("import importlib\nMODS = ['autoscaler.a']\n"
-                              "def load():\n    importlib.import_module(MODS[0])\n")
-    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                              "    from .a import f\n")
+    (pkg / "b.py").write_text(
+        "import importlib\nMODS = ['autoscaler.a']\ndef load():\n    importlib.import_module(MODS[0])\n"
+    )
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import f\n")
     graph = edges(tmp_path)
     assert graph["autoscaler.a"] == {"autoscaler.b"} and graph["autoscaler.b"] == {"autoscaler.a"}
     assert graph["autoscaler.c"] == set()

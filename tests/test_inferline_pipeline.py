@@ -27,9 +27,32 @@ def _kernel(arr, p, replicas, batch, share):
     processing time ``p``, no overhead, no drops, no hold; returns completion times."""
     n = arr.size
     start, lat, status = np.zeros(n), np.zeros(n), np.zeros(n, np.int64)
-    advance(0.0, 1e9, arr, np.full(n, p), np.zeros(n), np.ones(n), start, lat, status, 0, n,
-            np.zeros(n + 1, np.int64), 0, 0, np.zeros(replicas), np.zeros(replicas), 0.0,
-            10 ** 9, 0.0, np.inf, True, batch, share * np.arange(65) + 1 - share, 1.0)
+    advance(
+        0.0,
+        1e9,
+        arr,
+        np.full(n, p),
+        np.zeros(n),
+        np.ones(n),
+        start,
+        lat,
+        status,
+        0,
+        n,
+        np.zeros(n + 1, np.int64),
+        0,
+        0,
+        np.zeros(replicas),
+        np.zeros(replicas),
+        0.0,
+        10**9,
+        0.0,
+        np.inf,
+        True,
+        batch,
+        share * np.arange(65) + 1 - share,
+        1.0,
+    )
     assert (status == DONE).all()
     return arr + lat
 
@@ -46,8 +69,13 @@ def test_des_matches_the_simulator_kernel_query_for_query(ra, rb, bb):
     order = np.argsort(fa, kind="stable")
     fb = np.empty_like(fa)
     fb[order] = _kernel(fa[order], pb, rb, bb, share)
-    run = simulate(arr, [StageSpec("a"), StageSpec("b", (0,))], [ra, rb], [1, bb],
-                   [np.array([pa]), pb * (share * np.arange(1, bb + 1) + 1 - share)])
+    run = simulate(
+        arr,
+        [StageSpec("a"), StageSpec("b", (0,))],
+        [ra, rb],
+        [1, bb],
+        [np.array([pa]), pb * (share * np.arange(1, bb + 1) + 1 - share)],
+    )
     assert np.allclose(run.latency_s, fb - arr, rtol=0, atol=1e-9)
     assert run.latency_s.max() > 3 * (pa + pb)  # queueing happened: a real check
     if bb > 1:
@@ -64,17 +92,38 @@ def test_des_replica_schedule_matches_the_kernel_with_a_replica_added_midway():
     bt = 0.2 * (share * np.arange(1, 3) + 1 - share)
     n = arr.size
     start, lat, status = np.zeros(n), np.zeros(n), np.zeros(n, np.int64)
-    advance(0.0, 1e9, arr, np.full(n, 0.2), np.zeros(n), np.ones(n), start, lat, status, 0, n,
-            np.zeros(n + 1, np.int64), 0, 0, np.array([0.0, 100.0]), np.zeros(2), 0.0,
-            10 ** 9, 0.0, np.inf, True, 2, share * np.arange(65) + 1 - share, 1.0)
-    run = simulate(arr, [StageSpec("a")], [1], [2], [bt],
-                   schedules=[(np.array([0.0, 100.0]), np.array([1, 2]))])
+    advance(
+        0.0,
+        1e9,
+        arr,
+        np.full(n, 0.2),
+        np.zeros(n),
+        np.ones(n),
+        start,
+        lat,
+        status,
+        0,
+        n,
+        np.zeros(n + 1, np.int64),
+        0,
+        0,
+        np.array([0.0, 100.0]),
+        np.zeros(2),
+        0.0,
+        10**9,
+        0.0,
+        np.inf,
+        True,
+        2,
+        share * np.arange(65) + 1 - share,
+        1.0,
+    )
+    run = simulate(arr, [StageSpec("a")], [1], [2], [bt], schedules=[(np.array([0.0, 100.0]), np.array([1, 2]))])
     assert np.allclose(run.latency_s, lat, atol=1e-9)
     early, late = run.latency_s[arr < 100], run.latency_s[arr > 270]
     assert early.max() > 5 * late.max()  # the queue built before, drained after
     const = simulate(arr, [StageSpec("a")], [2], [2], [bt])
-    same = simulate(arr, [StageSpec("a")], [7], [2], [bt],
-                    schedules=[(np.array([0.0, 50.0]), np.array([2, 2]))])
+    same = simulate(arr, [StageSpec("a")], [7], [2], [bt], schedules=[(np.array([0.0, 50.0]), np.array([2, 2]))])
     assert np.array_equal(const.latency_s, same.latency_s)
 
 
@@ -83,8 +132,7 @@ def test_des_conditional_visits_and_fan_out():
     its slowest visited branch."""
     arr = np.arange(0, 200, 0.5)
     st = [StageSpec("a"), StageSpec("b", (0,)), StageSpec("c", (0,), 0.3)]
-    run = simulate(arr, st, [1, 1, 1], [1, 1, 1], [np.array([0.05]), np.array([0.1]),
-                                                    np.array([0.2])], seed=3)
+    run = simulate(arr, st, [1, 1, 1], [1, 1, 1], [np.array([0.05]), np.array([0.1]), np.array([0.2])], seed=3)
     assert abs(run.visits[2].mean() - 0.3) < 0.06
     assert np.allclose(run.latency_s[run.visits[2]], 0.25)
     assert np.allclose(run.latency_s[~run.visits[2]], 0.15)
@@ -92,8 +140,9 @@ def test_des_conditional_visits_and_fan_out():
 
 def _profiles():
     a = StageProfile(StageSpec("a"), {1.0: batch_times(0.02)}, max_replicas=4)
-    b = StageProfile(StageSpec("b", (0,), 0.6),
-                     {c: batch_times(0.12, SHAPE, 1.0, c) for c in (1.0, 2.0)}, max_replicas=4)
+    b = StageProfile(
+        StageSpec("b", (0,), 0.6), {c: batch_times(0.12, SHAPE, 1.0, c) for c in (1.0, 2.0)}, max_replicas=4
+    )
     return [a, b]
 
 
@@ -125,21 +174,33 @@ def test_planner_says_infeasible():
 
 
 def _pipeline(**b_extra):
-    return PipelineSLO(name="p", slo_ms=600, stages=[
-        {"name": "A", "processing_ms": 20, "max_replicas": 20},
-        {"name": "B", "after": ["A"], "processing_ms": 60, "max_replicas": 20, **b_extra}])
+    return PipelineSLO(
+        name="p",
+        slo_ms=600,
+        stages=[
+            {"name": "A", "processing_ms": 20, "max_replicas": 20},
+            {"name": "B", "after": ["A"], "processing_ms": 60, "max_replicas": 20, **b_extra},
+        ],
+    )
 
 
 def _obs(now, pipe_rate, targets, singles=None, minutes=20, cap=64.0):
-    ms = {n: ModelObservation(name=n, replicas=r, target_replicas=r,
-                              arrivals_per_min=np.full(minutes, 60.0 * pipe_rate),
-                              arrival_rate=pipe_rate) for n, r in targets.items()}
+    ms = {
+        n: ModelObservation(
+            name=n,
+            replicas=r,
+            target_replicas=r,
+            arrivals_per_min=np.full(minutes, 60.0 * pipe_rate),
+            arrival_rate=pipe_rate,
+        )
+        for n, r in targets.items()
+    }
     for n, (r, rate) in (singles or {}).items():
-        ms[n] = ModelObservation(name=n, replicas=r, target_replicas=r,
-                                 arrivals_per_min=np.full(minutes, 60.0 * rate), arrival_rate=rate)
+        ms[n] = ModelObservation(
+            name=n, replicas=r, target_replicas=r, arrivals_per_min=np.full(minutes, 60.0 * rate), arrival_rate=rate
+        )
     po = PipelineObservation("p", np.full(minutes, 60.0 * pipe_rate), pipe_rate)
-    return Observation(now=now, capacity_cpus=cap, capacity_memory_gb=None, models=ms,
-                       pipelines={"p": po})
+    return Observation(now=now, capacity_cpus=cap, capacity_memory_gb=None, models=ms, pipelines={"p": po})
 
 
 def test_tuner_scales_the_bottleneck_stage_by_the_envelope():
@@ -184,15 +245,13 @@ def test_schema_to_policy_decides_for_stages_and_single_models():
     all three; the batching stage gets a batch size, the others none."""
     p = _pipeline(batching=SHAPE.model_dump())
     single = ModelSLO(name="solo", slo_ms=720, processing_ms=154)
-    pol = make_policy("inferline", [*p.stage_models(), single], ClusterSpec(cpus=64),
-                      pipelines=[p])
+    pol = make_policy("inferline", [*p.stage_models(), single], ClusterSpec(cpus=64), pipelines=[p])
     d = pol.decide(_obs(0, 30.0, {"A": 5, "B": 1}, singles={"solo": (1, 10.0)}))
     assert set(d.replicas) == {"A", "B", "solo"}
     assert set(d.field("batch_size")) == {"B"} and d.field("batch_size")["B"] >= 1
     assert d.info["pipelines"]["p"]["latency_ms"] <= 600
     state = pol.get_state()
-    again = make_policy("inferline", [*p.stage_models(), single], ClusterSpec(cpus=64),
-                        pipelines=[p])
+    again = make_policy("inferline", [*p.stage_models(), single], ClusterSpec(cpus=64), pipelines=[p])
     again.set_state(state)
     assert again.pstate == pol.pstate
 
@@ -244,7 +303,7 @@ def test_tuner_does_not_flap_under_steady_traffic(rate):
     # the scale-down no longer does
     for i, t in enumerate(range(10, 900, 10)):
         d = pol.decide(_obs(t, rate * (1.6 if i % 10 == 0 else 1.0), cur))
-        for n, r in (d.replicas.items() if d is not None else ()):
+        for n, r in d.replicas.items() if d is not None else ():
             moves[n].append(r - cur[n])
             cur[n] = r
     for n, m in moves.items():

@@ -14,11 +14,16 @@ from faro_serve.serving.schema import parse_autoscaler_config
 
 
 def config(policy=None):
-    return parse_autoscaler_config({
-        "cluster": {"cpus": 3, "objective": "fair_sum", "reactive_trigger_s": 20},
-        "policy": policy,
-        "models": [{"name": "a", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25},
-                   {"name": "b", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25}]})
+    return parse_autoscaler_config(
+        {
+            "cluster": {"cpus": 3, "objective": "fair_sum", "reactive_trigger_s": 20},
+            "policy": policy,
+            "models": [
+                {"name": "a", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25},
+                {"name": "b", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25},
+            ],
+        }
+    )
 
 
 def rate(name: str, t: float) -> float:
@@ -49,11 +54,16 @@ class Cluster:
             busy = lam * 0.154 / self.running[n]
             latency = 400.0 if busy < 0.6 else 3000.0
             out[n] = meter_report(
-                n, arrivals_per_min=[60 * rate(n, 60 * m) for m in range(minutes)],
+                n,
+                arrivals_per_min=[60 * rate(n, 60 * m) for m in range(minutes)],
                 current_minute_count=lam * (self.t - 60 * minutes),
-                current_minute_elapsed_s=self.t - 60 * minutes, arrival_rate=lam,
-                latency_ms=latency, processing={"mean_ms": 154.0}, queue_length=0.0,
-                mean_in_flight=lam * latency / 1e3)  # Little's law
+                current_minute_elapsed_s=self.t - 60 * minutes,
+                arrival_rate=lam,
+                latency_ms=latency,
+                processing={"mean_ms": 154.0},
+                queue_length=0.0,
+                mean_in_flight=lam * latency / 1e3,
+            )  # Little's law
         return out
 
     def scale(self, name, replicas):
@@ -184,9 +194,9 @@ def test_a_restarted_loop_restores_each_models_setting():
     assert bad.settings["a"].drop_rate == 0.0
 
 
-
 class Refusing(Cluster):
     """Serve's REST API refuses every scale (as when Ray runs without its dashboard)."""
+
     refuse = True
 
     def scale(self, name, replicas):
@@ -217,8 +227,9 @@ def test_a_failing_apply_stays_in_the_status_across_the_ticks_that_decide_nothin
     st = failures.status()
     assert st is not None and st["failed"] >= 2 and shown_after_an_ok_tick > 0, st
     assert st["error"] == "ConnectionError: [Errno 111] Connection refused"
-    assert tick_error_lines(st)[0].startswith(f"{st['failed']} autoscaler ticks failed since it "
-                                              "last applied a decision")
+    assert tick_error_lines(st)[0].startswith(
+        f"{st['failed']} autoscaler ticks failed since it last applied a decision"
+    )
     assert cluster.scaled == []
     cluster.refuse = False  # the URL fixed: the next decision applied clears it
     while failures.status() is not None and cluster.t < 1800:
@@ -231,9 +242,11 @@ def test_replicas_outside_new_bounds_are_scaled_into_them_at_once():
     """A loop (re)started over a model whose running replicas lie outside its SLO's bounds
     (the user raised min_replicas) scales it into them at its first tick: no plan would,
     since every decision is clamped to the bounds, and the target shown said 3 while 1 ran."""
-    pinned = config().model_copy(update={"models": [
-        config().models[0].model_copy(update={"min_replicas": 3, "max_replicas": 3}),
-        config().models[1]]})
+    pinned = config().model_copy(
+        update={
+            "models": [config().models[0].model_copy(update={"min_replicas": 3, "max_replicas": 3}), config().models[1]]
+        }
+    )
     cluster = Cluster()
     loop = AutoscalerLoop(pinned, cluster, clock=lambda: cluster.t)
     loop.step()
@@ -244,8 +257,6 @@ def test_replicas_outside_new_bounds_are_scaled_into_them_at_once():
     assert cluster.running["a"] == 3
 
 
-
-
 def test_a_model_with_none_running_is_left_to_the_next_decision():
     """No replica running may mean replicas starting: observing does not force the minimum
     (that could stop some), as it does force a count above the maximum; the next decision,
@@ -254,9 +265,13 @@ def test_a_model_with_none_running_is_left_to_the_next_decision():
 
     t = [0.0]
     cluster = FakeCluster({"a": 0, "b": 5})  # b's SLO allows at most 4
-    loop = AutoscalerLoop(config().model_copy(update={"models": [
-        config().models[0], config().models[1].model_copy(update={"max_replicas": 4})]}),
-        cluster, clock=lambda: t[0])
+    loop = AutoscalerLoop(
+        config().model_copy(
+            update={"models": [config().models[0], config().models[1].model_copy(update={"max_replicas": 4})]}
+        ),
+        cluster,
+        clock=lambda: t[0],
+    )
     loop._observe(t[0])  # the observation alone, before any decision
     assert cluster.scaled == [("b", 4)] and loop.targets == {"a": 0, "b": 4}
     for _ in range(200):
@@ -285,8 +300,11 @@ def test_a_redeployed_model_application_is_scaled_back_at_the_next_tick():
     Ray's initial_replicas while the loop's target stands; no decision differs from that
     target, so before, the model ran below its target (and its SLO's min_replicas) until a
     plan moved it. The next tick tells Serve the target again; a model not redeployed is left."""
-    pinned = config().model_copy(update={"models": [
-        config().models[0].model_copy(update={"min_replicas": 3, "max_replicas": 3}), config().models[1]]})
+    pinned = config().model_copy(
+        update={
+            "models": [config().models[0].model_copy(update={"min_replicas": 3, "max_replicas": 3}), config().models[1]]
+        }
+    )
     cluster = Redeploying()
     loop = AutoscalerLoop(pinned, cluster, clock=lambda: cluster.t)
     loop.step()  # into a's bounds: 3

@@ -35,11 +35,9 @@ from faro_serve.serving.schema import parse_autoscaler_config
 
 NOW = 1_700_000_000.0
 MESSAGES = [
-    RouterReport((Arrival(NOW), Answered(NOW + 1, 0.25), GaveUp(NOW + 2)), waiting=3, dispatched=2,
-                 replicas=4),
+    RouterReport((Arrival(NOW), Answered(NOW + 1, 0.25), GaveUp(NOW + 2)), waiting=3, dispatched=2, replicas=4),
     RouterReport((), waiting=0, dispatched=0, replicas=1, waiting_since=(NOW - 1, NOW - 0.5)),
-    ReplicaReport((Processed(NOW, 0.15), Processed(NOW, 0.3, 4), Dropped(NOW, "drop_rate"),
-                   NetworkTime(NOW, 0.02))),
+    ReplicaReport((Processed(NOW, 0.15), Processed(NOW, 0.3, 4), Dropped(NOW, "drop_rate"), NetworkTime(NOW, 0.02))),
     ReplicaReport((), batch_size=4, threads=2, variant="resnet18"),
     ReplicaReport((), draining=True, busy=3),
     MeterAnswer(drop_rate=0.25, batch_in_force=1),
@@ -60,23 +58,29 @@ def test_every_message_round_trips_through_its_wire_form(msg):
 GOOD = RouterReport((Arrival(NOW), Answered(NOW, 0.5)), waiting=1, dispatched=1, replicas=2).wire()
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"waiting": None}, "router report v3: missing field 'waiting'"),
-    ({"waiting": "2"}, "router report v3: field 'waiting' must be an integer >= 0 (got '2')"),
-    ({"waiting": True}, "field 'waiting' must be an integer"),
-    ({"waiting_since": [NOW, "x"]}, "field 'waiting_since' must be a finite number or null"),
-    ({"events": [("q", NOW)]}, "events[0] has unknown kind 'q'"),
-    ({"events": [("f", NOW)]}, "events[0] (Answered) missing field 'latency_s'"),
-    ({"events": [("a", NOW), ("f", NOW, float("nan"))]}, "events[1] (Answered) field 'latency_s' must be a finite number"),
-    ({"events": [("a", NOW, 1.0)]}, "events[0] (Arrival) has 2 fields, at most 1"),
-    ({"events": [("d", NOW, 3)]}, "events[0] (Dropped) field 'reason' must be a string"),
-    ({"events": ["a"]}, "events[0] must be a tuple"),
-    ({"v": 1}, "router report: version 1 is not supported (this side speaks v3)"),
-    ({"v": None}, "router report: version None is not supported"),
-    ({"type": "telegram"}, "message: unknown type 'telegram'"),
-    ({"type": "meter-answer"}, "meter answer: not expected here (expected RouterReport or ReplicaReport)"),
-    ({"color": "red"}, "router report v3: unknown field 'color'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"waiting": None}, "router report v3: missing field 'waiting'"),
+        ({"waiting": "2"}, "router report v3: field 'waiting' must be an integer >= 0 (got '2')"),
+        ({"waiting": True}, "field 'waiting' must be an integer"),
+        ({"waiting_since": [NOW, "x"]}, "field 'waiting_since' must be a finite number or null"),
+        ({"events": [("q", NOW)]}, "events[0] has unknown kind 'q'"),
+        ({"events": [("f", NOW)]}, "events[0] (Answered) missing field 'latency_s'"),
+        (
+            {"events": [("a", NOW), ("f", NOW, float("nan"))]},
+            "events[1] (Answered) field 'latency_s' must be a finite number",
+        ),
+        ({"events": [("a", NOW, 1.0)]}, "events[0] (Arrival) has 2 fields, at most 1"),
+        ({"events": [("d", NOW, 3)]}, "events[0] (Dropped) field 'reason' must be a string"),
+        ({"events": ["a"]}, "events[0] must be a tuple"),
+        ({"v": 1}, "router report: version 1 is not supported (this side speaks v3)"),
+        ({"v": None}, "router report: version None is not supported"),
+        ({"type": "telegram"}, "message: unknown type 'telegram'"),
+        ({"type": "meter-answer"}, "meter answer: not expected here (expected RouterReport or ReplicaReport)"),
+        ({"color": "red"}, "router report v3: unknown field 'color'"),
+    ],
+)
 def test_a_malformed_report_is_refused_naming_the_field_and_the_meter_reads_the_next(change, message):
     raw = {k: v for k, v in {**GOOD, **change}.items() if v is not None or k in ("v", "waiting_since")}
     with pytest.raises(MessageError) as err:
@@ -124,22 +128,39 @@ def test_the_meters_report_round_trips_and_a_missing_key_is_named():
 
 # --- the autoscaler loop with one malformed or mismatched model ---------------------------
 def config():
-    return parse_autoscaler_config({
-        "cluster": {"cpus": 2, "objective": "fair_sum"},
-        "models": [{"name": n, "slo_ms": 720, "processing_ms": 154, "cpus": 0.25, "max_replicas": 4}
-                   for n in ("a", "b")]})
+    return parse_autoscaler_config(
+        {
+            "cluster": {"cpus": 2, "objective": "fair_sum"},
+            "models": [
+                {"name": n, "slo_ms": 720, "processing_ms": 154, "cpus": 0.25, "max_replicas": 4} for n in ("a", "b")
+            ],
+        }
+    )
 
 
 def _busy(name, **fields):
-    return meter_report(name, **{"arrivals_per_min": [900] * 20, "arrival_rate": 15.0, "replica_cpus": 0.25,
-                                 "processing": {"mean_ms": 154.0}, **fields})
+    return meter_report(
+        name,
+        **{
+            "arrivals_per_min": [900] * 20,
+            "arrival_rate": 15.0,
+            "replica_cpus": 0.25,
+            "processing": {"mean_ms": 154.0},
+            **fields,
+        },
+    )
 
 
-@pytest.mark.parametrize("bad_b, error", [
-    ({k: v for k, v in _busy("b").items() if k != "arrival_rate"}, "missing field 'arrival_rate'"),
-    (_busy("b", replica_cpus=1.0), "model 'b': each replica reserves 1 CPUs (the model application's "
-                                   "args) but its SLO entry says 0.25"),
-])
+@pytest.mark.parametrize(
+    "bad_b, error",
+    [
+        ({k: v for k, v in _busy("b").items() if k != "arrival_rate"}, "missing field 'arrival_rate'"),
+        (
+            _busy("b", replica_cpus=1.0),
+            "model 'b': each replica reserves 1 CPUs (the model application's args) but its SLO entry says 0.25",
+        ),
+    ],
+)
 def test_the_loop_leaves_out_a_bad_report_and_keeps_deciding_for_the_others(bad_b, error, caplog):
     cluster = FakeCluster({"a": 1, "b": 1}, {"a": _busy("a"), "b": bad_b})
     loop = AutoscalerLoop(config(), cluster, clock=lambda: 0.0)
@@ -163,11 +184,15 @@ def test_a_serve_config_whose_model_cpus_differ_from_the_slo_is_refused():
 
     text = (Path(__file__).parents[1] / "serve_config.yaml").read_text()
     load_serve_config(text)  # the default config agrees
-    bad = text.replace("args: {name: synth-b, model: {kind: synthetic}, cpus: 0.25}",
-                       "args: {name: synth-b, model: {kind: synthetic}, cpus: 0.5}")
+    bad = text.replace(
+        "args: {name: synth-b, model: {kind: synthetic}, cpus: 0.25}",
+        "args: {name: synth-b, model: {kind: synthetic}, cpus: 0.5}",
+    )
     assert bad != text
-    with pytest.raises(ConfigError, match="model 'synth-b' has cpus 0.5 in its application's args "
-                                          "but 0.25 in the faro application's models"):
+    with pytest.raises(
+        ConfigError,
+        match="model 'synth-b' has cpus 0.5 in its application's args but 0.25 in the faro application's models",
+    ):
         load_serve_config(bad)
 
 
@@ -178,8 +203,12 @@ def test_the_demo_refuses_the_same_mismatch(tmp_path):
 
     text = (Path(__file__).parents[1] / "serve_config.yaml").read_text()
     p = tmp_path / "serve_config.yaml"
-    p.write_text(text.replace("args: {name: resnet18, model: {kind: vision, arch: resnet18}, cpus: 0.25}",
-                              "args: {name: resnet18, model: {kind: vision, arch: resnet18}}"))
+    p.write_text(
+        text.replace(
+            "args: {name: resnet18, model: {kind: vision, arch: resnet18}, cpus: 0.25}",
+            "args: {name: resnet18, model: {kind: vision, arch: resnet18}}",
+        )
+    )
     with pytest.raises(ValueError, match="model 'resnet18' has cpus 1 in its application's args but 0.25"):
         read_config(p)
 
@@ -188,9 +217,9 @@ def test_decoding_a_busy_second_of_reports_is_linear(report):
     """The meter reads up to thousands of events a second. Speed is reported, not asserted
     (a shared CI machine failed a 0.25 s bound for 5,000); what is asserted is the shape:
     4x the events cost well under 16x the time, so a quadratic decoder would fail."""
+
     def timed(n: int) -> float:
-        events = tuple(Arrival(NOW + i * 1e-4) if i % 2 else Answered(NOW + i * 1e-4, 0.1)
-                       for i in range(n))
+        events = tuple(Arrival(NOW + i * 1e-4) if i % 2 else Answered(NOW + i * 1e-4, 0.1) for i in range(n))
         wire = RouterReport(events, 10, 2, 2).wire()
         best = float("inf")
         for _ in range(3):  # the best of three: the machine's noise only ever adds

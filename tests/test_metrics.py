@@ -23,8 +23,7 @@ def test_p99_utility_and_lost_cluster_utility_by_hand():
     # job a, minute 0: 3 requests 0.1, 0.2, 1.44 -> p99 = 1.44 - 0.02 * (1.44 - 0.2) = 1.4152
     # job a, minute 1: no requests -> utility 1
     # job b, minute 0: 0.3 -> utility 1;  minute 1: 0.36 and a drop -> p99 = inf -> utility 0
-    rows = [(0, 1.0, 0.1), (0, 2.0, 0.2), (0, 3.0, 1.44),
-            (1, 5.0, 0.3), (1, 61.0, 0.36), (1, 62.0, None)]
+    rows = [(0, 1.0, 0.1), (0, 2.0, 0.2), (0, 3.0, 1.44), (1, 5.0, 0.3), (1, 61.0, 0.36), (1, 62.0, None)]
     tab = minute_table(["a", "b"], *_records(rows), slo_s=SLO, minutes=2)
     assert tab.requests.tolist() == [[3, 0], [1, 2]]
     assert tab.dropped.tolist() == [[0, 0], [0, 1]]

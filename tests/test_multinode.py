@@ -66,12 +66,21 @@ DEPLOY = textwrap.dedent("""
 @pytest.fixture
 def two_nodes():
     with ray_nodes.two_nodes() as n:
-        yield {"head": n.head, "worker": n.worker, "gcs": n.gcs, "dashboard": n.dashboard,
-               "http": n.http, "http2": n.http2, "env": n.env, "tmp": n.tmp}
+        yield {
+            "head": n.head,
+            "worker": n.worker,
+            "gcs": n.gcs,
+            "dashboard": n.dashboard,
+            "http": n.http,
+            "http2": n.http2,
+            "env": n.env,
+            "tmp": n.tmp,
+        }
 
 
-async def _load(bases: list[str], models: tuple[str, ...], per: int, clients: int,
-                stop: asyncio.Event | None = None) -> list[tuple[str, str, int | str, float]]:
+async def _load(
+    bases: list[str], models: tuple[str, ...], per: int, clients: int, stop: asyncio.Event | None = None
+) -> list[tuple[str, str, int | str, float]]:
     """``clients`` concurrent clients per (proxy, model), each sending until ``per`` requests
     went through that pair (or ``stop`` is set): (proxy, model, status or error, time answered)."""
     out: list = []
@@ -79,6 +88,7 @@ async def _load(bases: list[str], models: tuple[str, ...], per: int, clients: in
     async def one_pair(base, model):
         left = [per]
         async with httpx.AsyncClient(base_url=base, timeout=30, trust_env=False) as c:
+
             async def client():
                 while left[0] > 0 and not (stop and stop.is_set()):
                     left[0] -= 1
@@ -88,6 +98,7 @@ async def _load(bases: list[str], models: tuple[str, ...], per: int, clients: in
                         code = type(err).__name__
                         await asyncio.sleep(0.2)  # a proxy gone: do not spin
                     out.append((base, model, code, time.time()))
+
             await asyncio.gather(*(client() for _ in range(clients)))
 
     await asyncio.gather(*(one_pair(b, m) for b in bases for m in models))
@@ -104,8 +115,13 @@ def test_two_proxies_serve_count_and_bound_and_survive_losing_a_node(two_nodes, 
 
     n = two_nodes
     t0 = time.time()
-    dep = subprocess.run([sys.executable, "-c", DEPLOY, n["gcs"], n["http"].rsplit(":", 1)[1], n["dashboard"]],
-                         env=n["env"], capture_output=True, text=True, timeout=150)
+    dep = subprocess.run(
+        [sys.executable, "-c", DEPLOY, n["gcs"], n["http"].rsplit(":", 1)[1], n["dashboard"]],
+        env=n["env"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert dep.returncode == 0 and "deployed" in dep.stdout, dep.stderr[-3000:]
     client = httpx.Client(base_url=n["http"], timeout=30, trust_env=False)
     models = ("mn-a", "mn-b")
@@ -114,8 +130,11 @@ def test_two_proxies_serve_count_and_bound_and_survive_losing_a_node(two_nodes, 
     worker_id = next(i for i, x in nodes.items() if not x.is_head_node)
 
     def replicas():
-        return [a for a in list_actors(address=n["dashboard"], filters=[("state", "=", "ALIVE")])
-                if a.class_name in ("ServeReplica:mn-a:Model", "ServeReplica:mn-b:Model")]
+        return [
+            a
+            for a in list_actors(address=n["dashboard"], filters=[("state", "=", "ALIVE")])
+            if a.class_name in ("ServeReplica:mn-a:Model", "ServeReplica:mn-b:Model")
+        ]
 
     # 6 replicas of 0.25 CPU need 1.5 CPUs: they cannot all sit on one 1-CPU node
     placed = wait_for(lambda: (lambda r: r if len(r) == 6 else None)(replicas()), 60)
@@ -124,8 +143,12 @@ def test_two_proxies_serve_count_and_bound_and_survive_losing_a_node(two_nodes, 
     assert on_nodes == set(nodes), {a.class_name: a.node_id for a in placed}
     # both proxies answer (the worker's starts with the first replicas on its node)
     for base in (n["http"], n["http2"]):
-        assert wait_for(lambda: all(httpx.post(f"{base}/{m}/predict", timeout=10, trust_env=False)
-                                    .status_code == 200 for m in models), 60), base
+        assert wait_for(
+            lambda: all(
+                httpx.post(f"{base}/{m}/predict", timeout=10, trust_env=False).status_code == 200 for m in models
+            ),
+            60,
+        ), base
 
     # the autoscaler's capacity is both nodes' CPUs
     st = wait_for(lambda: (lambda s: s if s.get("capacity_cpus") == 2 else None)(client.get("/faro/status").json()), 60)
@@ -158,8 +181,11 @@ def test_two_proxies_serve_count_and_bound_and_survive_losing_a_node(two_nodes, 
     # kill the worker's proxy alone under load through both proxies (issue 50): the head's
     # proxy serves on untouched; the worker's cuts off at most what it held (2 clients per
     # model), refuses connections until Serve has started it again, then serves
-    proxy = next(a for a in list_actors(address=n["dashboard"], filters=[("state", "=", "ALIVE")])
-                 if a.class_name == "ProxyActor" and a.node_id == worker_id)
+    proxy = next(
+        a
+        for a in list_actors(address=n["dashboard"], filters=[("state", "=", "ALIVE")])
+        if a.class_name == "ProxyActor" and a.node_id == worker_id
+    )
     stop_p, t_pk = asyncio.Event(), [0.0]
 
     async def load_and_kill_proxy():
@@ -178,12 +204,23 @@ def test_two_proxies_serve_count_and_bound_and_survive_losing_a_node(two_nodes, 
     cut = [c for c in worker_p if not isinstance(c, int) and c != "ConnectError"]
     assert len(cut) <= 2 * len(models), cut
     assert all(c == 200 or c == "ConnectError" or c in cut for c in worker_p), set(map(str, worker_p))
-    assert wait_for(lambda: all(httpx.post(f"{n['http2']}/{m}/predict", timeout=10, trust_env=False)
-                                .status_code == 200 for m in models), 120, every=1), "the worker's proxy did not come back"
-    chaos("a proxy SIGKILLed (the worker's, of two), load through both", len(head_p) + len(worker_p),
-          len(head_p) + sum(isinstance(c, int) for c in worker_p), 0, len(cut), time.time() - t_pk[0],
-          f"the head's proxy: {len(head_p)} x 200; the worker's: the {len(cut)} in flight on it cut "
-          f"off (its connections die with it), then refused at connect until Serve restarted it")
+    assert wait_for(
+        lambda: all(
+            httpx.post(f"{n['http2']}/{m}/predict", timeout=10, trust_env=False).status_code == 200 for m in models
+        ),
+        120,
+        every=1,
+    ), "the worker's proxy did not come back"
+    chaos(
+        "a proxy SIGKILLed (the worker's, of two), load through both",
+        len(head_p) + len(worker_p),
+        len(head_p) + sum(isinstance(c, int) for c in worker_p),
+        0,
+        len(cut),
+        time.time() - t_pk[0],
+        f"the head's proxy: {len(head_p)} x 200; the worker's: the {len(cut)} in flight on it cut "
+        f"off (its connections die with it), then refused at connect until Serve restarted it",
+    )
 
     # lose the worker node under load through both proxies
     lost = [a.class_name for a in placed if a.node_id == worker_id]
@@ -207,8 +244,9 @@ def test_two_proxies_serve_count_and_bound_and_survive_losing_a_node(two_nodes, 
     # the head's proxy lost at most what was in flight on the lost node's replicas
     assert len(failed) <= PIPELINE * len(lost), (failed, len(lost))
     assert sum(1 for c, _ in head_after if c == 200) > 0  # and kept serving
-    assert wait_for(lambda: any(x.node_id == worker_id and x.state == "DEAD"
-                                for x in list_nodes(address=n["dashboard"])), 90)
+    assert wait_for(
+        lambda: any(x.node_id == worker_id and x.state == "DEAD" for x in list_nodes(address=n["dashboard"])), 90
+    )
 
     # every model answers through the head's proxy within a bounded time
     def all_ok():
@@ -223,14 +261,22 @@ def test_two_proxies_serve_count_and_bound_and_survive_losing_a_node(two_nodes, 
     assert survivors and {a.node_id for a in survivors} == {nid for nid in nodes if nid != worker_id}
     bare_5xx = sum(1 for c, _ in head_after if isinstance(c, int) and c >= 500 and c != 503)
     cut = sum(1 for c, _ in head_after if not isinstance(c, int))
-    chaos("the worker node killed (its proxy and replicas), load through the head's proxy",
-          len(head_after), len(head_after) - cut, bare_5xx, cut, t_ok - t_kill[0],
-          f"{len(failed)} not 200 of {len(head_after)} ({len(lost)} replicas lost, at most "
-          f"{PIPELINE} each); the worker's own proxy went with it")
-    report(f"multinode, two proxies: {len(sent)} requests through both, all 200, meters counted each; "
-           f"most held by one replica {held} (bound {PIPELINE}); worker killed under load: head proxy "
-           f"failed {len(failed)} of {len(head_after)} after the kill ({len(lost)} replicas lost); "
-           f"all models 200 again {t_ok - t_kill[0]:.0f} s after; test {time.time() - t0:.0f} s")
+    chaos(
+        "the worker node killed (its proxy and replicas), load through the head's proxy",
+        len(head_after),
+        len(head_after) - cut,
+        bare_5xx,
+        cut,
+        t_ok - t_kill[0],
+        f"{len(failed)} not 200 of {len(head_after)} ({len(lost)} replicas lost, at most "
+        f"{PIPELINE} each); the worker's own proxy went with it",
+    )
+    report(
+        f"multinode, two proxies: {len(sent)} requests through both, all 200, meters counted each; "
+        f"most held by one replica {held} (bound {PIPELINE}); worker killed under load: head proxy "
+        f"failed {len(failed)} of {len(head_after)} after the kill ({len(lost)} replicas lost); "
+        f"all models 200 again {t_ok - t_kill[0]:.0f} s after; test {time.time() - t0:.0f} s"
+    )
 
 
 # ---------------------------------------------------------------- faro-serve kuberay
@@ -339,8 +385,18 @@ def test_kuberay_manifest_has_what_kuberay_needs_and_the_serve_config_verbatim(c
 
 
 def test_kuberay_options_sizing_in_cluster_and_bad_input(cli, tmp_path):
-    code, out, err = cli("kuberay", "--config", str(ROOT / "serve_config.yaml"), "--worker-cpus", "0.75",
-                         "--image", "me/faro:1", "--in-cluster", "--name", "faro-test")
+    code, out, err = cli(
+        "kuberay",
+        "--config",
+        str(ROOT / "serve_config.yaml"),
+        "--worker-cpus",
+        "0.75",
+        "--image",
+        "me/faro:1",
+        "--in-cluster",
+        "--name",
+        "faro-test",
+    )
     assert code == 0, err
     rs = RayService.model_validate(yaml.safe_load(out))
     w = rs.spec.rayClusterConfig.workerGroupSpecs[0]

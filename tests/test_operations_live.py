@@ -27,13 +27,27 @@ from forecasting.prometheus import prometheus_history
 
 pytestmark = pytest.mark.slow
 CAPACITY = 2.0
-SLOS = [(ModelSLO(name="ops-a", slo_ms=720, processing_ms=154, cpus=0.25, max_replicas=4),
-         {"model": {"kind": "synthetic"}}),
-        (ModelSLO(name="ops-b", slo_ms=300, processing_ms=20, cpus=0.25, max_replicas=4),
-         {"model": {"kind": "synthetic", "processing": "const:0.02"}})]
+SLOS = [
+    (
+        ModelSLO(name="ops-a", slo_ms=720, processing_ms=154, cpus=0.25, max_replicas=4),
+        {"model": {"kind": "synthetic"}},
+    ),
+    (
+        ModelSLO(name="ops-b", slo_ms=300, processing_ms=20, cpus=0.25, max_replicas=4),
+        {"model": {"kind": "synthetic", "processing": "const:0.02"}},
+    ),
+]
 DASHBOARD = Path(__file__).parents[1] / "faro_serve" / "serving" / "grafana" / "faro_dashboard.json"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +58,15 @@ def cluster():
         dashboard, base = local_serve()
     finally:
         os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
-    spec = ClusterSpec(cpus=CAPACITY, objective="fair_sum", long_term_interval_s=20, window_s=120,
-                       cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
+    spec = ClusterSpec(
+        cpus=CAPACITY,
+        objective="fair_sum",
+        long_term_interval_s=20,
+        window_s=120,
+        cold_start_s=10,
+        reactive_interval_s=2,
+        reactive_trigger_s=6,
+    )
     deploy(SLOS, spec, dashboard_url=dashboard, forecaster="fallback")  # the label: "fallback: chosen"
     assert wait_for(lambda: httpx.get(f"{base}/faro/status").json().get("ticks", 0) >= 2, 60)
     yield {"base": base, "dashboard": dashboard, "spec": spec}
@@ -80,10 +101,16 @@ def prometheus(cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prometheus")
     port = free_port()
     prom = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([exe, f"--config.file={_prometheus_config(tmp)}",
-                             f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            exe,
+            f"--config.file={_prometheus_config(tmp)}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert wait_for(lambda: _ready(prom), 30), "prometheus did not start"
         yield prom
@@ -96,10 +123,15 @@ def test_a_real_prometheus_scrapes_the_faro_series_per_model(cluster, prometheus
     prom = prometheus
     res = fire(cluster["base"], "/ops-a/predict", 300, 30, rate=15.0)  # about 20 s of load
     assert len(res) == 300
-    wanted = {"faro_requests": "requests by outcome (rate: rate(...[1m]))",
-              "faro_latency_ms": "SLO-percentile latency", "faro_queue_length": "queue",
-              "faro_drop_rate": "drop rate", "faro_arrival_rate": "arrival rate",
-              "faro_replicas_target": "replicas target", "faro_replicas_serving": "replicas serving"}
+    wanted = {
+        "faro_requests": "requests by outcome (rate: rate(...[1m]))",
+        "faro_latency_ms": "SLO-percentile latency",
+        "faro_queue_length": "queue",
+        "faro_drop_rate": "drop rate",
+        "faro_arrival_rate": "arrival rate",
+        "faro_replicas_target": "replicas target",
+        "faro_replicas_serving": "replicas serving",
+    }
 
     def series():
         found = {}
@@ -128,11 +160,13 @@ def test_a_real_prometheus_scrapes_the_faro_series_per_model(cluster, prometheus
     # the arrivals per minute a retrain reads from it (forecasting/prometheus.py, issue 32):
     # a minute's increase shows once the minute after the load has ended and been scraped,
     # up to a minute and a scrape away (30 s failed a fresh-clone run)
-    hist = wait_for(lambda: (lambda h: h if "ops-a" in h and h["ops-a"].max() > 0 else None)(
-        prometheus_history(prom, 10)), 75, every=2)
+    hist = wait_for(
+        lambda: (lambda h: h if "ops-a" in h and h["ops-a"].max() > 0 else None)(prometheus_history(prom, 10)),
+        75,
+        every=2,
+    )
     assert hist and (hist["ops-a"] >= 0).all() and hist["ops-a"].sum() <= 300 * 1.5, hist
-    code, _, err = cli("forecast", "train", "--from", prom, "--current", "fallback",
-                       "--out", str(tmp_path / "fc"))
+    code, _, err = cli("forecast", "train", "--from", prom, "--current", "fallback", "--out", str(tmp_path / "fc"))
     assert code == 2 and "135 minutes of history" in err, err  # a few minutes: not enough
     report(f"prometheus arrivals per minute of ops-a: {hist['ops-a'].round(1).tolist()}")
 
@@ -183,25 +217,32 @@ def _chromium(*args: str, timeout: float = 90) -> str:
     if exe is None:
         pytest.skip("Debian's chromium is not installed (make install as root installs it)")
     with tempfile.TemporaryDirectory() as profile:
-        out = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-                             capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(
+            [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=timeout
+        )
     return out.stdout
 
 
 def _expected(st: dict) -> dict[str, dict[str, str]]:
     """What the page shows for a status document, formatted as its script formats it."""
+
     def fmt(v, d=0):
         return "-" if v is None else f"{float(v):.{d}f}"
+
     out = {}
     for name, m in st["models"].items():
-        out[name] = {"model": name, "slo": f"{m['slo_ms']:g} ms p{m['percentile']:g}",
-                     "p99": "-" if m["latency_ms"] is None else f"{fmt(m['latency_ms'])} ms",
-                     "rate": fmt(m["arrival_rate"], 2), "replicas": f"{m['replicas']} / {m['target']}",
-                     "utility_measured": fmt(m.get("observed_utility"), 3),
-                     "utility_planned": fmt(m.get("predicted_utility"), 3),
-                     "advised": "-",  # control mode (shadow mode shows what it would set)
-                     # the predictor of the last plan, else the forecaster loaded (issue 32)
-                     "forecaster": m.get("predictor") or st.get("forecaster") or "-"}
+        out[name] = {
+            "model": name,
+            "slo": f"{m['slo_ms']:g} ms p{m['percentile']:g}",
+            "p99": "-" if m["latency_ms"] is None else f"{fmt(m['latency_ms'])} ms",
+            "rate": fmt(m["arrival_rate"], 2),
+            "replicas": f"{m['replicas']} / {m['target']}",
+            "utility_measured": fmt(m.get("observed_utility"), 3),
+            "utility_planned": fmt(m.get("predicted_utility"), 3),
+            "advised": "-",  # control mode (shadow mode shows what it would set)
+            # the predictor of the last plan, else the forecaster loaded (issue 32)
+            "forecaster": m.get("predictor") or st.get("forecaster") or "-",
+        }
     return out
 
 
@@ -216,6 +257,7 @@ def test_the_status_page_shows_the_status_in_a_real_browser(cluster, tmp_path):
         while not done.is_set():
             seen.append(httpx.get(f"{base}/faro/status").json())
             done.wait(0.2)
+
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
     dom = _chromium("--virtual-time-budget=6000", "--dump-dom", f"{base}/faro/")
@@ -239,8 +281,7 @@ def test_the_status_page_shows_the_status_in_a_real_browser(cluster, tmp_path):
     assert "forecaster fallback: chosen" in dom
     assert "long_term:" in dom  # the last decisions, with their reasons
     shot = tmp_path / "status.png"
-    _chromium("--virtual-time-budget=6000", f"--screenshot={shot}", "--window-size=1300,520",
-              f"{base}/faro/")
+    _chromium("--virtual-time-budget=6000", f"--screenshot={shot}", "--window-size=1300,520", f"{base}/faro/")
     assert shot.is_file() and shot.stat().st_size > 10_000
     if os.environ.get("FARO_DOCS_SCREENSHOT"):  # refresh docs/img/status-page.png
         shutil.copy(shot, Path(__file__).parents[1] / "docs" / "img" / "status-page.png")
@@ -265,13 +306,19 @@ def test_failing_ticks_show_in_the_status_and_clear_when_fixed(cluster, cli):
         code, out, _ = cli("status", "--url", base)
         assert code == 1, out  # a check that runs it sees the failure
         assert "has not observed" not in out, out  # waiting would not help
-        assert re.search(r"\d+ autoscaler ticks? failed since it last applied a decision, so its "
-                         r"decisions are not being applied: ConnectError", out), out
+        assert re.search(
+            r"\d+ autoscaler ticks? failed since it last applied a decision, so its "
+            r"decisions are not being applied: ConnectError",
+            out,
+        ), out
     finally:
-        run_autoscaler([m for m, _ in SLOS], cluster["spec"], dashboard_url=cluster["dashboard"],
-                       forecaster="fallback")
-    assert wait_for(lambda: (lambda s: s.get("ticks", 0) >= 1 and s.get("models") and "tick_errors" not in s)(
-        httpx.get(f"{base}/faro/status").json()), 60)
+        run_autoscaler([m for m, _ in SLOS], cluster["spec"], dashboard_url=cluster["dashboard"], forecaster="fallback")
+    assert wait_for(
+        lambda: (lambda s: s.get("ticks", 0) >= 1 and s.get("models") and "tick_errors" not in s)(
+            httpx.get(f"{base}/faro/status").json()
+        ),
+        60,
+    )
     code, out, _ = cli("status", "--url", base)
     assert code == 0 and "ticks failed since" not in out and "tick failed since" not in out, out
 
@@ -292,15 +339,21 @@ def test_plain_ray_serve_deployments_read_shadowed_then_handed_over(cluster, pro
 
     base, dash, prom = cluster["base"], cluster["dashboard"], prometheus
     serve.run(plain_serve.auto, name="auto", route_prefix="/auto", blocking=False)
-    serve.run(plain_serve.fixed, name="fixed", route_prefix="/fixed", external_scaler_enabled=True,
-              blocking=False)
+    serve.run(plain_serve.fixed, name="fixed", route_prefix="/fixed", external_scaler_enabled=True, blocking=False)
     assert wait_for(lambda: _replicas("auto", "Auto") and _replicas("fixed", "Fixed"), 60)
-    slos = [ModelSLO(name="auto", app="auto", deployment="Auto", slo_ms=100, processing_ms=50,
-                     cpus=0.1, max_replicas=2),
-            ModelSLO(name="fixed", app="fixed", deployment="Fixed", slo_ms=100, processing_ms=50,
-                     cpus=0.1, max_replicas=3)]
-    spec = ClusterSpec(cpus=1.0, objective="fair_sum", long_term_interval_s=20, window_s=120,
-                       cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
+    slos = [
+        ModelSLO(name="auto", app="auto", deployment="Auto", slo_ms=100, processing_ms=50, cpus=0.1, max_replicas=2),
+        ModelSLO(name="fixed", app="fixed", deployment="Fixed", slo_ms=100, processing_ms=50, cpus=0.1, max_replicas=3),
+    ]
+    spec = ClusterSpec(
+        cpus=1.0,
+        objective="fair_sum",
+        long_term_interval_s=20,
+        window_s=120,
+        cold_start_s=10,
+        reactive_interval_s=2,
+        reactive_trigger_s=6,
+    )
     opts = {"dashboard_url": dash, "forecaster": "fallback", "observe": "prometheus", "prometheus_url": prom}
     run_autoscaler(slos, spec, mode="shadow", **opts)
     assert wait_for(lambda: httpx.get(f"{base}/faro/status").json().get("mode") == "shadow", 60)
@@ -314,8 +367,12 @@ def test_plain_ray_serve_deployments_read_shadowed_then_handed_over(cluster, pro
             st = httpx.get(f"{base}/faro/status").json()
             seen.append((st, _replicas("fixed", "Fixed")))
             stop.wait(2)
-    threads = [threading.Thread(target=load, args=("auto", [(4, 20), (14, 20), (4, 20)])),
-               threading.Thread(target=load, args=("fixed", [(16, 60)])), threading.Thread(target=watch)]
+
+    threads = [
+        threading.Thread(target=load, args=("auto", [(4, 20), (14, 20), (4, 20)])),
+        threading.Thread(target=load, args=("fixed", [(16, 60)])),
+        threading.Thread(target=watch),
+    ]
     for t in threads:
         t.start()
     for t in threads[:2]:
@@ -325,14 +382,18 @@ def test_plain_ray_serve_deployments_read_shadowed_then_handed_over(cluster, pro
     end = time.time()
     # shadow: advice published with its predicted outcome, the fixed deployment never scaled
     assert {r for _, r in seen} == {1}, "shadow mode changed a replica count"
-    advised = [st["models"]["fixed"]["advised"]["replicas"] for st, _ in seen
-               if (st.get("models", {}).get("fixed") or {}).get("advised")]
+    advised = [
+        st["models"]["fixed"]["advised"]["replicas"]
+        for st, _ in seen
+        if (st.get("models", {}).get("fixed") or {}).get("advised")
+    ]
     assert advised and max(advised) >= 2, [st.get("models") for st, _ in seen[-3:]]
     last = seen[-1][0]["models"]["fixed"]
     assert last["replicas"] == 1 and last["predicted_latency_ms"] is not None
     assert all(st.get("mode") == "shadow" for st, _ in seen)
-    advice = [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]
-              if "_advised" in t["expr"]]  # the dashboard's panel of it answers
+    advice = [
+        t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"] if "_advised" in t["expr"]
+    ]  # the dashboard's panel of it answers
     gauge = wait_for(lambda: _query(prom, advice[0].replace("$model", "fixed")), 30, every=2)
     assert gauge and float(gauge[0]["value"][1]) >= 1
     # switching to control is a change of the faro args: the fixed deployment is scaled
@@ -340,15 +401,21 @@ def test_plain_ray_serve_deployments_read_shadowed_then_handed_over(cluster, pro
     assert wait_for(lambda: httpx.get(f"{base}/faro/status").json().get("mode") == "control", 60)
     more = len(fire(base, "/fixed", 240, 16, rate=16))
     n = wait_for(lambda: _replicas("fixed", "Fixed") >= 2 and _replicas("fixed", "Fixed"), 60)
-    report(f"shadow advised fixed up to {max(advised)} replicas while 1 ran; in control it ran {n} "
-           f"{time.time() - end:.0f} s after the shadowed load")
+    report(
+        f"shadow advised fixed up to {max(advised)} replicas while 1 ran; in control it ran {n} "
+        f"{time.time() - end:.0f} s after the shadowed load"
+    )
     assert n and n >= 2
     # the reader: Ray Serve's own counters give back what was sent, minute by minute
     from forecasting.rayserve import read_serve_history
 
-    hist = wait_for(lambda: (lambda h: h if sum(h.deployments["fixed/Fixed"].arrivals) >= sent["fixed"] + more
-                             else None)(read_serve_history(prom, 6, end=time.time(), dashboard_url=dash)),
-                    90, every=5)
+    hist = wait_for(
+        lambda: (lambda h: h if sum(h.deployments["fixed/Fixed"].arrivals) >= sent["fixed"] + more else None)(
+            read_serve_history(prom, 6, end=time.time(), dashboard_url=dash)
+        ),
+        90,
+        every=5,
+    )
     got = {k: sum(d.arrivals) for k, d in hist.deployments.items()}
     report(f"whatif reader, plain Ray Serve: sent {sent} (+{more} to fixed in control), read {got}")
     assert abs(got["auto/Auto"] - sent["auto"]) <= 0.02 * sent["auto"], (got, sent)
@@ -362,9 +429,24 @@ def test_plain_ray_serve_deployments_read_shadowed_then_handed_over(cluster, pro
     # whatif on the saved export, as a platform engineer runs it: its check of the settings as
     # they ran stands beside what the proxy measured
     export = hist.save(tmp_path / "export.json")
-    code, out, err = cli("whatif", "--export", str(export), "--capacity", "1", "--slo", "Auto=1000",
-                         "--slo", "Fixed=1000", "--deployments", "auto/Auto,fixed/Fixed",
-                         "--forecaster", "fallback", "--no-plots", "--out", str(tmp_path / "wi"))
+    code, out, err = cli(
+        "whatif",
+        "--export",
+        str(export),
+        "--capacity",
+        "1",
+        "--slo",
+        "Auto=1000",
+        "--slo",
+        "Fixed=1000",
+        "--deployments",
+        "auto/Auto,fixed/Fixed",
+        "--forecaster",
+        "fallback",
+        "--no-plots",
+        "--out",
+        str(tmp_path / "wi"),
+    )
     assert code == 0, err
     doc = json.loads((tmp_path / "wi" / "whatif.json").read_text())
     chk = doc["deployments"]["auto/Auto"]["check"]

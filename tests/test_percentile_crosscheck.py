@@ -75,8 +75,7 @@ def test_the_meter_on_the_default_path_matches_the_kernel(monkeypatch):
     clock = [t0]
     monkeypatch.setattr(direct, "time", SimpleNamespace(time=lambda: clock[0]))
     m = Meter.func_or_class("m")
-    events = sorted([("a", t0 + a) for a in arr] + [("f", t0 + a + d, d) for a, d in zip(arr, lat)],
-                    key=lambda e: e[1])
+    events = sorted([("a", t0 + a) for a in arr] + [("f", t0 + a + d, d) for a, d in zip(arr, lat)], key=lambda e: e[1])
     checked, k = 0, 0
     for t in _queries(arr, lat):
         # the router's one-second reports up to the query time, each in time order
@@ -87,8 +86,18 @@ def test_the_meter_on_the_default_path_matches_the_kernel(monkeypatch):
                 batch.append(events[k])
                 k += 1
             clock[0] = t0 + sec + 1.0 if sec + 1.0 <= t else t0 + t  # reported at the second's end
-            m.ingest("router-1", {"v": VERSION, "type": "router", "events": batch, "waiting": 0,
-                                  "dispatched": 0, "replicas": 1, "waiting_since": None})
+            m.ingest(
+                "router-1",
+                {
+                    "v": VERSION,
+                    "type": "router",
+                    "events": batch,
+                    "waiting": 0,
+                    "dispatched": 0,
+                    "replicas": 1,
+                    "waiting_since": None,
+                },
+            )
         clock[0] = t0 + t
         got = m.stats.latency_percentile(t0 + t, 99.0)
         want, n = _kernel(arr, lat, proc, t, 99.0)

@@ -15,9 +15,14 @@ from faro_serve.engine.pipeline_balance import best_split, health
 from faro_serve.engine.planner import make_problem
 from faro_serve.pipelines import PipelineSLO
 
-PIPE = PipelineSLO(name="dc", slo_ms=800, stages=[
-    dict(name="detect", processing_ms=100, cpus=1),
-    dict(name="classify", after=["detect"], processing_ms=154, cpus=1)])
+PIPE = PipelineSLO(
+    name="dc",
+    slo_ms=800,
+    stages=[
+        dict(name="detect", processing_ms=100, cpus=1),
+        dict(name="classify", after=["detect"], processing_ms=154, cpus=1),
+    ],
+)
 SINGLES = [ModelSLO(name=f"r{k}", slo_ms=720, processing_ms=154, cpus=1) for k in range(3)]
 MODELS = SINGLES + PIPE.stage_models()
 RATES = {"r0": 18.3, "r1": 19.4, "r2": 16.9, "dc": 10.7}

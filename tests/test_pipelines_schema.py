@@ -19,9 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def doc(**pipeline) -> dict:
-    p = {"name": "shop", "slo_ms": 900, "stages": [
-        {"name": "det", "processing_ms": 100},
-        {"name": "cls", "after": ["det"], "fraction": 0.5, "cpus": 2}], **pipeline}
+    p = {
+        "name": "shop",
+        "slo_ms": 900,
+        "stages": [
+            {"name": "det", "processing_ms": 100},
+            {"name": "cls", "after": ["det"], "fraction": 0.5, "cpus": 2},
+        ],
+        **pipeline,
+    }
     return {"cluster": {"cpus": 8}, "models": [{"name": "solo", "slo_ms": 300}], "pipelines": [p]}
 
 
@@ -37,33 +43,53 @@ def test_a_pipelines_stages_are_models_of_the_cluster_with_the_equal_split():
 
 
 def test_a_fan_out_has_two_paths_and_its_split_follows_the_longest():
-    p = Pipeline(name="f", slo_ms=600, stages=[Stage(name="a"), Stage(name="b", after=["a"]),
-                                               Stage(name="c", after=["a"], fraction=0.3),
-                                               Stage(name="d", after=["b"])])
+    p = Pipeline(
+        name="f",
+        slo_ms=600,
+        stages=[
+            Stage(name="a"),
+            Stage(name="b", after=["a"]),
+            Stage(name="c", after=["a"], fraction=0.3),
+            Stage(name="d", after=["b"]),
+        ],
+    )
     assert sorted(p.paths()) == [["a", "b", "d"], ["a", "c"]] and p.depth == 3
     assert {m.name: m.slo_ms for m in p.stage_models()} == {"a": 200, "b": 200, "c": 200, "d": 200}
     assert Stage(name="x", slo_ms=50).slo_ms == 50  # a stage's own target wins
     assert p.stage_model("c").slo_ms == 200
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"stages": [{"name": "a", "after": ["b"]}, {"name": "b", "after": ["a"]}]},
-     "pipelines.0: pipeline 'shop': its stages form a cycle through a, b"),
-    ({"stages": [{"name": "a", "after": ["zz"]}]},
-     "pipeline 'shop': stage 'a' comes after unknown stage 'zz' (stages: a)"),
-    ({"stages": [{"name": "a", "fraction": 1.5}]},
-     "pipelines.0.stages.0.fraction: Input should be less than or equal to 1 (got 1.5)"),
-    ({"stages": [{"name": "a", "fraction": 0}]},
-     "pipelines.0.stages.0.fraction: Input should be greater than 0 (got 0)"),
-    ({"stages": [{"name": "a", "cpuz": 1}]}, "stage 'a': unknown field(s) cpuz"),
-    ({"stages": [{"name": "a", "percentile": 90}]}, "stage 'a': percentile belong(s) to the pipeline"),
-    ({"stages": [{"name": "a", "fraction": 0.5}, {"name": "b", "after": ["a"]}]},
-     "stage 'b' has fraction 1, above its parents' (0.5)"),
-    ({"stages": [{"name": "a"}, {"name": "a"}]}, "stage 'a' appears twice"),
-    ({"stages": [{"name": "solo"}]}, "stage 'solo' has the name of another model"),
-    ({"name": "solo"}, "pipeline 'solo' has the name of a model"),
-    ({"stages": [{"name": "a", "processing_ms": 1000}]}, "processing_ms (1000) must be below slo_ms (900)"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (
+            {"stages": [{"name": "a", "after": ["b"]}, {"name": "b", "after": ["a"]}]},
+            "pipelines.0: pipeline 'shop': its stages form a cycle through a, b",
+        ),
+        (
+            {"stages": [{"name": "a", "after": ["zz"]}]},
+            "pipeline 'shop': stage 'a' comes after unknown stage 'zz' (stages: a)",
+        ),
+        (
+            {"stages": [{"name": "a", "fraction": 1.5}]},
+            "pipelines.0.stages.0.fraction: Input should be less than or equal to 1 (got 1.5)",
+        ),
+        (
+            {"stages": [{"name": "a", "fraction": 0}]},
+            "pipelines.0.stages.0.fraction: Input should be greater than 0 (got 0)",
+        ),
+        ({"stages": [{"name": "a", "cpuz": 1}]}, "stage 'a': unknown field(s) cpuz"),
+        ({"stages": [{"name": "a", "percentile": 90}]}, "stage 'a': percentile belong(s) to the pipeline"),
+        (
+            {"stages": [{"name": "a", "fraction": 0.5}, {"name": "b", "after": ["a"]}]},
+            "stage 'b' has fraction 1, above its parents' (0.5)",
+        ),
+        ({"stages": [{"name": "a"}, {"name": "a"}]}, "stage 'a' appears twice"),
+        ({"stages": [{"name": "solo"}]}, "stage 'solo' has the name of another model"),
+        ({"name": "solo"}, "pipeline 'solo' has the name of a model"),
+        ({"stages": [{"name": "a", "processing_ms": 1000}]}, "processing_ms (1000) must be below slo_ms (900)"),
+    ],
+)
 def test_a_bad_pipeline_is_refused_naming_the_problem(change, message):
     with pytest.raises(ConfigError) as err:
         parse_config(doc(**change))
@@ -106,6 +132,7 @@ class FakeCluster:
 
     def capacity(self):
         from faro_serve.resources import Capacity
+
         return Capacity.of(8.0, None)
 
     def running_replicas(self):
@@ -124,8 +151,10 @@ class FakeCluster:
 def test_the_loop_observes_a_pipeline_at_its_ingress_and_shows_it():
     args = {**doc(ingress="Api"), "policy": "aiad", "forecaster": "fallback"}
     cfg = parse_autoscaler_config(args)
-    reports = {n: meter_report(n, latency_ms=lat, arrival_rate=r) for n, lat, r in
-               (("solo", 100.0, 2.0), ("det", 120.0, 4.0), ("cls", 300.0, 2.0), ("shop", 700.0, 4.0))}
+    reports = {
+        n: meter_report(n, latency_ms=lat, arrival_rate=r)
+        for n, lat, r in (("solo", 100.0, 2.0), ("det", 120.0, 4.0), ("cls", 300.0, 2.0), ("shop", 700.0, 4.0))
+    }
     reports["shop"]["percentile"] = 95.0  # the ingress measures another percentile than the SLO's
     loop = AutoscalerLoop(cfg, FakeCluster(reports))
     seen = []

@@ -19,8 +19,22 @@ from faro_serve.sim import SimConfig, simulate
 from forecasting.base import Forecast
 
 SLO = 720.0
-EXPECTED = {"fairshare", "oneshot", "aiad", "mark", "ray-serve", "swayam", "inferline", "infaas",
-            "oracle", "faro-sum", "faro-fair", "faro-fairsum", "faro-penaltysum", "faro-penaltyfairsum"}
+EXPECTED = {
+    "fairshare",
+    "oneshot",
+    "aiad",
+    "mark",
+    "ray-serve",
+    "swayam",
+    "inferline",
+    "infaas",
+    "oracle",
+    "faro-sum",
+    "faro-fair",
+    "faro-fairsum",
+    "faro-penaltysum",
+    "faro-penaltyfairsum",
+}
 
 
 def models(n=2, **kw):
@@ -139,10 +153,20 @@ def test_ray_serve_takes_each_models_own_autoscaling_config():
     from autoscaler.policies.ray_rule import RayServePolicy
 
     ms = models(3)
-    pol = RayServePolicy(ms, ClusterSpec(cpus=50), per_model={
-        "m1": {"target_ongoing_requests": 1, "upscale_delay_s": 4, "downscale_delay_s": 20,
-               "metrics_interval_s": 2, "upscaling_factor": None},
-        "m2": {"metrics_interval_s": 8}})
+    pol = RayServePolicy(
+        ms,
+        ClusterSpec(cpus=50),
+        per_model={
+            "m1": {
+                "target_ongoing_requests": 1,
+                "upscale_delay_s": 4,
+                "downscale_delay_s": 20,
+                "metrics_interval_s": 2,
+                "upscaling_factor": None,
+            },
+            "m2": {"metrics_interval_s": 8},
+        },
+    )
     assert pol.tick_s == 2 and pol.rules["m0"].target_ongoing_requests == 2.0
     busy = {n: {"replicas": 2, "ongoing_per_replica": 5.0} for n in ("m0", "m1", "m2")}  # 10 ongoing
     seen = {}
@@ -157,7 +181,7 @@ def test_ray_serve_takes_each_models_own_autoscaling_config():
     downs = {}
     for t in range(32, 700, 2):
         d = pol.decide(obs(t, quiet, cap=50))
-        for n in (d.replicas if d else {}):
+        for n in d.replicas if d else {}:
             downs.setdefault(n, t)
     assert downs["m1"] < 32 + 20 + 12 < 600 < downs["m0"]  # its own 20 s (plus the 10 s look-back)
     with pytest.raises(ValueError, match="not models of the policy"):

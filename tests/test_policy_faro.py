@@ -7,16 +7,19 @@ from autoscaler import ModelObservation, Observation, grant_in_order, make_polic
 from faro_serve.config import ClusterSpec, ModelSLO
 from forecasting.base import FallbackForecaster
 
-MODELS = [ModelSLO(name="hot", slo_ms=720, processing_ms=154),
-          ModelSLO(name="cold", slo_ms=720, processing_ms=154)]
+MODELS = [ModelSLO(name="hot", slo_ms=720, processing_ms=154), ModelSLO(name="cold", slo_ms=720, processing_ms=154)]
 
 
 def observe(now, hot_per_min=600.0, cold_per_min=30.0, latency=None, targets=(1, 1)):
-    return Observation(now=now, capacity_cpus=8, capacity_memory_gb=None, models={
-        "hot": ModelObservation("hot", targets[0], targets[0], np.full(20, hot_per_min),
-                                latency_ms=latency),
-        "cold": ModelObservation("cold", targets[1], targets[1], np.full(20, cold_per_min)),
-    })
+    return Observation(
+        now=now,
+        capacity_cpus=8,
+        capacity_memory_gb=None,
+        models={
+            "hot": ModelObservation("hot", targets[0], targets[0], np.full(20, hot_per_min), latency_ms=latency),
+            "cold": ModelObservation("cold", targets[1], targets[1], np.full(20, cold_per_min)),
+        },
+    )
 
 
 def test_long_term_decision_moves_replicas_to_the_loaded_model():
@@ -75,20 +78,36 @@ def test_every_objective_is_a_named_policy():
 def test_grant_in_order_is_first_come_first_served():
     models = [ModelSLO(name=n, slo_ms=500) for n in "abc"]
     cur = {"a": 1, "b": 1, "c": 4}
-    out = grant_in_order({"a": 5, "b": 5, "c": 2}, cur, models, capacity_cpus=8, capacity_memory_gb=None,
-                         order=["b", "a", "c"])
+    out = grant_in_order(
+        {"a": 5, "b": 5, "c": 2}, cur, models, capacity_cpus=8, capacity_memory_gb=None, order=["b", "a", "c"]
+    )
     assert out == {"a": 1, "b": 5, "c": 2}  # c's decrease frees room first; b asked first
-    spread = grant_in_order({"a": 5, "b": 5, "c": 2}, cur, models, capacity_cpus=8,
-                            capacity_memory_gb=None, order=["b", "a", "c"], interleave=True)
+    spread = grant_in_order(
+        {"a": 5, "b": 5, "c": 2},
+        cur,
+        models,
+        capacity_cpus=8,
+        capacity_memory_gb=None,
+        order=["b", "a", "c"],
+        interleave=True,
+    )
     assert spread == {"a": 3, "b": 3, "c": 2}  # one each in turn: b, a, b, a (b first)
-    odd = grant_in_order({"a": 9, "b": 2, "c": 9}, {"a": 1, "b": 1, "c": 1}, models, capacity_cpus=9,
-                         capacity_memory_gb=None, order=["c", "a", "b"], interleave=True)
+    odd = grant_in_order(
+        {"a": 9, "b": 2, "c": 9},
+        {"a": 1, "b": 1, "c": 1},
+        models,
+        capacity_cpus=9,
+        capacity_memory_gb=None,
+        order=["c", "a", "b"],
+        interleave=True,
+    )
     assert odd == {"a": 3, "b": 2, "c": 4}  # b stops at its wish; the rest goes round, c first
 
 
 def test_fallback_forecaster_spread_between_mean_and_max():
-    fc = FallbackForecaster(input_size=5, horizon=7).predict({"a": np.array([60, 120, 60, 120, 600.0]),
-                                                              "z": np.array([])}, n_samples=50, seed=1)
+    fc = FallbackForecaster(input_size=5, horizon=7).predict(
+        {"a": np.array([60, 120, 60, 120, 600.0]), "z": np.array([])}, n_samples=50, seed=1
+    )
     s = fc.by_model()["a"]
     assert s.shape == (50, 7) and s.min() >= 192 / 60 - 1e-9 and s.max() <= 10.0
     assert np.all(fc.by_model()["z"] == 0)

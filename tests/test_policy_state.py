@@ -68,9 +68,11 @@ def test_a_restored_policy_decides_as_the_uninterrupted_one(name, observations):
 
 
 def _config_attrs(pol) -> dict:
-    return {k: copy.deepcopy(v) for k, v in vars(pol).items()
-            if k not in pol.state_fields and k not in ("forecaster", "fallback", "cluster",
-                                                       "models", "slo", "decide")}
+    return {
+        k: copy.deepcopy(v)
+        for k, v in vars(pol).items()
+        if k not in pol.state_fields and k not in ("forecaster", "fallback", "cluster", "models", "slo", "decide")
+    }
 
 
 @pytest.mark.parametrize("name", policy_names())
@@ -105,8 +107,14 @@ def test_state_of_another_policy_or_model_set_is_refused():
 def test_codec_round_trips_the_types_policies_keep():
     t = Timers()
     t.update("a", True, 3.0)
-    value = {"inf": -math.inf, "q": deque([(1.0, 2), (3.0, 4)], maxlen=5), "arr": np.arange(3.0),
-             "none": None, "list": [1, 2.5, "x"], "t": (1, 2)}
+    value = {
+        "inf": -math.inf,
+        "q": deque([(1.0, 2), (3.0, 4)], maxlen=5),
+        "arr": np.arange(3.0),
+        "none": None,
+        "list": [1, 2.5, "x"],
+        "t": (1, 2),
+    }
     back = decode(json.loads(json.dumps(encode(value))))
     assert back["inf"] == -math.inf and back["q"] == value["q"] and back["q"].maxlen == 5
     assert back["arr"].dtype == np.float64 and np.array_equal(back["arr"], value["arr"])

@@ -1,5 +1,6 @@
 """Ports the live tools hand to Ray: free now, and outside the kernel's ephemeral range so no
 other socket can be given them before Ray binds (CI once lost `ray start` that way)."""
+
 import socket
 
 from faro_serve import ports

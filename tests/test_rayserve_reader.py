@@ -68,26 +68,44 @@ def prom(tmp_path_factory):
     truth["b/B"] = _truth(newb[1], t0, M)
     gapc = _series(rng, t0, scrapes, gap=(1800, 2040))  # no scrape in minutes 30-33
     truth["c/C"] = _truth(gapc[1], t0, M)
-    for (app, dep, rid), (vals, _) in {("a", "A", "r1"): rep["r1"], ("a", "A", "r2"): rep["r2"],
-                                       ("b", "B", "r3"): newb, ("c", "C", "r4"): gapc}.items():
+    for (app, dep, rid), (vals, _) in {
+        ("a", "A", "r1"): rep["r1"],
+        ("a", "A", "r2"): rep["r2"],
+        ("b", "B", "r3"): newb,
+        ("c", "C", "r4"): gapc,
+    }.items():
         lab = f'application="{app}",deployment="{dep}",replica="{rid}",route="/{app}"'
         lines += [f"{REQUESTS}{{{lab}}} {v:g} {t}" for t, v in vals]
     for j in range(scrapes):  # A: two healthy replicas; its processing time histogram
         t = t0 + SCRAPE * j
-        lines += [f'ray_serve_deployment_replica_healthy{{application="a",deployment="A",replica="{r}"}} 1 {t}'
-                  for r in ("r1", "r2")]
+        lines += [
+            f'ray_serve_deployment_replica_healthy{{application="a",deployment="A",replica="{r}"}} 1 {t}'
+            for r in ("r1", "r2")
+        ]
         for le, share in (("50.0", 0.5), ("100.0", 0.9), ("+Inf", 1.0)):
-            lines.append(f'ray_serve_deployment_processing_latency_ms_bucket{{application="a",'
-                         f'deployment="A",replica="r1",le="{le}"}} {share * 10 * j:g} {t}')
+            lines.append(
+                f'ray_serve_deployment_processing_latency_ms_bucket{{application="a",'
+                f'deployment="A",replica="r1",le="{le}"}} {share * 10 * j:g} {t}'
+            )
     (tmp / "in.om").write_text("\n".join(lines) + "\n# EOF\n")
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "in.om"),
-                    str(tmp / "data")], check=True, capture_output=True)
+    subprocess.run(
+        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "in.om"), str(tmp / "data")],
+        check=True,
+        capture_output=True,
+    )
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     (tmp / "p.yml").write_text("global: {scrape_interval: 15s}\n")
-    proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'p.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={tmp / 'p.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert wait_for(lambda: _ready(url), 30), "prometheus did not start"
         yield {"url": url, "t0": t0, "truth": truth, "incs": {"c/C": gapc[1].tolist()}}
@@ -108,7 +126,7 @@ def test_every_minute_equals_the_requests_counted_in_it_and_each_oddity_is_named
     assert h.start == prom["t0"] and h.minutes == M and sorted(h.deployments) == ["a/A", "b/B", "c/C"]
     a, b, c = (np.array(h.deployments[k].arrivals) for k in ("a/A", "b/B", "c/C"))
     truth = prom["truth"]
-    assert np.allclose(a, truth["a/A"]), (a - truth["a/A"])  # across r2's restart
+    assert np.allclose(a, truth["a/A"]), a - truth["a/A"]  # across r2's restart
     assert np.allclose(b, truth["b/B"]) and b[:25].sum() == 0 and b[25] > 0
     out = np.r_[30:35]
     keep = np.setdiff1d(np.arange(M), out)
@@ -139,7 +157,7 @@ def test_each_minute_is_read_as_late_as_ray_exports_and_prometheus_scrapes(prom)
     # read one scrape late, each minute holds the requests of (t0 + 60 k + 15, t0 + 60 (k + 1) + 15]
     t0, incs = prom["t0"], prom["incs"]["c/C"]
     h = read_serve_history(prom["url"], 20, end=t0 + 60 * 20, lag_s=SCRAPE)
-    late = [sum(incs[4 * k + 2:4 * k + 6]) for k in range(20)]
+    late = [sum(incs[4 * k + 2 : 4 * k + 6]) for k in range(20)]
     assert h.deployments["c/C"].arrivals == late
     assert late != list(prom["truth"]["c/C"][:20])
 
@@ -153,8 +171,9 @@ def test_the_same_minutes_serve_as_the_autoscalers_restore_source_and_its_observ
     # before minute 40, the minute that ended 5 s ago still open (its last scrapes may be
     # missing: serve_metrics.LAG_S), decoded strictly
     obs = ServeMetricsObserver(prom["url"], 30, clock=lambda: t0 + 60 * 41 + 5)
-    raw = obs.reports({"mA": ("a", "A"), "mB": ("b", "B"), "gone": ("x", "X")}, {"mA": 2, "mB": 1},
-                      {"mA": 99.0, "mB": 95.0})
+    raw = obs.reports(
+        {"mA": ("a", "A"), "mB": ("b", "B"), "gone": ("x", "X")}, {"mA": 2, "mB": 1}, {"mA": 99.0, "mB": 95.0}
+    )
     assert sorted(raw) == ["mA", "mB"]
     ra = decode_meter_report(raw["mA"], "mA")
     assert np.allclose(ra.arrivals_per_min, truth["a/A"][10:40]) and ra.replicas == 2
@@ -175,9 +194,22 @@ def test_a_bad_url_an_empty_range_and_no_ray_metrics_are_one_clear_error(prom):
 
 
 def test_forecast_train_reads_ray_serves_counters_where_there_are_no_faro_series(prom, cli, tmp_path):
-    code, out, err = cli("forecast", "train", "--from", prom["url"], "--current", "fallback",
-                         "--prometheus-minutes", "400", "--holdout-minutes", "20", "--max-steps", "5",
-                         "--out", str(tmp_path / "fc"))
+    code, out, err = cli(
+        "forecast",
+        "train",
+        "--from",
+        prom["url"],
+        "--current",
+        "fallback",
+        "--prometheus-minutes",
+        "400",
+        "--holdout-minutes",
+        "20",
+        "--max-steps",
+        "5",
+        "--out",
+        str(tmp_path / "fc"),
+    )
     # trained on the three deployments' minutes and judged (5 steps: saved or not, either way)
     assert code in (0, 1) and "no faro arrivals" not in err, (code, out, err)
     assert "loss" in out + err
@@ -195,12 +227,18 @@ def test_a_new_autoscaler_without_a_store_starts_from_the_clusters_prometheus_hi
     from faro_serve.serving.schema import parse_autoscaler_config
 
     t0, truth = prom["t0"], prom["truth"]
-    cfg = parse_autoscaler_config({"cluster": {"cpus": 2}, "prometheus_url": prom["url"], "models": [
-        ModelSLO(name="mA", app="a", deployment="A", slo_ms=720).model_dump()]})
+    cfg = parse_autoscaler_config(
+        {
+            "cluster": {"cpus": 2},
+            "prometheus_url": prom["url"],
+            "models": [ModelSLO(name="mA", app="a", deployment="A", slo_ms=720).model_dump()],
+        }
+    )
     store = open_history(cfg)
     assert store is not None and store.where == {"mA": ("a", "A")}
     # one history source protocol: Prometheus's counters and the SQLite store both are one
     from forecasting.store import ArrivalStore, HistorySource
+
     assert isinstance(store, HistorySource) and isinstance(ArrivalStore(tmp_path), HistorySource)
     keeper = HistoryKeeper(store, keep_minutes=40)
     now = t0 + 60 * 45 + 10  # the meter's minutes: 42, 43, 44; minute 45 open for 10 s
@@ -220,17 +258,24 @@ def test_the_service_time_is_read_in_the_quietest_minutes():
 
     le = [50.0, 100.0, 200.0, math.inf]
     quiet, busy = [80.0, 100.0, 100.0, 100.0], [0.0, 20.0, 300.0, 400.0]  # 80 % under 50 ms; mostly slow
-    d = DeploymentHistory("a", "A", arrivals=[100, 400, 100, 400, 400, 400, 400, 400],
-                          replicas=[1, 1, 1, 1, 2, 2, 1, 1], processing_le=le,
-                          processing_counts=list(np.add(np.multiply(quiet, 2), np.multiply(busy, 6))),
-                          processing_mean_ms=150.0, processing_step_s=60.0,
-                          processing_steps=[quiet, busy, quiet, busy, busy, busy, busy, busy],
-                          processing_step_ms=[4000.0, 60000.0, 4000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0])
+    d = DeploymentHistory(
+        "a",
+        "A",
+        arrivals=[100, 400, 100, 400, 400, 400, 400, 400],
+        replicas=[1, 1, 1, 1, 2, 2, 1, 1],
+        processing_le=le,
+        processing_counts=list(np.add(np.multiply(quiet, 2), np.multiply(busy, 6))),
+        processing_mean_ms=150.0,
+        processing_step_s=60.0,
+        processing_steps=[quiet, busy, quiet, busy, busy, busy, busy, busy],
+        processing_step_ms=[4000.0, 60000.0, 4000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0],
+    )
     counts, mean = d.quiet_processing()
     assert counts == [160.0, 200.0, 200.0, 200.0] and mean == pytest.approx(40.0)  # the 2 quiet minutes
     assert d.processing_quantile(0.5) > 100 > bucket_quantile(le, counts, 0.5)
-    old = DeploymentHistory("a", "A", arrivals=[1], replicas=[1], processing_le=le,
-                            processing_counts=[1, 2, 3, 4], processing_mean_ms=99.0)
+    old = DeploymentHistory(
+        "a", "A", arrivals=[1], replicas=[1], processing_le=le, processing_counts=[1, 2, 3, 4], processing_mean_ms=99.0
+    )
     assert old.quiet_processing() == ([1, 2, 3, 4], 99.0)  # an export without the steps
 
 

@@ -1,5 +1,6 @@
 """Recurring peaks (forecasting/recurrence.py, issue 32 item 5): a model's own cycle found in
 its history and its next peak added as an upside to a share of the forecast's samples."""
+
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +79,7 @@ def test_real_cycles_of_the_azure_functions_are_found():
 
     tr = load_trace(str(SHARED))
     rc = Recurrence()
-    got = {n: detect_period(tr.counts[i][:3 * 1440], rc) for i, n in enumerate(tr.names)}
+    got = {n: detect_period(tr.counts[i][: 3 * 1440], rc) for i, n in enumerate(tr.names)}
     assert got["fn3"] == 60 and got["fn8"] == 30
     assert got["fn4"] is None and got["fn6"] is None  # smooth, busy functions
 
@@ -131,12 +132,14 @@ def test_a_bad_share_is_named_in_the_args_and_on_the_command_line(cli, tmp_path)
         parse_autoscaler_config({**args, "recurrence_share": 1.5})
     trace = tmp_path / "t.csv"
     trace.write_text("minute,job,requests\n" + "".join(f"{m},a,{5 + m % 3}\n" for m in range(30)))
-    code, _, err = cli("simulate", "--trace", str(trace), "--capacity", "4", "--policy", "faro-fairsum",
-                       "--recurrence-share", "2")
+    code, _, err = cli(
+        "simulate", "--trace", str(trace), "--capacity", "4", "--policy", "faro-fairsum", "--recurrence-share", "2"
+    )
     assert code == 2 and "--recurrence-share must be within 0..1 (got 2)" in err, err
     from faro_serve.config import ModelSLO
     from faro_serve.sim.pipeline_scenario import PipelineScenario
 
     with pytest.raises(ValueError, match=r"--recurrence-share must be within 0\.\.1 \(got 3\)"):
-        PipelineScenario(trace=str(trace), models=(ModelSLO(name="a", slo_ms=720, processing_ms=154),),
-                         recurrence_share=3)
+        PipelineScenario(
+            trace=str(trace), models=(ModelSLO(name="a", slo_ms=720, processing_ms=154),), recurrence_share=3
+        )

@@ -38,10 +38,14 @@ def test_faro_fairsum_loses_less_than_fairshare_and_aiad(workload, seed, report)
     lost = {}
     for name in ("faro-fairsum", "fairshare", "aiad"):
         pol = make_policy(name, models, ClusterSpec(cpus=CAPACITY))
-        res = simulate(tr.counts[:, WARMUP:], models, pol, SimConfig(capacity_cpus=CAPACITY, seed=seed),
-                       warmup_history=tr.counts[:, :WARMUP])
+        res = simulate(
+            tr.counts[:, WARMUP:],
+            models,
+            pol,
+            SimConfig(capacity_cpus=CAPACITY, seed=seed),
+            warmup_history=tr.counts[:, :WARMUP],
+        )
         lost[name] = res.to_dict()["lost_cluster_utility"]
-    report(f"regression guard (day 9 minutes 30-149, 10 jobs, {CAPACITY} replicas, seed {seed}): "
-           f"lost utility {lost}")
+    report(f"regression guard (day 9 minutes 30-149, 10 jobs, {CAPACITY} replicas, seed {seed}): lost utility {lost}")
     assert np.isfinite(list(lost.values())).all()
     assert lost["faro-fairsum"] < lost["fairshare"] and lost["faro-fairsum"] < lost["aiad"], lost

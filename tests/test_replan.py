@@ -21,10 +21,23 @@ def obs(now, rates, targets, latency=None, serving=None, cpus=8, history=None):
     history = history or rates
     latency = latency or {}
     serving = serving or targets
-    return Observation(now=now, capacity_cpus=cpus, capacity_memory_gb=None, models={
-        n: ModelObservation(n, serving[n], targets[n], np.full(20, history[n] * 60.0),
-                            arrival_rate=rates[n], latency_ms=latency.get(n), processing_ms=154.0)
-        for n in rates})
+    return Observation(
+        now=now,
+        capacity_cpus=cpus,
+        capacity_memory_gb=None,
+        models={
+            n: ModelObservation(
+                n,
+                serving[n],
+                targets[n],
+                np.full(20, history[n] * 60.0),
+                arrival_rate=rates[n],
+                latency_ms=latency.get(n),
+                processing_ms=154.0,
+            )
+            for n in rates
+        },
+    )
 
 
 def replan_policy(**kw):
@@ -58,8 +71,7 @@ def test_rate_leaving_the_band_replans_the_whole_cluster_within_one_tick():
     assert set(d.info["models"]) == {"a", "b", "c"}  # the whole cluster was solved
     assert d.replicas["a"] > targets["a"]
     assert "re-levelled" in d.info["models"]["a"]["predictor"]
-    text = "\n".join(explain([{"t": 70.0, "decision": {"kind": d.kind, "replicas": dict(d.replicas),
-                                                       "info": d.info}}]))
+    text = "\n".join(explain([{"t": 70.0, "decision": {"kind": d.kind, "replicas": dict(d.replicas), "info": d.info}}]))
     assert "re-plan: a: rate above the forecast band" in text
 
 
@@ -115,12 +127,18 @@ def test_hysteresis_no_replan_within_the_gap():
 def test_on_by_default_and_off_when_switched_off():
     assert ClusterSpec(cpus=8).replan is True and ClusterSpec(cpus=8).replan_latency is True
     for on in (True, False):
-        policy = make_policy("faro-fairsum", [ModelSLO(name="a", **SLO), ModelSLO(name="b", **SLO)],
-                             ClusterSpec(cpus=8, replan=on))
+        policy = make_policy(
+            "faro-fairsum", [ModelSLO(name="a", **SLO), ModelSLO(name="b", **SLO)], ClusterSpec(cpus=8, replan=on)
+        )
         policy.decide(obs(0.0, {"a": 1.0, "b": 1.0}, {"a": 2, "b": 2}))
-        kinds = [getattr(policy.decide(obs(t, {"a": 16.0, "b": 1.0}, {"a": 2, "b": 2},
-                                           history={"a": 1.0, "b": 1.0})), "kind", None)
-                 for t in (70.0, 80.0, 90.0, 100.0)]  # a's rate far above its band
+        kinds = [
+            getattr(
+                policy.decide(obs(t, {"a": 16.0, "b": 1.0}, {"a": 2, "b": 2}, history={"a": 1.0, "b": 1.0})),
+                "kind",
+                None,
+            )
+            for t in (70.0, 80.0, 90.0, 100.0)
+        ]  # a's rate far above its band
         assert ("replan" in kinds) is on, kinds
 
 
@@ -128,14 +146,20 @@ def test_no_replan_under_heavy_overload():
     """Needing twice the cluster, no share meets the SLOs: no re-plan (the long-term plan and
     its overload guard decide); with the guard off, the same surprise re-plans. (The surge
     rule is off: a 20x step would be a surge plan, tests/test_surge.py.)"""
+
     def last(guard):
-        policy = make_policy("faro-fairsum", [ModelSLO(name=n, **SLO) for n in "abc"],
-                             ClusterSpec(cpus=8, overload_guard=guard, surge=False))
+        policy = make_policy(
+            "faro-fairsum",
+            [ModelSLO(name=n, **SLO) for n in "abc"],
+            ClusterSpec(cpus=8, overload_guard=guard, surge=False),
+        )
         base = {"a": 3.0, "b": 3.0, "c": 3.0}
         policy.decide(obs(0.0, base, {"a": 3, "b": 3, "c": 2}))
-        return [getattr(policy.decide(obs(t, {**base, "a": 60.0}, {"a": 3, "b": 3, "c": 2},
-                                          history=base)), "kind", None)
-                for t in (70.0, 80.0, 90.0, 100.0)]
+        return [
+            getattr(policy.decide(obs(t, {**base, "a": 60.0}, {"a": 3, "b": 3, "c": 2}, history=base)), "kind", None)
+            for t in (70.0, 80.0, 90.0, 100.0)
+        ]
+
     assert "replan" not in last(1.25)
     assert "replan" in last(None)
 
@@ -154,6 +178,7 @@ def test_surprise_band_and_relevel():
 
 # -- moving replicas in a full cluster ---------------------------------------------------
 
+
 def move_setup(donors: dict[str, tuple[float, int]], hot_rate=12.0, hot_replicas=2, cpus=None):
     """'hot' over its SLO at ``hot_replicas``; ``donors``: name -> (rate, replicas); the
     cluster exactly full. Returns the policy and a function making the tick's observation."""
@@ -165,6 +190,7 @@ def move_setup(donors: dict[str, tuple[float, int]], hot_rate=12.0, hot_replicas
 
     def at(now, tg=None):
         return obs(now, rates, tg or targets, latency={"hot": 2000.0}, cpus=cpus)
+
     return policy, at, targets
 
 
@@ -189,8 +215,7 @@ def test_full_cluster_moves_a_replica_from_slack_to_the_starving_model():
     assert dict(d.replicas) == {"hot": 3, "idle": 3}
     mv = d.info["moves"][0]
     assert mv["from"] == "idle" and mv["to"] == "hot" and mv["gain"] > 0
-    text = "\n".join(explain([{"t": 40.0, "decision": {"kind": d.kind, "replicas": dict(d.replicas),
-                                                       "info": d.info}}]))
+    text = "\n".join(explain([{"t": 40.0, "decision": {"kind": d.kind, "replicas": dict(d.replicas), "info": d.info}}]))
     assert "move: one replica idle -> hot" in text
     # no second move while the new replica starts, and none back before the next plan
     later = [policy.decide(at(t, {"hot": 3, "idle": 3})) for t in (50.0, 60.0, 70.0, 80.0)]
@@ -237,16 +262,20 @@ def test_moves_on_by_default_and_off_the_reactive_step_is_as_it_was():
         policy = make_policy("faro-fairsum", models, ClusterSpec(cpus=6, moves=moves))
         tg = {"hot": 2, "idle": 4}
         policy.decide(obs(0.0, {"hot": 12.0, "idle": 0.5}, tg, cpus=6))
-        got = [policy.decide(obs(t, {"hot": 12.0, "idle": 0.5}, tg, latency={"hot": 2000.0}, cpus=6))
-               for t in (10.0, 20.0, 30.0, 40.0)]
+        got = [
+            policy.decide(obs(t, {"hot": 12.0, "idle": 0.5}, tg, latency={"hot": 2000.0}, cpus=6))
+            for t in (10.0, 20.0, 30.0, 40.0)
+        ]
         assert got[:3] == [None, None, None]
         assert (got[3] if want is None else dict(got[3].replicas)) == want
 
 
 # -- the same policy in the simulator ----------------------------------------------------
 
+
 def _sim(counts, **spec):
     from faro_serve.sim.runner import SimConfig, simulate
+
     models = [ModelSLO(name=n, **SLO) for n in ("a", "b")]
     pol = make_policy("faro-fairsum", models, ClusterSpec(cpus=12, cold_start_s=10, **spec))
     seen = []
@@ -257,9 +286,15 @@ def _sim(counts, **spec):
         if d is not None:
             seen.append((o.now, d.kind))
         return d
+
     pol.decide = logged
-    res = simulate(counts, models, pol, SimConfig(capacity_cpus=12, cold_start_s=10, seed=3),
-                   warmup_history=np.tile(counts[:, :1], (1, 30)))
+    res = simulate(
+        counts,
+        models,
+        pol,
+        SimConfig(capacity_cpus=12, cold_start_s=10, seed=3),
+        warmup_history=np.tile(counts[:, :1], (1, 30)),
+    )
     return res, seen
 
 
@@ -290,8 +325,7 @@ def test_a_replan_does_not_cut_a_saturated_model():
     from autoscaler.faro.guard import keep_saturated
 
     models = {n: ModelSLO(name=n, **SLO) for n in ("a", "b", "c")}
-    o = obs(60.0, {"a": 9.0, "b": 0.1, "c": 1.0}, {"a": 3, "b": 3, "c": 2},
-            latency={"b": 5000.0}, cpus=8)
+    o = obs(60.0, {"a": 9.0, "b": 0.1, "c": 1.0}, {"a": 3, "b": 3, "c": 2}, latency={"b": 5000.0}, cpus=8)
     d = Decision({"a": 5, "b": 1, "c": 2}, {}, "replan", {})
     assert keep_saturated(d, o, models) == ["b"]
     assert dict(d.replicas) == {"a": 3, "b": 3, "c": 2}  # a's increase gave b's two back

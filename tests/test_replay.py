@@ -37,6 +37,7 @@ def _csv(tmp_path, rows: dict[str, list[float]], name="t.csv"):
 
 # ---------------------------------------------------------------- the pure schedule
 
+
 def test_counts_are_respected_on_average_and_instants_fall_in_their_minute():
     tr = _trace([[30, 120, 0, 60], [5, 5, 5, 5]])
     per_minute = np.zeros((2, 4))
@@ -79,8 +80,7 @@ def test_time_scale_compresses_send_times_but_not_trace_time():
 
 def test_rate_scale_multiplies_the_counts():
     tr = _trace([[100, 200, 300]])
-    sizes = {y: np.mean([build_schedule(tr, rate_scale=y, seed=s).size for s in range(50)])
-             for y in (0.1, 1.0, 2.0)}
+    sizes = {y: np.mean([build_schedule(tr, rate_scale=y, seed=s).size for s in range(50)]) for y in (0.1, 1.0, 2.0)}
     assert sizes[0.1] == pytest.approx(60, rel=0.1)
     assert sizes[1.0] == pytest.approx(600, rel=0.05)
     assert sizes[2.0] == pytest.approx(1200, rel=0.05)
@@ -122,6 +122,7 @@ def test_only_loopback_unless_allowed():
 
 # ---------------------------------------------------------------- the sender, on a tiny local server
 
+
 async def _serve_tiny(handler_delay: dict[str, float], seen: list | None = None):
     """A minimal HTTP/1.1 server on loopback: /slow/predict answers 200 after a delay,
     /trickle/predict sends its body one byte every 0.3 s (12 s in all), /drop/predict
@@ -145,8 +146,10 @@ async def _serve_tiny(handler_delay: dict[str, float], seen: list | None = None)
                 await asyncio.sleep(handler_delay["slow"])
                 code, body = "200 OK", b'{"result": "ok"}'
             elif model == "trickle":  # headers at once, then one body byte every 0.3 s
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: 40\r\nConnection: close\r\n\r\n")
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 40\r\nConnection: close\r\n\r\n"
+                )
                 for _ in range(40):
                     await writer.drain()
                     await asyncio.sleep(0.3)
@@ -156,8 +159,11 @@ async def _serve_tiny(handler_delay: dict[str, float], seen: list | None = None)
                 code, body = "503 Service Unavailable", b'{"error": "dropped", "reason": "drop_rate"}'
             else:
                 code, body = "404 Not Found", b'{"error": "no such model"}'
-            writer.write(f"HTTP/1.1 {code}\r\nContent-Type: application/json\r\n"
-                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            writer.write(
+                f"HTTP/1.1 {code}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
             await writer.drain()
         finally:
             writer.close()
@@ -178,6 +184,7 @@ def _send(schedule, **kw):
         finally:
             server.close()
             await server.wait_closed()
+
     return asyncio.run(go())
 
 
@@ -205,8 +212,7 @@ def test_a_network_delay_travels_in_a_header_and_counts_in_the_latency():
     from faro_serve.replay.replay_report import client_latency, replay_result
 
     plain = build_schedule(_trace([[40]]), names=["slow"], time_scale=1 / 30, seed=2)
-    s = build_schedule(_trace([[40]]), names=["slow"], time_scale=1 / 30, seed=2,
-                       network=parse_network("const:0.3"))
+    s = build_schedule(_trace([[40]]), names=["slow"], time_scale=1 / 30, seed=2, network=parse_network("const:0.3"))
     assert np.array_equal(s.trace_s, plain.trace_s) and s.network == "const:0.3"
     seen: list = []
     rec = _send(s, delay=0.2, timeout_s=10, seen=seen)
@@ -245,6 +251,7 @@ def test_a_503_is_a_failed_request_not_resent_and_errors_are_counted():
     import asyncio
 
     from faro_serve.replay.client import send_schedule
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -267,21 +274,25 @@ def test_the_timeout_bounds_the_whole_request_not_each_read():
 
 # ---------------------------------------------------------------- the command's bad input
 
-@pytest.mark.parametrize("extra, message", [
-    (["--url", "http://192.168.1.5:8000"], "not a loopback address"),
-    (["--time-scale", "0"], "--time-scale must be > 0"),
-    (["--rate-scale", "-1"], "--rate-scale must be >= 0"),
-    (["--minutes", "9"], "beyond the trace"),
-    (["--jobs", "nope"], "not in trace"),
-    (["--map", "a=b"], "jobs not in trace: a"),
-    (["--jobs", "job0", "--map", "job1=b"], "--map names job(s) not replayed"),
-    (["--map", "junk"], "JOB=MODEL"),
-    (["--max-requests", "10", "--rate-scale", "100"], "above --max-requests"),
-    (["--max-in-flight", "0"], "--max-in-flight must be >= 1"),
-    (["--network-delay", "fast"], "--network-delay 'fast': cannot read distribution"),
-    (["--network-delay", "bandwidth:0"], "PAYLOAD_MB > 0"),
-    (["--slo-ms", "500", "--out", "/dev/null"], "--out /dev/null: is a file, not a directory"),
-])
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--url", "http://192.168.1.5:8000"], "not a loopback address"),
+        (["--time-scale", "0"], "--time-scale must be > 0"),
+        (["--rate-scale", "-1"], "--rate-scale must be >= 0"),
+        (["--minutes", "9"], "beyond the trace"),
+        (["--jobs", "nope"], "not in trace"),
+        (["--map", "a=b"], "jobs not in trace: a"),
+        (["--jobs", "job0", "--map", "job1=b"], "--map names job(s) not replayed"),
+        (["--map", "junk"], "JOB=MODEL"),
+        (["--max-requests", "10", "--rate-scale", "100"], "above --max-requests"),
+        (["--max-in-flight", "0"], "--max-in-flight must be >= 1"),
+        (["--network-delay", "fast"], "--network-delay 'fast': cannot read distribution"),
+        (["--network-delay", "bandwidth:0"], "PAYLOAD_MB > 0"),
+        (["--slo-ms", "500", "--out", "/dev/null"], "--out /dev/null: is a file, not a directory"),
+    ],
+)
 def test_bad_flags_exit_2_with_one_line(cli, tmp_path, extra, message):
     trace = _csv(tmp_path, {"job0": [10, 20, 30], "job1": [5, 5, 5]})
     code, out, err = cli("replay", "--trace", str(trace), "--out", str(tmp_path / "o"), *extra)
@@ -303,27 +314,52 @@ def test_nothing_listening_is_a_clear_error(cli, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
-    code, _, err = cli("replay", "--trace", str(trace), "--url", f"http://127.0.0.1:{port}",
-                       "--out", str(tmp_path / "o"))
+    code, _, err = cli(
+        "replay", "--trace", str(trace), "--url", f"http://127.0.0.1:{port}", "--out", str(tmp_path / "o")
+    )
     assert code == 2 and "cannot reach" in err and len(err.strip().splitlines()) == 1
     # told the SLO, it does not ask the server first: every request fails to connect, the
     # records are written, and it says so and exits 1 rather than report a lost run as a result
-    code, out, err = cli("replay", "--trace", str(trace), "--url", f"http://127.0.0.1:{port}",
-                         "--slo-ms", "500", "--time-scale", "0.02", "--no-progress",
-                         "--out", str(tmp_path / "o"))
+    code, out, err = cli(
+        "replay",
+        "--trace",
+        str(trace),
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--slo-ms",
+        "500",
+        "--time-scale",
+        "0.02",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert code == 1 and "errors 1" in out
     assert err.strip().splitlines()[-1] == (
         f"faro-serve: error: no request was answered (error:ClientConnectorError 1); is faro-serve "
-        f"serving at http://127.0.0.1:{port}? (records kept in {tmp_path / 'o'})")
+        f"serving at http://127.0.0.1:{port}? (records kept in {tmp_path / 'o'})"
+    )
     assert (tmp_path / "o" / "records.csv").is_file() and (tmp_path / "o" / "result.json").is_file()
 
 
 # ---------------------------------------------------------------- live: a real local Ray Serve
 
-SIM_KEYS = {"policy", "capacity", "seed", "lost_cluster_utility", "lost_effective_utility",
-            "cluster_slo_violation_rate", "fairness", "wall_s", "minutes", "requests", "dropped",
-            "decisions", "jobs", "forecaster"}
-
+SIM_KEYS = {
+    "policy",
+    "capacity",
+    "seed",
+    "lost_cluster_utility",
+    "lost_effective_utility",
+    "cluster_slo_violation_rate",
+    "fairness",
+    "wall_s",
+    "minutes",
+    "requests",
+    "dropped",
+    "decisions",
+    "jobs",
+    "forecaster",
+}
 
 
 @pytest.fixture(scope="module")
@@ -335,16 +371,35 @@ def serving():
     from faro_serve.serving.app import deploy
 
     dash, http = free_port(), free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
-             dashboard_port=dash, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=dash,
+        log_to_driver=False,
+    )
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": http})
-        models = [(ModelSLO(name="synth-a", slo_ms=720, processing_ms=154, cpus=0.25, max_replicas=4),
-                   {"model": {"kind": "synthetic"}}),
-                  (ModelSLO(name="synth-b", slo_ms=300, processing_ms=50, cpus=0.25, max_replicas=4),
-                   {"model": {"kind": "synthetic", "processing": "const:0.05"}})]
-        cluster = ClusterSpec(cpus=2, objective="fair_sum", long_term_interval_s=30, window_s=120,
-                              cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
+        models = [
+            (
+                ModelSLO(name="synth-a", slo_ms=720, processing_ms=154, cpus=0.25, max_replicas=4),
+                {"model": {"kind": "synthetic"}},
+            ),
+            (
+                ModelSLO(name="synth-b", slo_ms=300, processing_ms=50, cpus=0.25, max_replicas=4),
+                {"model": {"kind": "synthetic", "processing": "const:0.05"}},
+            ),
+        ]
+        cluster = ClusterSpec(
+            cpus=2,
+            objective="fair_sum",
+            long_term_interval_s=30,
+            window_s=120,
+            cold_start_s=10,
+            reactive_interval_s=2,
+            reactive_trigger_s=6,
+        )
         deploy(models, cluster, dashboard_url=f"http://127.0.0.1:{dash}", forecaster="fallback")
         base = f"http://127.0.0.1:{http}"
         end = time.time() + 90
@@ -368,10 +423,28 @@ def test_live_replay_accounts_for_every_request_and_reports_the_simulate_metrics
     trace = _csv(tmp_path, {"job0": [240, 360, 300], "job1": [120, 120, 200]})
     out = tmp_path / "run"
     t0 = time.time()
-    code, stdout, err = cli("replay", "--trace", str(trace), "--map", "job0=synth-a,job1=synth-b",
-                            "--minutes", "2", "--time-scale", "0.3333", "--rate-scale", "0.5",
-                            "--url", serving, "--out", str(out), "--seed", "3", "--no-progress",
-                            "--step-at", "60")
+    code, stdout, err = cli(
+        "replay",
+        "--trace",
+        str(trace),
+        "--map",
+        "job0=synth-a,job1=synth-b",
+        "--minutes",
+        "2",
+        "--time-scale",
+        "0.3333",
+        "--rate-scale",
+        "0.5",
+        "--url",
+        serving,
+        "--out",
+        str(out),
+        "--seed",
+        "3",
+        "--no-progress",
+        "--step-at",
+        "60",
+    )
     wall = time.time() - t0
     assert code == 0, err
     assert wall < 120
@@ -408,14 +481,22 @@ def test_live_replay_accounts_for_every_request_and_reports_the_simulate_metrics
     from faro_serve.metrics import summarize_records
 
     names = ["synth-a", "synth-b"]
-    s = summarize_records(names, [names.index(r["model"]) for r in rows], [float(r["trace_s"]) for r in rows],
-                          [float(r["latency_ms"]) / 1e3 if r["latency_ms"] else np.nan for r in rows],
-                          [r["status"] != "200" for r in rows], np.array([0.72, 0.3]), minutes=2)
+    s = summarize_records(
+        names,
+        [names.index(r["model"]) for r in rows],
+        [float(r["trace_s"]) for r in rows],
+        [float(r["latency_ms"]) / 1e3 if r["latency_ms"] else np.nan for r in rows],
+        [r["status"] != "200" for r in rows],
+        np.array([0.72, 0.3]),
+        minutes=2,
+    )
     assert s.lost_cluster_utility == pytest.approx(doc["lost_cluster_utility"], abs=1e-6)
     assert s.cluster_slo_violation_rate == pytest.approx(doc["cluster_slo_violation_rate"], abs=1e-6)
-    report(f"live replay: {acc['sent']} sent, by status {acc['by_status']}, lost cluster utility "
-           f"{doc['lost_cluster_utility']:.3f}, SLO violation rate {doc['cluster_slo_violation_rate']:.2%}, "
-           f"p99 ms {doc['per_minute_p99_ms']}, {wall:.0f} s")
+    report(
+        f"live replay: {acc['sent']} sent, by status {acc['by_status']}, lost cluster utility "
+        f"{doc['lost_cluster_utility']:.3f}, SLO violation rate {doc['cluster_slo_violation_rate']:.2%}, "
+        f"p99 ms {doc['per_minute_p99_ms']}, {wall:.0f} s"
+    )
 
 
 def test_replay_and_simulator_draw_the_same_per_minute_counts_for_a_seed():
@@ -507,9 +588,13 @@ def test_post_burst_records_every_answer_with_its_reason():
                 seen["open"] += 1
                 seen["max_open"] = max(seen["max_open"], seen["open"])
             time.sleep(0.02)
-            code, kind, body = ((200, "application/json", b"{}") if k % 3 == 1 else
-                                (503, "application/json", b'{"reason": "queue_full"}') if k % 3 == 2 else
-                                (500, "text/plain", b"Internal Server Error"))
+            code, kind, body = (
+                (200, "application/json", b"{}")
+                if k % 3 == 1
+                else (503, "application/json", b'{"reason": "queue_full"}')
+                if k % 3 == 2
+                else (500, "text/plain", b"Internal Server Error")
+            )
             with lock:
                 seen["open"] -= 1
             self.send_response(code)

@@ -22,8 +22,7 @@ RATES = (0.5, 5.0, 20.0, 80.0)  # requests/s per model: idle to far beyond 2 GPU
 
 
 def gpu_models(gpus=1.0, n=2, **kw):
-    return [ModelSLO(name=f"m{i}", slo_ms=SLO, processing_ms=PROC, gpus=gpus, max_replicas=40, **kw)
-            for i in range(n)]
+    return [ModelSLO(name=f"m{i}", slo_ms=SLO, processing_ms=PROC, gpus=gpus, max_replicas=40, **kw) for i in range(n)]
 
 
 def used(models, replicas) -> dict[str, float]:
@@ -35,8 +34,9 @@ def used(models, replicas) -> dict[str, float]:
 def test_the_plan_never_takes_more_gpus_than_the_cluster_has(objective, groups):
     ms = gpu_models()
     for rate in RATES:
-        alloc = plan(ms, {"m0": rate, "m1": rate}, None,
-                     ClusterSpec(cpus=64, gpus=2, objective=objective, groups=groups))
+        alloc = plan(
+            ms, {"m0": rate, "m1": rate}, None, ClusterSpec(cpus=64, gpus=2, objective=objective, groups=groups)
+        )
         assert used(ms, alloc.replicas)[GPU] <= 2 + 1e-9, (rate, alloc.replicas)
     # the GPUs bind: without the cap the same load takes more replicas
     free = plan(ms, {"m0": 20.0, "m1": 20.0}, None, ClusterSpec(cpus=64, objective=objective))
@@ -45,8 +45,7 @@ def test_the_plan_never_takes_more_gpus_than_the_cluster_has(objective, groups):
 
 def test_the_live_capacity_binds_the_plan_where_the_config_leaves_gpus_out():
     ms = gpu_models()
-    alloc = plan(ms, {"m0": 20.0, "m1": 20.0}, None, ClusterSpec(cpus=64),
-                 capacity=Capacity.of(64, gpus=2))
+    alloc = plan(ms, {"m0": 20.0, "m1": 20.0}, None, ClusterSpec(cpus=64), capacity=Capacity.of(64, gpus=2))
     assert used(ms, alloc.replicas)[GPU] <= 2 + 1e-9
 
 
@@ -58,17 +57,20 @@ def test_half_gpus_pack_four_replicas_on_two():
 
 
 def test_a_custom_resource_caps_the_plan():
-    ms = [ModelSLO(name=f"m{i}", slo_ms=SLO, processing_ms=PROC, max_replicas=40,
-                   resources={"accelerator": 1.0}) for i in range(2)]
+    ms = [
+        ModelSLO(name=f"m{i}", slo_ms=SLO, processing_ms=PROC, max_replicas=40, resources={"accelerator": 1.0})
+        for i in range(2)
+    ]
     for rate in RATES:
-        alloc = plan(ms, {"m0": rate, "m1": rate}, None,
-                     ClusterSpec(cpus=64, resources={"accelerator": 3}))
+        alloc = plan(ms, {"m0": rate, "m1": rate}, None, ClusterSpec(cpus=64, resources={"accelerator": 3}))
         assert used(ms, alloc.replicas)["accelerator"] <= 3 + 1e-9
     # a cap on a resource no model uses changes nothing
     loaded = {"m0": 20.0, "m1": 20.0}
     cpu_only = [ModelSLO(name=f"m{i}", slo_ms=SLO, processing_ms=PROC, max_replicas=40) for i in range(2)]
-    assert (plan(cpu_only, loaded, None, ClusterSpec(cpus=12, gpus=1, resources={"x": 0})).replicas
-            == plan(cpu_only, loaded, None, ClusterSpec(cpus=12)).replicas)
+    assert (
+        plan(cpu_only, loaded, None, ClusterSpec(cpus=12, gpus=1, resources={"x": 0})).replicas
+        == plan(cpu_only, loaded, None, ClusterSpec(cpus=12)).replicas
+    )
 
 
 @pytest.mark.parametrize("groups", [1, 2])
@@ -81,8 +83,12 @@ def test_cpu_only_plans_are_unchanged_by_caps_that_do_not_bind(groups):
     cur = {m.name: int(rng.integers(1, 4)) for m in ms}
     base = plan(ms, fc, cur, ClusterSpec(cpus=14, groups=groups, objective="penalty_fair_sum"))
     with_gpus = [m.model_copy(update={"gpus": 0.25, "resources": {"x": 1.0}}) for m in ms]
-    capped = plan(with_gpus, fc, cur, ClusterSpec(cpus=14, gpus=1000, resources={"x": 1000},
-                                                  groups=groups, objective="penalty_fair_sum"))
+    capped = plan(
+        with_gpus,
+        fc,
+        cur,
+        ClusterSpec(cpus=14, gpus=1000, resources={"x": 1000}, groups=groups, objective="penalty_fair_sum"),
+    )
     assert capped.replicas == base.replicas and capped.drop_rates == base.drop_rates
     assert capped.objective_value == base.objective_value
     assert sum(base.replicas.values()) == 14  # the CPUs bind: the comparison means something
@@ -102,10 +108,10 @@ def test_grant_in_order_and_apply_decision_keep_within_every_resource():
 
 
 def _idle_obs(ms, cap) -> Observation:
-    mo = {m.name: ModelObservation(name=m.name, replicas=1, target_replicas=1,
-                                   arrivals_per_min=np.zeros(5)) for m in ms}
-    return Observation(now=0.0, capacity_cpus=cap.cpus, capacity_memory_gb=cap.memory_gb,
-                       models=mo, capacity=cap)
+    mo = {
+        m.name: ModelObservation(name=m.name, replicas=1, target_replicas=1, arrivals_per_min=np.zeros(5)) for m in ms
+    }
+    return Observation(now=0.0, capacity_cpus=cap.cpus, capacity_memory_gb=cap.memory_gb, models=mo, capacity=cap)
 
 
 def test_fairshare_shares_the_scarcest_resource():
@@ -129,15 +135,15 @@ def short_trace(minutes=20):
     return counts * rng.uniform(0.8, 1.2, counts.shape), np.full((2, 30), base)
 
 
-@pytest.mark.parametrize("policy", ["faro-fairsum", "faro-sum", "faro-penaltyfairsum", "fairshare",
-                                    "ray-serve", "aiad"])
+@pytest.mark.parametrize(
+    "policy", ["faro-fairsum", "faro-sum", "faro-penaltyfairsum", "fairshare", "ray-serve", "aiad"]
+)
 def test_no_policy_asks_for_more_gpus_in_the_simulator(policy):
     """The simulator checks every decision against every resource (CapacityExceeded)."""
     counts, warm = short_trace()
     ms = gpu_models()
     pol = make_policy(policy, ms, ClusterSpec(cpus=64, gpus=2, moves=True, replan=True))
-    res = simulate(counts, ms, pol, SimConfig(capacity_cpus=64, capacity_gpus=2, seed=1),
-                   warmup_history=warm)
+    res = simulate(counts, ms, pol, SimConfig(capacity_cpus=64, capacity_gpus=2, seed=1), warmup_history=warm)
     assert res.targets.sum(axis=1).max() <= 2
     assert res.summary.job_requests.sum() > 0
 
@@ -155,8 +161,10 @@ def test_min_replicas_that_cannot_fit_the_gpus_are_a_config_error():
         FaroConfig(cluster=ClusterSpec(cpus=64, gpus=3), models=ms)
     FaroConfig(cluster=ClusterSpec(cpus=64), models=ms)  # GPUs not given: Ray's, checked live
     with pytest.raises(ValueError, match="need 2 accelerator but the cluster has 0"):
-        check_minimums_fit([ModelSLO(name=f"m{i}", slo_ms=SLO, resources={"accelerator": 1})
-                            for i in range(2)], Capacity.of(64, resources={"accelerator": 0}))
+        check_minimums_fit(
+            [ModelSLO(name=f"m{i}", slo_ms=SLO, resources={"accelerator": 1}) for i in range(2)],
+            Capacity.of(64, resources={"accelerator": 0}),
+        )
     with pytest.raises(ValueError, match="as cpus/gpus/memory_gb"):
         ClusterSpec(cpus=4, resources={"GPU": 2})
 
@@ -177,9 +185,19 @@ def test_ray_serve_cluster_capacity_reads_every_ray_resource(monkeypatch):
     pytest.importorskip("ray")
     from faro_serve.serving import autoscaler_deployment as ad
 
-    monkeypatch.setattr(ad.ray, "cluster_resources", lambda: {
-        "CPU": 4.0, "GPU": 1.0, "memory": 8 * 2**30, "object_store_memory": 2**30,
-        "node:10.0.0.1": 1.0, "node:__internal_head__": 1.0, "accelerator_type:A10G": 1.0})
+    monkeypatch.setattr(
+        ad.ray,
+        "cluster_resources",
+        lambda: {
+            "CPU": 4.0,
+            "GPU": 1.0,
+            "memory": 8 * 2**30,
+            "object_store_memory": 2**30,
+            "node:10.0.0.1": 1.0,
+            "node:__internal_head__": 1.0,
+            "accelerator_type:A10G": 1.0,
+        },
+    )
     cap = ad.RayServeCluster.capacity(None)
     assert cap.limits == {CPU: 4.0, GPU: 1.0, MEMORY: 8.0, "accelerator_type:A10G": 1.0}
     assert cap["anything else"] == 0

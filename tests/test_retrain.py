@@ -26,15 +26,16 @@ def traffic(minutes: int = 600, seed: int = 0) -> dict[str, np.ndarray]:
     """Two models with a 30-minute cycle: what the fallback (recent mean to max) misses."""
     rng = np.random.default_rng(seed)
     t = np.arange(minutes)
-    return {"a": rng.poisson(300 + 220 * np.sin(2 * np.pi * t / 30)).astype(float),
-            "b": rng.poisson(120 + 90 * np.sin(2 * np.pi * (t + 7) / 30)).astype(float)}
+    return {
+        "a": rng.poisson(300 + 220 * np.sin(2 * np.pi * t / 30)).astype(float),
+        "b": rng.poisson(120 + 90 * np.sin(2 * np.pi * (t + 7) / 30)).astype(float),
+    }
 
 
 @pytest.fixture(scope="module")
 def trained():
     """A candidate trained on the cycle, and its verdict against the fallback."""
-    return retrain(traffic(), FallbackForecaster(), holdout=120,
-                   config=TrainConfig(max_steps=150, seed=1, **SMALL))
+    return retrain(traffic(), FallbackForecaster(), holdout=120, config=TrainConfig(max_steps=150, seed=1, **SMALL))
 
 
 def test_a_candidate_has_the_serving_forecasters_input_horizon_and_ensemble_size(trained):
@@ -46,8 +47,7 @@ def test_a_candidate_has_the_serving_forecasters_input_horizon_and_ensemble_size
     net = trained[0].model
     two = NHitsForecaster(net, "normal", {}, members=[net])
     cfg = candidate_config(two, seed=4, threads=1)
-    assert (cfg.input_size, cfg.horizon, cfg.members, cfg.max_steps, cfg.seed, cfg.threads) == (
-        15, 7, 2, 400, 5, 1)
+    assert (cfg.input_size, cfg.horizon, cfg.members, cfg.max_steps, cfg.seed, cfg.threads) == (15, 7, 2, 400, 5, 1)
     plug = candidate_config(FallbackForecaster(20, 5))
     assert (plug.input_size, plug.horizon, plug.members) == (20, 5, 1)
 
@@ -91,8 +91,9 @@ def test_a_retrain_that_forecasts_better_is_swapped_in(trained, report):
 
 def test_a_retrain_that_forecasts_worse_is_not_swapped_in(trained):
     good, _ = trained
-    _, verdict = retrain(traffic(), good, holdout=120,
-                         config=TrainConfig(max_steps=1, seed=2, **SMALL))  # one step: untrained
+    _, verdict = retrain(
+        traffic(), good, holdout=120, config=TrainConfig(max_steps=1, seed=2, **SMALL)
+    )  # one step: untrained
     assert not verdict.swap and verdict.reason.startswith(("not better", "less calibrated")), verdict
 
 
@@ -110,8 +111,7 @@ def test_a_candidate_is_judged_and_served_with_the_current_forecasters_settings(
         fresh.append(load_forecaster(tmp_path / "net"))
         return fresh[-1]
 
-    candidate, verdict = retrain(traffic(), current, holdout=120, train=train,
-                                 config=TrainConfig(max_steps=1, **SMALL))
+    candidate, verdict = retrain(traffic(), current, holdout=120, train=train, config=TrainConfig(max_steps=1, **SMALL))
     assert candidate is fresh[0]
     assert (candidate.short_history, candidate.daily_period) == ("fallback", 1440)
     assert (candidate.daily_weight, candidate.recurrence_share) == (0.0, 0.0)
@@ -124,10 +124,15 @@ def test_the_live_loop_swaps_in_a_retrained_forecaster_from_its_store(tmp_path):
     end = 29_000_000  # wall-clock minutes (epoch)
     for name, counts in traffic().items():
         store.append_many(name, [(60.0 * (end - counts.size + k), c) for k, c in enumerate(counts)])
-    cfg = parse_autoscaler_config({
-        "cluster": {"cpus": 2, "objective": "fair_sum"}, "history_dir": str(tmp_path),
-        "retrain_every_h": 1 / 3600, "retrain_holdout_h": 2,
-        "models": [{"name": n, "slo_ms": 720, "processing_ms": 50, "cpus": 0.5} for n in ("a", "b")]})
+    cfg = parse_autoscaler_config(
+        {
+            "cluster": {"cpus": 2, "objective": "fair_sum"},
+            "history_dir": str(tmp_path),
+            "retrain_every_h": 1 / 3600,
+            "retrain_holdout_h": 2,
+            "models": [{"name": n, "slo_ms": 720, "processing_ms": 50, "cpus": 0.5} for n in ("a", "b")],
+        }
+    )
     clock = {"t": 60.0 * end + 5}
     loop = AutoscalerLoop(cfg, FakeCluster({"a": 1, "b": 1}), clock=lambda: clock["t"], history=store)
     loop.retrainer.config = TrainConfig(max_steps=150, seed=1, **SMALL)
@@ -177,26 +182,52 @@ def stored(tmp_path, minutes: int = 600) -> ArrivalStore:
 def test_forecast_train_from_a_history_store_saves_only_a_better_network(tmp_path, cli):
     stored(tmp_path / "hist").close()
     out = tmp_path / "fc"
-    code, stdout, err = cli("forecast", "train", "--from", str(tmp_path / "hist"), "--current", "fallback",
-                            "--max-steps", "150", "--mlp-width", "64", "--out", str(out))
+    code, stdout, err = cli(
+        "forecast",
+        "train",
+        "--from",
+        str(tmp_path / "hist"),
+        "--current",
+        "fallback",
+        "--max-steps",
+        "150",
+        "--mlp-width",
+        "64",
+        "--out",
+        str(out),
+    )
     doc = json.loads(stdout)
     assert code == 0 and doc["swap"] and doc["saved_to"] == str(out), err
     assert doc["models"] == ["a", "b"] and doc["against"] == "fallback: chosen"
     assert load_forecaster(out).input_size == 15
     # against the network it just saved, one step of training does not win: nothing saved
-    code, stdout, err = cli("forecast", "train", "--from", str(tmp_path / "hist" / "arrivals.sqlite3"),
-                            "--current", str(out), "--max-steps", "1", "--mlp-width", "64",
-                            "--out", str(tmp_path / "worse"))
+    code, stdout, err = cli(
+        "forecast",
+        "train",
+        "--from",
+        str(tmp_path / "hist" / "arrivals.sqlite3"),
+        "--current",
+        str(out),
+        "--max-steps",
+        "1",
+        "--mlp-width",
+        "64",
+        "--out",
+        str(tmp_path / "worse"),
+    )
     assert code == 1 and not json.loads(stdout)["swap"] and "not saved" in err
     assert not (tmp_path / "worse").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--from", "NOPE"], "no arrival store there"),
-    (["--from", "http://127.0.0.1:9"], "cannot read Prometheus (ConnectError"),
-    (["--trace", "x.csv", "--force"], "--force goes with --from"),
-    (["--from", "HIST", "--days", "1"], "--days and --sample go with --trace"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--from", "NOPE"], "no arrival store there"),
+        (["--from", "http://127.0.0.1:9"], "cannot read Prometheus (ConnectError"),
+        (["--trace", "x.csv", "--force"], "--force goes with --from"),
+        (["--from", "HIST", "--days", "1"], "--days and --sample go with --trace"),
+    ],
+)
 def test_forecast_train_from_refuses_what_it_cannot_use(tmp_path, cli, args, message):
     stored(tmp_path / "hist", minutes=60).close()
     args = [a.replace("NOPE", str(tmp_path / "nope")).replace("HIST", str(tmp_path / "hist")) for a in args]
@@ -218,10 +249,12 @@ def test_forecast_train_from_a_file_that_is_no_store_names_it_and_leaves_it_as_i
     foreign = tmp_path / "app.db"
     with sqlite3.connect(foreign) as db:
         db.execute("CREATE TABLE users (name TEXT)")
-    for f, why in ((csv_, "not an SQLite database (a trace file? train on it with --trace)"),
-                   (empty, "not an SQLite database"), (bare, "not an SQLite database"),
-                   (foreign, "a foreign SQLite database (application id 0, tables users), not a "
-                             "faro-serve history store")):
+    for f, why in (
+        (csv_, "not an SQLite database (a trace file? train on it with --trace)"),
+        (empty, "not an SQLite database"),
+        (bare, "not an SQLite database"),
+        (foreign, "a foreign SQLite database (application id 0, tables users), not a faro-serve history store"),
+    ):
         before = f.read_bytes()
         code, _, err = cli("forecast", "train", "--from", str(f), "--out", str(tmp_path / "fc"))
         assert code == 2 and err == f"faro-serve: error: --from {f}: refused: {why}\n", err
@@ -248,9 +281,14 @@ def test_a_restarted_autoscaler_loads_what_it_retrained_unless_told_otherwise(tm
     save_forecaster(trained[0], tmp_path / RETRAINED_DIR)
 
     def cfg(**kw):
-        return parse_autoscaler_config({
-            "cluster": {"cpus": 2}, "history_dir": str(tmp_path), **kw,
-            "models": [{"name": "a", "slo_ms": 720, "processing_ms": 50, "cpus": 0.5}]})
+        return parse_autoscaler_config(
+            {
+                "cluster": {"cpus": 2},
+                "history_dir": str(tmp_path),
+                **kw,
+                "models": [{"name": "a", "slo_ms": 720, "processing_ms": 50, "cpus": 0.5}],
+            }
+        )
 
     fc, why = forecaster_of(cfg())
     assert fc.name.startswith("nhits") and "retrained on this cluster's traffic" in why

@@ -20,13 +20,19 @@ def thousand():
     are 20 samples x 7 steps around a per-model rate; some models get two CPUs."""
     rng = np.random.default_rng(36)
     proc = rng.uniform(40, 300, N)
-    models = [ModelSLO(name=f"m{i}", slo_ms=float(round(proc[i] * rng.uniform(3, 8))),
-                       processing_ms=float(proc[i]), min_replicas=int(rng.integers(1, 3)),
-                       cpus=float(rng.choice([1.0, 1.0, 1.0, 2.0])),
-                       priority=float(rng.choice([1.0, 2.0]))) for i in range(N)]
+    models = [
+        ModelSLO(
+            name=f"m{i}",
+            slo_ms=float(round(proc[i] * rng.uniform(3, 8))),
+            processing_ms=float(proc[i]),
+            min_replicas=int(rng.integers(1, 3)),
+            cpus=float(rng.choice([1.0, 1.0, 1.0, 2.0])),
+            priority=float(rng.choice([1.0, 2.0])),
+        )
+        for i in range(N)
+    ]
     rate = rng.uniform(0.2, 12.0, N)
-    forecasts = {m.name: np.abs(rng.normal(rate[i], 0.15 * rate[i] + 0.05, size=(20, 7)))
-                 for i, m in enumerate(models)}
+    forecasts = {m.name: np.abs(rng.normal(rate[i], 0.15 * rate[i] + 0.05, size=(20, 7))) for i, m in enumerate(models)}
     current = {m.name: m.min_replicas for m in models}
     return models, forecasts, current
 
@@ -68,15 +74,15 @@ def test_a_tiny_deadline_falls_back_and_the_decision_says_so(thousand, groups):
 def test_the_policy_decision_and_its_explanation_carry_the_fallback():
     """Through Faro's policy: the decision record (log, status) shows the fallback."""
     models = [ModelSLO(name=f"m{i}", slo_ms=720, processing_ms=154) for i in range(60)]
-    obs = Observation(now=0.0, capacity_cpus=200, capacity_memory_gb=None, models={
-        m.name: ModelObservation(m.name, 1, 1, np.full(20, 60.0 + 10 * (i % 7)))
-        for i, m in enumerate(models)})
-    d = make_policy("faro-fairsum", models, ClusterSpec(cpus=200, plan_deadline_s=1e-6)
-                    ).decide(obs)
+    obs = Observation(
+        now=0.0,
+        capacity_cpus=200,
+        capacity_memory_gb=None,
+        models={m.name: ModelObservation(m.name, 1, 1, np.full(20, 60.0 + 10 * (i % 7))) for i, m in enumerate(models)},
+    )
+    d = make_policy("faro-fairsum", models, ClusterSpec(cpus=200, plan_deadline_s=1e-6)).decide(obs)
     assert d.kind == "long_term" and "deadline" in d.info["fallback"]
-    lines = explain([{"t": 0.0, "decision": {"kind": d.kind, "replicas": d.replicas,
-                                             "info": d.info}}])
+    lines = explain([{"t": 0.0, "decision": {"kind": d.kind, "replicas": d.replicas, "info": d.info}}])
     assert any(line.startswith("  planner fell back: deadline") for line in lines)
-    calm = make_policy("faro-fairsum", models, ClusterSpec(cpus=200, plan_deadline_s=None)
-                       ).decide(obs)
+    calm = make_policy("faro-fairsum", models, ClusterSpec(cpus=200, plan_deadline_s=None)).decide(obs)
     assert "fallback" not in calm.info

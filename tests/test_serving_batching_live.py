@@ -19,24 +19,57 @@ pytestmark = pytest.mark.slow
 
 SLOS = [
     # a batching replica (issue 20): a batch of b takes 0.2 s x (0.25 b + 0.75)
-    (ModelSLO(name="dir-batch", slo_ms=2000, processing_ms=200, cpus=0.25, max_replicas=1,
-              batching=Batching(gamma=0.05, eps=0.15, max_batch_size=8)),
-     {"model": {"kind": "synthetic", "processing": "const:0.2", "batch_share": 0.25},
-      "max_batch_size": 8, "data_path": "direct"}),
+    (
+        ModelSLO(
+            name="dir-batch",
+            slo_ms=2000,
+            processing_ms=200,
+            cpus=0.25,
+            max_replicas=1,
+            batching=Batching(gamma=0.05, eps=0.15, max_batch_size=8),
+        ),
+        {
+            "model": {"kind": "synthetic", "processing": "const:0.2", "batch_share": 0.25},
+            "max_batch_size": 8,
+            "data_path": "direct",
+        },
+    ),
     # a task with two variants (INFaaS, issue 20): the route serves the one in force
-    (ModelSLO(name="dir-task", slo_ms=400, processing_ms=20, cpus=0.25, max_replicas=1,
-              variants=[Variant(name="fast", accuracy=70, processing_ms=20),
-                        Variant(name="slow", accuracy=75, processing_ms=80)], min_accuracy=70),
-     {"model": {"kind": "synthetic", "processing": "const:0.02"}, "initial_variant": "fast",
-      "variants": {"slow": {"kind": "synthetic", "processing": "const:0.08"}}, "data_path": "direct"}),
+    (
+        ModelSLO(
+            name="dir-task",
+            slo_ms=400,
+            processing_ms=20,
+            cpus=0.25,
+            max_replicas=1,
+            variants=[
+                Variant(name="fast", accuracy=70, processing_ms=20),
+                Variant(name="slow", accuracy=75, processing_ms=80),
+            ],
+            min_accuracy=70,
+        ),
+        {
+            "model": {"kind": "synthetic", "processing": "const:0.02"},
+            "initial_variant": "fast",
+            "variants": {"slow": {"kind": "synthetic", "processing": "const:0.08"}},
+            "data_path": "direct",
+        },
+    ),
 ]
 
 
 @pytest.fixture(scope="module")
 def live():
     dashboard, base = local_serve()
-    cluster = ClusterSpec(cpus=0.5, objective="fair_sum", long_term_interval_s=600, window_s=120,
-                          cold_start_s=10, reactive_interval_s=2, reactive_trigger_s=6)
+    cluster = ClusterSpec(
+        cpus=0.5,
+        objective="fair_sum",
+        long_term_interval_s=600,
+        window_s=120,
+        cold_start_s=10,
+        reactive_interval_s=2,
+        reactive_trigger_s=6,
+    )
     # the autoscaler watches and reports only; the tests set batch sizes and variants themselves
     deploy(SLOS, cluster, dashboard_url=dashboard, enabled=False, forecaster="fallback")
     yield {"base": base, "dashboard": dashboard, "cluster": cluster}
@@ -45,8 +78,7 @@ def live():
 
 
 def meter(model: str) -> dict:
-    return serve.get_deployment_handle("Meter", app_name=model).metrics.remote(
-        reset_mean=False).result(timeout_s=30)
+    return serve.get_deployment_handle("Meter", app_name=model).metrics.remote(reset_mean=False).result(timeout_s=30)
 
 
 def test_a_batching_replica_follows_a_live_batch_size_change(live):
@@ -83,9 +115,11 @@ def test_a_task_switches_variant_live_and_answers_throughout(live):
     async def stream():
         out = []
         async with httpx.AsyncClient(base_url=live["base"], timeout=60) as c:
+
             async def one():
                 r = await c.post("/dir-task/predict", content=b"x")
                 out.append((time.time(), r.status_code, r.json().get("variant")))
+
             tasks = []
             for k in range(80):
                 if k == 20:
@@ -116,29 +150,37 @@ def test_sponge_runs_live_on_budgets_net_of_the_clients_network_time(live):
     from faro_serve.serving.names import AUTOSCALER_APP, NETWORK_HEADER
 
     slo = SLOS[0][0]
-    config = {"cluster": live["cluster"].model_dump(), "models": [slo.model_dump()],
-              "policy": "sponge", "dashboard_url": live["dashboard"], "enabled": True}
-    serve.run(autoscaler_app(config), name=AUTOSCALER_APP, route_prefix=f"/{AUTOSCALER_APP}",
-              blocking=False)
+    config = {
+        "cluster": live["cluster"].model_dump(),
+        "models": [slo.model_dump()],
+        "policy": "sponge",
+        "dashboard_url": live["dashboard"],
+        "enabled": True,
+    }
+    serve.run(autoscaler_app(config), name=AUTOSCALER_APP, route_prefix=f"/{AUTOSCALER_APP}", blocking=False)
 
     def decisions():
         r = httpx.get(f"{live['base']}/faro/decisions", params={"limit": 50}, timeout=10)
         return r.json() if r.status_code == 200 else []
+
     assert wait_for(lambda: any(d.get("policy") == "sponge" for d in decisions()), 30), decisions()
 
     async def stream():
         out, net = [], {NETWORK_HEADER: "800"}
         async with httpx.AsyncClient(base_url=live["base"], timeout=60) as c:
             bad = await c.post("/dir-batch/predict", content=b"x", headers={NETWORK_HEADER: "soon"})
+
             async def one():
                 r = await c.post("/dir-batch/predict", content=b"x", headers=net)
                 out.append((r.status_code, r.json().get("batch")))
+
             tasks = []
             for _ in range(120):
                 tasks.append(asyncio.create_task(one()))
                 await asyncio.sleep(0.1)
             m = await serve.get_deployment_handle("Meter", app_name="dir-batch").metrics.remote(
-                reset_mean=False)  # while the clients' network time is fresh (3 s)
+                reset_mean=False
+            )  # while the clients' network time is fresh (3 s)
             await asyncio.gather(*tasks)
         return bad, out, m
 
@@ -147,8 +189,9 @@ def test_sponge_runs_live_on_budgets_net_of_the_clients_network_time(live):
     assert [s for s, _ in out] == [200] * 120
     assert m.get("network_ms") == pytest.approx(800, abs=1), m
     ours = [d for d in decisions() if d.get("policy") == "sponge"]
-    info = [d["decision"]["info"]["dir-batch"] for d in ours
-            if "dir-batch" in ((d.get("decision") or {}).get("info") or {})]
+    info = [
+        d["decision"]["info"]["dir-batch"] for d in ours if "dir-batch" in ((d.get("decision") or {}).get("info") or {})
+    ]
     queued = [i for i in info if i.get("min_budget_s") is not None]
     assert queued and all(i["min_budget_s"] < 2.0 - 0.8 for i in queued), info
     assert max(i["batch"] for i in info) >= 2, info

@@ -26,12 +26,18 @@ pytestmark = pytest.mark.slow
 
 CAPACITY = 2.0  # CPUs; 0.25 per replica -> 8 replicas
 SLOS = [
-    (ModelSLO(name="synth-a", slo_ms=720, processing_ms=154, cpus=0.25, max_replicas=6),
-     {"model": {"kind": "synthetic"}}),
-    (ModelSLO(name="synth-b", slo_ms=200, processing_ms=20, cpus=0.25, max_replicas=6),
-     {"model": {"kind": "synthetic", "processing": "const:0.02"}, "initial_replicas": 5}),
-    (ModelSLO(name="img", slo_ms=3000, processing_ms=100, cpus=0.25, max_replicas=2),
-     {"model": {"kind": "vision", "arch": "resnet18", "top_k": 3}, "max_body_kb": 512}),
+    (
+        ModelSLO(name="synth-a", slo_ms=720, processing_ms=154, cpus=0.25, max_replicas=6),
+        {"model": {"kind": "synthetic"}},
+    ),
+    (
+        ModelSLO(name="synth-b", slo_ms=200, processing_ms=20, cpus=0.25, max_replicas=6),
+        {"model": {"kind": "synthetic", "processing": "const:0.02"}, "initial_replicas": 5},
+    ),
+    (
+        ModelSLO(name="img", slo_ms=3000, processing_ms=100, cpus=0.25, max_replicas=2),
+        {"model": {"kind": "vision", "arch": "resnet18", "top_k": 3}, "max_body_kb": 512},
+    ),
 ]
 
 
@@ -39,16 +45,27 @@ DASHBOARD: list[str] = []
 
 
 def alive_actors(**filters):
-    return list_actors(address=DASHBOARD[-1], filters=[("state", "=", "ALIVE")]
-                       + [(k, "=", v) for k, v in filters.items()])
+    return list_actors(
+        address=DASHBOARD[-1], filters=[("state", "=", "ALIVE")] + [(k, "=", v) for k, v in filters.items()]
+    )
 
 
 def autoscaler_config(dashboard: str, **overrides) -> dict:
-    cluster = ClusterSpec(cpus=CAPACITY, objective="fair_sum", long_term_interval_s=20,
-                          window_s=120, cold_start_s=10, reactive_interval_s=2,
-                          reactive_trigger_s=6)
-    cfg = {"cluster": cluster.model_dump(), "models": [m.model_dump() for m, _ in SLOS],
-           "dashboard_url": dashboard, "forecaster": "fallback"}  # not about the forecaster
+    cluster = ClusterSpec(
+        cpus=CAPACITY,
+        objective="fair_sum",
+        long_term_interval_s=20,
+        window_s=120,
+        cold_start_s=10,
+        reactive_interval_s=2,
+        reactive_trigger_s=6,
+    )
+    cfg = {
+        "cluster": cluster.model_dump(),
+        "models": [m.model_dump() for m, _ in SLOS],
+        "dashboard_url": dashboard,
+        "forecaster": "fallback",
+    }  # not about the forecaster
     cfg.update(overrides)
     return cfg
 
@@ -56,13 +73,22 @@ def autoscaler_config(dashboard: str, **overrides) -> dict:
 @pytest.fixture(scope="module")
 def live():
     dash, http = free_port(), free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
-             dashboard_port=dash,
-             log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=dash,
+        log_to_driver=False,
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": http})
     cluster = ClusterSpec(**autoscaler_config("")["cluster"])
-    routes = deploy(SLOS, cluster, dashboard_url=f"http://127.0.0.1:{dash}",  # the Python API
-                    forecaster="fallback")
+    routes = deploy(
+        SLOS,
+        cluster,
+        dashboard_url=f"http://127.0.0.1:{dash}",  # the Python API
+        forecaster="fallback",
+    )
     assert routes == {m.name: f"/{m.name}/predict" for m, _ in SLOS}
     base = f"http://127.0.0.1:{http}"
     client = httpx.Client(base_url=base, timeout=60)
@@ -75,8 +101,11 @@ def live():
 
 def running() -> dict[str, int]:
     apps = serve.status().applications
-    return {n: apps[n].deployments["Model"].replica_states.get("RUNNING", 0)
-            for n in ("synth-a", "synth-b", "img") if n in apps}
+    return {
+        n: apps[n].deployments["Model"].replica_states.get("RUNNING", 0)
+        for n in ("synth-a", "synth-b", "img")
+        if n in apps
+    }
 
 
 def replica_ids(model: str) -> set[str]:
@@ -93,9 +122,11 @@ def test_every_model_answers_over_http(live):
     assert r.status_code == 200 and len(r.json()["classes"]) == 3
     assert r.json()["device"] == "cpu"  # the replica holds no GPU: the CPU, and it says so
     # the replica tells its meter, the autoscaler's status shows it (issue 47)
-    assert wait_for(lambda: c.get("/faro/status").json()["models"].get("img", {}).get("device") == "cpu",
-                    30, every=1), c.get("/faro/status").json()["models"].get("img")
+    assert wait_for(
+        lambda: c.get("/faro/status").json()["models"].get("img", {}).get("device") == "cpu", 30, every=1
+    ), c.get("/faro/status").json()["models"].get("img")
     import base64
+
     r = c.post("/img/predict", json={"image": base64.b64encode(jpeg).decode()})
     assert r.status_code == 200 and len(r.json()["scores"]) == 3
     r = c.post("/img/predict", content=b"\x00garbage bytes")
@@ -129,11 +160,11 @@ def test_load_moves_replicas_to_the_busy_model_within_capacity(live):
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    load = threading.Thread(target=fire, args=(live["base"], "/synth-a/predict", 1400, 200, 14.0),
-                            daemon=True)
+    load = threading.Thread(target=fire, args=(live["base"], "/synth-a/predict", 1400, 200, 14.0), daemon=True)
     load.start()
-    moved = wait_for(lambda: (lambda r: r.get("synth-a", 0) >= 3 and r.get("synth-b") == 1)(running()),
-                     timeout=110, every=2)
+    moved = wait_for(
+        lambda: (lambda r: r.get("synth-a", 0) >= 3 and r.get("synth-b") == 1)(running()), timeout=110, every=2
+    )
     stop.set()
     load.join(timeout=150)
     assert moved, f"replicas did not move: {running()}"
@@ -144,8 +175,7 @@ def test_load_moves_replicas_to_the_busy_model_within_capacity(live):
 
 def test_config_change_takes_effect_without_restarting_model_replicas(live):
     def redeploy(**overrides):
-        serve.run(autoscaler_app(autoscaler_config(live["dashboard"], **overrides)), name="faro",
-                  route_prefix="/faro")
+        serve.run(autoscaler_app(autoscaler_config(live["dashboard"], **overrides)), name="faro", route_prefix="/faro")
 
     def status_when(pred):
         return wait_for(lambda: (lambda s: s if pred(s) else None)(live["client"].get("/faro/status").json()), 60)
@@ -187,15 +217,20 @@ def test_each_request_goes_to_a_free_replica(live):
 
     async def round_():
         async with httpx.AsyncClient(base_url=live["base"], timeout=60) as c:
+
             async def one():
                 t0 = time.perf_counter()
                 body = (await c.post("/synth-a/predict", content=b"")).json()
                 return body["waited_ms"], (time.perf_counter() - t0) * 1e3 - body["processing_ms"]
+
             return await asyncio.gather(*(one() for _ in range(n)))
 
     waits = [w for _ in range(5) for w in asyncio.run(round_())]
-    gate = {k: v for k, v in live["client"].get("/synth-a/metrics").json().items()
-            if k in ("waiting", "dispatched", "dispatch_capacity")}
+    gate = {
+        k: v
+        for k, v in live["client"].get("/synth-a/metrics").json().items()
+        if k in ("waiting", "dispatched", "dispatch_capacity")
+    }
     on_replica = [w for w, _ in waits]
     assert len(waits) == 5 * n and max(on_replica) < 20, (n, gate, running(), waits)
 
@@ -237,18 +272,24 @@ def test_recovers_from_killed_replica_and_killed_autoscaler(live, tmp_path):
     first = wait_for(lambda: long_term_predictors(live["client"], deployed), 60)
     assert first == {m.name: "nhits-normal" for m, _ in SLOS}, first
     results = []
-    load = threading.Thread(target=lambda: results.extend(
-        fire(live["base"], "/synth-a/predict", 200, 50, 5.0)), daemon=True)
+    load = threading.Thread(
+        target=lambda: results.extend(fire(live["base"], "/synth-a/predict", 200, 50, 5.0)), daemon=True
+    )
     load.start()
     # the state the kill interrupts holds this autoscaler's own plan (the decision log can
     # still list one of the replaced app's replica: a fixed 5 s wait once found 0 decisions)
-    assert wait_for(lambda: (live["client"].get("/faro/state").json().get("policy") or {})
-                    .get("fields", {}).get("decisions", 0) >= 1, 60)
+    assert wait_for(
+        lambda: (
+            (live["client"].get("/faro/state").json().get("policy") or {}).get("fields", {}).get("decisions", 0) >= 1
+        ),
+        60,
+    )
     time.sleep(5)
     saved = live["client"].get("/faro/state").json()
     assert saved["policy"]["policy"] == "faro-fairsum" and saved["policy"]["fields"]["decisions"] >= 1
-    victims = [a for a in alive_actors()
-               if a.class_name in ("ServeReplica:synth-a:Model", "ServeReplica:faro:FaroAutoscaler")]
+    victims = [
+        a for a in alive_actors() if a.class_name in ("ServeReplica:synth-a:Model", "ServeReplica:faro:FaroAutoscaler")
+    ]
     assert {a.class_name for a in victims} == {"ServeReplica:synth-a:Model", "ServeReplica:faro:FaroAutoscaler"}
     killed, kill_time = set(), time.time()
     for a in victims:

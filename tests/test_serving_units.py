@@ -84,8 +84,9 @@ def test_dispatch_gate_cancelled_waiter_leaves_and_passes_its_turn_on():
 def _router():
     """The real router class, its counting hooks called as Ray's router calls them (the
     live test covers the wiring); replicas are stand-ins with the one attribute it reads."""
-    router = IdleFirstRouter(deployment_id=SimpleNamespace(app_name="m", name="Model"),
-                             handle_source=SimpleNamespace(value="test"))
+    router = IdleFirstRouter(
+        deployment_id=SimpleNamespace(app_name="m", name="Model"), handle_source=SimpleNamespace(value="test")
+    )
     router.initialize_state()
     return router, [SimpleNamespace(replica_id=k) for k in "abc"]
 
@@ -173,10 +174,15 @@ def test_router_stats_mean_in_flight_is_time_weighted_per_period():
 
 # --- the autoscaler loop with a fake cluster ------------------------------------------
 def config(**cluster):
-    return parse_autoscaler_config({
-        "cluster": {"cpus": 2, "objective": "fair_sum", "reactive_trigger_s": 20, **cluster},
-        "models": [{"name": "a", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25},
-                   {"name": "b", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25}]})
+    return parse_autoscaler_config(
+        {
+            "cluster": {"cpus": 2, "objective": "fair_sum", "reactive_trigger_s": 20, **cluster},
+            "models": [
+                {"name": "a", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25},
+                {"name": "b", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25},
+            ],
+        }
+    )
 
 
 def test_loop_moves_replicas_to_load_and_resumes_from_running_state():
@@ -200,10 +206,10 @@ def test_history_extrapolates_the_open_minute_only_at_start():
     def hist(front):
         return MeterSnapshot.from_meter(meter_report(**front)).arrivals_per_min.tolist()
 
-    assert hist({"arrivals_per_min": [], "current_minute_count": 50,
-                 "current_minute_elapsed_s": 20.0}) == [150.0]
-    assert hist({"arrivals_per_min": [], "current_minute_count": 5,
-                 "current_minute_elapsed_s": 5.0}) == []  # too young to say
+    assert hist({"arrivals_per_min": [], "current_minute_count": 50, "current_minute_elapsed_s": 20.0}) == [150.0]
+    assert (
+        hist({"arrivals_per_min": [], "current_minute_count": 5, "current_minute_elapsed_s": 5.0}) == []
+    )  # too young to say
     later = {"arrivals_per_min": [60, 90, 120], "current_minute_count": 50, "current_minute_elapsed_s": 20.0}
     assert hist(later) == [60, 90, 120]  # the simulator's input exactly
 
@@ -216,8 +222,12 @@ def test_loop_reactive_step_and_disabled_mode_changes_nothing():
     cluster.fronts["a"].update(latency_ms=5000.0)
     for t[0] in (10.0, 20.0, 30.0):
         rec = loop.step()
-    assert rec["decision"] == {"kind": "reactive", "replicas": {"a": cluster.running["a"]},
-                               "drop_rates": {}, "info": {"scaled_up": ["a"]}}
+    assert rec["decision"] == {
+        "kind": "reactive",
+        "replicas": {"a": cluster.running["a"]},
+        "drop_rates": {},
+        "info": {"scaled_up": ["a"]},
+    }
     off = FakeCluster({"a": 1, "b": 1})
     AutoscalerLoop(config().model_copy(update={"enabled": False}), off, clock=lambda: 0.0).step()
     assert off.scaled == [] and off.controls == []
@@ -245,11 +255,11 @@ def test_loop_restores_a_restarted_fronts_drop_rate():
 # --- schema and serve_config.yaml ------------------------------------------------------
 def test_invalid_slo_names_the_field():
     with pytest.raises(ConfigError, match=r"models\.1\.slo_ms"):
-        parse_autoscaler_config({"cluster": {"cpus": 2},
-                                 "models": [{"name": "a", "slo_ms": 10}, {"name": "b", "slo_ms": 0}]})
+        parse_autoscaler_config(
+            {"cluster": {"cpus": 2}, "models": [{"name": "a", "slo_ms": 10}, {"name": "b", "slo_ms": 0}]}
+        )
     with pytest.raises(ConfigError, match="policy 'nope' is unknown"):
-        parse_autoscaler_config({"cluster": {"cpus": 2}, "models": [{"name": "a", "slo_ms": 10}],
-                                 "policy": "nope"})
+        parse_autoscaler_config({"cluster": {"cpus": 2}, "models": [{"name": "a", "slo_ms": 10}], "policy": "nope"})
     with pytest.raises(ConfigError, match=r"model\.vision\.arch"):
         parse_model_args({"name": "x", "model": {"kind": "vision", "arch": "vgg"}})
     with pytest.raises(ConfigError, match="processing"):
@@ -260,7 +270,9 @@ def test_serve_config_is_a_valid_ray_serve_config_and_faro_config():
     from ray.serve.schema import ServeDeploySchema
 
     doc = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    ServeDeploySchema.model_validate(doc) if hasattr(ServeDeploySchema, "model_validate") else ServeDeploySchema.parse_obj(doc)
+    ServeDeploySchema.model_validate(doc) if hasattr(
+        ServeDeploySchema, "model_validate"
+    ) else ServeDeploySchema.parse_obj(doc)
     apps = {a["name"]: a for a in doc["applications"]}
     cfg = parse_autoscaler_config(apps["faro"]["args"])
     for m in cfg.models:
@@ -294,8 +306,10 @@ def test_vision_model_batches_match_single_requests_and_profile_the_grid():
     from deployments.vision import ImageClassifier
 
     m = ImageClassifier("resnet18", top_k=2, image_size=64)
-    imgs = [torchvision.io.encode_png(torch.randint(0, 255, (3, 70, 70), dtype=torch.uint8)).numpy().tobytes()
-            for _ in range(3)]
+    imgs = [
+        torchvision.io.encode_png(torch.randint(0, 255, (3, 70, 70), dtype=torch.uint8)).numpy().tobytes()
+        for _ in range(3)
+    ]
     out = m.predict_batch([imgs[0], b"junk", imgs[1], imgs[2]])
     assert out[1]["status"] == 400 and [o["batch"] for o in out if "batch" in o] == [3, 3, 3]
     for one, img in zip([out[0], out[2], out[3]], imgs):  # the same classes as alone
@@ -366,9 +380,18 @@ def test_status_explains_plans_and_shows_measured_beside_planned_utility():
     assert "long_term decision" in text and "bound by the capacity" in text
     assert "a: forecast p10/p50/p90" in text and "estimated p99" in text and "vs SLO 720 ms" in text
     # reactive and surge steps say why
-    lines = explain([{"t": 40, "decision": {"kind": "surge", "replicas": {"a": 4, "b": 2},
-                                            "info": {"scaled_up": ["b"], "surge": {"a": {
-                                                "rate_rps": 30.0, "need": 6, "from": 1, "to": 4}}}}}])
+    lines = explain(
+        [
+            {
+                "t": 40,
+                "decision": {
+                    "kind": "surge",
+                    "replicas": {"a": 4, "b": 2},
+                    "info": {"scaled_up": ["b"], "surge": {"a": {"rate_rps": 30.0, "need": 6, "from": 1, "to": 4}}},
+                },
+            }
+        ]
+    )
     assert lines[1] == "  reactive: over the SLO for the trigger period: b +1"
     assert lines[2] == "  surge: a at 30.0 req/s needs 6 replicas: 1 -> 4"
     assert explain([]) == ["no decisions yet"]

@@ -14,14 +14,18 @@ from autoscaler.driving.driver import CapacityExceeded, apply_decision
 from faro_serve.config import Batching, ModelSLO, Variant
 
 PROFILE = Batching(gamma=0.75, eps=0.25, max_batch_size=8)
-VARIANTS = [Variant(name="small", accuracy=70, processing_ms=90, batching=PROFILE),
-            Variant(name="large", accuracy=76, processing_ms=210, batching=PROFILE)]
+VARIANTS = [
+    Variant(name="small", accuracy=70, processing_ms=90, batching=PROFILE),
+    Variant(name="large", accuracy=76, processing_ms=210, batching=PROFILE),
+]
 
 
 def models():
-    return [ModelSLO(name="a", slo_ms=720, cpus=2, min_replicas=1, max_replicas=5),
-            ModelSLO(name="b", slo_ms=720, variants=VARIANTS, max_replicas=8),
-            ModelSLO(name="c", slo_ms=720, batching=PROFILE)]
+    return [
+        ModelSLO(name="a", slo_ms=720, cpus=2, min_replicas=1, max_replicas=5),
+        ModelSLO(name="b", slo_ms=720, variants=VARIANTS, max_replicas=8),
+        ModelSLO(name="c", slo_ms=720, batching=PROFILE),
+    ]
 
 
 def test_clamp_keeps_every_field_within_the_models_limits():
@@ -64,8 +68,11 @@ def test_json_round_trip_and_unknown_or_ill_typed_fields_refused():
 
 
 def test_a_decision_is_carried_out_decreases_first_within_the_limits():
-    held = {"a": Setting(replicas=2, drop_rate=0.0), "b": Setting(replicas=4, drop_rate=0.0, variant="small"),
-            "c": Setting(replicas=1, drop_rate=0.0)}
+    held = {
+        "a": Setting(replicas=2, drop_rate=0.0),
+        "b": Setting(replicas=4, drop_rate=0.0, variant="small"),
+        "c": Setting(replicas=1, drop_rate=0.0),
+    }
     dec = Decision({"a": 3, "b": 1, "c": 9}, {"b": 2.0}, batch_sizes={"c": 64}, variants={"b": "large"})
     done = apply_decision(dec, held, models(), capacity_cpus=30, capacity_memory_gb=None)
     assert done.changes == [("b", 1), ("a", 3), ("c", 9)]  # b's decrease before the increases
@@ -86,8 +93,14 @@ def test_decision_views_are_read_only_and_set_adds_fields():
     assert dict(dec.field("variant")) == {"b": "large"}
     with pytest.raises(TypeError):
         dec.replicas["a"] = 3  # a write to a view would be lost: refused
-    assert decision_record(dec) == {"kind": "long_term", "replicas": {"a": 2}, "drop_rates": {"a": 0.1},
-                                    "info": {}, "threads": {"a": 2}, "variants": {"b": "large"}}
+    assert decision_record(dec) == {
+        "kind": "long_term",
+        "replicas": {"a": 2},
+        "drop_rates": {"a": 0.1},
+        "info": {},
+        "threads": {"a": 2},
+        "variants": {"b": "large"},
+    }
     assert Decision(settings={"a": Setting(replicas=2, drop_rate=0.1)}) == Decision({"a": 2}, {"a": 0.1})
 
 
@@ -104,15 +117,21 @@ def test_the_batched_simulator_goes_through_the_drivers_clamps():
     cluster = ClusterSpec(cpus=16)
 
     def model(cpus, max_batch):
-        return [ModelSLO(name="m", slo_ms=1000, processing_ms=400, cpus=cpus, max_replicas=1,
-                         batching=Batching(gamma=0.4, eps=0.02, delta=0.004, eta=0.02,
-                                           max_batch_size=max_batch))]
+        return [
+            ModelSLO(
+                name="m",
+                slo_ms=1000,
+                processing_ms=400,
+                cpus=cpus,
+                max_replicas=1,
+                batching=Batching(gamma=0.4, eps=0.02, delta=0.004, eta=0.02, max_batch_size=max_batch),
+            )
+        ]
 
     wide = simulate_batched(setting, static(4, model(16, 16), cluster, {"m": prof}))
     narrow = simulate_batched(setting, static(4, model(2, 2), cluster, {"m": prof}))
     assert wide.cores.max() == 4 and narrow.cores.max() == 2  # threads within the replica's CPUs
     assert wide.batch.max() > 2 and narrow.batch.max() == 2  # batches within the model's largest
     with pytest.raises(ValueError, match="declares batching"):
-        simulate_batched(setting, static(16, [ModelSLO(name="m", slo_ms=1000, cpus=16)], cluster,
-                                         {"m": prof}))
+        simulate_batched(setting, static(16, [ModelSLO(name="m", slo_ms=1000, cpus=16)], cluster, {"m": prof}))
     assert np.isfinite(wide.p99_ms)

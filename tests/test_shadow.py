@@ -14,11 +14,18 @@ from faro_serve.serving.schema import parse_autoscaler_config
 
 
 def config(mode="control", policy=None, **extra):
-    return parse_autoscaler_config({
-        "cluster": {"cpus": 3, "objective": "fair_sum", "reactive_trigger_s": 20},
-        "policy": policy, "mode": mode, **extra,
-        "models": [{"name": "a", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25},
-                   {"name": "b", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25}]})
+    return parse_autoscaler_config(
+        {
+            "cluster": {"cpus": 3, "objective": "fair_sum", "reactive_trigger_s": 20},
+            "policy": policy,
+            "mode": mode,
+            **extra,
+            "models": [
+                {"name": "a", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25},
+                {"name": "b", "slo_ms": 720, "processing_ms": 154, "cpus": 0.25},
+            ],
+        }
+    )
 
 
 class OwnScaler(Cluster):

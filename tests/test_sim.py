@@ -47,8 +47,15 @@ def one_model(p_ms=100.0, max_replicas=100):
 
 def run_fixed(c, lam, dist, minutes=60, seed=1, limit=10**6):
     m = one_model(dist.mean * 1e3)
-    cfg = SimConfig(capacity_cpus=c, queue_limit=limit, processing=dist, router_overhead=NO_OVERHEAD,
-                    initial_replicas=c, seed=seed, keep_records=True)
+    cfg = SimConfig(
+        capacity_cpus=c,
+        queue_limit=limit,
+        processing=dist,
+        router_overhead=NO_OVERHEAD,
+        initial_replicas=c,
+        seed=seed,
+        keep_records=True,
+    )
     return simulate(np.full((1, minutes), lam * 60.0), m, Hold(m, ClusterSpec(cpus=c)), cfg)
 
 
@@ -120,12 +127,50 @@ def test_kernel_matches_a_reference_queue_across_tick_boundaries(hold):
     free_at, busy = ready.copy(), np.full(3, -np.inf)
     nxt, qh, nq, total_arr, total_drop = 0, 0, 0, 0, 0
     for t0, t1 in zip(np.arange(0, 200, 10.0), np.arange(10, 210, 10.0)):
-        nxt, qh, nq, a, d, _ = advance(t0, t1, arr, proc, np.zeros(n), np.ones(n), start, lat, status,
-                                      nxt, n, qbuf, qh, nq, free_at, busy, 0.0, limit, hold)
+        nxt, qh, nq, a, d, _ = advance(
+            t0,
+            t1,
+            arr,
+            proc,
+            np.zeros(n),
+            np.ones(n),
+            start,
+            lat,
+            status,
+            nxt,
+            n,
+            qbuf,
+            qh,
+            nq,
+            free_at,
+            busy,
+            0.0,
+            limit,
+            hold,
+        )
         total_arr += a
         total_drop += d
-    advance(200.0, 1e18, arr, proc, np.zeros(n), np.ones(n), start, lat, status, nxt, n, qbuf, qh, nq,
-            free_at, busy, 0.0, limit, hold)
+    advance(
+        200.0,
+        1e18,
+        arr,
+        proc,
+        np.zeros(n),
+        np.ones(n),
+        start,
+        lat,
+        status,
+        nxt,
+        n,
+        qbuf,
+        qh,
+        nq,
+        free_at,
+        busy,
+        0.0,
+        limit,
+        hold,
+    )
     assert total_arr == n
     assert np.array_equal(status == DROP_TAIL, ref_drop) and ref_drop.sum() > 0
     assert not (status == PENDING).any()
@@ -144,9 +189,15 @@ def test_replica_hold_lowers_the_service_rate_of_a_saturated_queue():
     counts[0, 0] = 900.0  # 15 req/s on a 0.1 s replica: a queue from the start
     ends = {}
     for hold in (0.0, 0.02):
-        cfg = SimConfig(capacity_cpus=1, processing=TimeDist("const", (0.1,)),
-                        router_overhead=NO_OVERHEAD, queue_limit=10**6, replica_hold_s=hold,
-                        seed=2, keep_records=True)
+        cfg = SimConfig(
+            capacity_cpus=1,
+            processing=TimeDist("const", (0.1,)),
+            router_overhead=NO_OVERHEAD,
+            queue_limit=10**6,
+            replica_hold_s=hold,
+            seed=2,
+            keep_records=True,
+        )
         rec = simulate(counts, m, Hold(m, ClusterSpec(cpus=1)), cfg).records
         done = np.sort(rec["arrival_s"] + rec["latency_s"])
         gaps = np.diff(done)
@@ -176,8 +227,14 @@ def test_conservation_every_arrival_is_served_or_dropped():
 
 def test_cold_start_delays_new_replicas():
     m = one_model(100.0)
-    cfg = SimConfig(capacity_cpus=5, processing=TimeDist("const", (0.1,)), router_overhead=NO_OVERHEAD,
-                    cold_start_s=60.0, queue_limit=10**6, keep_records=True)
+    cfg = SimConfig(
+        capacity_cpus=5,
+        processing=TimeDist("const", (0.1,)),
+        router_overhead=NO_OVERHEAD,
+        cold_start_s=60.0,
+        queue_limit=10**6,
+        keep_records=True,
+    )
     res = simulate(np.full((1, 3), 30 * 60.0), m, ScaleOnce(m, ClusterSpec(cpus=5), {"m": 5}), cfg)
     t = res.tick_times
     assert res.targets[0, 0] == 5
@@ -236,8 +293,13 @@ def test_a_step_in_load_reaches_the_simulated_policy_as_the_live_meters_see_it()
 
 def test_tail_drop_at_the_queue_limit_and_drop_rates():
     m = one_model(100.0)
-    cfg = SimConfig(capacity_cpus=1, processing=TimeDist("const", (0.1,)), router_overhead=NO_OVERHEAD,
-                    queue_limit=50, keep_records=True)
+    cfg = SimConfig(
+        capacity_cpus=1,
+        processing=TimeDist("const", (0.1,)),
+        router_overhead=NO_OVERHEAD,
+        queue_limit=50,
+        keep_records=True,
+    )
     res = simulate(np.full((1, 2), 20 * 60.0), m, Hold(m, ClusterSpec(cpus=1)), cfg)
     lat = res.records["latency_s"][~res.records["dropped"]]
     # never more than 50 waiting: wait <= 50 services, plus its own
@@ -276,11 +338,9 @@ def test_a_decision_above_capacity_raises():
 
 def test_targets_are_clamped_to_model_bounds():
     m = [ModelSLO(name="a", slo_ms=720, processing_ms=154, min_replicas=2, max_replicas=3)]
-    res = simulate(np.full((1, 1), 60.0), m, ScaleOnce(m, ClusterSpec(cpus=10), {"a": 9}),
-                   SimConfig(capacity_cpus=10))
+    res = simulate(np.full((1, 1), 60.0), m, ScaleOnce(m, ClusterSpec(cpus=10), {"a": 9}), SimConfig(capacity_cpus=10))
     assert res.targets[0, 0] == 3
-    res = simulate(np.full((1, 1), 60.0), m, ScaleOnce(m, ClusterSpec(cpus=10), {"a": 0}),
-                   SimConfig(capacity_cpus=10))
+    res = simulate(np.full((1, 1), 60.0), m, ScaleOnce(m, ClusterSpec(cpus=10), {"a": 0}), SimConfig(capacity_cpus=10))
     assert res.targets[0, 0] == 2
 
 
@@ -288,18 +348,31 @@ def test_initial_replicas_by_model_start_each_model_apart():
     """A mapping starts each model named at its own count (clamped to its bounds), the others
     at their minimum; an int still starts every model alike."""
     m = [ModelSLO(name=n, slo_ms=720, processing_ms=154, max_replicas=4) for n in ("a", "b", "c")]
-    res = simulate(np.full((3, 1), 60.0), m, Hold(m, ClusterSpec(cpus=12)),
-                   SimConfig(capacity_cpus=12, initial_replicas={"a": 3, "b": 9}))
+    res = simulate(
+        np.full((3, 1), 60.0),
+        m,
+        Hold(m, ClusterSpec(cpus=12)),
+        SimConfig(capacity_cpus=12, initial_replicas={"a": 3, "b": 9}),
+    )
     assert res.serving[0].tolist() == [3, 4, 1] and (res.targets == [3, 4, 1]).all()
-    res = simulate(np.full((3, 1), 60.0), m, Hold(m, ClusterSpec(cpus=12)),
-                   SimConfig(capacity_cpus=12, initial_replicas=2))
+    res = simulate(
+        np.full((3, 1), 60.0), m, Hold(m, ClusterSpec(cpus=12)), SimConfig(capacity_cpus=12, initial_replicas=2)
+    )
     assert res.serving[0].tolist() == [2, 2, 2]
     with pytest.raises(ValueError, match="initial replicas of nope: not models"):
-        simulate(np.full((3, 1), 60.0), m, Hold(m, ClusterSpec(cpus=12)),
-                 SimConfig(capacity_cpus=12, initial_replicas={"nope": 2}))
+        simulate(
+            np.full((3, 1), 60.0),
+            m,
+            Hold(m, ClusterSpec(cpus=12)),
+            SimConfig(capacity_cpus=12, initial_replicas={"nope": 2}),
+        )
     with pytest.raises(ValueError, match="initial replicas"):  # beyond the capacity
-        simulate(np.full((3, 1), 60.0), m, Hold(m, ClusterSpec(cpus=5)),
-                 SimConfig(capacity_cpus=5, initial_replicas={"a": 4, "b": 4}))
+        simulate(
+            np.full((3, 1), 60.0),
+            m,
+            Hold(m, ClusterSpec(cpus=5)),
+            SimConfig(capacity_cpus=5, initial_replicas={"a": 4, "b": 4}),
+        )
 
 
 def test_clients_give_up_after_their_timeout():
@@ -312,8 +385,28 @@ def test_clients_give_up_after_their_timeout():
     status = np.zeros(n, np.int8)
     qbuf = np.zeros(n, np.int64)
     free_at, busy = np.zeros(1), np.full(1, -np.inf)
-    out = advance(0.0, 1e9, arr, proc, np.zeros(n), np.ones(n), start, lat, status, 0, n, qbuf, 0, 0,
-                  free_at, busy, 0.0, n, 0.0, 3.5)
+    out = advance(
+        0.0,
+        1e9,
+        arr,
+        proc,
+        np.zeros(n),
+        np.ones(n),
+        start,
+        lat,
+        status,
+        0,
+        n,
+        qbuf,
+        0,
+        0,
+        free_at,
+        busy,
+        0.0,
+        n,
+        0.0,
+        3.5,
+    )
     assert out[2] == 0 and not (status == PENDING).any()
     done = status == DONE
     assert np.all(lat[done] <= 3.5) and np.all(np.isinf(lat[~done]))
@@ -331,8 +424,14 @@ def test_clients_give_up_after_their_timeout():
     m = one_model(200.0)
     runs = {}
     for timeout in (60.0, np.inf):
-        cfg = SimConfig(capacity_cpus=1, queue_limit=10**6, processing=TimeDist("const", (0.2,)),
-                        router_overhead=NO_OVERHEAD, client_timeout_s=timeout, keep_records=True)
+        cfg = SimConfig(
+            capacity_cpus=1,
+            queue_limit=10**6,
+            processing=TimeDist("const", (0.2,)),
+            router_overhead=NO_OVERHEAD,
+            client_timeout_s=timeout,
+            keep_records=True,
+        )
         runs[timeout] = simulate(np.full((1, 10), 600.0), m, Hold(m, ClusterSpec(cpus=1)), cfg)
     waits = runs[60.0].records["latency_s"]
     assert np.nanmax(waits[np.isfinite(waits)]) <= 60.0
@@ -346,8 +445,29 @@ def test_clients_give_up_after_their_timeout():
     n = 600
     start, lat = np.full(n, np.nan), np.full(n, np.nan)
     status = np.zeros(n, np.int8)
-    advance(0.0, 1e9, arr, proc, np.zeros(n), np.ones(n), start, lat, status, 0, n, np.zeros(n, np.int64),
-            0, 0, np.zeros(1), np.full(1, -np.inf), 0.0, n, 0.0, 3.5, False)
+    advance(
+        0.0,
+        1e9,
+        arr,
+        proc,
+        np.zeros(n),
+        np.ones(n),
+        start,
+        lat,
+        status,
+        0,
+        n,
+        np.zeros(n, np.int64),
+        0,
+        0,
+        np.zeros(1),
+        np.full(1, -np.inf),
+        0.0,
+        n,
+        0.0,
+        3.5,
+        False,
+    )
     assert np.all(~np.isnan(start))  # every request took the replica, one second each
     assert np.allclose(np.diff(np.sort(start)), 1.0)
     assert (status == DONE).sum() <= 3 < (status == TIMED_OUT).sum()

@@ -29,8 +29,21 @@ def trace_csv(tmp_path_factory):
 
 def test_simulate_prints_and_writes_json(cli, trace_csv, tmp_path):
     out = tmp_path / "r.json"
-    code, stdout, err = cli("simulate", "--trace", str(trace_csv), "--day", "3", "--sample", "0",
-                            "--capacity", "8", "--policy", "aiad", "--json", str(out))
+    code, stdout, err = cli(
+        "simulate",
+        "--trace",
+        str(trace_csv),
+        "--day",
+        "3",
+        "--sample",
+        "0",
+        "--capacity",
+        "8",
+        "--policy",
+        "aiad",
+        "--json",
+        str(out),
+    )
     assert code == 0, err
     assert "lost cluster utility" in stdout and "job2" in stdout
     d = json.loads(out.read_text())
@@ -43,9 +56,25 @@ def test_simulate_prints_and_writes_json(cli, trace_csv, tmp_path):
 
 def test_simulate_step_at_reports_recovery_and_damage(cli, trace_csv, tmp_path):
     out = tmp_path / "r.json"
-    code, stdout, err = cli("simulate", "--trace", str(trace_csv), "--day", "3", "--sample", "0",
-                            "--capacity", "8", "--policy", "faro-fairsum", "--step-at", "300",
-                            "--forecaster", "fallback", "--json", str(out))
+    code, stdout, err = cli(
+        "simulate",
+        "--trace",
+        str(trace_csv),
+        "--day",
+        "3",
+        "--sample",
+        "0",
+        "--capacity",
+        "8",
+        "--policy",
+        "faro-fairsum",
+        "--step-at",
+        "300",
+        "--forecaster",
+        "fallback",
+        "--json",
+        str(out),
+    )
     assert code == 0, err
     surge = json.loads(out.read_text())["surge"]
     assert surge["step_s"] == 300 and surge["span_s"] == 120 and set(surge["models"]) == {"job0", "job1", "job2"}
@@ -53,8 +82,9 @@ def test_simulate_step_at_reports_recovery_and_damage(cli, trace_csv, tmp_path):
         assert m["requests"] > 0 and m["bad"] == m["dropped"] + m["over_slo"] <= m["requests"]
         assert m["recovery_s"] is None or 0 <= m["recovery_s"] <= 110
     assert "step at 300 s" in stdout
-    code, _, err = cli("simulate", "--trace", str(trace_csv), "--day", "3", "--sample", "0",
-                       "--capacity", "8", "--step-at", "5000")
+    code, _, err = cli(
+        "simulate", "--trace", str(trace_csv), "--day", "3", "--sample", "0", "--capacity", "8", "--step-at", "5000"
+    )
     assert code == 2 and "--step-at 5000 s is outside" in err
 
 
@@ -65,9 +95,23 @@ def test_replica_hold_slows_a_saturated_cluster(cli, trace_csv, tmp_path):
     lost = {}
     for hold in ("0", "40"):
         out = tmp_path / f"h{hold}.json"
-        code, _, err = cli("simulate", "--trace", str(trace_csv), "--day", "3", "--sample", "0",
-                           "--capacity", "3", "--policy", "fairshare", "--replica-hold-ms", hold,
-                           "--json", str(out))
+        code, _, err = cli(
+            "simulate",
+            "--trace",
+            str(trace_csv),
+            "--day",
+            "3",
+            "--sample",
+            "0",
+            "--capacity",
+            "3",
+            "--policy",
+            "fairshare",
+            "--replica-hold-ms",
+            hold,
+            "--json",
+            str(out),
+        )
         assert code == 0, err
         d = json.loads(out.read_text())
         lost[hold] = (d["lost_cluster_utility"], d["cluster_slo_violation_rate"])
@@ -76,35 +120,72 @@ def test_replica_hold_slows_a_saturated_cluster(cli, trace_csv, tmp_path):
 
 def test_simulate_forecasting_policy_opted_out_says_fallback(cli, trace_csv):
     # the default, the shipped N-HiTS: tests/test_shipped_forecaster.py
-    code, stdout, err = cli("simulate", "--trace", str(trace_csv), "--day", "3", "--sample", "0",
-                            "--capacity", "8", "--policy", "faro-sum", "--minutes", "10",
-                            "--forecaster", "fallback", "--json", "-")
+    code, stdout, err = cli(
+        "simulate",
+        "--trace",
+        str(trace_csv),
+        "--day",
+        "3",
+        "--sample",
+        "0",
+        "--capacity",
+        "8",
+        "--policy",
+        "faro-sum",
+        "--minutes",
+        "10",
+        "--forecaster",
+        "fallback",
+        "--json",
+        "-",
+    )
     assert code == 0, err
     assert json.loads(stdout)["forecaster"] == "fallback: chosen"
 
 
 def test_simulate_reads_json_lines(cli, tmp_path):
     path = tmp_path / "t.jsonl"
-    path.write_text("\n".join(json.dumps({"ts": i, "counts": {"a": {"d1": 200 + i, "d2": 100}, "b": {"d": 50}}})
-                              for i in range(8)) + "\n")
-    code, stdout, err = cli("simulate", "--trace", str(path), "--capacity", "4", "--policy", "fairshare",
-                            "--json", "-", "--processing-dist", "const:0.1", "--slo-ms", "400")
+    path.write_text(
+        "\n".join(json.dumps({"ts": i, "counts": {"a": {"d1": 200 + i, "d2": 100}, "b": {"d": 50}}}) for i in range(8))
+        + "\n"
+    )
+    code, stdout, err = cli(
+        "simulate",
+        "--trace",
+        str(path),
+        "--capacity",
+        "4",
+        "--policy",
+        "fairshare",
+        "--json",
+        "-",
+        "--processing-dist",
+        "const:0.1",
+        "--slo-ms",
+        "400",
+    )
     assert code == 0, err
     d = json.loads(stdout)
     assert d["minutes"] == 8 and d["jobs"]["a"]["requests"] > d["jobs"]["b"]["requests"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--trace", "nope.csv", "--capacity", "4"], "no such trace file"),
-    (["--capacity", "8", "--policy", "nope"], "unknown policy"),
-    (["--capacity", "2"], "3 jobs need at least 3 replicas"),
-    (["--capacity", "8", "--processing-dist", "gamma:1"], "cannot read distribution"),
-    (["--capacity", "8", "--slo-ms", "100"], "must exceed the processing time"),
-    (["--capacity", "8", "--minutes", "99"], "exceeds the 20 minutes"),
-    (["--capacity", "8", "--rescale", "5"], "--rescale takes LOW,HIGH"),
-    (["--capacity", "8", "--replica-hold-ms", "-3"], "--replica-hold-ms must be in [0, 60000)"),
-    (["--capacity", "8", "--batch-profile", "nope.json"], "--batch-profile/--max-batch: batching profile nope.json: not a saved profile"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--trace", "nope.csv", "--capacity", "4"], "no such trace file"),
+        (["--capacity", "8", "--policy", "nope"], "unknown policy"),
+        (["--capacity", "2"], "3 jobs need at least 3 replicas"),
+        (["--capacity", "8", "--processing-dist", "gamma:1"], "cannot read distribution"),
+        (["--capacity", "8", "--slo-ms", "100"], "must exceed the processing time"),
+        (["--capacity", "8", "--minutes", "99"], "exceeds the 20 minutes"),
+        (["--capacity", "8", "--rescale", "5"], "--rescale takes LOW,HIGH"),
+        (["--capacity", "8", "--replica-hold-ms", "-3"], "--replica-hold-ms must be in [0, 60000)"),
+        (
+            ["--capacity", "8", "--batch-profile", "nope.json"],
+            "--batch-profile/--max-batch: batching profile nope.json: not a saved profile",
+        ),
+    ],
+)
 def test_simulate_bad_input_is_one_line_exit_2(cli, trace_csv, args, message):
     base = ["--trace", str(trace_csv), "--day", "3", "--sample", "0"]
     if args[0] == "--trace":
@@ -116,14 +197,33 @@ def test_simulate_bad_input_is_one_line_exit_2(cli, trace_csv, args, message):
 
 def test_suite_writes_csv_markdown_and_plots(cli, trace_csv, tmp_path):
     out = tmp_path / "suite"
-    code, stdout, err = cli("suite", "--trace", str(trace_csv), "--day", "3", "--sample", "0",
-                            "--policies", "aiad,oracle", "--capacities", "8,5", "--seeds", "2",
-                            "--minutes", "6", "--workers", "2", "--out", str(out))
+    code, stdout, err = cli(
+        "suite",
+        "--trace",
+        str(trace_csv),
+        "--day",
+        "3",
+        "--sample",
+        "0",
+        "--policies",
+        "aiad,oracle",
+        "--capacities",
+        "8,5",
+        "--seeds",
+        "2",
+        "--minutes",
+        "6",
+        "--workers",
+        "2",
+        "--out",
+        str(out),
+    )
     assert code == 0, err
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert len(rows) == 2 * 2 * 2
-    assert {(r["policy"], float(r["capacity"]), int(r["seed"])) for r in rows} == \
-        {(p, c, s) for p in ("aiad", "oracle") for c in (8.0, 5.0) for s in (0, 1)}
+    assert {(r["policy"], float(r["capacity"]), int(r["seed"])) for r in rows} == {
+        (p, c, s) for p in ("aiad", "oracle") for c in (8.0, 5.0) for s in (0, 1)
+    }
     md = (out / "summary.md").read_text()
     assert "Capacity 8 replicas" in md and "oracle" in md
     for png in ("lost_utility.png", "timeline.png"):
@@ -158,9 +258,29 @@ def test_duplicate_jobs_and_previous_day(trace_csv):
 
 def test_simulate_with_history_trains_once_then_loads(cli, trace_csv, tmp_path):
     cache = tmp_path / "fc"
-    args = ["simulate", "--trace", str(trace_csv), "--day", "3", "--sample", "0", "--capacity", "8",
-            "--policy", "faro-fairsum", "--minutes", "5", "--json", "-", "--history", str(trace_csv),
-            "--forecaster-cache", str(cache), "--history-max-steps", "3"]
+    args = [
+        "simulate",
+        "--trace",
+        str(trace_csv),
+        "--day",
+        "3",
+        "--sample",
+        "0",
+        "--capacity",
+        "8",
+        "--policy",
+        "faro-fairsum",
+        "--minutes",
+        "5",
+        "--json",
+        "-",
+        "--history",
+        str(trace_csv),
+        "--forecaster-cache",
+        str(cache),
+        "--history-max-steps",
+        "3",
+    ]
     code, stdout, err = cli(*args)
     assert code == 0, err
     assert "training N-HiTS" in err and "days [1, 2]" in err

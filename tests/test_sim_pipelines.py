@@ -35,26 +35,54 @@ class Fixed(Policy):
 
 
 def chain(name="chain", slo_ms=600.0, p=(100.0, 50.0)):
-    stages = [dict(name=f"{name}-s{i}", processing_ms=ms, **({"after": [f"{name}-s{i - 1}"]} if i else {}))
-              for i, ms in enumerate(p)]
+    stages = [
+        dict(name=f"{name}-s{i}", processing_ms=ms, **({"after": [f"{name}-s{i - 1}"]} if i else {}))
+        for i, ms in enumerate(p)
+    ]
     return PipelineSLO(name=name, slo_ms=slo_ms, stages=stages)
 
 
 def fan(fraction=0.5):
-    return PipelineSLO(name="fan", slo_ms=800.0, stages=[
-        dict(name="e", processing_ms=100.0), dict(name="x", after=["e"], processing_ms=50.0),
-        dict(name="y", after=["e"], processing_ms=200.0, fraction=fraction)])
+    return PipelineSLO(
+        name="fan",
+        slo_ms=800.0,
+        stages=[
+            dict(name="e", processing_ms=100.0),
+            dict(name="x", after=["e"], processing_ms=50.0),
+            dict(name="y", after=["e"], processing_ms=200.0, fraction=fraction),
+        ],
+    )
 
 
-def run(singles, pipes, rate_per_min, minutes=10, capacity=40, targets=None, drops=None,
-        processing=None, overhead=NO_OVERHEAD, seed=3, initial=None, **cfg):
+def run(
+    singles,
+    pipes,
+    rate_per_min,
+    minutes=10,
+    capacity=40,
+    targets=None,
+    drops=None,
+    processing=None,
+    overhead=NO_OVERHEAD,
+    seed=3,
+    initial=None,
+    **cfg,
+):
     models = expand(singles, pipes)
     pol = Fixed(models, ClusterSpec(cpus=capacity), targets, drops)
     pol.attach_pipelines(pipes)
     counts = np.tile(np.asarray(rate_per_min, float)[:, None], (1, minutes))
-    stage_proc = {m.name: TimeDist("const", (m.processing_ms / 1e3,)) for m in models[len(singles):]}
-    sc = SimConfig(capacity_cpus=capacity, processing=processing or CONST, router_overhead=overhead,
-                   cold_start_s=0.0, initial_replicas=initial, seed=seed, keep_records=True, **cfg)
+    stage_proc = {m.name: TimeDist("const", (m.processing_ms / 1e3,)) for m in models[len(singles) :]}
+    sc = SimConfig(
+        capacity_cpus=capacity,
+        processing=processing or CONST,
+        router_overhead=overhead,
+        cold_start_s=0.0,
+        initial_replicas=initial,
+        seed=seed,
+        keep_records=True,
+        **cfg,
+    )
     return simulate(counts, singles, pol, sc, pipelines=pipes, stage_processing=stage_proc), pol
 
 
@@ -89,8 +117,16 @@ def test_starved_stage_makes_its_pipeline_violate_not_a_single_model_beside_it()
     single = [ModelSLO(name="m", slo_ms=600.0, processing_ms=100.0)]
     p = chain(p=(100.0, 100.0))
     # 8 queries/s: stage 2 with one replica is at rho 0.8; the single model has 4
-    res, _ = run(single, [p], [480.0, 480.0], minutes=15, capacity=12, initial=1,
-                 targets={"m": 4, "chain-s0": 4, "chain-s1": 1}, queue_limit=10**6)
+    res, _ = run(
+        single,
+        [p],
+        [480.0, 480.0],
+        minutes=15,
+        capacity=12,
+        initial=1,
+        targets={"m": 4, "chain-s0": 4, "chain-s1": 1},
+        queue_limit=10**6,
+    )
     s = res.summary
     im, ip = res.names.index("m"), res.names.index("chain")
     assert s.job_slo_violation_rate[im] < 0.01
@@ -119,10 +155,16 @@ def test_fan_out_latency_is_the_slowest_branch():
 
 def test_a_join_waits_for_its_last_branch():
     """a -> {b, c} -> d: d starts when the slower of b and c is done; every query visits d."""
-    p = PipelineSLO(name="diamond", slo_ms=1000.0, stages=[
-        dict(name="a", processing_ms=100.0), dict(name="b", after=["a"], processing_ms=50.0),
-        dict(name="c", after=["a"], processing_ms=200.0, fraction=0.5),
-        dict(name="d", after=["b", "c"], processing_ms=100.0)])
+    p = PipelineSLO(
+        name="diamond",
+        slo_ms=1000.0,
+        stages=[
+            dict(name="a", processing_ms=100.0),
+            dict(name="b", after=["a"], processing_ms=50.0),
+            dict(name="c", after=["a"], processing_ms=200.0, fraction=0.5),
+            dict(name="d", after=["b", "c"], processing_ms=100.0),
+        ],
+    )
     res, _ = run([], [p], [120.0], minutes=10, initial=8)
     lat = job(res, "diamond")["latency_s"]
     via_c = np.isclose(lat, 0.1 + 0.2 + 0.1)
@@ -142,8 +184,7 @@ def test_drop_at_the_second_stage_drops_the_query():
 
 def test_refused_at_a_full_queue_is_dropped_end_to_end():
     # stage 2 has one replica and no queue: a query arriving while it is busy is refused
-    res, _ = run([], [chain(p=(50.0, 200.0))], [600.0], minutes=5, initial=1,
-                 targets={"chain-s0": 4}, queue_limit=0)
+    res, _ = run([], [chain(p=(50.0, 200.0))], [600.0], minutes=5, initial=1, targets={"chain-s0": 4}, queue_limit=0)
     r, a, b = job(res, "chain"), stage(res, "chain-s0"), stage(res, "chain-s1")
     assert b["dropped"].sum() > 100
     # (stage 1 has no queue either: the few it refuses never reach stage 2)
@@ -153,8 +194,7 @@ def test_refused_at_a_full_queue_is_dropped_end_to_end():
 
 def test_observations_of_stages_and_pipelines():
     p = fan(0.5)
-    res, pol = run([ModelSLO(name="m", slo_ms=600.0, processing_ms=100.0)], [p], [120.0, 240.0],
-                   minutes=6, initial=6)
+    res, pol = run([ModelSLO(name="m", slo_ms=600.0, processing_ms=100.0)], [p], [120.0, 240.0], minutes=6, initial=6)
     obs = pol.seen[-1]  # the last tick, minute 5
     assert set(obs.models) == {"m", "e", "x", "y"} and set(obs.pipelines) == {"fan"}
     po = obs.pipelines["fan"]
@@ -206,16 +246,26 @@ def test_counts_need_a_row_per_pipeline():
     p = chain()
     pol = Fixed(expand([ModelSLO(name="m", slo_ms=600.0)], [p]), ClusterSpec(cpus=10))
     with pytest.raises(ValueError, match=r"models=1 \+ pipelines=1"):
-        simulate(np.ones((1, 3)), [ModelSLO(name="m", slo_ms=600.0)], pol,
-                 SimConfig(capacity_cpus=10), pipelines=[p])
+        simulate(np.ones((1, 3)), [ModelSLO(name="m", slo_ms=600.0)], pol, SimConfig(capacity_cpus=10), pipelines=[p])
 
 
 def test_pipeline_suite_quick_runs(tmp_path):
     from bench.pipeline_suite import main
 
     out = tmp_path / "suite.md"
-    rows = main(["--quick", "--minutes", "8", "--seeds", "1", "--policies",
-                 "fairshare,oracle,no-such-policy", "--out", str(out)])
+    rows = main(
+        [
+            "--quick",
+            "--minutes",
+            "8",
+            "--seeds",
+            "1",
+            "--policies",
+            "fairshare,oracle,no-such-policy",
+            "--out",
+            str(out),
+        ]
+    )
     assert {r["policy"] for r in rows} == {"fairshare", "oracle"}
     text = out.read_text()
     assert "no-such-policy" in text and "skipped" in text
@@ -238,8 +288,21 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "pipeline_sim.yaml"
 def test_simulate_command_runs_a_config_with_pipelines(cli, tmp_path):
     trace = _trace(tmp_path / "t.csv", ["resnet", "detect-classify", "tag-caption"])
     out = tmp_path / "out.json"
-    code, stdout, err = cli("simulate", "--trace", str(trace), "--day", "2", "--sample", "0",
-                            "--config", str(EXAMPLE), "--policy", "fairshare", "--json", str(out))
+    code, stdout, err = cli(
+        "simulate",
+        "--trace",
+        str(trace),
+        "--day",
+        "2",
+        "--sample",
+        "0",
+        "--config",
+        str(EXAMPLE),
+        "--policy",
+        "fairshare",
+        "--json",
+        str(out),
+    )
     assert code == 0, err
     res = json.loads(out.read_text())
     assert res["capacity"] == 16  # the config's cluster
@@ -252,8 +315,19 @@ def test_simulate_command_runs_a_config_with_pipelines(cli, tmp_path):
 
 def test_simulate_config_names_the_pipeline_missing_from_the_trace(cli, tmp_path):
     trace = _trace(tmp_path / "t.csv", ["resnet", "detect-classify"])
-    code, _, err = cli("simulate", "--trace", str(trace), "--day", "2", "--sample", "0",
-                       "--config", str(EXAMPLE), "--policy", "fairshare")
+    code, _, err = cli(
+        "simulate",
+        "--trace",
+        str(trace),
+        "--day",
+        "2",
+        "--sample",
+        "0",
+        "--config",
+        str(EXAMPLE),
+        "--policy",
+        "fairshare",
+    )
     assert code == 2
     assert "pipeline 'tag-caption' has no job 'tag-caption'" in err
     assert "queries at the entry" in err

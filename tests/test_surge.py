@@ -19,10 +19,17 @@ R1 = max_rate_for_slo(1, 0.154, 0.72, 0.99)  # what one replica serves within th
 
 
 def observe(now, rate_a, target_a=1, queue_a=0.0, cap=12, before_a=0.8 * R1):
-    return Observation(now=now, capacity_cpus=cap, capacity_memory_gb=None, models={
-        "a": ModelObservation("a", target_a, target_a, np.full(20, before_a * 60), arrival_rate=rate_a,
-                              queue_length=queue_a),
-        "b": ModelObservation("b", 1, 1, np.full(20, 60.0), arrival_rate=1.0)})
+    return Observation(
+        now=now,
+        capacity_cpus=cap,
+        capacity_memory_gb=None,
+        models={
+            "a": ModelObservation(
+                "a", target_a, target_a, np.full(20, before_a * 60), arrival_rate=rate_a, queue_length=queue_a
+            ),
+            "b": ModelObservation("b", 1, 1, np.full(20, 60.0), arrival_rate=1.0),
+        },
+    )
 
 
 def test_max_rate_inverts_min_replicas():
@@ -98,21 +105,28 @@ def _step_run(surge: bool, cold_start_s=10.0, step_min=10, minutes=16):
     counts[0, step_min:] = 5 * R1 * 60  # a step to 5x what one replica serves
     counts[1] = R1 * 60
     pol = make_policy("faro-fairsum", MODELS, ClusterSpec(cpus=12, cold_start_s=cold_start_s, surge=surge))
-    res = simulate(counts, MODELS, pol, SimConfig(capacity_cpus=12, cold_start_s=cold_start_s,
-                                                  keep_records=True, seed=1),
-                   warmup_history=np.tile(counts[:, :1], (1, 30)))
+    res = simulate(
+        counts,
+        MODELS,
+        pol,
+        SimConfig(capacity_cpus=12, cold_start_s=cold_start_s, keep_records=True, seed=1),
+        warmup_history=np.tile(counts[:, :1], (1, 30)),
+    )
     r = res.records
-    rep = surge_report(["a", "b"], r["model"], r["arrival_s"], r["latency_s"], r["dropped"], 0.72, 99.0,
-                       60.0 * step_min)
+    rep = surge_report(
+        ["a", "b"], r["model"], r["arrival_s"], r["latency_s"], r["dropped"], 0.72, 99.0, 60.0 * step_min
+    )
     return res, rep["models"]["a"]
 
 
 def test_simulated_step_recovers_within_the_cold_start_plus_15_s(report):
     on_res, on = _step_run(True)
     off_res, off = _step_run(False)
-    report(f"surge step (sim, cold start 10 s, 1 replica -> 5x its SLO rate): recovery "
-           f"{on['recovery_s']} s with the surge rule, {off['recovery_s']} s without; requests "
-           f"dropped or over the SLO in the first 2 min {on['bad']} vs {off['bad']} of {on['requests']}")
+    report(
+        f"surge step (sim, cold start 10 s, 1 replica -> 5x its SLO rate): recovery "
+        f"{on['recovery_s']} s with the surge rule, {off['recovery_s']} s without; requests "
+        f"dropped or over the SLO in the first 2 min {on['bad']} vs {off['bad']} of {on['requests']}"
+    )
     assert on_res.decisions.get("surge", 0) >= 1 and "surge" not in off_res.decisions
     assert on["recovery_s"] is not None and on["recovery_s"] <= 10.0 + 15.0
     assert off["recovery_s"] is None or off["recovery_s"] > on["recovery_s"]
@@ -128,8 +142,15 @@ def test_flat_trace_never_surges(level):
     runs = []
     for surge in (True, False):
         pol = make_policy("faro-fairsum", MODELS, ClusterSpec(cpus=12, cold_start_s=10, surge=surge))
-        runs.append(simulate(counts, MODELS, pol, SimConfig(capacity_cpus=12, cold_start_s=10, seed=3),
-                             warmup_history=np.tile(counts[:, :1], (1, 30))))
+        runs.append(
+            simulate(
+                counts,
+                MODELS,
+                pol,
+                SimConfig(capacity_cpus=12, cold_start_s=10, seed=3),
+                warmup_history=np.tile(counts[:, :1], (1, 30)),
+            )
+        )
     assert "surge" not in runs[0].decisions
     assert np.array_equal(runs[0].targets, runs[1].targets)
 

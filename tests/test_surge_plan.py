@@ -21,11 +21,22 @@ R7 = max_rate_for_slo(7, 0.154, 0.72, 0.99)
 def observe(now, rates, targets=None, history=None, cap=10, future=None):
     """``history``: per-minute counts per model (None: a new deployment, no minute yet)."""
     targets = targets or {n: 1 for n in rates}
-    return Observation(now=now, capacity_cpus=cap, capacity_memory_gb=None, models={
-        n: ModelObservation(n, targets[n], targets[n],
-                            np.zeros(0) if history is None else np.full(20, history[n] * 60.0),
-                            arrival_rate=r)
-        for n, r in rates.items()}, future_arrivals_per_min=future)
+    return Observation(
+        now=now,
+        capacity_cpus=cap,
+        capacity_memory_gb=None,
+        models={
+            n: ModelObservation(
+                n,
+                targets[n],
+                targets[n],
+                np.zeros(0) if history is None else np.full(20, history[n] * 60.0),
+                arrival_rate=r,
+            )
+            for n, r in rates.items()
+        },
+        future_arrivals_per_min=future,
+    )
 
 
 def test_a_new_deployment_that_cannot_all_surge_shares_the_cluster_by_a_plan():
@@ -41,8 +52,7 @@ def test_a_new_deployment_that_cannot_all_surge_shares_the_cluster_by_a_plan():
     assert set(d.info["models"]) == set(NAMES)  # the whole cluster, by the engine
     assert sum(d.replicas.values()) <= 10 and min(d.replicas.values()) >= 2
     assert all("re-levelled" in d.info["models"][n]["predictor"] for n in NAMES)
-    text = "\n".join(explain([{"t": 10.0, "decision": {"kind": d.kind, "replicas": dict(d.replicas),
-                                                       "info": d.info}}]))
+    text = "\n".join(explain([{"t": 10.0, "decision": {"kind": d.kind, "replicas": dict(d.replicas), "info": d.info}}]))
     assert "surge plan: the surging models' needs did not fit" in text and "new, no minute" in text
     g = greedy.decide(observe(10.0, rates))
     assert g.kind == "surge" and min(g.replicas.get(n, 1) for n in NAMES) == 1  # the last: nothing
@@ -73,12 +83,10 @@ def test_surge_plans_keep_their_gap():
     # within replan_gap_s (60 s) of the long-term plan: the greedy grant
     g = pol.decide(observe(10.0, big, history=hist, cap=8))
     assert g.kind == "surge" and g.replicas == {"a": 6}
-    d = pol.decide(observe(70.0, big, targets={"a": 3, "b": 1, "c": 1},
-                           history=hist, cap=8))
+    d = pol.decide(observe(70.0, big, targets={"a": 3, "b": 1, "c": 1}, history=hist, cap=8))
     assert d.kind == "surge-plan"
     # under heavy overload (needing 1.25 x the cluster or more): the greedy grant again
-    h = pol.decide(observe(140.0, {**big, "a": 5 * R7}, targets={"a": 3, "b": 1, "c": 1},
-                           history=hist, cap=8))
+    h = pol.decide(observe(140.0, {**big, "a": 5 * R7}, targets={"a": 3, "b": 1, "c": 1}, history=hist, cap=8))
     assert h.kind == "surge"
 
 
@@ -108,13 +116,14 @@ def test_the_simulator_shows_the_first_minutes_as_the_live_driver_does():
     def logged(o):
         seen[o.now] = o.models["a"].arrivals_per_min.copy()
         return decide(o)
+
     pol.decide = logged
     simulate(np.full((1, 4), 600.0), MODELS[:1], pol, SimConfig(capacity_cpus=4, seed=1))
     assert seen[0.0].size == 0
     assert seen[10.0].size == 1 and 300 < seen[10.0][0] < 900  # ~600/min from 10 s
-    assert seen[60.0].size == 1                                 # minute 0 done; 1 not yet 10 s old
+    assert seen[60.0].size == 1  # minute 0 done; 1 not yet 10 s old
     assert seen[70.0].size == 2 and seen[70.0][0] == seen[60.0][0]
-    assert seen[120.0].size == 2 and seen[180.0].size == 3      # completed minutes only
+    assert seen[120.0].size == 2 and seen[180.0].size == 3  # completed minutes only
 
 
 def test_simulated_new_deployment_loses_less_in_its_first_minutes():
@@ -126,13 +135,26 @@ def test_simulated_new_deployment_loses_less_in_its_first_minutes():
     from faro_serve.validation.comparison import Workload
     from faro_serve.validation.matched import simulate_policy
 
-    wl = Workload(trace="../shared/traces/faro10_days1-10.csv", day=9, sample=0,
-                  jobs=("job9", "job0", "job3", "job1", "job6", "job5"), start=310, minutes=10,
-                  rate_scale=1 / 3, slowdown=3)
+    wl = Workload(
+        trace="../shared/traces/faro10_days1-10.csv",
+        day=9,
+        sample=0,
+        jobs=("job9", "job0", "job3", "job1", "job6", "job5"),
+        start=310,
+        minutes=10,
+        rate_scale=1 / 3,
+        slowdown=3,
+    )
     lost = {}
     for on in (True, False):
-        r = simulate_policy("faro-fairsum", wl, 16, parse_dist("lognorm:0.5,0.008,0.003"), 10.0,
-                            cluster={"surge_plan": on, "surge_new": on})
+        r = simulate_policy(
+            "faro-fairsum",
+            wl,
+            16,
+            parse_dist("lognorm:0.5,0.008,0.003"),
+            10.0,
+            cluster={"surge_plan": on, "surge_new": on},
+        )
         u = utility_from_latency(r.table.p_all, np.full(len(r.names), 2.16))
         lost[on] = float((1 - u[:, :5]).sum())
         assert ("surge-plan" in r.decisions) is on

@@ -40,16 +40,30 @@ def live():
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), str(TESTS.parent), old) if p)
     try:  # the raylet and every worker inherit it: the user's package is installed
         # the dashboard serves the REST API the autoscaler scales through, as a user's Ray does
-        ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=True,
-                 dashboard_host="127.0.0.1", dashboard_port=dash, log_to_driver=False)
+        ray.init(
+            address="local",
+            num_cpus=2,
+            num_gpus=2,
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            dashboard_port=dash,
+            log_to_driver=False,
+        )
     finally:
         os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
     serve.start(http_options={"host": "127.0.0.1", "port": http})
-    apps = {"batcher": faro_serve.scaled(Batcher, BATCHER).bind(base_s=0.1),
-            "dropper": faro_serve.scaled(Batcher.options(name="Dropper"), DROPPER, queue_limit=20).bind(base_s=0.1)}
-    faro_serve.run(apps, [BATCHER, DROPPER], CLUSTER, forecaster="fallback",
-                   policy="user_plugins.my_policies:BatchesAndDrops",
-                   dashboard_url=f"http://127.0.0.1:{dash}")
+    apps = {
+        "batcher": faro_serve.scaled(Batcher, BATCHER).bind(base_s=0.1),
+        "dropper": faro_serve.scaled(Batcher.options(name="Dropper"), DROPPER, queue_limit=20).bind(base_s=0.1),
+    }
+    faro_serve.run(
+        apps,
+        [BATCHER, DROPPER],
+        CLUSTER,
+        forecaster="fallback",
+        policy="user_plugins.my_policies:BatchesAndDrops",
+        dashboard_url=f"http://127.0.0.1:{dash}",
+    )
     base = f"http://127.0.0.1:{http}"
     yield {"base": base}
     serve.shutdown()
@@ -70,7 +84,9 @@ def answers(base: str, path: str, n: int, concurrency: int) -> list:
                 async with sem:
                     r = await c.post(path, content=b"x" * (1 + i % 5))
                     return r.status_code, (r.json() if r.status_code == 200 else r.text)
+
             return await asyncio.gather(*(one(i) for i in range(n)))
+
     return asyncio.run(go())
 
 
@@ -78,8 +94,7 @@ def test_every_request_is_answered_in_batches_of_the_size_the_autoscaler_set(liv
     """32 clients at once: every request answered 200 with the user's own answer; batches
     larger than 1 form through Faro's router and gate, and none larger than the 4 the
     policy set (the decorator's 16 would allow 16): the decision reached Ray's queue."""
-    assert wait_for(lambda: meter("batcher", "Batcher").get("batch_size") == 4, 60), \
-        meter("batcher", "Batcher")
+    assert wait_for(lambda: meter("batcher", "Batcher").get("batch_size") == 4, 60), meter("batcher", "Batcher")
     res = answers(live["base"], "/batcher", 200, 32)
     assert [s for s, _ in res] == [200] * 200, {s for s, _ in res}
     sizes = [a["batch"] for _, a in res]
@@ -91,9 +106,11 @@ def test_every_request_is_answered_in_batches_of_the_size_the_autoscaler_set(liv
 
 def test_the_status_shows_the_batch_in_force_and_the_batches_served(live, cli):
     """``/faro/status`` and ``faro-serve status``, as an operator reads them."""
+
     def seen():
         r = httpx.get(live["base"] + "/faro/status", timeout=10).json()["models"].get("batcher", {})
         return r if r.get("batch_size") == 4 and (r.get("mean_batch") or 0) > 1 else None
+
     assert wait_for(seen, 30), httpx.get(live["base"] + "/faro/status").json()["models"]
     code, out, _ = cli("status", "--url", live["base"])
     assert code == 0 and "batcher: batch 4 in force" in out

@@ -31,8 +31,8 @@ def guard(concurrency=1):
 def request(body: bytes = b"{}") -> Request:
     async def receive():
         return {"type": "http.request", "body": body, "more_body": False}
-    return Request({"type": "http", "method": "POST", "path": "/", "headers": [],
-                    "query_string": b""}, receive)
+
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b""}, receive)
 
 
 def test_at_most_concurrency_requests_run_in_the_users_code_at_once():
@@ -99,6 +99,7 @@ def test_a_streaming_answer_holds_its_slot_until_its_last_chunk():
             await asyncio.sleep(0.05)
             yield b"b"
             order.append("first done")
+
         return StreamingResponse(chunks())
 
     async def main():
@@ -110,6 +111,7 @@ def test_a_streaming_answer_holds_its_slot_until_its_last_chunk():
         async def second():
             await asyncio.sleep(0.01)
             await g.call(lambda: order.append("second runs"))
+
         body, _ = await asyncio.gather(drain(), second())
         return body
 
@@ -139,6 +141,7 @@ def test_the_users_class_runs_unchanged_behind_the_guard():
 
     async def handle_call():  # Ray calls a sync method on the replica's loop, awaits what it returns
         return await obj.helper(3)
+
     assert asyncio.run(handle_call()) == 8
     obj._faro_guard.drop_rate = 1.0
     with pytest.raises(Dropped):
@@ -163,15 +166,30 @@ def test_a_wrong_deployment_is_named_clearly():
     with pytest.raises(ConfigError, match="names deployment 'Other'"):
         faro_serve.scaled(TextClassifier, slo.model_copy(update={"deployment": "Other"}))
     with pytest.raises(ConfigError, match="application 'shop', which is not among"):
-        faro_serve.run({}, [faro_serve.SLO(name="s", app="shop", deployment="D", slo_ms=300)],
-                       faro_serve.Cluster(cpus=1))
+        faro_serve.run(
+            {}, [faro_serve.SLO(name="s", app="shop", deployment="D", slo_ms=300)], faro_serve.Cluster(cpus=1)
+        )
 
 
 def test_faro_serve_init_writes_a_config_that_validates(cli, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "c.yaml"
-    code, _, err = cli("init", "user_apps.shop:TextClassifier", "--name", "clf", "--slo-ms", "250",
-                       "--cpus", "0.5", "--gpus", "1", "--cluster-cpus", "4", "-o", str(out))
+    code, _, err = cli(
+        "init",
+        "user_apps.shop:TextClassifier",
+        "--name",
+        "clf",
+        "--slo-ms",
+        "250",
+        "--cpus",
+        "0.5",
+        "--gpus",
+        "1",
+        "--cluster-cpus",
+        "4",
+        "-o",
+        str(out),
+    )
     assert code == 0, err
     doc = yaml.safe_load(out.read_text())
     faro, app = doc["applications"]
@@ -185,9 +203,11 @@ def test_faro_serve_init_writes_a_config_that_validates(cli, monkeypatch, tmp_pa
     assert code == 2 and "does not import" in err and err.count("\n") == 1
     # a bad value is named by the flag that set it, not by the config field alone
     code, _, err = cli("init", "user_apps.shop:TextClassifier", "--slo-ms", "-5", "-o", str(out))
-    assert code == 2 and err == ("faro-serve: error: invalid configuration in the config these "
-                                 "flags make:\n  --slo-ms (models.0.slo_ms): Input should be "
-                                 "greater than 0 (got -5.0)\n")
+    assert code == 2 and err == (
+        "faro-serve: error: invalid configuration in the config these "
+        "flags make:\n  --slo-ms (models.0.slo_ms): Input should be "
+        "greater than 0 (got -5.0)\n"
+    )
     code, _, err = cli("init", "user_apps.shop:TextClassifier", "--port", "99999")
     assert code == 2 and err == "faro-serve: error: --port must be in 1..65535 (got 99999)\n"
 
@@ -211,14 +231,16 @@ def test_a_pipeline_scales_its_stages_meters_its_ingress_and_names_a_wrong_stage
     from faro_serve import Pipeline, Stage
     from faro_serve.serving.user import _located
 
-    p = Pipeline(name="gal", slo_ms=400, stages=[Stage(name="clean", cpus=0.1),
-                                                 Stage(name="tag", after=["clean"], cpus=0.2)])
+    p = Pipeline(
+        name="gal", slo_ms=400, stages=[Stage(name="clean", cpus=0.1), Stage(name="tag", after=["clean"], cpus=0.2)]
+    )
     tag = faro_serve.scaled(Tag, p, stage="tag")
     assert tag.model == "tag" and tag.cpus == 0.2
     assert tag._deployment.num_replicas == 1 and tag._deployment.max_ongoing_requests == 2
     faro_serve.scaled(Clean, p, stage="clean")
-    ingress = faro_serve.scaled(Gallery.options(max_ongoing_requests=100, num_replicas=2,
-                                                ray_actor_options={"num_cpus": 0.05}), p)
+    ingress = faro_serve.scaled(
+        Gallery.options(max_ongoing_requests=100, num_replicas=2, ray_actor_options={"num_cpus": 0.05}), p
+    )
     assert ingress.model == "gal" and ingress.cpus == 0.05
     assert ingress._deployment.num_replicas == 2  # the user's, not Faro's
     assert ingress._deployment.max_ongoing_requests == 101  # its 100 + the one held
@@ -297,6 +319,7 @@ def _trickle(first: bytes, then_wait: bool):
         if then_wait:
             await asyncio.sleep(3600)
         return {"type": "http.request", "body": b"-rest", "more_body": False}
+
     return receive
 
 
@@ -325,6 +348,7 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408_and_takes_no_slot():
 
         async def send(m):
             sent.append(m)
+
         scope = {"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b""}
         asyncio.run(g.asgi(app, scope, receive, send))
         return sent
@@ -337,6 +361,7 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408_and_takes_no_slot():
 
     async def hangs():
         await asyncio.sleep(3600)
+
     req = Request({"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b""}, hangs)
     resp = asyncio.run(g.request(lambda r: 1, req))
     assert resp.status_code == 408 and b"within 0.2 s" in resp.body
@@ -347,6 +372,7 @@ def test_the_direct_paths_body_read_has_the_same_bound():
 
     async def hangs():
         await asyncio.sleep(3600)
+
     req = Request({"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b""}, hangs)
     resp = asyncio.run(read_payload(req, "m", 1 << 20, 0.2))
     assert resp.status_code == 408 and b'"reason":"body_timeout"' in resp.body
@@ -396,8 +422,7 @@ def test_the_users_own_batch_setters_set_the_gate_and_rays_queue():
 
     cls = Batcher.func_or_class
     methods = batch_methods(cls)
-    faro_cls = guarded_class(cls, "b", 32, {"methods": methods, "max_batch_size": 16,
-                                          "concurrent": 1, "wait_s": 0.004})
+    faro_cls = guarded_class(cls, "b", 32, {"methods": methods, "max_batch_size": 16, "concurrent": 1, "wait_s": 0.004})
     obj = faro_cls()
     g = obj._faro_guard
     assert (g.batch_size, g.gate.batch_size, g.gate.wait_s) == (16, 16, 0.004)
@@ -426,6 +451,7 @@ def test_a_draining_user_deployment_refuses_new_http_requests_and_serves_handle_
             yield b"a"
             await asyncio.sleep(0.02)
             yield b"b"
+
         return StreamingResponse(chunks())
 
     async def main():

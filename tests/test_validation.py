@@ -66,13 +66,13 @@ def test_overhead_fit_recovers_a_lognormal():
 def test_scale_up_lags_from_status_polls():
     def st(target, replicas):
         return {"models": {"a": {"target": target, "replicas": replicas}}}
+
     polls = [(0, st(1, 1)), (2, st(3, 1)), (4, st(3, 2)), (7, st(3, 3)), (9, st(2, 3)), (11, st(2, 2))]
     assert scale_up_lags(polls, ["a"]) == [5]  # up at t=2, serving at t=7; downs are no lag
 
 
 def test_workload_slice_and_errors(trace_csv):
-    wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job2"), start=2, minutes=5,
-                  rate_scale=0.5)
+    wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job2"), start=2, minutes=5, rate_scale=0.5)
     tr = wl.load()
     assert tr.names == ["job0", "job2"] and tr.counts.shape == (2, 5)
     with pytest.raises(ValueError, match="beyond the 12 minutes"):
@@ -86,20 +86,33 @@ def _fake_live(wl: Workload, latency_s: float):
     tr = wl.load()
     sched = build_schedule(tr, tr.names, 1.0, 1.0, wl.seed)
     n = sched.size
-    rec = ReplayRecords(model=sched.model.copy(), trace_s=sched.trace_s.copy(), send_s=sched.send_s.copy(),
-                        status=["200"] * n, latency_s=np.full(n, latency_s), reason=[""] * n)
+    rec = ReplayRecords(
+        model=sched.model.copy(),
+        trace_s=sched.trace_s.copy(),
+        send_s=sched.send_s.copy(),
+        status=["200"] * n,
+        latency_s=np.full(n, latency_s),
+        reason=[""] * n,
+    )
     return sched, rec
 
 
 def test_resimulate_compares_saved_runs_and_writes_the_report(trace_csv, tmp_path):
-    wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job1", "job2"), start=0,
-                  minutes=8)
-    cal = Calibration(overhead_s=list(PAPER_ROUTER_OVERHEAD.sample(np.random.default_rng(0), 200)),
-                      cold_start_s=3.0, hold_s=[0.010, 0.014, 0.012])
+    wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job1", "job2"), start=0, minutes=8)
+    cal = Calibration(
+        overhead_s=list(PAPER_ROUTER_OVERHEAD.sample(np.random.default_rng(0), 200)),
+        cold_start_s=3.0,
+        hold_s=[0.010, 0.014, 0.012],
+    )
     # live runs: one meeting every SLO (0.2 s), one missing them all (2 s)
-    state = {"workload": wl, "capacity": 9, "processing": "lognorm:0.4225,0.0793,0.0686",
-             "forecaster_dir": None, "calibration": cal,
-             "runs": {"faro-fairsum": _fake_live(wl, 0.2), "fairshare": _fake_live(wl, 2.0)}}
+    state = {
+        "workload": wl,
+        "capacity": 9,
+        "processing": "lognorm:0.4225,0.0793,0.0686",
+        "forecaster_dir": None,
+        "calibration": cal,
+        "runs": {"faro-fairsum": _fake_live(wl, 0.2), "fairshare": _fake_live(wl, 2.0)},
+    }
     doc = resimulate(state, tmp_path, draws=3)
     rows = {r["policy"]: r for r in doc["comparison"]["rows"]}
     for r in rows.values():  # the simulated side is the mean of 3 draws, inside their range
@@ -128,19 +141,34 @@ def test_resimulate_compares_saved_runs_and_writes_the_report(trace_csv, tmp_pat
         load_state(tmp_path)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--policies", "nope"], "unknown nope"),
-    (["--capacity", "0.5"], "--capacity must be a finite number >= 1 (got 0.5)"),
-    (["--capacity", "inf"], "--capacity must be a finite number >= 1 (got inf)"),
-    (["--capacity", "nan"], "--capacity must be a finite number >= 1 (got nan)"),
-    (["--jobs", "job0,job1,job2", "--capacity", "2", "--minutes", "5"], "3 jobs need at least 3 replicas"),
-    (["--minutes", "50"], "beyond the 12 minutes"),
-    (["--hold-ms", "-1"], "--hold-ms must be in [0, 60000)"),
-    (["--sim-draws", "0"], "--sim-draws must be in [1, 100]"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--policies", "nope"], "unknown nope"),
+        (["--capacity", "0.5"], "--capacity must be a finite number >= 1 (got 0.5)"),
+        (["--capacity", "inf"], "--capacity must be a finite number >= 1 (got inf)"),
+        (["--capacity", "nan"], "--capacity must be a finite number >= 1 (got nan)"),
+        (["--jobs", "job0,job1,job2", "--capacity", "2", "--minutes", "5"], "3 jobs need at least 3 replicas"),
+        (["--minutes", "50"], "beyond the 12 minutes"),
+        (["--hold-ms", "-1"], "--hold-ms must be in [0, 60000)"),
+        (["--sim-draws", "0"], "--sim-draws must be in [1, 100]"),
+    ],
+)
 def test_validate_bad_input_is_one_line_exit_2(cli, trace_csv, tmp_path, args, message):
-    code, out, err = cli("validate", "--trace", str(trace_csv), "--day", "1", "--start", "0",
-                         "--jobs", "job0,job1", "--out", str(tmp_path), *args)
+    code, out, err = cli(
+        "validate",
+        "--trace",
+        str(trace_csv),
+        "--day",
+        "1",
+        "--start",
+        "0",
+        "--jobs",
+        "job0,job1",
+        "--out",
+        str(tmp_path),
+        *args,
+    )
     assert code == 2 and message in err and err.count("\n") == 1
 
 
@@ -153,9 +181,13 @@ def test_validate_resimulate_names_a_saved_file_it_cannot_use(cli, tmp_path):
     import pickle
 
     saved = tmp_path / "live.pkl"
-    for content, why in ((b"garbage\n", "not a saved validate run ("),
-                         (pickle.dumps({"x": 1}), "not a saved validate run (no workload, capacity, "
-                                                  "runs); run validate without --resimulate")):
+    for content, why in (
+        (b"garbage\n", "not a saved validate run ("),
+        (
+            pickle.dumps({"x": 1}),
+            "not a saved validate run (no workload, capacity, runs); run validate without --resimulate",
+        ),
+    ):
         saved.write_bytes(content)
         code, _, err = cli("validate", "--resimulate", "--out", str(tmp_path))
         assert code == 2 and err.count("\n") == 1 and err.startswith(f"faro-serve: error: {saved}: {why}"), err
@@ -167,9 +199,26 @@ def test_validate_again_refuses_saved_runs_of_another_workload(cli, trace_csv, t
     wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job1"), start=0, minutes=4)
     with (tmp_path / "live.pkl").open("wb") as f:
         pickle.dump({"workload": wl, "capacity": 4, "runs": {}, "data_path": "direct"}, f)
-    code, _, err = cli("validate", "--trace", str(trace_csv), "--day", "1", "--start", "0",
-                       "--jobs", "job0,job1", "--minutes", "5", "--capacity", "4", "--again",
-                       "--policies", "fairshare", "--out", str(tmp_path))
+    code, _, err = cli(
+        "validate",
+        "--trace",
+        str(trace_csv),
+        "--day",
+        "1",
+        "--start",
+        "0",
+        "--jobs",
+        "job0,job1",
+        "--minutes",
+        "5",
+        "--capacity",
+        "4",
+        "--again",
+        "--policies",
+        "fairshare",
+        "--out",
+        str(tmp_path),
+    )
     assert code == 2 and "another workload;" in err
 
 
@@ -179,12 +228,28 @@ def test_validate_again_refuses_saved_runs_of_another_data_path(cli, trace_csv, 
     wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job1"), start=0, minutes=5)
     with (tmp_path / "live.pkl").open("wb") as f:
         pickle.dump({"workload": wl, "capacity": 4.0, "runs": {}, "data_path": "front"}, f)
-    code, _, err = cli("validate", "--trace", str(trace_csv), "--day", "1", "--start", "0",
-                       "--jobs", "job0,job1", "--minutes", "5", "--capacity", "4", "--again",
-                       "--policies", "fairshare", "--out", str(tmp_path))
+    code, _, err = cli(
+        "validate",
+        "--trace",
+        str(trace_csv),
+        "--day",
+        "1",
+        "--start",
+        "0",
+        "--jobs",
+        "job0,job1",
+        "--minutes",
+        "5",
+        "--capacity",
+        "4",
+        "--again",
+        "--policies",
+        "fairshare",
+        "--out",
+        str(tmp_path),
+    )
     assert code == 2 and "another data path;" in err  # the same workload and capacity
-    code, _, err = cli("validate", "--trace", str(trace_csv), "--data-path", "sideways",
-                       "--out", str(tmp_path))
+    code, _, err = cli("validate", "--trace", str(trace_csv), "--data-path", "sideways", "--out", str(tmp_path))
     assert code == 2 and "--data-path" in err
 
 
@@ -193,17 +258,26 @@ def test_head_to_head_report_against_ray_native(trace_csv, tmp_path):
     the loss ratio, the accounting and the machine's load are written, the plot drawn."""
     from faro_serve.validation.headtohead import contention, plot, report
 
-    wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job1", "job2"), start=0,
-                  minutes=8)
-    cal = Calibration(overhead_s=list(PAPER_ROUTER_OVERHEAD.sample(np.random.default_rng(0), 200)),
-                      cold_start_s=3.0, hold_s=[0.010, 0.014, 0.012])
+    wl = Workload(trace=str(trace_csv), day=1, sample=0, jobs=("job0", "job1", "job2"), start=0, minutes=8)
+    cal = Calibration(
+        overhead_s=list(PAPER_ROUTER_OVERHEAD.sample(np.random.default_rng(0), 200)),
+        cold_start_s=3.0,
+        hold_s=[0.010, 0.014, 0.012],
+    )
     native = _fake_live(wl, 2.0)
-    native[1].status_polls = [(2.0 * k, {"models": {n: {"target": 2, "replicas": 1 + k % 2}
-                                                    for n in ("job0", "job1", "job2")}})
-                              for k in range(10)]
-    state = {"workload": wl, "capacity": 9, "processing": "lognorm:0.4225,0.0793,0.0686",
-             "forecaster_dir": None, "calibration": cal, "load_average": {"ray-native": (0.5, 1.2)},
-             "runs": {"faro-fairsum": _fake_live(wl, 0.2), "ray-native": native}}
+    native[1].status_polls = [
+        (2.0 * k, {"models": {n: {"target": 2, "replicas": 1 + k % 2} for n in ("job0", "job1", "job2")}})
+        for k in range(10)
+    ]
+    state = {
+        "workload": wl,
+        "capacity": 9,
+        "processing": "lognorm:0.4225,0.0793,0.0686",
+        "forecaster_dir": None,
+        "calibration": cal,
+        "load_average": {"ray-native": (0.5, 1.2)},
+        "runs": {"faro-fairsum": _fake_live(wl, 0.2), "ray-native": native},
+    }
     doc = resimulate(state, tmp_path)
     assert doc["sim"]["ray-native"]["policy"] == "ray-serve"
     text = report(state, doc)
@@ -228,8 +302,16 @@ def test_the_default_compare_slice_is_contended():
     path = SHARED_TRACES / "faro10_days1-10.csv"
     if not path.exists():
         pytest.skip(f"{path} is not here")
-    wl = Workload(trace=str(path), day=9, sample=0, jobs=tuple(DEFAULT_JOBS.split(",")), start=310,
-                  minutes=30, rate_scale=1 / 3, slowdown=3.0)
+    wl = Workload(
+        trace=str(path),
+        day=9,
+        sample=0,
+        jobs=tuple(DEFAULT_JOBS.split(",")),
+        start=310,
+        minutes=30,
+        rate_scale=1 / 3,
+        slowdown=3.0,
+    )
     c = contention(wl, 16)
     assert len(wl.jobs) >= 6 and wl.minutes >= 30
     # the cluster holds the mean minute's need but not every job's peak at once

@@ -16,10 +16,31 @@ pytestmark = pytest.mark.slow
 def test_validate_one_policy_live_and_simulated(cli, tmp_path, report, data_path):
     trace = day_trace(tmp_path / "t.csv", {"a": [240] * 3, "b": [60] * 3})
     out = tmp_path / "val"
-    code, stdout, err = cli("validate", "--trace", str(trace), "--day", "1", "--sample", "0",
-                            "--jobs", "a,b", "--start", "1", "--minutes", "1", "--capacity", "4",
-                            "--policies", "fairshare", "--data-path", data_path, "--out", str(out),
-                            "--forecaster", "fallback")  # fairshare does not forecast: nothing to load
+    code, stdout, err = cli(
+        "validate",
+        "--trace",
+        str(trace),
+        "--day",
+        "1",
+        "--sample",
+        "0",
+        "--jobs",
+        "a,b",
+        "--start",
+        "1",
+        "--minutes",
+        "1",
+        "--capacity",
+        "4",
+        "--policies",
+        "fairshare",
+        "--data-path",
+        data_path,
+        "--out",
+        str(out),
+        "--forecaster",
+        "fallback",
+    )  # fairshare does not forecast: nothing to load
     assert code == 0, err
     doc = json.loads((out / "validation.json").read_text())
     row = doc["comparison"]["rows"][0]
@@ -31,10 +52,11 @@ def test_validate_one_policy_live_and_simulated(cli, tmp_path, report, data_path
     assert doc["calibration"]["cold_start_s"] > 0 and doc["calibration"]["overhead_ms"]["n"] == 200
     # the burst: 30 queued requests on one replica, the last 27 gaps between completions
     assert doc["calibration"]["hold_ms"]["n"] == 27 and 0 < doc["calibration"]["hold_ms"]["p50"] < 1000
-    assert doc["simulator"]["replica_hold_s"] == pytest.approx(doc["calibration"]["hold_ms"]["p50"] / 1e3,
-                                                               abs=1e-6)
+    assert doc["simulator"]["replica_hold_s"] == pytest.approx(doc["calibration"]["hold_ms"]["p50"] / 1e3, abs=1e-6)
     assert "| fairshare |" in stdout and (out / "validation.png").exists()
-    report(f"validate (1 min, fairshare, 2 jobs, capacity 4, {data_path} path): cluster utility live "
-           f"{row['live_cluster_utility']:.3f} sim {row['sim_cluster_utility']:.3f}; overhead p50 "
-           f"{doc['calibration']['overhead_ms']['p50']} ms, replica hold p50 "
-           f"{doc['calibration']['hold_ms']['p50']} ms, cold start {doc['calibration']['cold_start_s']} s")
+    report(
+        f"validate (1 min, fairshare, 2 jobs, capacity 4, {data_path} path): cluster utility live "
+        f"{row['live_cluster_utility']:.3f} sim {row['sim_cluster_utility']:.3f}; overhead p50 "
+        f"{doc['calibration']['overhead_ms']['p50']} ms, replica hold p50 "
+        f"{doc['calibration']['hold_ms']['p50']} ms, cold start {doc['calibration']['cold_start_s']} s"
+    )

@@ -13,9 +13,11 @@ from faro_serve.sim import SimConfig, simulate
 
 PROFILE = Batching(gamma=0.75, eps=0.25, max_batch_size=8)  # s = 0.75 at 1 core
 # torchvision's ImageNet top-1; times about the paper's ResNet34 (154 ms)
-VARIANTS = [Variant(name="resnet34", accuracy=73.3, processing_ms=154, batching=PROFILE, load_s=20),
-            Variant(name="resnet18", accuracy=69.8, processing_ms=90, batching=PROFILE, load_s=15),
-            Variant(name="resnet50", accuracy=76.1, processing_ms=210, batching=PROFILE, load_s=25)]
+VARIANTS = [
+    Variant(name="resnet34", accuracy=73.3, processing_ms=154, batching=PROFILE, load_s=20),
+    Variant(name="resnet18", accuracy=69.8, processing_ms=90, batching=PROFILE, load_s=15),
+    Variant(name="resnet50", accuracy=76.1, processing_ms=210, batching=PROFILE, load_s=25),
+]
 
 
 def task(**kw):
@@ -64,8 +66,13 @@ def test_infaas_selects_replicates_upgrades_and_downgrades():
 
 def test_the_driver_checks_variant_names():
     models = [task(), ModelSLO(name="plain", slo_ms=720)]
-    done = apply_decision(Decision({}, variants={"classify": "resnet50"}, batch_sizes={"classify": 99}),
-                          {"classify": 1, "plain": 1}, models, 4, None)
+    done = apply_decision(
+        Decision({}, variants={"classify": "resnet50"}, batch_sizes={"classify": 99}),
+        {"classify": 1, "plain": 1},
+        models,
+        4,
+        None,
+    )
     assert done.field("variant") == {"classify": "resnet50"} and done.field("batch_size") == {"classify": 8}
     with pytest.raises(ValueError, match="no variant 'vgg'"):
         apply_decision(Decision({}, variants={"classify": "vgg"}), {"classify": 1, "plain": 1}, models, 4, None)
@@ -89,4 +96,6 @@ def test_infaas_with_variants_in_the_simulator():
     # 33 rps needs 6 instances of 154 ms alone: more than the 5 CPUs; batches of 4 fit (measured
     # when written: lost 0.27 against 0.81)
     assert a.summary.lost_cluster_utility < 0.5 * b.summary.lost_cluster_utility, (
-        a.summary.lost_cluster_utility, b.summary.lost_cluster_utility)
+        a.summary.lost_cluster_utility,
+        b.summary.lost_cluster_utility,
+    )

@@ -21,8 +21,11 @@ def test_without_a_gpu_it_runs_on_the_cpu_and_says_so():
         pick_device("cuda")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine: the "
-                    "vision model's GPU path is checked where one is (the device tool, issue 47)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="no CUDA GPU on this machine: the "
+    "vision model's GPU path is checked where one is (the device tool, issue 47)",
+)
 def test_on_a_gpu_it_runs_there_and_says_so():
     m = ImageClassifier("resnet18", image_size=64)
     assert m.device.type == "cuda" and next(m.model.parameters()).is_cuda
@@ -43,8 +46,9 @@ def pixel_bomb(width: int, height: int) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
-            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+    )
 
 
 def test_an_image_of_too_many_pixels_is_refused_from_its_header():
@@ -56,10 +60,14 @@ def test_an_image_of_too_many_pixels_is_refused_from_its_header():
     t0 = time.perf_counter()
     out = m.predict(pixel_bomb(20_000, 20_000))
     assert time.perf_counter() - t0 < 1.0
-    assert out == {"error": "image of more than 178,956,970 pixels exceeds the limit of 50,000,000 "
-                   "pixels", "status": 413, "reason": "too_many_pixels"}
+    assert out == {
+        "error": "image of more than 178,956,970 pixels exceeds the limit of 50,000,000 pixels",
+        "status": 413,
+        "reason": "too_many_pixels",
+    }
     assert m.predict(pixel_bomb(10_000, 5_001))["error"] == (
-        "image of 10,000 x 5,001 pixels exceeds the limit of 50,000,000 pixels")
+        "image of 10,000 x 5,001 pixels exceeds the limit of 50,000,000 pixels"
+    )
     assert m.predict_batch([pixel_bomb(20_000, 20_000), JPEG])[0]["status"] == 413
     small = ImageClassifier("resnet18", image_size=64, max_pixels=1000)
     assert small.predict(JPEG)["status"] == 413  # 96 x 72 = 6,912 pixels

@@ -30,15 +30,34 @@ MINUTES = 45
 STEP = 15  # the Ranker's load triples from this minute
 PROC_LE = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, math.inf]  # Ray's buckets (ms)
 LAT_LE = [50, 100, 200, 300, 500, 800, 1200, 2000, 5000, math.inf]
-RANKER = {"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 1, "upscale_delay_s": 4,
-          "downscale_delay_s": 60, "metrics_interval_s": 2, "look_back_period_s": 10}
+RANKER = {
+    "min_replicas": 1,
+    "max_replicas": 8,
+    "target_ongoing_requests": 1,
+    "upscale_delay_s": 4,
+    "downscale_delay_s": 60,
+    "metrics_interval_s": 2,
+    "look_back_period_s": 10,
+}
 CONFIGS = {
-    "shop/Ranker": {"autoscaling_config": RANKER, "max_ongoing_requests": 2, "max_queued_requests": -1,
-                    "ray_actor_options": {"num_cpus": 1}},
-    "shop/Ingress": {"num_replicas": 2, "max_ongoing_requests": 5, "max_queued_requests": -1,
-                     "ray_actor_options": {"num_cpus": 0.5}},
-    "search/Embed": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}, "max_ongoing_requests": 5,
-                     "max_queued_requests": -1, "ray_actor_options": {"num_cpus": 2, "num_gpus": 0.5}},
+    "shop/Ranker": {
+        "autoscaling_config": RANKER,
+        "max_ongoing_requests": 2,
+        "max_queued_requests": -1,
+        "ray_actor_options": {"num_cpus": 1},
+    },
+    "shop/Ingress": {
+        "num_replicas": 2,
+        "max_ongoing_requests": 5,
+        "max_queued_requests": -1,
+        "ray_actor_options": {"num_cpus": 0.5},
+    },
+    "search/Embed": {
+        "autoscaling_config": {"min_replicas": 1, "max_replicas": 4},
+        "max_ongoing_requests": 5,
+        "max_queued_requests": -1,
+        "ray_actor_options": {"num_cpus": 2, "num_gpus": 0.5},
+    },
 }
 PROC = {"shop/Ranker": (80.0, 0.45), "shop/Ingress": (20.0, 0.3), "search/Embed": (200.0, 0.3)}  # median ms, shape
 
@@ -52,10 +71,16 @@ def serve_history(minutes: int = MINUTES, ranker_config: dict | None = None) -> 
     fixed Ingress, a GPU Embed at Ray's default rule; processing histograms of known
     lognormals; each application's end-to-end latency per 5 minutes."""
     counts = dict(zip(*(lambda t: (t.names, t.counts))(load_trace(DATA, days=9, sample=0))))
-    arr = {"shop/Ranker": counts["job1"][:minutes] / 4.0 * np.where(np.arange(minutes) >= STEP, 3, 1),
-           "shop/Ingress": counts["job0"][:minutes] / 8.0, "search/Embed": counts["job2"][:minutes] / 10.0}
-    rec = {"shop/Ranker": np.ceil(arr["shop/Ranker"] * 0.09 / 60 / 0.6), "shop/Ingress": np.full(minutes, 2.0),
-           "search/Embed": np.ceil(arr["search/Embed"] * 0.21 / 60 / 0.5)}
+    arr = {
+        "shop/Ranker": counts["job1"][:minutes] / 4.0 * np.where(np.arange(minutes) >= STEP, 3, 1),
+        "shop/Ingress": counts["job0"][:minutes] / 8.0,
+        "search/Embed": counts["job2"][:minutes] / 10.0,
+    }
+    rec = {
+        "shop/Ranker": np.ceil(arr["shop/Ranker"] * 0.09 / 60 / 0.6),
+        "shop/Ingress": np.full(minutes, 2.0),
+        "search/Embed": np.ceil(arr["search/Embed"] * 0.21 / 60 / 0.5),
+    }
     rec["search/Embed"][0] = 2  # it starts above its minimum
     rec["search/Embed"][3] = np.nan  # a minute Prometheus did not scrape
     deps = {}
@@ -65,18 +90,38 @@ def serve_history(minutes: int = MINUTES, ranker_config: dict | None = None) -> 
         cfg = dict(CONFIGS[key])
         if key == "shop/Ranker" and ranker_config:
             cfg["autoscaling_config"] = {**RANKER, **ranker_config}
-        deps[key] = DeploymentHistory(app, dep, a.round(3).tolist(), rec[key].tolist(), PROC_LE,
-                                      (cdf(PROC_LE, med, s) * a.sum()).round(1).tolist(),
-                                      med * math.exp(s * s / 2), cfg)
+        deps[key] = DeploymentHistory(
+            app,
+            dep,
+            a.round(3).tolist(),
+            rec[key].tolist(),
+            PROC_LE,
+            (cdf(PROC_LE, med, s) * a.sum()).round(1).tolist(),
+            med * math.exp(s * s / 2),
+            cfg,
+        )
     lat = {}
-    for app, n, med in (("shop", arr["shop/Ranker"] + arr["shop/Ingress"], 150.0), ("search", arr["search/Embed"], 300.0)):
+    for app, n, med in (
+        ("shop", arr["shop/Ranker"] + arr["shop/Ingress"], 150.0),
+        ("search", arr["search/Embed"], 300.0),
+    ):
         steps = np.add.reduceat(n, np.arange(0, minutes, 5))
         lat[app] = AppLatency(LAT_LE, 300.0, (steps[:, None] * cdf(LAT_LE, med, 0.6)[None, :]).round(2).tolist())
     return ServeHistory(START, minutes, deps, lat, ["read from a test"], "test-history")
 
 
-ARGS = ("--capacity", "16", "--capacity-gpus", "2", "--slo", "shop/Ranker=500@99", "--forecaster", "fallback",
-        "--seed", "3")
+ARGS = (
+    "--capacity",
+    "16",
+    "--capacity-gpus",
+    "2",
+    "--slo",
+    "shop/Ranker=500@99",
+    "--forecaster",
+    "fallback",
+    "--seed",
+    "3",
+)
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +136,7 @@ def report(export) -> dict:
 
     out = export.parent / "report"
     assert main(["whatif", "--export", str(export), *ARGS, "--out", str(out)]) == 0
-    return {"dir": out, "json": json.loads((out / "whatif.json").read_text()),
-            "md": (out / "report.md").read_text()}
+    return {"dir": out, "json": json.loads((out / "whatif.json").read_text()), "md": (out / "report.md").read_text()}
 
 
 def _direct(hist: ServeHistory, f: dict):
@@ -100,33 +144,57 @@ def _direct(hist: ServeHistory, f: dict):
     keys = sorted(hist.deployments)
     names = [k.replace("/", ".") for k in keys]
     rows = [f["deployments"][k] for k in keys]
-    slo = {k: (500.0, 99.0) if k == "shop/Ranker" else
-           (round(bucket_quantile(LAT_LE, np.sum(hist.latency[k.split("/")[0]].counts, axis=0), 0.99), 1), 99.0)
-           for k in keys}
+    slo = {
+        k: (500.0, 99.0)
+        if k == "shop/Ranker"
+        else (round(bucket_quantile(LAT_LE, np.sum(hist.latency[k.split("/")[0]].counts, axis=0), 0.99), 1), 99.0)
+        for k in keys
+    }
     cpus = {k: float(CONFIGS[k]["ray_actor_options"]["num_cpus"]) for k in keys}
     gpus = {k: float(CONFIGS[k]["ray_actor_options"].get("num_gpus", 0)) for k in keys}
     bounds = {"shop/Ranker": (1, 8), "shop/Ingress": (2, 2), "search/Embed": (1, 4)}
     mean = {k: hist.deployments[k].processing_mean_ms for k in keys}
 
     def model(k, n, lo, hi):
-        return ModelSLO(name=n, slo_ms=slo[k][0], percentile=slo[k][1], processing_ms=mean[k],
-                        min_replicas=lo, max_replicas=hi, cpus=cpus[k], gpus=gpus[k])
+        return ModelSLO(
+            name=n,
+            slo_ms=slo[k][0],
+            percentile=slo[k][1],
+            processing_ms=mean[k],
+            min_replicas=lo,
+            max_replicas=hi,
+            cpus=cpus[k],
+            gpus=gpus[k],
+        )
 
     ray_models = [model(k, n, *bounds[k]) for k, n in zip(keys, names)]
-    faro_models = [model(k, n, 1, min(int(16 // cpus[k]), int(2 // gpus[k]) if gpus[k] else 10**9))
-                   for k, n in zip(keys, names)]
+    faro_models = [
+        model(k, n, 1, min(int(16 // cpus[k]), int(2 // gpus[k]) if gpus[k] else 10**9)) for k, n in zip(keys, names)
+    ]
     counts = np.array([hist.deployments[k].arrivals for k in keys])
     # max_ongoing_requests: 5 for two of three (the most common); max_queued_requests -1
-    cfg = SimConfig(capacity_cpus=16, capacity_gpus=2, queue_limit=10**6, queue_per_replica=4,
-                    processing=tuple(parse_dist(r["processing"]) for r in rows), seed=3,
-                    initial_replicas={n: int(hist.deployments[k].replicas[0]) for k, n in zip(keys, names)})
+    cfg = SimConfig(
+        capacity_cpus=16,
+        capacity_gpus=2,
+        queue_limit=10**6,
+        queue_per_replica=4,
+        processing=tuple(parse_dist(r["processing"]) for r in rows),
+        seed=3,
+        initial_replicas={n: int(hist.deployments[k].replicas[0]) for k, n in zip(keys, names)},
+    )
     cluster = ClusterSpec(cpus=16, gpus=2)
-    defaults = {"target_ongoing_requests": 2, "upscale_delay_s": 30, "downscale_delay_s": 600,
-                "look_back_period_s": 30, "metrics_interval_s": 10}
+    defaults = {
+        "target_ongoing_requests": 2,
+        "upscale_delay_s": 30,
+        "downscale_delay_s": 600,
+        "look_back_period_s": 30,
+        "metrics_interval_s": 10,
+    }
     rules = {"shop.Ranker": {k: v for k, v in RANKER.items() if "replicas" not in k}, "search.Embed": defaults}
     ray = simulate(counts, ray_models, RayServePolicy(ray_models, cluster, per_model=rules), cfg)
-    faro = simulate(counts, faro_models, make_policy("faro-fairsum", faro_models, cluster,
-                                                     choose_forecaster("fallback")[0]), cfg)
+    faro = simulate(
+        counts, faro_models, make_policy("faro-fairsum", faro_models, cluster, choose_forecaster("fallback")[0]), cfg
+    )
     return keys, ray, faro
 
 
@@ -153,7 +221,7 @@ def test_the_report_is_the_simulator_called_directly_with_each_deployments_setti
     diff = (faro.table.over_slo + faro.table.dropped - ray.table.over_slo - ray.table.dropped).sum(axis=0)
     top = f["top_minutes"]
     assert [m["difference"] for m in top] == [int(diff[m["minute"]]) for m in top]
-    assert [abs(m["difference"]) for m in top] == sorted((abs(int(x)) for x in diff if x), reverse=True)[:len(top)]
+    assert [abs(m["difference"]) for m in top] == sorted((abs(int(x)) for x in diff if x), reverse=True)[: len(top)]
     assert top and top[0]["time"].startswith("2026-01-01 00:")
     # the recorded side and the simulator's own check
     rec = np.array(hist.deployments["search/Embed"].replicas, float)
@@ -167,7 +235,10 @@ def test_the_report_is_the_simulator_called_directly_with_each_deployments_setti
     assert any("max_ongoing_requests differs" in x and "5, the most common" in x for x in f["notes"])
     assert "read from a test" in f["notes"] and "read from a test" in report["md"]
     assert sorted(p.name for p in (report["dir"] / "plots").iterdir()) == [
-        "search.Embed.png", "shop.Ingress.png", "shop.Ranker.png"]
+        "search.Embed.png",
+        "shop.Ingress.png",
+        "shop.Ranker.png",
+    ]
 
 
 def test_the_processing_time_is_the_lognormal_of_the_recorded_histogram(report):
@@ -184,12 +255,14 @@ def test_service_scale_replays_every_service_time_scaled_and_says_so(report, exp
 
     slos = {"shop/Ranker": (500.0, 99.0)}
     base = figures(run_whatif(ServeHistory.load(export), 16, 2, slos, forecaster=None, parallel=False))
-    fast = figures(run_whatif(ServeHistory.load(export), 16, 2, slos, forecaster=None, parallel=False,
-                              service_scale=0.8))
+    fast = figures(
+        run_whatif(ServeHistory.load(export), 16, 2, slos, forecaster=None, parallel=False, service_scale=0.8)
+    )
     for k, r in base["deployments"].items():
         assert fast["deployments"][k]["processing_mean_ms"] == pytest.approx(0.8 * r["processing_mean_ms"], rel=1e-3)
         assert parse_dist(fast["deployments"][k]["processing"]).mean == pytest.approx(
-            0.8 * parse_dist(r["processing"]).mean, rel=1e-6)
+            0.8 * parse_dist(r["processing"]).mean, rel=1e-6
+        )
     ranker = "shop/Ranker"  # the same SLO, a faster model: fewer violations as run
     assert fast["deployments"][ranker]["as_run"]["violating"] < base["deployments"][ranker]["as_run"]["violating"]
     assert "every service time read back times 0.8 (--service-scale)" in fast["notes"]
@@ -200,8 +273,9 @@ def test_the_as_run_replay_follows_each_deployments_own_settings():
 
     fc = choose_forecaster("fallback")[0]
     fast = run_whatif(serve_history(), 16, 2, {"Ranker": (500, 99)}, forecaster=fc)
-    slow = run_whatif(serve_history(ranker_config={"upscale_delay_s": 240}), 16, 2, {"Ranker": (500, 99)},
-                      forecaster=fc)
+    slow = run_whatif(
+        serve_history(ranker_config={"upscale_delay_s": 240}), 16, 2, {"Ranker": (500, 99)}, forecaster=fc
+    )
     names = [d.key for d in fast.deployments]
     ing, rk = names.index("shop/Ingress"), names.index("shop/Ranker")
     assert (fast.as_run.targets[:, ing] == 2).all() and (fast.as_run.serving[:, ing] == 2).all()  # fixed
@@ -231,8 +305,17 @@ def test_derived_slos_are_the_applications_measured_p99_and_are_named_so(report)
 
 
 def test_deployments_selects_and_the_summary_names_the_report(cli, export, tmp_path):
-    code, out, err = cli("whatif", "--export", str(export), *ARGS, "--deployments", "Ranker,search/Embed",
-                         "--no-plots", "--out", str(tmp_path / "r"))
+    code, out, err = cli(
+        "whatif",
+        "--export",
+        str(export),
+        *ARGS,
+        "--deployments",
+        "Ranker,search/Embed",
+        "--no-plots",
+        "--out",
+        str(tmp_path / "r"),
+    )
     assert code == 0, err
     f = json.loads((tmp_path / "r" / "whatif.json").read_text())
     assert list(f["deployments"]) == ["search/Embed", "shop/Ranker"] and f["plots"] == []
@@ -242,11 +325,14 @@ def test_deployments_selects_and_the_summary_names_the_report(cli, export, tmp_p
 def _fake_prometheus(monkeypatch, series: list):
     """httpx.get answering every Prometheus query with ``series`` for the requests query
     and nothing for the others."""
+
     def get(url, params=None, timeout=None):
         q = (params or {}).get("query", "")
         result = series if "request_counter" in q and "resets" not in q else []
-        return httpx.Response(200, json={"status": "success", "data": {"result": result}},
-                              request=httpx.Request("GET", url))
+        return httpx.Response(
+            200, json={"status": "success", "data": {"result": result}}, request=httpx.Request("GET", url)
+        )
+
     monkeypatch.setattr(httpx, "get", get)
 
 
@@ -255,11 +341,29 @@ def test_prometheus_is_read_and_saved_as_an_export(cli, monkeypatch, tmp_path):
 
     end = START + 60 * 30
     vals = [[end - 60 * (29 - i), str(100.0 + 20 * i)] for i in range(30)]  # a counter, +20 a minute
-    _fake_prometheus(monkeypatch, [{"metric": {"application": "a", "deployment": "M", "replica": "r1"},
-                                    "values": vals}])
-    code, out, err = cli("whatif", "--prometheus", "http://prom:9090", "--minutes", "30", "--end", str(end),
-                         "--save", str(tmp_path / "e.json"), "--capacity", "4", "--slo", "M=400",
-                         "--policy", "aiad", "--no-plots", "--out", str(tmp_path / "r"))
+    _fake_prometheus(
+        monkeypatch, [{"metric": {"application": "a", "deployment": "M", "replica": "r1"}, "values": vals}]
+    )
+    code, out, err = cli(
+        "whatif",
+        "--prometheus",
+        "http://prom:9090",
+        "--minutes",
+        "30",
+        "--end",
+        str(end),
+        "--save",
+        str(tmp_path / "e.json"),
+        "--capacity",
+        "4",
+        "--slo",
+        "M=400",
+        "--policy",
+        "aiad",
+        "--no-plots",
+        "--out",
+        str(tmp_path / "r"),
+    )
     assert code == 0, err
     saved, read = ServeHistory.load(tmp_path / "e.json"), read_serve_history("http://prom:9090", 30, end)
     assert saved.minutes == 30 and list(saved.deployments) == ["a/M"]
@@ -271,25 +375,28 @@ def test_prometheus_is_read_and_saved_as_an_export(cli, monkeypatch, tmp_path):
     assert any("no processing time recorded" in n for n in f["notes"])
 
 
-@pytest.mark.parametrize("args, says", [
-    (("--slo", "shop/Ranker=fast"), "--slo 'shop/Ranker=fast': write DEPLOYMENT=MS"),
-    (("--slo", "shop/Ranker=300@100"), "PERCENTILE in (0, 100)"),
-    (("--slo", "=300"), "write DEPLOYMENT=MS"),
-    (("--slo", "Nope=300"), "--slo 'Nope' is not a deployment of this history; it has search/Embed"),
-    (("--slo", "shop/Ranker=50"), "not above its mean processing time"),
-    (("--deployments", "Ranker,Nope"), "--deployments: 'Nope' is not a deployment of this history"),
-    (("--capacity", "5"), "--capacity 5: the deployments start at 6 CPUs"),
-    (("--capacity", "0"), "--capacity must be a finite number > 0"),
-    (("--capacity-gpus", None), "search/Embed takes 0.5 GPU(s) per replica: give --capacity-gpus"),
-    (("--minutes", "30"), "--minutes is taken with --prometheus, not with --export"),
-    (("--policy", "nope"), "unknown policy 'nope'"),
-    (("--service-scale", "0"), "--service-scale must be a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("--slo", "shop/Ranker=fast"), "--slo 'shop/Ranker=fast': write DEPLOYMENT=MS"),
+        (("--slo", "shop/Ranker=300@100"), "PERCENTILE in (0, 100)"),
+        (("--slo", "=300"), "write DEPLOYMENT=MS"),
+        (("--slo", "Nope=300"), "--slo 'Nope' is not a deployment of this history; it has search/Embed"),
+        (("--slo", "shop/Ranker=50"), "not above its mean processing time"),
+        (("--deployments", "Ranker,Nope"), "--deployments: 'Nope' is not a deployment of this history"),
+        (("--capacity", "5"), "--capacity 5: the deployments start at 6 CPUs"),
+        (("--capacity", "0"), "--capacity must be a finite number > 0"),
+        (("--capacity-gpus", None), "search/Embed takes 0.5 GPU(s) per replica: give --capacity-gpus"),
+        (("--minutes", "30"), "--minutes is taken with --prometheus, not with --export"),
+        (("--policy", "nope"), "unknown policy 'nope'"),
+        (("--service-scale", "0"), "--service-scale must be a finite number > 0"),
+    ],
+)
 def test_bad_input_is_one_clear_line_and_exit_2(cli, export, tmp_path, args, says):
     base = ["--export", str(export), "--capacity", "16", "--capacity-gpus", "2", "--forecaster", "fallback"]
     if args[1] is None:  # leave a flag out
         i = base.index(args[0])
-        base, args = base[:i] + base[i + 2:], ()
+        base, args = base[:i] + base[i + 2 :], ()
     code, out, err = cli("whatif", *base, *args, "--out", str(tmp_path / "r"))
     assert code == 2 and says in err and err.startswith("faro-serve: error:"), err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
@@ -298,22 +405,35 @@ def test_bad_input_is_one_clear_line_and_exit_2(cli, export, tmp_path, args, say
 def test_bad_sources_are_one_clear_line_and_exit_2(cli, monkeypatch, tmp_path):
     bad = tmp_path / "bad.json"
     cases = []
-    for text, says in (("{not json", "not a faro-serve export (not JSON"),
-                       ('{"version": 7}', "not a faro-serve export of version 1"),
-                       ('{"version": 1, "start": 0}', "a malformed export (KeyError"),
-                       (json.dumps({"version": 1, "start": 0, "minutes": 5, "deployments": {}}),
-                        "no deployments in the history")):
+    for text, says in (
+        ("{not json", "not a faro-serve export (not JSON"),
+        ('{"version": 7}', "not a faro-serve export of version 1"),
+        ('{"version": 1, "start": 0}', "a malformed export (KeyError"),
+        (json.dumps({"version": 1, "start": 0, "minutes": 5, "deployments": {}}), "no deployments in the history"),
+    ):
         bad.write_text(text)
         cases.append((cli("whatif", "--export", str(bad), "--capacity", "4"), says))
     cases.append((cli("whatif", "--export", str(tmp_path / "none.json"), "--capacity", "4"), "cannot read the export"))
     cases.append((cli("whatif", "--prometheus", "prom:9090", "--capacity", "4"), "prom:9090: cannot read Prometheus"))
-    cases.append((cli("whatif", "--prometheus", "http://127.0.0.1:1", "--capacity", "4"),
-                  "http://127.0.0.1:1: cannot read Prometheus (ConnectError"))
-    cases.append((cli("whatif", "--prometheus", "http://p", "--end", "yesterday", "--capacity", "4"),
-                  "--end 'yesterday': give an ISO time"))
+    cases.append(
+        (
+            cli("whatif", "--prometheus", "http://127.0.0.1:1", "--capacity", "4"),
+            "http://127.0.0.1:1: cannot read Prometheus (ConnectError",
+        )
+    )
+    cases.append(
+        (
+            cli("whatif", "--prometheus", "http://p", "--end", "yesterday", "--capacity", "4"),
+            "--end 'yesterday': give an ISO time",
+        )
+    )
     _fake_prometheus(monkeypatch, [])  # Prometheus answers, with no Ray Serve series
-    cases.append((cli("whatif", "--prometheus", "http://prom:9090", "--end", "2026-01-01T00:00", "--capacity", "4"),
-                  "no Ray Serve requests in the 1440 minutes before 2026-01-01 00:00 UTC"))
+    cases.append(
+        (
+            cli("whatif", "--prometheus", "http://prom:9090", "--end", "2026-01-01T00:00", "--capacity", "4"),
+            "no Ray Serve requests in the 1440 minutes before 2026-01-01 00:00 UTC",
+        )
+    )
     for (code, out, err), says in cases:
         assert code == 2 and says in err and len(err.strip().splitlines()) == 1, (says, err)
 
@@ -328,8 +448,16 @@ def test_a_range_over_a_day_is_reported_by_day():
     start = START - 30 * 60  # 23:30 UTC: the range touches three days
     arr = np.where(np.arange(n) % 1440 < 720, 30.0, 300.0)
     le = [50.0, 100.0, 200.0, math.inf]
-    d = DeploymentHistory("a", "M", arr.tolist(), [3.0] * n, le, [0.5 * arr.sum(), 0.9 * arr.sum(), arr.sum(), arr.sum()],
-                          60.0, {"num_replicas": 3})
+    d = DeploymentHistory(
+        "a",
+        "M",
+        arr.tolist(),
+        [3.0] * n,
+        le,
+        [0.5 * arr.sum(), 0.9 * arr.sum(), arr.sum(), arr.sum()],
+        60.0,
+        {"num_replicas": 3},
+    )
     hist = ServeHistory(start, n, {"a/M": d}, {}, [], "t")
     w = run_whatif(hist, 8, slos={"a/M": (400.0, 99.0)}, policy="aiad")
     f = figures(w)
@@ -346,8 +474,14 @@ def test_the_as_run_replay_in_a_process_of_its_own_gives_the_same_figures():
     from faro_serve.sim.history_replay_report import figures
 
     def run(parallel):
-        w = run_whatif(serve_history(), 16, 2, {"Ranker": (500, 99)}, forecaster=choose_forecaster("fallback")[0],
-                       parallel=parallel)
+        w = run_whatif(
+            serve_history(),
+            16,
+            2,
+            {"Ranker": (500, 99)},
+            forecaster=choose_forecaster("fallback")[0],
+            parallel=parallel,
+        )
         return {k: v for k, v in figures(w).items() if k != "wall_s"}
 
     assert run(True) == run(False)
@@ -360,7 +494,11 @@ def test_the_scale_bench_runs_on_a_tiny_cluster(tmp_path):
 
     hist, cpus, gpus = synthetic_history(4, 90)
     assert [d.config["autoscaling_config"].get("upscale_delay_s") for d in hist.deployments.values()] == [
-        None, 3, None, 3]  # Ray's defaults and its guide's latency settings, in turn
+        None,
+        3,
+        None,
+        3,
+    ]  # Ray's defaults and its guide's latency settings, in turn
     assert cpus >= max(np.nansum([d.replicas for d in hist.deployments.values()], axis=0))
     assert main(["--deployments", "4", "--minutes", "90", "--forecaster", "fallback", "--out", str(tmp_path)]) == 0
     row = json.loads((tmp_path / "whatif_scale.json").read_text())["row"]

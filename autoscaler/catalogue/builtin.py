@@ -14,19 +14,20 @@ from autoscaler.faro.hybrid import FaroPolicy, OraclePolicy
 from autoscaler.policies import baselines, seeds, sponge
 from autoscaler.policies.common import faro_policy_name
 
-FARO_OBJECTIVES = {faro_policy_name(o): o for o in ("sum", "fair", "fair_sum", "penalty_sum",
-                                                    "penalty_fair_sum")}
+FARO_OBJECTIVES = {faro_policy_name(o): o for o in ("sum", "fair", "fair_sum", "penalty_sum", "penalty_fair_sum")}
 
 
 def _faro(objective: str, policy_name: str):
     def build(models, cluster, forecaster=None):
-        return FaroPolicy(models, cluster.model_copy(update={"objective": objective}),
-                          forecaster, name=policy_name)
+        return FaroPolicy(models, cluster.model_copy(update={"objective": objective}), forecaster, name=policy_name)
+
     return build
 
 
-_FARO = ("Faro: a forecast-driven plan every 5 min, +1 replica after 30 s over the SLO (in a "
-         "full cluster: one moved from the model that loses least), the surge response; maximises ")
+_FARO = (
+    "Faro: a forecast-driven plan every 5 min, +1 replica after 30 s over the SLO (in a "
+    "full cluster: one moved from the model that loses least), the surge response; maximises "
+)
 _OBJECTIVE_SUMMARY = {
     "sum": "the total utility",
     "fair": "the worst model's utility (max-min fairness)",
@@ -35,12 +36,24 @@ _OBJECTIVE_SUMMARY = {
     "penalty_fair_sum": "the fair total utility minus drop penalties",
 }
 
-FARO = tuple((name, _faro(obj, name), _FARO + _OBJECTIVE_SUMMARY[obj], False, True)
-             for name, obj in FARO_OBJECTIVES.items()) + (
-    ("oracle", lambda models, cluster, forecaster=None: OraclePolicy(models, cluster),
-     "Faro-FairSum planning with the true future arrivals (simulator only): the bound", False, False),
-    ("faro-split", faro_split.build, "Faro-FairSum blind to pipelines: each stage a model "
-     "with a fixed share of its pipeline's SLO (equal split by default): the baseline", False, True),
+FARO = tuple(
+    (name, _faro(obj, name), _FARO + _OBJECTIVE_SUMMARY[obj], False, True) for name, obj in FARO_OBJECTIVES.items()
+) + (
+    (
+        "oracle",
+        lambda models, cluster, forecaster=None: OraclePolicy(models, cluster),
+        "Faro-FairSum planning with the true future arrivals (simulator only): the bound",
+        False,
+        False,
+    ),
+    (
+        "faro-split",
+        faro_split.build,
+        "Faro-FairSum blind to pipelines: each stage a model "
+        "with a fixed share of its pipeline's SLO (equal split by default): the baseline",
+        False,
+        True,
+    ),
 )
 
 #: every built-in policy; the registry keeps them in this order

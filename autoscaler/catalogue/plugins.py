@@ -41,15 +41,13 @@ def load_object(path: str, what: str):
         module, _, attr = path.rpartition(".")
     parts = module.split(".") + attr.split(".")
     if not module or not attr or not all(p.isidentifier() for p in parts):
-        raise PluginError(f"{what}: {path!r} is not an import path (module:attribute, "
-                          f"e.g. my_pkg.policies:MyPolicy)")
+        raise PluginError(f"{what}: {path!r} is not an import path (module:attribute, e.g. my_pkg.policies:MyPolicy)")
     try:
         obj = importlib.import_module(module)
     except ImportError as err:
         raise PluginError(f"{what}: module {module!r} does not import ({err})") from None
     except Exception as err:  # the module itself raises while it is imported
-        raise PluginError(f"{what}: importing module {module!r} failed "
-                          f"({type(err).__name__}: {err})") from None
+        raise PluginError(f"{what}: importing module {module!r} failed ({type(err).__name__}: {err})") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise PluginError(f"{what}: module {module!r} has no attribute {attr!r}")
@@ -91,11 +89,14 @@ def policy_factory(obj, what: str, name: str) -> Factory:
     keeps the default name gets ``name``, so its saved state and log say which it is."""
     if inspect.isclass(obj):
         if not issubclass(obj, Policy):
-            raise PluginError(f"{what}: {obj.__module__}.{obj.__qualname__} is not a Policy "
-                              f"subclass (autoscaler.contract.policy.Policy) or a factory")
+            raise PluginError(
+                f"{what}: {obj.__module__}.{obj.__qualname__} is not a Policy "
+                f"subclass (autoscaler.contract.policy.Policy) or a factory"
+            )
         if inspect.isabstract(obj):
-            raise PluginError(f"{what}: {obj.__qualname__} does not implement "
-                              f"{', '.join(sorted(obj.__abstractmethods__))}")
+            raise PluginError(
+                f"{what}: {obj.__qualname__} does not implement {', '.join(sorted(obj.__abstractmethods__))}"
+            )
         takes_forecaster = _accepts(obj, "forecaster")
 
         def make(models, cluster, forecaster=None):
@@ -104,23 +105,26 @@ def policy_factory(obj, what: str, name: str) -> Factory:
         try:
             inspect.signature(obj).bind(None, None, forecaster=None)
         except TypeError:
-            raise PluginError(f"{what}: {getattr(obj, '__qualname__', obj)!r} cannot be called as "
-                              f"factory(models, cluster, forecaster=None)") from None
+            raise PluginError(
+                f"{what}: {getattr(obj, '__qualname__', obj)!r} cannot be called as "
+                f"factory(models, cluster, forecaster=None)"
+            ) from None
         except ValueError:  # no signature to check (a builtin): the call will tell
             pass
         make = obj
     else:
-        raise PluginError(f"{what}: a {type(obj).__name__} object is not a Policy subclass "
-                          f"or a factory")
+        raise PluginError(f"{what}: a {type(obj).__name__} object is not a Policy subclass or a factory")
 
     def build(models, cluster, forecaster=None) -> Policy:
         pol = make(models, cluster, forecaster=forecaster)
         if not isinstance(pol, Policy):
-            raise PluginError(f"{what}: the factory returned a {type(pol).__name__}, not a "
-                              f"Policy (autoscaler.contract.policy.Policy)")
+            raise PluginError(
+                f"{what}: the factory returned a {type(pol).__name__}, not a Policy (autoscaler.contract.policy.Policy)"
+            )
         if pol.name == Policy.name:
             pol.name = name
         return pol
+
     return build
 
 
@@ -134,8 +138,9 @@ def _forecaster_object(spec: str):
     what = f"forecaster {spec!r}"
     if not is_import_path(spec):
         names = ", ".join(sorted(eps)) or "none installed"
-        raise PluginError(f"{what}: not an import path (module:attribute) and no forecaster "
-                          f"plug-in of that name (plug-ins: {names})")
+        raise PluginError(
+            f"{what}: not an import path (module:attribute) and no forecaster plug-in of that name (plug-ins: {names})"
+        )
     return load_object(spec, what), what
 
 
@@ -144,8 +149,7 @@ def check_forecaster_spec(spec: str) -> None:
     it (building may load weights): what config validation does."""
     obj, what = _forecaster_object(spec)
     if not callable(obj) and not hasattr(obj, "predict"):
-        raise PluginError(f"{what}: a {type(obj).__name__} object is not a forecaster class, "
-                          f"factory or instance")
+        raise PluginError(f"{what}: a {type(obj).__name__} object is not a forecaster class, factory or instance")
 
 
 def make_forecaster(spec: str):
@@ -170,8 +174,9 @@ def check_forecaster(fc, what: str) -> None:
     kind = type(fc).__name__
     missing = [a for a in ("input_size", "horizon", "predict") if not hasattr(fc, a)]
     if missing:
-        raise PluginError(f"{what}: {kind} is not a forecaster: no {', '.join(missing)} "
-                          f"(see forecasting.base.Forecaster)")
+        raise PluginError(
+            f"{what}: {kind} is not a forecaster: no {', '.join(missing)} (see forecasting.base.Forecaster)"
+        )
     for a in ("input_size", "horizon"):
         v = getattr(fc, a)
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
@@ -180,16 +185,21 @@ def check_forecaster(fc, what: str) -> None:
     try:
         out = fc.predict({n: np.full(int(fc.input_size), 60.0) for n in asked}, n_samples=2, seed=0)
     except Exception as err:
-        raise PluginError(f"{what}: {kind}.predict(history, n_samples=2, seed=0) failed "
-                          f"({type(err).__name__}: {err})") from None
+        raise PluginError(
+            f"{what}: {kind}.predict(history, n_samples=2, seed=0) failed ({type(err).__name__}: {err})"
+        ) from None
     if not isinstance(out, Forecast) or out.samples.shape != (2, 2, int(fc.horizon)):
         got = type(out).__name__ if not isinstance(out, Forecast) else f"samples {out.samples.shape}"
-        raise PluginError(f"{what}: {kind}.predict must return a forecasting.base.Forecast with "
-                          f"samples (models, n_samples, horizon) = (2, 2, {fc.horizon}) for two "
-                          f"models; got {got}")
+        raise PluginError(
+            f"{what}: {kind}.predict must return a forecasting.base.Forecast with "
+            f"samples (models, n_samples, horizon) = (2, 2, {fc.horizon}) for two "
+            f"models; got {got}"
+        )
     if list(out.names) != asked:
-        raise PluginError(f"{what}: {kind}.predict must forecast the models it is given, in "
-                          f"their order ({asked}); got {list(out.names)}")
+        raise PluginError(
+            f"{what}: {kind}.predict must forecast the models it is given, in "
+            f"their order ({asked}); got {list(out.names)}"
+        )
 
 
 def forecaster_plugins() -> dict[str, str]:

@@ -39,8 +39,9 @@ class Entry:
     kind: str  # "built-in" or "registered"
 
 
-_REGISTRY: dict[str, Entry] = {name: Entry(factory, summary, nb, "built-in")
-                               for name, factory, summary, nb, _ in BUILTIN}
+_REGISTRY: dict[str, Entry] = {
+    name: Entry(factory, summary, nb, "built-in") for name, factory, summary, nb, _ in BUILTIN
+}
 _WARNED: set[str] = set()
 
 
@@ -57,8 +58,11 @@ def _plugins() -> dict:
     for name in sorted(set(eps) & set(_REGISTRY)):
         if name not in _WARNED:
             _WARNED.add(name)
-            log.warning("policy plug-in %r = %s has the name of a built-in policy; the "
-                        "built-in wins", name, plugins.entry_source(eps[name]))
+            log.warning(
+                "policy plug-in %r = %s has the name of a built-in policy; the built-in wins",
+                name,
+                plugins.entry_source(eps[name]),
+            )
     return {n: ep for n, ep in eps.items() if n not in _REGISTRY}
 
 
@@ -78,8 +82,9 @@ def policy_summaries() -> dict[str, str]:
     """Every policy's one-line description, by name (a plug-in's says where it comes from;
     it is not imported to describe it)."""
     eps = _plugins()
-    return {n: _REGISTRY[n].summary if n in _REGISTRY
-            else f"plug-in {plugins.entry_source(eps[n])}" for n in policy_names()}
+    return {
+        n: _REGISTRY[n].summary if n in _REGISTRY else f"plug-in {plugins.entry_source(eps[n])}" for n in policy_names()
+    }
 
 
 def policy_catalog() -> list[dict]:
@@ -90,12 +95,19 @@ def policy_catalog() -> list[dict]:
         if n in _REGISTRY:
             e = _REGISTRY[n]
             src = getattr(e.factory, "__module__", None) or ""
-            rows.append({"name": n, "kind": e.kind, "source": src, "summary": e.summary,
-                         "needs_batching": e.needs_batching})
+            rows.append(
+                {"name": n, "kind": e.kind, "source": src, "summary": e.summary, "needs_batching": e.needs_batching}
+            )
         else:
-            rows.append({"name": n, "kind": "plug-in", "source": plugins.entry_source(eps[n]),
-                         "summary": f"plug-in {plugins.entry_source(eps[n])}",
-                         "needs_batching": False})
+            rows.append(
+                {
+                    "name": n,
+                    "kind": "plug-in",
+                    "source": plugins.entry_source(eps[n]),
+                    "summary": f"plug-in {plugins.entry_source(eps[n])}",
+                    "needs_batching": False,
+                }
+            )
     return rows
 
 
@@ -112,12 +124,15 @@ def policy_factory(name: str) -> Factory:
     if plugins.is_import_path(name):
         what = f"policy {name!r}"
         return plugins.policy_factory(plugins.load_object(name, what), what, name)
-    raise UnknownPolicy(f"unknown policy {name!r}; choose one of {', '.join(policy_names())}, "
-                        f"or give an import path (my_pkg.policies:MyPolicy)")
+    raise UnknownPolicy(
+        f"unknown policy {name!r}; choose one of {', '.join(policy_names())}, "
+        f"or give an import path (my_pkg.policies:MyPolicy)"
+    )
 
 
-def make_policy(name: str, models: Sequence[ModelSLO], cluster: ClusterSpec,
-                forecaster=None, pipelines: Sequence[PipelineSLO] = ()) -> Policy:
+def make_policy(
+    name: str, models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster=None, pipelines: Sequence[PipelineSLO] = ()
+) -> Policy:
     """Build the policy called ``name`` (a name or an import path) over ``models`` (stages
     included) and tell it the ``pipelines``; ValueError otherwise."""
     policy = policy_factory(name)(list(models), cluster, forecaster=forecaster)

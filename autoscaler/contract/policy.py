@@ -111,20 +111,30 @@ class Decision:
     :meth:`set` adds to it. Read one field of every model with :meth:`field`
     (``replicas`` is short for ``field("replicas")``): the settings are the one record."""
 
-    def __init__(self, replicas: Mapping[str, int] | None = None,
-                 drop_rates: Mapping[str, float] | None = None, kind: str = "long_term",
-                 info: dict[str, Any] | None = None, plan: dict[str, ModelPlan] | None = None,
-                 threads: Mapping[str, int] | None = None,
-                 batch_sizes: Mapping[str, int] | None = None,
-                 variants: Mapping[str, str] | None = None, *,
-                 settings: Mapping[str, Setting] | None = None) -> None:
+    def __init__(
+        self,
+        replicas: Mapping[str, int] | None = None,
+        drop_rates: Mapping[str, float] | None = None,
+        kind: str = "long_term",
+        info: dict[str, Any] | None = None,
+        plan: dict[str, ModelPlan] | None = None,
+        threads: Mapping[str, int] | None = None,
+        batch_sizes: Mapping[str, int] | None = None,
+        variants: Mapping[str, str] | None = None,
+        *,
+        settings: Mapping[str, Setting] | None = None,
+    ) -> None:
         self.kind = kind  # "long_term", "reactive", "surge", ... (for logs)
         self.info = info if info is not None else {}  # JSON-able details for the decision log
         self.plan = plan if plan is not None else {}  # planning policies: per model
         self.settings: dict[str, Setting] = dict(settings or {})
-        for name, values in (("replicas", replicas), ("drop_rate", drop_rates),
-                             ("batch_size", batch_sizes), ("threads", threads),
-                             ("variant", variants)):
+        for name, values in (
+            ("replicas", replicas),
+            ("drop_rate", drop_rates),
+            ("batch_size", batch_sizes),
+            ("threads", threads),
+            ("variant", variants),
+        ):
             for n, v in (values or {}).items():
                 self.set(n, **{name: v})
 
@@ -141,7 +151,11 @@ class Decision:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Decision) and (self.settings, self.kind, self.info, self.plan) == (
-            other.settings, other.kind, other.info, other.plan)
+            other.settings,
+            other.kind,
+            other.info,
+            other.plan,
+        )
 
     def __repr__(self) -> str:
         return f"Decision({self.kind!r}, {self.settings!r})"
@@ -177,8 +191,7 @@ class Policy(ABC):
         for p in pipelines:
             missing = [n for n in p.stage_names if n not in self.slo]
             if missing:
-                raise ValueError(f"pipeline {p.name!r}: stage(s) {', '.join(missing)} are not "
-                                 f"models of this policy")
+                raise ValueError(f"pipeline {p.name!r}: stage(s) {', '.join(missing)} are not models of this policy")
         self.pipelines = tuple(pipelines)
 
     @abstractmethod
@@ -187,24 +200,35 @@ class Policy(ABC):
 
     def get_state(self) -> dict[str, Any]:
         """This policy's state between decisions, JSON-able."""
-        return {"policy": self.name, "models": sorted(self.slo),
-                "fields": {f: encode(getattr(self, f)) for f in self.state_fields}}
+        return {
+            "policy": self.name,
+            "models": sorted(self.slo),
+            "fields": {f: encode(getattr(self, f)) for f in self.state_fields},
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Carry on from ``state`` (from :meth:`get_state` of the same policy over the same
         models; raises ``ValueError`` otherwise, and the policy then starts afresh)."""
         if state.get("policy") != self.name or state.get("models") != sorted(self.slo):
-            raise ValueError(f"saved state is for policy {state.get('policy')!r} over "
-                             f"{state.get('models')}, not {self.name!r} over {sorted(self.slo)}")
+            raise ValueError(
+                f"saved state is for policy {state.get('policy')!r} over "
+                f"{state.get('models')}, not {self.name!r} over {sorted(self.slo)}"
+            )
         fields = state.get("fields", {})
         restored = {f: decode(fields[f], getattr(self, f)) for f in self.state_fields if f in fields}
         for f, v in restored.items():  # all decoded before any is set: all or nothing
             setattr(self, f, v)
 
 
-def grant_in_order(wanted: dict[str, int], current: dict[str, int], models: Iterable[ModelSLO],
-                   capacity_cpus: float | Capacity, capacity_memory_gb: float | None = None,
-                   order: Iterable[str] | None = None, interleave: bool = False) -> dict[str, int]:
+def grant_in_order(
+    wanted: dict[str, int],
+    current: dict[str, int],
+    models: Iterable[ModelSLO],
+    capacity_cpus: float | Capacity,
+    capacity_memory_gb: float | None = None,
+    order: Iterable[str] | None = None,
+    interleave: bool = False,
+) -> dict[str, int]:
     """Fit desired replica counts into the capacity, first come first served.
 
     Decreases are always granted (they free capacity first); increases are granted in

@@ -57,8 +57,7 @@ class Setting:
         if self.batch_size is not None:
             most = largest_batch(model)
             if most <= 1:
-                raise ValueError(f"{model.name!r} does not batch (no batching in its config): "
-                                 "it takes no batch size")
+                raise ValueError(f"{model.name!r} does not batch (no batching in its config): it takes no batch size")
             out["batch_size"] = int(min(max(int(self.batch_size), 1), most))
         if self.threads is not None:
             out["threads"] = int(min(max(int(self.threads), 1), max(1, math.floor(model.cpus))))
@@ -88,9 +87,13 @@ class Setting:
             if v is None:
                 continue
             kind = _TYPES[f]
-            ok = isinstance(v, str) if kind is str else (
-                isinstance(v, (int, float)) and not isinstance(v, bool)
-                and (kind is float or float(v).is_integer()))
+            ok = (
+                isinstance(v, str)
+                if kind is str
+                else (
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or float(v).is_integer())
+                )
+            )
             if not ok:
                 raise ValueError(f"{where}.{f}: expected {kind.__name__} (got {v!r})")
             out[f] = kind(v)

@@ -25,8 +25,12 @@ def decision_record(decision: Decision) -> dict:
     """A decision as the log and the status show it: its kind, replicas and drop rates per
     model (always), each other field a policy set (``batch_sizes``, ``threads``,
     ``variants``, and any later one by its field name), and its details."""
-    out = {"kind": decision.kind, "replicas": dict(decision.replicas),
-           "drop_rates": dict(decision.field("drop_rate")), "info": decision.info}
+    out = {
+        "kind": decision.kind,
+        "replicas": dict(decision.replicas),
+        "drop_rates": dict(decision.field("drop_rate")),
+        "info": decision.info,
+    }
     for f in FIELDS:
         if f not in ("replicas", "drop_rate") and (values := dict(decision.field(f))):
             out[_PLURAL.get(f, f)] = values
@@ -84,8 +88,13 @@ class LoopView(Protocol):
     def shadow(self) -> bool: ...
 
 
-def tick_record(loop: LoopView, now: float, obs: Observation, decision: Decision | None,
-                meters: Mapping[str, MeterSnapshot] | None = None) -> dict:
+def tick_record(
+    loop: LoopView,
+    now: float,
+    obs: Observation,
+    decision: Decision | None,
+    meters: Mapping[str, MeterSnapshot] | None = None,
+) -> dict:
     """One tick as the log and the status show it: per model what was observed, the setting
     in force (in shadow mode also the advice), what the last plan predicted; the decision."""
     models = {}
@@ -93,21 +102,26 @@ def tick_record(loop: LoopView, now: float, obs: Observation, decision: Decision
         meter = (meters or {}).get(n)
         planned, held = loop.last_plan.get(n, {}), loop.settings[n]
         models[n] = {
-            "slo_ms": loop.slo[n].slo_ms, "percentile": loop.slo[n].percentile,
+            "slo_ms": loop.slo[n].slo_ms,
+            "percentile": loop.slo[n].percentile,
             "arrival_rate": round(o.arrival_rate, 4),
             "latency_ms": None if o.latency_ms is None else round(o.latency_ms, 2),
             "processing_ms": None if o.processing_ms is None else round(o.processing_ms, 2),
-            "queue_length": o.queue_length, "replicas": o.replicas,
-            "target": held.replicas, "drop_rate": held.drop_rate or 0.0,
+            "queue_length": o.queue_length,
+            "replicas": o.replicas,
+            "target": held.replicas,
+            "drop_rate": held.drop_rate or 0.0,
             # measured: min(SLO / p99 over the look-back, 1), the paper's utility (alpha 1);
             # predicted: what the last plan expected over its window
             "observed_utility": observed_utility(o.latency_ms, loop.slo[n].slo_ms),
-            "predicted_utility": planned.get("utility"), "predictor": planned.get("predictor"),
+            "predicted_utility": planned.get("utility"),
+            "predictor": planned.get("predictor"),
             "predicted_latency_ms": planned.get("latency_ms"),
         }
         # the fields a policy set beyond replicas and drops (batch size, threads, variant)
-        models[n].update({k: v for k, v in held.to_json().items() if k not in models[n]
-                          and k not in ("replicas", "drop_rate")})
+        models[n].update(
+            {k: v for k, v in held.to_json().items() if k not in models[n] and k not in ("replicas", "drop_rate")}
+        )
         models[n]["setting"] = held.to_json()  # the whole record in force
         if loop.shadow:  # what it would set, beside what runs ("replicas", "target")
             advised = loop.advice.get(n)
@@ -116,11 +130,19 @@ def tick_record(loop: LoopView, now: float, obs: Observation, decision: Decision
             models[n]["device"] = meter.device
         if loop.slo[n].batching is not None:  # the batches its replicas served
             models[n]["mean_batch"] = round(float(o.mean_batch), 2)
-    rec = {"time": round(now, 3), "t": round(obs.now, 3), "policy": loop.policy.name,
-           "mode": loop.cfg.mode,
-           "capacity_cpus": obs.capacity_cpus, "capacity": obs.capacity.to_json(),
-           "models": models,
-           **({"pipelines": pipeline_records(loop.cfg.pipelines, obs.pipelines, observed_utility)}
-              if loop.cfg.pipelines else {}),
-           "decision": None if decision is None else decision_record(decision)}
+    rec = {
+        "time": round(now, 3),
+        "t": round(obs.now, 3),
+        "policy": loop.policy.name,
+        "mode": loop.cfg.mode,
+        "capacity_cpus": obs.capacity_cpus,
+        "capacity": obs.capacity.to_json(),
+        "models": models,
+        **(
+            {"pipelines": pipeline_records(loop.cfg.pipelines, obs.pipelines, observed_utility)}
+            if loop.cfg.pipelines
+            else {}
+        ),
+        "decision": None if decision is None else decision_record(decision),
+    }
     return rec

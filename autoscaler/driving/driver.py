@@ -64,9 +64,13 @@ class CapacityExceeded(_AtTick, RuntimeError):
 OPEN_MINUTE_MIN_S = 10.0  # once it is this old
 
 
-def with_open_minute(completed: Any, open_count: float, elapsed_s: float,
-                     min_elapsed_s: float = OPEN_MINUTE_MIN_S,
-                     startup_minutes: int = STARTUP_MINUTES) -> np.ndarray:
+def with_open_minute(
+    completed: Any,
+    open_count: float,
+    elapsed_s: float,
+    min_elapsed_s: float = OPEN_MINUTE_MIN_S,
+    startup_minutes: int = STARTUP_MINUTES,
+) -> np.ndarray:
     """A model's arrival history as policies see it: the completed minutes, and right after a
     start (fewer than ``startup_minutes`` of them) the open minute extrapolated to a full
     minute once it is ``min_elapsed_s`` old, so that the first decisions see the load. The
@@ -103,36 +107,49 @@ class MeterSnapshot:
     told: Setting | None = None  # the setting the meter was told and enforces (live only)
 
     @classmethod
-    def from_meter(cls, meter: Mapping[str, Any], min_elapsed_s: float = OPEN_MINUTE_MIN_S,
-                   startup_minutes: int = STARTUP_MINUTES, model: str | None = None) -> "MeterSnapshot":
+    def from_meter(
+        cls,
+        meter: Mapping[str, Any],
+        min_elapsed_s: float = OPEN_MINUTE_MIN_S,
+        startup_minutes: int = STARTUP_MINUTES,
+        model: str | None = None,
+    ) -> "MeterSnapshot":
         """The live meter's JSON (``MeterControl.metrics``), read strictly: a missing or
         ill-typed field raises :class:`~faro_serve.meter_report.MeterReportError` naming
         it (and ``model``) rather than becoming a default."""
         return cls.from_report(decode_meter_report(meter, model), min_elapsed_s, startup_minutes)
 
     @classmethod
-    def from_report(cls, r: MeterReport, min_elapsed_s: float = OPEN_MINUTE_MIN_S,
-                    startup_minutes: int = STARTUP_MINUTES) -> "MeterSnapshot":
+    def from_report(
+        cls, r: MeterReport, min_elapsed_s: float = OPEN_MINUTE_MIN_S, startup_minutes: int = STARTUP_MINUTES
+    ) -> "MeterSnapshot":
         """Its arrival history: :func:`with_open_minute` (the completed minutes, and the open
         one extrapolated right after a start), as the simulator gives its policies."""
-        hist = with_open_minute(r.arrivals_per_min, r.current_minute_count,
-                                r.current_minute_elapsed_s, min_elapsed_s, startup_minutes)
-        return cls(arrivals_per_min=hist, arrival_rate=r.arrival_rate,
-                   latency_ms=r.latency_ms, processing_ms=r.processing.mean_ms,
-                   queue_length=r.queue_length, mean_in_flight=r.mean_in_flight,
-                   percentile=r.percentile,
-                   queued_ages_s=(None if r.queued_ages_s is None
-                                  else np.asarray(r.queued_ages_s, float)),
-                   batch_size=r.batch_size, threads=r.threads,
-                   mean_batch=r.mean_batch or 1.0, variant=r.variant,
-                   batch_times=(None if r.batch_times is None
-                                else np.asarray(r.batch_times, float).reshape(-1, 3)),
-                   device=r.device,
-                   told=Setting.from_json(r.setting, f"meter report of {r.model!r}: setting"))
+        hist = with_open_minute(
+            r.arrivals_per_min, r.current_minute_count, r.current_minute_elapsed_s, min_elapsed_s, startup_minutes
+        )
+        return cls(
+            arrivals_per_min=hist,
+            arrival_rate=r.arrival_rate,
+            latency_ms=r.latency_ms,
+            processing_ms=r.processing.mean_ms,
+            queue_length=r.queue_length,
+            mean_in_flight=r.mean_in_flight,
+            percentile=r.percentile,
+            queued_ages_s=(None if r.queued_ages_s is None else np.asarray(r.queued_ages_s, float)),
+            batch_size=r.batch_size,
+            threads=r.threads,
+            mean_batch=r.mean_batch or 1.0,
+            variant=r.variant,
+            batch_times=(None if r.batch_times is None else np.asarray(r.batch_times, float).reshape(-1, 3)),
+            device=r.device,
+            told=Setting.from_json(r.setting, f"meter report of {r.model!r}: setting"),
+        )
 
     @classmethod
-    def read_meters(cls, raw: Mapping[str, Mapping[str, Any]], slos: Mapping[str, ModelSLO]
-                    ) -> tuple[dict[str, "MeterSnapshot"], dict[str, str]]:
+    def read_meters(
+        cls, raw: Mapping[str, Mapping[str, Any]], slos: Mapping[str, ModelSLO]
+    ) -> tuple[dict[str, "MeterSnapshot"], dict[str, str]]:
         """Every model's meter JSON as a snapshot, and the error of each model left out: a
         malformed report, or replicas reserving other resources than the SLO's
         (:func:`~faro_serve.meter_report.read_reports`, which logs them)."""
@@ -151,15 +168,20 @@ class MeterSnapshot:
         SLO percentile (else the driver resends them: after a decision, or when a restarted
         meter came back with defaults)."""
         told = self.told or Setting()
-        return self.percentile == percentile and all(
-            getattr(told, f) == v for f, v in want.set_fields().items())
+        return self.percentile == percentile and all(getattr(told, f) == v for f, v in want.set_fields().items())
 
 
-def observe(now: float, capacity_cpus: float | Capacity, capacity_memory_gb: float | None,
-            snapshots: Mapping[str, MeterSnapshot], running: Mapping[str, int],
-            settings: Mapping[str, Setting], future: dict[str, np.ndarray] | None = None,
-            slo_s: Mapping[str, float] | None = None,
-            pipelines: Mapping[str, PipelineObservation] | None = None) -> Observation:
+def observe(
+    now: float,
+    capacity_cpus: float | Capacity,
+    capacity_memory_gb: float | None,
+    snapshots: Mapping[str, MeterSnapshot],
+    running: Mapping[str, int],
+    settings: Mapping[str, Setting],
+    future: dict[str, np.ndarray] | None = None,
+    slo_s: Mapping[str, float] | None = None,
+    pipelines: Mapping[str, PipelineObservation] | None = None,
+) -> Observation:
     """The policy's observation of the models in ``snapshots`` (in their order).
 
     ``running``: replicas serving now; ``settings``: the settings in force (their replicas
@@ -176,17 +198,32 @@ def observe(now: float, capacity_cpus: float | Capacity, capacity_memory_gb: flo
             budgets = np.sort(float(slo_s[n]) - s.queued_ages_s)
         held = settings[n]
         models[n] = ModelObservation(
-            name=n, replicas=int(running[n]), target_replicas=_held(held, n),
-            arrivals_per_min=s.arrivals_per_min, arrival_rate=s.arrival_rate,
-            latency_ms=s.latency_ms, processing_ms=s.processing_ms, queue_length=s.queue_length,
+            name=n,
+            replicas=int(running[n]),
+            target_replicas=_held(held, n),
+            arrivals_per_min=s.arrivals_per_min,
+            arrival_rate=s.arrival_rate,
+            latency_ms=s.latency_ms,
+            processing_ms=s.processing_ms,
+            queue_length=s.queue_length,
             ongoing_per_replica=s.mean_in_flight / max(int(running[n]), 1),
-            drop_rate=float(held.drop_rate or 0.0), queued_budgets_s=budgets,
-            threads=int(s.threads or 1), batch_size=int(s.batch_size or 1), mean_batch=s.mean_batch,
-            batch_times=s.batch_times)
+            drop_rate=float(held.drop_rate or 0.0),
+            queued_budgets_s=budgets,
+            threads=int(s.threads or 1),
+            batch_size=int(s.batch_size or 1),
+            mean_batch=s.mean_batch,
+            batch_times=s.batch_times,
+        )
     cap = as_capacity(capacity_cpus, capacity_memory_gb)
-    return Observation(now=float(now), capacity_cpus=cap.cpus, capacity_memory_gb=cap.memory_gb,
-                       models=models, future_arrivals_per_min=future, capacity=cap,
-                       pipelines=dict(pipelines or {}))
+    return Observation(
+        now=float(now),
+        capacity_cpus=cap.cpus,
+        capacity_memory_gb=cap.memory_gb,
+        models=models,
+        future_arrivals_per_min=future,
+        capacity=cap,
+        pipelines=dict(pipelines or {}),
+    )
 
 
 def decide(policy: Policy, obs: Observation) -> Decision | None:
@@ -219,10 +256,16 @@ class Applied:
         return field_map(self.changed, field)
 
 
-def apply_decision(decision: Decision, current: Mapping[str, Setting | int],
-                   models: Sequence[ModelSLO], capacity_cpus: float | Capacity,
-                   capacity_memory_gb: float | None = None, *, policy: str = "policy",
-                   now: float = 0.0) -> Applied:
+def apply_decision(
+    decision: Decision,
+    current: Mapping[str, Setting | int],
+    models: Sequence[ModelSLO],
+    capacity_cpus: float | Capacity,
+    capacity_memory_gb: float | None = None,
+    *,
+    policy: str = "policy",
+    now: float = 0.0,
+) -> Applied:
     """Check and order ``decision`` against the settings in force, ``current`` (a bare
     replica count stands for a setting of only that; see the module docstring).
 
@@ -233,8 +276,11 @@ def apply_decision(decision: Decision, current: Mapping[str, Setting | int],
     :class:`~faro_serve.resources.Capacity`, or CPUs and memory as two scalars) than the
     cluster has."""
     if not isinstance(decision, Decision):  # a plug-in's mistake, named (not an AttributeError)
-        raise DecisionRefused(f"policy {policy!r} returned a {type(decision).__name__} at "
-                              f"t={now:g}s, not a Decision (autoscaler.contract.policy.Decision) or None", now)
+        raise DecisionRefused(
+            f"policy {policy!r} returned a {type(decision).__name__} at "
+            f"t={now:g}s, not a Decision (autoscaler.contract.policy.Decision) or None",
+            now,
+        )
     spec = {m.name: m for m in models}
     held = {n: s if isinstance(s, Setting) else Setting(replicas=int(s)) for n, s in current.items()}
     unknown = sorted(set(decision.settings) - set(held))
@@ -244,8 +290,9 @@ def apply_decision(decision: Decision, current: Mapping[str, Setting | int],
     for n, s in decision.settings.items():
         r = s.replicas  # clamped to the model's bounds below, but a negative or NaN is a bug
         if r is not None and not (isinstance(r, (int, float, np.number)) and math.isfinite(r) and r >= 0):
-            raise DecisionRefused(f"policy {policy!r} asked for {r!r} replicas of {n!r} at "
-                                  f"t={now:g}s (a number >= 0)", now)
+            raise DecisionRefused(
+                f"policy {policy!r} asked for {r!r} replicas of {n!r} at t={now:g}s (a number >= 0)", now
+            )
         try:
             changed[n] = s.clamp(spec[n])
         except ValueError as err:
@@ -259,8 +306,7 @@ def apply_decision(decision: Decision, current: Mapping[str, Setting | int],
     cap = as_capacity(capacity_cpus, capacity_memory_gb)
     over = cap.over(usage(targets, {n: demand(spec[n]) for n in targets})) if grows else []
     if over:
-        raise CapacityExceeded(f"policy {policy!r} asked for {'; '.join(over)} at t={now:g}s "
-                               f"(targets {targets})", now)
+        raise CapacityExceeded(f"policy {policy!r} asked for {'; '.join(over)} at t={now:g}s (targets {targets})", now)
     changes = [(n, targets[n]) for n in targets if targets[n] != before[n]]
     changes.sort(key=lambda c: c[1] > before[c[0]])  # decreases first, stable otherwise
     return Applied(after, changes, changed)

@@ -24,9 +24,17 @@ from forecasting.shipped import BUILTIN_NAMES, FALLBACK, SHIPPED, default_foreca
 
 log = logging.getLogger("faro_serve.autoscaler")
 
-__all__ = ["BUILTIN_NAMES", "FALLBACK", "SHIPPED", "choose_forecaster", "forecaster_of", "is_builtin",
-           "policy_forecasts", "set_daily", "set_recurrence"]
-
+__all__ = [
+    "BUILTIN_NAMES",
+    "FALLBACK",
+    "SHIPPED",
+    "choose_forecaster",
+    "forecaster_of",
+    "is_builtin",
+    "policy_forecasts",
+    "set_daily",
+    "set_recurrence",
+]
 
 
 def policy_forecasts(policy: str) -> bool:
@@ -66,9 +74,13 @@ def set_recurrence(forecaster, share: float | None) -> None:
         forecaster.recurrence_share = float(share)
 
 
-def choose_forecaster(spec: str | None = None, directory: str | None = None,
-                      short_history: str | None = None, daily: tuple[int, float] | None = None,
-                      recurrence: float | None = None):
+def choose_forecaster(
+    spec: str | None = None,
+    directory: str | None = None,
+    short_history: str | None = None,
+    daily: tuple[int, float] | None = None,
+    recurrence: float | None = None,
+):
     """``(forecaster, why)``: the forecaster of a name / import path (``spec``) or of a trained
     ``directory`` (not both), else the shipped one; ``why`` says which and why, e.g.
     ``nhits-normal (shipped)``, ``fallback: chosen``, ``nhits-normal (runs/fc)``, or a
@@ -76,8 +88,7 @@ def choose_forecaster(spec: str | None = None, directory: str | None = None,
     ``(period, weight)`` (default: a day of 1,440 minutes, weight 0.25); ``recurrence``: the
     share of its samples that gain a model's recurring peak (default 0.25)."""
     if spec and directory:
-        raise ValueError("give a forecaster (a name or an import path) or a trained forecaster "
-                         "directory, not both")
+        raise ValueError("give a forecaster (a name or an import path) or a trained forecaster directory, not both")
     if directory:
         from forecasting.io import load_forecaster
 

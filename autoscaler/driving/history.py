@@ -47,7 +47,7 @@ def fill_short_gaps(values: np.ndarray, max_gap: int, next_value: float | None =
     tail, ok = tail[first:], ok[first:]
     idx = np.arange(tail.size)
     filled = np.interp(idx, idx[ok], tail[ok])
-    return filled[:-1] if next_value is not None or np.isnan(ext[-1]) else filled[:v.size - start - first]
+    return filled[:-1] if next_value is not None or np.isnan(ext[-1]) else filled[: v.size - start - first]
 
 
 class HistoryKeeper:
@@ -55,8 +55,7 @@ class HistoryKeeper:
     joins the store's earlier minutes to a shorter meter history; ``store``: any
     ``forecasting.store.HistorySource``."""
 
-    def __init__(self, store: HistorySource, keep_minutes: int = HISTORY_MINUTES,
-                 max_gap_minutes: int = 5):
+    def __init__(self, store: HistorySource, keep_minutes: int = HISTORY_MINUTES, max_gap_minutes: int = 5):
         self.store = store
         self.keep_minutes = keep_minutes
         self.max_gap_minutes = max_gap_minutes
@@ -66,8 +65,9 @@ class HistoryKeeper:
         self._cache: dict[str, tuple[int, np.ndarray]] = {}  # model -> (meter's first minute, prefix)
 
     @classmethod
-    def carry_on(cls, store: HistorySource | None, previous: "HistoryKeeper | None",
-                 keep_minutes: int = HISTORY_MINUTES) -> "HistoryKeeper | None":
+    def carry_on(
+        cls, store: HistorySource | None, previous: "HistoryKeeper | None", keep_minutes: int = HISTORY_MINUTES
+    ) -> "HistoryKeeper | None":
         """The keeper of a new loop: the previous loop's over the same store (its grids and
         what it wrote carry on), a new one over another store, None without one;
         ``keep_minutes``: the history each model's forecast is given (a day and more with
@@ -81,15 +81,15 @@ class HistoryKeeper:
             previous._cache.clear()
         return previous
 
-    def observe_safely(self, now: float, raw: Mapping[str, Mapping],
-                       meters: Mapping[str, MeterSnapshot]) -> dict[str, MeterSnapshot]:
+    def observe_safely(
+        self, now: float, raw: Mapping[str, Mapping], meters: Mapping[str, MeterSnapshot]
+    ) -> dict[str, MeterSnapshot]:
         """:meth:`observe`; a failure is logged and the meters' history used as it is: the
         store must never stop the autoscaler."""
         try:
             return self.observe(now, raw, meters)
         except Exception as err:
-            log.warning("arrival history store %s: %s; planning with the meters' history only",
-                        self.store.path, err)
+            log.warning("arrival history store %s: %s; planning with the meters' history only", self.store.path, err)
             return dict(meters)
 
     def _last_minute(self, name: str, t_end: float) -> int:
@@ -101,8 +101,9 @@ class HistoryKeeper:
             self._cache.pop(name, None)
         return int(round((t_end - grid[0]) / 60.0)) + grid[1]
 
-    def observe(self, now: float, raw: Mapping[str, Mapping],
-                meters: Mapping[str, MeterSnapshot]) -> dict[str, MeterSnapshot]:
+    def observe(
+        self, now: float, raw: Mapping[str, Mapping], meters: Mapping[str, MeterSnapshot]
+    ) -> dict[str, MeterSnapshot]:
         """``meters`` (the decoded snapshots of the reports ``raw``, read at ``now``) with each
         model's history joined to the store's; its new completed minutes written. The two
         fields read here were checked when ``meters`` was decoded (``MeterSnapshot.read_meters``)."""
@@ -121,8 +122,7 @@ class HistoryKeeper:
         if since is not None and last <= since:
             return  # no new completed minute since the last write
         first = last - done.size + 1
-        rows = [(60.0 * m, c) for m, c in zip(range(first, last + 1), done)
-                if since is None or m > since]
+        rows = [(60.0 * m, c) for m, c in zip(range(first, last + 1), done) if since is None or m > since]
         if self.store.append_many(name, rows):
             self.written[name] = last
 
@@ -141,20 +141,18 @@ class HistoryKeeper:
             return snap
         return dataclasses.replace(snap, arrivals_per_min=np.concatenate([prefix, snap.arrivals_per_min]))
 
-    def _prefix(self, name: str, snap: MeterSnapshot, first: int,
-                cached: tuple[int, np.ndarray] | None) -> np.ndarray:
+    def _prefix(self, name: str, snap: MeterSnapshot, first: int, cached: tuple[int, np.ndarray] | None) -> np.ndarray:
         """The store's minutes before ``first``, gaps filled: the cached prefix extended by
         the minutes the meter's window has moved past since (one a minute: a day of context
         is not read again every minute), or read whole when that is not possible."""
         if cached is not None and 0 < first - cached[0] <= self.keep_minutes and cached[1].size:
             delta = self.store.load(name, first - cached[0], end_minute=first)
             if not np.isnan(delta).any():
-                return np.concatenate([cached[1], delta])[-self.keep_minutes:]
+                return np.concatenate([cached[1], delta])[-self.keep_minutes :]
         stored = self.store.load(name, self.keep_minutes, end_minute=first)
         nxt = float(snap.arrivals_per_min[0]) if snap.arrivals_per_min.size else None
         return fill_short_gaps(stored, self.max_gap_minutes, nxt)
 
     def status(self) -> dict:
         """For the loop's status: where the store is, what it refused, what was joined."""
-        return {"file": str(self.store.path), "refused": list(self.store.refused),
-                "joined_minutes": dict(self.joined)}
+        return {"file": str(self.store.path), "refused": list(self.store.refused), "joined_minutes": dict(self.joined)}

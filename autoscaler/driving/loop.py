@@ -57,9 +57,16 @@ class AutoscalerLoop:
     the meters' minutes are written to and a shorter meter history is completed from
     (``autoscaler.driving.history``; issue 32)."""
 
-    def __init__(self, cfg: AutoscalerConfig, cluster: ClusterAdapter, forecaster=None,
-                 clock: Callable[[], float] = time.time, previous: "AutoscalerLoop | None" = None,
-                 store: StateStore | None = None, history=None):
+    def __init__(
+        self,
+        cfg: AutoscalerConfig,
+        cluster: ClusterAdapter,
+        forecaster=None,
+        clock: Callable[[], float] = time.time,
+        previous: "AutoscalerLoop | None" = None,
+        store: StateStore | None = None,
+        history=None,
+    ):
         self.cfg = cfg
         self.cluster = cluster
         self.clock = clock
@@ -67,26 +74,25 @@ class AutoscalerLoop:
         self.models = cfg.all_models  # single models, then every pipeline's stages
         set_daily(forecaster, cfg.daily)  # an N-HiTS's daily context and recurring peaks,
         set_recurrence(forecaster, cfg.recurrence_share)  # as the args say
-        self.policy = make_policy(cfg.policy_name(), self.models, cfg.cluster, forecaster,
-                                  pipelines=cfg.pipelines)
+        self.policy = make_policy(cfg.policy_name(), self.models, cfg.cluster, forecaster, pipelines=cfg.pipelines)
         self.slo = {m.name: m for m in self.models}
         self.start = previous.start if previous else clock()
         # every model's setting in force: its target replicas (starting ones included), drop
         # rate, and what a policy set of batch size, threads and variant (autoscaler.contract.setting)
-        self.settings: dict[str, Setting] = {n: s for n, s in previous.settings.items()
-                                             if n in self.slo} if previous else {}
-        self.history: deque = deque(previous.history if previous else (),
-                                    maxlen=history_length(len(self.models)))
+        self.settings: dict[str, Setting] = (
+            {n: s for n, s in previous.settings.items() if n in self.slo} if previous else {}
+        )
+        self.history: deque = deque(previous.history if previous else (), maxlen=history_length(len(self.models)))
         self.last: dict = {}
         # shadow mode (issue 48): the setting the loop would have in force after its last
         # decision, from what ran when it decided; nothing of it reaches the cluster
         self.shadow = cfg.mode == "shadow"
-        self.advice: dict[str, Setting] = {n: s for n, s in previous.advice.items()
-                                           if n in self.slo} if previous else {}
+        self.advice: dict[str, Setting] = (
+            {n: s for n, s in previous.advice.items() if n in self.slo} if previous else {}
+        )
         self.last_plan: dict = previous.last_plan if previous else {}
         self.ticks = 0
-        self.keeper = HistoryKeeper.carry_on(history, previous.keeper if previous else None,
-                                             cfg.history_minutes())
+        self.keeper = HistoryKeeper.carry_on(history, previous.keeper if previous else None, cfg.history_minutes())
         self.retrainer = self._retrainer(previous)
         self.restored_settings: dict[str, Setting] = {}  # saved before a restart, by model
         self.meter_errors: dict[str, str] = {}  # models whose report was refused this tick
@@ -116,12 +122,23 @@ class AutoscalerLoop:
         old = previous.retrainer if previous is not None else None
         names = [m.name for m in self.models]
         holdout = max(1, round(cfg.retrain_holdout_h * 60))
-        if old is not None and old.store is self.keeper.store and old.models == names \
-                and old.every_s == cfg.retrain_every_h * 3600 and old.holdout == holdout:
+        if (
+            old is not None
+            and old.store is self.keeper.store
+            and old.models == names
+            and old.every_s == cfg.retrain_every_h * 3600
+            and old.holdout == holdout
+        ):
             return old
-        return Retrainer(self.keeper.store, names, cfg.retrain_every_h * 3600, holdout,
-                         keep=self.keeper.store.keep_minutes, save_dir=cfg.history_dir,
-                         clock=self.clock)
+        return Retrainer(
+            self.keeper.store,
+            names,
+            cfg.retrain_every_h * 3600,
+            holdout,
+            keep=self.keeper.store.keep_minutes,
+            save_dir=cfg.history_dir,
+            clock=self.clock,
+        )
 
     def _maybe_swap_forecaster(self) -> None:
         """A retrained forecaster that won its held-back hours serves from this tick on."""
@@ -139,11 +156,17 @@ class AutoscalerLoop:
 
     def state(self) -> dict:
         """Everything a restarted loop needs to carry on, JSON-able."""
-        return {"version": STATE_VERSION, "saved_at": self.clock(), "start": self.start,
-                # the targets are not saved: a restart resumes them from the running replicas
-                "settings": {n: {k: v for k, v in s.to_json().items() if k != "replicas"}
-                             for n, s in self.settings.items()},
-                "last_plan": self.last_plan, "policy": self.policy.get_state()}
+        return {
+            "version": STATE_VERSION,
+            "saved_at": self.clock(),
+            "start": self.start,
+            # the targets are not saved: a restart resumes them from the running replicas
+            "settings": {
+                n: {k: v for k, v in s.to_json().items() if k != "replicas"} for n, s in self.settings.items()
+            },
+            "last_plan": self.last_plan,
+            "policy": self.policy.get_state(),
+        }
 
     def _resume(self, saved: dict, source: str, restart: bool = False) -> None:
         age = self.clock() - float(saved.get("saved_at", -math.inf))
@@ -204,14 +227,12 @@ class AutoscalerLoop:
         running = self.cluster.running_replicas()
         names = [m.name for m in self.models if m.name in running]
         why = getattr(self.cluster, "absent", {})
-        self.not_running = {m.name: why.get(m.name, "not deployed")
-                            for m in self.models if m.name not in running}
+        self.not_running = {m.name: why.get(m.name, "not deployed") for m in self.models if m.name not in running}
         # a malformed report (or replicas reserving other CPUs than the SLO's) is logged and
         # left out: that model is planned as one whose meter did not answer (meter_report.py)
         raw = self.cluster.meter_reports(names)
         meters, self.meter_errors = MeterSnapshot.read_meters(raw, self.slo)
-        piped, self.pipeline_meters, errors = observe_pipelines(self.cluster, self.cfg.pipelines,
-                                                                running)
+        piped, self.pipeline_meters, errors = observe_pipelines(self.cluster, self.cfg.pipelines, running)
         self.meter_errors.update(errors)
         if self.keeper is not None:  # the store's minutes before a shorter meter history
             meters = self.keeper.observe_safely(now, raw, meters)
@@ -226,8 +247,15 @@ class AutoscalerLoop:
             self._rescale_redeployed(names)
             self._enforce_bounds(names)
         snaps = {n: meters.get(n) or MeterSnapshot(np.zeros(0)) for n in names}
-        obs = observe(now - self.start, cap, None, snaps, running, self.settings,
-                      slo_s={n: self.slo[n].slo_ms / 1e3 for n in names})
+        obs = observe(
+            now - self.start,
+            cap,
+            None,
+            snaps,
+            running,
+            self.settings,
+            slo_s={n: self.slo[n].slo_ms / 1e3 for n in names},
+        )
         obs.pipelines = piped
         return obs, meters
 
@@ -242,8 +270,10 @@ class AutoscalerLoop:
         if self.cfg.enabled and obs.models:
             missing = [m.name for m in self.models if m.name not in obs.models]
             if missing:  # plan only for what is deployed; the policy wants every model
-                log.warning("models not running: %s", "; ".join(
-                    f"{n} ({self.not_running.get(n, 'not deployed')})" for n in missing))
+                log.warning(
+                    "models not running: %s",
+                    "; ".join(f"{n} ({self.not_running.get(n, 'not deployed')})" for n in missing),
+                )
                 if now - self.start >= MISSING_GRACE_S:  # the others are planned without them
                     decision = decide(self._policy_for(sorted(obs.models)), obs)
             else:
@@ -298,9 +328,16 @@ class AutoscalerLoop:
         if self._partial is None or self._partial[0] != names:
             models = [self.slo[n] for n in names]
             whole = [p for p in self.cfg.pipelines if set(p.stage_names) <= set(names)]
-            self._partial = (names, make_policy(self.cfg.policy_name(), models, self.cfg.cluster,
-                                                getattr(self.policy, "forecaster", None),
-                                                pipelines=whole))
+            self._partial = (
+                names,
+                make_policy(
+                    self.cfg.policy_name(),
+                    models,
+                    self.cfg.cluster,
+                    getattr(self.policy, "forecaster", None),
+                    pipelines=whole,
+                ),
+            )
         return self._partial[1]
 
     def _sync_meters(self, obs: Observation, meters: dict[str, MeterSnapshot]) -> None:
@@ -316,39 +353,44 @@ class AutoscalerLoop:
                 log.warning("cannot reach the meter of %s: %s", n, err)
 
     def _apply(self, decision: Decision, obs: Observation) -> None:
-        done = apply_decision(decision, self.settings, self.models, obs.capacity,
-                              policy=self.policy.name, now=obs.now)
+        done = apply_decision(decision, self.settings, self.models, obs.capacity, policy=self.policy.name, now=obs.now)
         if decision.plan:  # what the status shows as predicted, until the next plan
-            self.last_plan = {n: {"utility": round(p.utility, 4), "predictor": p.predictor,
-                                  "latency_ms": p.latency_ms} for n, p in decision.plan.items()}
+            self.last_plan = {
+                n: {"utility": round(p.utility, 4), "predictor": p.predictor, "latency_ms": p.latency_ms}
+                for n, p in decision.plan.items()
+            }
         if self.shadow:  # advise: the same decision, checked the same way, carried out nowhere
-            self.advice = {n: self.settings[n].merged(done.changed.get(n, Setting()))
-                           for n in self.settings}
+            self.advice = {n: self.settings[n].merged(done.changed.get(n, Setting())) for n in self.settings}
             return
         for n, r in done.changes:  # decreases first: they free what the increases take
             self.cluster.scale(n, r)
             self.settings[n] = self.settings[n].merged(Setting(replicas=r))
         # the other fields reach the meters through _sync_meters (the meter tells the replicas)
-        self.settings = {n: self.settings[n].merged(done.changed.get(n, Setting()))
-                         for n in self.settings}
+        self.settings = {n: self.settings[n].merged(done.changed.get(n, Setting())) for n in self.settings}
 
-    def _record(self, now: float, obs: Observation, decision: Decision | None,
-                meters: dict[str, MeterSnapshot] | None = None) -> dict:
+    def _record(
+        self, now: float, obs: Observation, decision: Decision | None, meters: dict[str, MeterSnapshot] | None = None
+    ) -> dict:
         return tick_record(self, now, obs, decision, meters)
 
     def _log(self, record: dict) -> None:
         log.info("decision %s", write_record(record, self.cfg.decision_log))
 
     def status(self) -> dict:
-        return {"policy": self.policy.name, "objective": self.cfg.cluster.objective,
-                "enabled": self.cfg.enabled, "mode": self.cfg.mode, "ticks": self.ticks,
-                "capacity_cpus": self.last.get("capacity_cpus"),
-                "capacity": self.last.get("capacity"),
-                "models": self.last.get("models", {}),
-                **({"pipelines": self.last.get("pipelines", {})} if self.cfg.pipelines else {}),
-                "last_decision": self.history[-1]["decision"]
-                if self.history else None, "restored": self.restored,
-                "meter_errors": dict(self.meter_errors),  # left out of the last tick, and why
-                "not_running": dict(self.not_running),  # named in the config, not running: why
-                **({"history": self.keeper.status()} if self.keeper is not None else {}),
-                **({"retrain": self.retrainer.status()} if self.retrainer is not None else {})}
+        return {
+            "policy": self.policy.name,
+            "objective": self.cfg.cluster.objective,
+            "enabled": self.cfg.enabled,
+            "mode": self.cfg.mode,
+            "ticks": self.ticks,
+            "capacity_cpus": self.last.get("capacity_cpus"),
+            "capacity": self.last.get("capacity"),
+            "models": self.last.get("models", {}),
+            **({"pipelines": self.last.get("pipelines", {})} if self.cfg.pipelines else {}),
+            "last_decision": self.history[-1]["decision"] if self.history else None,
+            "restored": self.restored,
+            "meter_errors": dict(self.meter_errors),  # left out of the last tick, and why
+            "not_running": dict(self.not_running),  # named in the config, not running: why
+            **({"history": self.keeper.status()} if self.keeper is not None else {}),
+            **({"retrain": self.retrainer.status()} if self.retrainer is not None else {}),
+        }

@@ -20,8 +20,9 @@ from faro_serve.pipelines import PipelineSLO
 log = logging.getLogger(__name__)
 
 
-def observe_pipelines(cluster, pipelines: Sequence[PipelineSLO], running: Mapping[str, int]
-                      ) -> tuple[dict[str, PipelineObservation], dict[str, MeterSnapshot], dict[str, str]]:
+def observe_pipelines(
+    cluster, pipelines: Sequence[PipelineSLO], running: Mapping[str, int]
+) -> tuple[dict[str, PipelineObservation], dict[str, MeterSnapshot], dict[str, str]]:
     """Each measured pipeline's observation, its ingress meter's snapshot, and the error of
     each whose report was refused (a malformed report leaves that pipeline out, as a model's)."""
     names = [p.name for p in pipelines if p.ingress is not None and p.name in running]
@@ -35,13 +36,13 @@ def observe_pipelines(cluster, pipelines: Sequence[PipelineSLO], running: Mappin
             log.error("pipeline %s left out this tick: %s", n, err)
             continue
         snaps[n] = s
-        obs[n] = PipelineObservation(name=n, arrivals_per_min=s.arrivals_per_min,
-                                     arrival_rate=s.arrival_rate, latency_ms=s.latency_ms)
+        obs[n] = PipelineObservation(
+            name=n, arrivals_per_min=s.arrivals_per_min, arrival_rate=s.arrival_rate, latency_ms=s.latency_ms
+        )
     return obs, snaps, errors
 
 
-def sync_pipeline_meters(cluster, pipelines: Sequence[PipelineSLO],
-                         snaps: Mapping[str, MeterSnapshot]) -> None:
+def sync_pipeline_meters(cluster, pipelines: Sequence[PipelineSLO], snaps: Mapping[str, MeterSnapshot]) -> None:
     """Tell each ingress meter the pipeline's SLO percentile, where it measures another."""
     for p in pipelines:
         s = snaps.get(p.name)
@@ -53,8 +54,7 @@ def sync_pipeline_meters(cluster, pipelines: Sequence[PipelineSLO],
             log.warning("cannot reach the ingress meter of pipeline %s: %s", p.name, err)
 
 
-def pipeline_records(pipelines: Sequence[PipelineSLO], observed: Mapping[str, PipelineObservation],
-                     utility) -> dict:
+def pipeline_records(pipelines: Sequence[PipelineSLO], observed: Mapping[str, PipelineObservation], utility) -> dict:
     """What the status and the decision log show per pipeline: its SLO, stages, entry rate
     and measured end-to-end latency (None: not measured: no ingress meter, or no query
     completed in the look-back) with the utility of that latency (``utility(ms, slo_ms)``)."""
@@ -62,8 +62,14 @@ def pipeline_records(pipelines: Sequence[PipelineSLO], observed: Mapping[str, Pi
     for p in pipelines:
         o = observed.get(p.name)
         lat = None if o is None or o.latency_ms is None else round(o.latency_ms, 2)
-        out[p.name] = {"slo_ms": p.slo_ms, "percentile": p.percentile, "stages": p.order(),
-                       "ingress": p.ingress, "measured": o is not None,
-                       "arrival_rate": None if o is None else round(o.arrival_rate, 4),
-                       "latency_ms": lat, "observed_utility": utility(lat, p.slo_ms)}
+        out[p.name] = {
+            "slo_ms": p.slo_ms,
+            "percentile": p.percentile,
+            "stages": p.order(),
+            "ingress": p.ingress,
+            "measured": o is not None,
+            "arrival_rate": None if o is None else round(o.arrival_rate, 4),
+            "latency_ms": lat,
+            "observed_utility": utility(lat, p.slo_ms),
+        }
     return out

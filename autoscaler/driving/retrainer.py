@@ -36,13 +36,14 @@ def retraining_on(cfg) -> bool:
     return bool(cfg.history_dir and cfg.retrain_every_h and not cfg.forecaster and not cfg.forecaster_dir)
 
 
-def recent_history(store, models: Sequence[str] | None = None, keep: int | None = None,
-                   max_gap_minutes: int = 5) -> dict[str, np.ndarray]:
+def recent_history(
+    store, models: Sequence[str] | None = None, keep: int | None = None, max_gap_minutes: int = 5
+) -> dict[str, np.ndarray]:
     """Each model's (default: every stored model's) most recent ``keep`` (default: all the
     store keeps) stored minutes after its last gap longer than ``max_gap_minutes``, shorter
     gaps interpolated: the contiguous history a forecaster trains on."""
     out = {}
-    for n in (store.models() if models is None else models):
+    for n in store.models() if models is None else models:
         h = fill_short_gaps(store.load(n, keep or store.keep_minutes), max_gap_minutes)
         if h.size:
             out[n] = h
@@ -57,9 +58,18 @@ class Retrainer:
     :class:`forecasting.train.TrainConfig` (default:
     :func:`forecasting.retrain.candidate_config`, one thread); ``clock``: wall seconds."""
 
-    def __init__(self, store, models: Sequence[str], every_s: float, holdout: int = 120,
-                 keep: int = 7 * 1440, save_dir: str | Path | None = None, config=None,
-                 clock: Callable[[], float] = time.time, max_gap_minutes: int = 5):
+    def __init__(
+        self,
+        store,
+        models: Sequence[str],
+        every_s: float,
+        holdout: int = 120,
+        keep: int = 7 * 1440,
+        save_dir: str | Path | None = None,
+        config=None,
+        clock: Callable[[], float] = time.time,
+        max_gap_minutes: int = 5,
+    ):
         if every_s <= 0:
             raise ValueError(f"the retrain period must be > 0 s (got {every_s})")
         self.store, self.models = store, list(models)
@@ -113,8 +123,7 @@ class Retrainer:
         busy = self._thread is not None and self._thread.is_alive()
         if current is not None and not busy and now >= self.next_at:
             self.next_at = now + self.every_s
-            self._thread = threading.Thread(target=self._work, args=(current,), daemon=True,
-                                            name="faro-retrain")
+            self._thread = threading.Thread(target=self._work, args=(current,), daemon=True, name="faro-retrain")
             self._thread.start()
         return None
 
@@ -123,6 +132,7 @@ class Retrainer:
         if self.save_dir is not None:
             try:
                 from forecasting.io import save_forecaster
+
                 saved = str(save_forecaster(candidate, self.save_dir / RETRAINED_DIR))
             except Exception as err:  # it serves anyway; a restart goes back to the previous
                 log.warning("cannot save the retrained forecaster in %s: %s", self.save_dir, err)
@@ -137,7 +147,12 @@ class Retrainer:
 
     def status(self) -> dict:
         with self._lock:
-            return {"every_s": self.every_s, "holdout_minutes": self.holdout,
-                    "runs": self.runs, "running": bool(self._thread and self._thread.is_alive()),
-                    "next_at": round(self.next_at, 1), "last": self.last,
-                    "swaps": list(self.swaps[-5:])}
+            return {
+                "every_s": self.every_s,
+                "holdout_minutes": self.holdout,
+                "runs": self.runs,
+                "running": bool(self._thread and self._thread.is_alive()),
+                "next_at": round(self.next_at, 1),
+                "last": self.last,
+                "swaps": list(self.swaps[-5:]),
+            }

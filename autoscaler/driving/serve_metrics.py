@@ -46,8 +46,7 @@ QUIET_MINUTES = 30
 class ServeMetricsObserver:
     """``url``: the Prometheus; ``minutes``: the completed minutes each report carries."""
 
-    def __init__(self, url: str, minutes: int, clock: Callable[[], float] = time.time,
-                 timeout_s: float = 10.0):
+    def __init__(self, url: str, minutes: int, clock: Callable[[], float] = time.time, timeout_s: float = 10.0):
         self.url = url.rstrip("/")
         self.minutes = int(minutes)
         self.clock = clock
@@ -74,8 +73,15 @@ class ServeMetricsObserver:
             return
         if self.lag_s is None:
             self.lag_s = export_lag_s(self.url, self.timeout_s)
-        grids = counter_minutes(self.url, REQUESTS, minute_start - 60.0 * (self.minutes - 1),
-                                self.minutes, [], self.timeout_s, lag_s=self.lag_s)
+        grids = counter_minutes(
+            self.url,
+            REQUESTS,
+            minute_start - 60.0 * (self.minutes - 1),
+            self.minutes,
+            [],
+            self.timeout_s,
+            lag_s=self.lag_s,
+        )
         hist = {key: contiguous_tail(g) for key, g in grids.items()}
         self._service = self._read_service(minute_start)
         self._history, self._minutes_at = hist, minute_start
@@ -87,9 +93,11 @@ class ServeMetricsObserver:
         by = "application, deployment"
         first = minute_start - 60.0 * (QUIET_MINUTES - 1)
         grids = {}
-        for name, q in (("n", f"sum by ({by}) (increase({PROCESSING}_count[1m]))"),
-                        ("ms", f"sum by ({by}) (increase({PROCESSING}_sum[1m]))"),
-                        ("r", f"sum by ({by}) ({HEALTHY})")):
+        for name, q in (
+            ("n", f"sum by ({by}) (increase({PROCESSING}_count[1m]))"),
+            ("ms", f"sum by ({by}) (increase({PROCESSING}_sum[1m]))"),
+            ("r", f"sum by ({by}) ({HEALTHY})"),
+        ):
             for s in query_range(self.url, q, first, minute_start, 60, self.timeout_s):
                 m = s.get("metric", {})
                 grid = np.full(QUIET_MINUTES, np.nan)
@@ -101,14 +109,14 @@ class ServeMetricsObserver:
         out = {}
         for key, g in grids.items():
             if "n" in g and "ms" in g:
-                st = service_time_ms(np.nan_to_num(g["n"]), np.nan_to_num(g["ms"]),
-                                     g.get("r", np.ones(QUIET_MINUTES)))
+                st = service_time_ms(np.nan_to_num(g["n"]), np.nan_to_num(g["ms"]), g.get("r", np.ones(QUIET_MINUTES)))
                 if st is not None:
                     out[key] = st
         return out
 
-    def reports(self, where: Mapping[str, tuple[str, str]], running: Mapping[str, int],
-                percentile: Mapping[str, float]) -> dict[str, dict]:
+    def reports(
+        self, where: Mapping[str, tuple[str, str]], running: Mapping[str, int], percentile: Mapping[str, float]
+    ) -> dict[str, dict]:
         """``{model: MeterReport JSON}`` of the models in ``where`` (model -> (application,
         deployment)) that Prometheus has; raises :class:`PrometheusError` when it cannot be
         read (the tick then fails, and says so in the status)."""
@@ -123,9 +131,17 @@ class ServeMetricsObserver:
         ongoing = self._by(self._q(f"sum by ({by}) ({ONGOING})", now))
         latency: dict[float, dict] = {}
         for pct in sorted(set(percentile.values())) + [50.0]:
-            latency[pct] = {k[0]: v for k, v in self._by(self._q(
-                f"histogram_quantile({pct / 100:g}, sum by (application, le) "
-                f"(rate({HTTP_LATENCY}_bucket[{w}])))", now), "application").items()}
+            latency[pct] = {
+                k[0]: v
+                for k, v in self._by(
+                    self._q(
+                        f"histogram_quantile({pct / 100:g}, sum by (application, le) "
+                        f"(rate({HTTP_LATENCY}_bucket[{w}])))",
+                        now,
+                    ),
+                    "application",
+                ).items()
+            }
         out = {}
         for name, (app, dep) in where.items():
             key = (app, dep)
@@ -136,17 +152,32 @@ class ServeMetricsObserver:
             q, o = queued.get(key, 0.0), ongoing.get(key, 0.0)
             pct = percentile[name]
             out[name] = MeterReport(
-                model=name, now=now, arrival_rate=lam,
+                model=name,
+                now=now,
+                arrival_rate=lam,
                 arrivals_per_min=tuple(float(x) for x in self._history.get(key, np.zeros(0))),
-                current_minute_count=lam * elapsed, current_minute_elapsed_s=elapsed,
-                latency_ms=latency[pct].get(app), latency_p50_ms=latency[50.0].get(app),
+                current_minute_count=lam * elapsed,
+                current_minute_elapsed_s=elapsed,
+                latency_ms=latency[pct].get(app),
+                latency_p50_ms=latency[50.0].get(app),
                 latency_mean_ms=None,
                 processing=Processing(proc.get(key), None, None, int(round(lam * WINDOW_S))),
-                in_flight=int(round(q + o)), mean_in_flight=q + o, queue_length=q,
-                arrivals_total=0, completed_total=0, dropped={}, drop_rate=0.0,
-                replicas=int(running.get(name, 0)), percentile=pct, setting={},
-                waiting=int(round(q)), dispatched=0, dispatch_capacity=0,
-                replica_cpus=None, replica_memory_gb=None).wire()
+                in_flight=int(round(q + o)),
+                mean_in_flight=q + o,
+                queue_length=q,
+                arrivals_total=0,
+                completed_total=0,
+                dropped={},
+                drop_rate=0.0,
+                replicas=int(running.get(name, 0)),
+                percentile=pct,
+                setting={},
+                waiting=int(round(q)),
+                dispatched=0,
+                dispatch_capacity=0,
+                replica_cpus=None,
+                replica_memory_gb=None,
+            ).wire()
         return out
 
 

@@ -33,5 +33,4 @@ class TickFailures:
 
     def status(self) -> dict | None:
         """``{at, error, failed, in_a_row}`` while failures are not over, else ``None``."""
-        return None if self.last is None else {**self.last, "failed": self.failed,
-                                               "in_a_row": self.in_a_row}
+        return None if self.last is None else {**self.last, "failed": self.failed, "in_a_row": self.in_a_row}

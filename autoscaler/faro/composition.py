@@ -63,8 +63,11 @@ def short_term(p: FaroParts, obs: Observation) -> Decision | None:
         # while a surge's replicas are still coming, the trigger waits
         p.violating.update(n, over and obs.now >= p.surge_hold.get(n, -float("inf")), obs.now)
     p.watch_pipelines(obs)
-    due = [n for n in sorted(p.violating.since, key=p.violating.since.get)
-           if p.violating.held(n, obs.now, p.cluster.reactive_trigger_s)]
+    due = [
+        n
+        for n in sorted(p.violating.since, key=p.violating.since.get)
+        if p.violating.held(n, obs.now, p.cluster.reactive_trigger_s)
+    ]
     for n in due:  # restart the timer: the next step needs another full trigger period
         p.violating.restart(n, obs.now)
     due = p.resolve_due(obs, due)  # a pipeline: its bottleneck stage

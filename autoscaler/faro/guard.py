@@ -56,21 +56,24 @@ def heavy_overload(obs: Observation, slo: Mapping[str, ModelSLO], cluster: Clust
     return sum(need[n] * slo[n].cpus for n in need) >= cluster.overload_guard * obs.capacity_cpus
 
 
-def fit_capacity(decision: Decision, obs: Observation, slo: Mapping[str, ModelSLO],
-                 keep: frozenset[str] = frozenset()) -> None:
+def fit_capacity(
+    decision: Decision, obs: Observation, slo: Mapping[str, ModelSLO], keep: frozenset[str] = frozenset()
+) -> None:
     """Give replicas back until ``decision`` fits every resource (CPUs, memory, GPUs, custom):
     the largest increase first, then, with none left, the deepest cut goes one further
     (never a model in ``keep``)."""
     tgt = {n: decision.replicas.get(n, o.target_replicas) for n, o in obs.models.items()}
     dem = {n: demand(slo[n]) for n in tgt}
     while not obs.capacity.fits(usage(tgt, dem)):
-        ups = [(tgt[n] - obs.models[n].target_replicas, n) for n in tgt
-               if tgt[n] > obs.models[n].target_replicas]
+        ups = [(tgt[n] - obs.models[n].target_replicas, n) for n in tgt if tgt[n] > obs.models[n].target_replicas]
         if ups:
             n = max(ups)[1]  # the plan's largest increase gives one back
         else:
-            downs = [(tgt[n] - obs.models[n].target_replicas, n) for n in tgt
-                     if tgt[n] > slo[n].min_replicas and n not in keep]
+            downs = [
+                (tgt[n] - obs.models[n].target_replicas, n)
+                for n in tgt
+                if tgt[n] > slo[n].min_replicas and n not in keep
+            ]
             if not downs:
                 break
             n = min(downs)[1]  # nothing left to take back: the deepest cut goes one further
@@ -98,8 +101,9 @@ def keep_saturated(decision: Decision, obs: Observation, slo: Mapping[str, Model
     return kept
 
 
-def guard_cuts(decision: Decision | None, obs: Observation, slo: Mapping[str, ModelSLO],
-               cluster: ClusterSpec) -> Decision | None:
+def guard_cuts(
+    decision: Decision | None, obs: Observation, slo: Mapping[str, ModelSLO], cluster: ClusterSpec
+) -> Decision | None:
     """``decision`` (a long-term plan) with its cuts limited under heavy overload: a model the
     plan cuts keeps what its observed rate needs (never more than it has), and the plan's
     largest increases give the replicas back so the capacity holds. Unchanged when
@@ -123,6 +127,9 @@ def guard_cuts(decision: Decision | None, obs: Observation, slo: Mapping[str, Mo
     if not kept:
         return decision
     fit_capacity(decision, obs, slo)
-    decision.info["overload_guard"] = {"kept": sorted(kept), "need_cpus": round(
-        sum(need[n] * slo[n].cpus for n in need), 2), "capacity_cpus": obs.capacity_cpus}
+    decision.info["overload_guard"] = {
+        "kept": sorted(kept),
+        "need_cpus": round(sum(need[n] * slo[n].cpus for n in need), 2),
+        "capacity_cpus": obs.capacity_cpus,
+    }
     return decision

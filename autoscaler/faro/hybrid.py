@@ -59,12 +59,28 @@ REPLAN_SEED = 1_000_003  # re-plans' forecasts draw from seeds of their own
 class FaroPolicy(SurgeAware, PipelineAware, Policy):
     """Hybrid long-term predictive + short-term reactive Faro autoscaler."""
 
-    state_fields = ("last_long_term", "violating", "surge_hold", "decisions", "band", "recent",
-                    "last_replan", "moved", "planned_blind")
+    state_fields = (
+        "last_long_term",
+        "violating",
+        "surge_hold",
+        "decisions",
+        "band",
+        "recent",
+        "last_replan",
+        "moved",
+        "planned_blind",
+    )
 
-    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec,
-                 forecaster: Forecaster | None = None, *, reactive: bool = True,
-                 n_samples: int = 100, name: str | None = None):
+    def __init__(
+        self,
+        models: Sequence[ModelSLO],
+        cluster: ClusterSpec,
+        forecaster: Forecaster | None = None,
+        *,
+        reactive: bool = True,
+        n_samples: int = 100,
+        name: str | None = None,
+    ):
         super().__init__(models, cluster)
         self.name = name or faro_policy_name(cluster.objective)
         self.forecaster, self.fallback = fallback_for(forecaster, max(1, round(cluster.window_s / 60)))
@@ -115,37 +131,57 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         svcs = self.services(obs)
         procs = {n: s.processing_ms for n, s in svcs.items()}
         current = {n: o.target_replicas for n, o in obs.models.items()}
-        alloc = plan(self.models, samples, current, self.cluster, processing_ms=procs,
-                     capacity=obs.capacity, pipelines=self.pipelines,
-                     batch_shapes={n: s.shape for n, s in svcs.items() if s.shape is not None})
+        alloc = plan(
+            self.models,
+            samples,
+            current,
+            self.cluster,
+            processing_ms=procs,
+            capacity=obs.capacity,
+            pipelines=self.pipelines,
+            batch_shapes={n: s.shape for n, s in svcs.items() if s.shape is not None},
+        )
         self.band = {n: band_of(samples[n]) for n in samples}
         info = {
-            "objective": alloc.objective, "objective_value": round(alloc.objective_value, 6),
-            "solve_ms": round(alloc.solve_ms, 2), "groups": alloc.groups,
+            "objective": alloc.objective,
+            "objective_value": round(alloc.objective_value, 6),
+            "solve_ms": round(alloc.solve_ms, 2),
+            "groups": alloc.groups,
             "bound": self._binding(alloc, obs),
-            "models": {d.name: {"predictor": predictor.get(d.name, "?"),
-                                "forecast_mean_rps": round(float(samples[d.name].mean()), 4),
-                                "forecast_p90_rps": self.band[d.name][2],
-                                "forecast_rps": dict(zip(("p10", "p50", "p90"), self.band[d.name])),
-                                "processing_ms": round(d.processing_ms, 3),
-                                "current": d.current, "replicas": d.replicas,
-                                "drop_rate": d.drop_rate, "utility": round(d.utility, 4),
-                                "batch_size": d.batch_size,
-                                "latency_ms": round(d.latency_ms, 2) if math.isfinite(d.latency_ms) else None}
-                       for d in alloc.decisions},
+            "models": {
+                d.name: {
+                    "predictor": predictor.get(d.name, "?"),
+                    "forecast_mean_rps": round(float(samples[d.name].mean()), 4),
+                    "forecast_p90_rps": self.band[d.name][2],
+                    "forecast_rps": dict(zip(("p10", "p50", "p90"), self.band[d.name])),
+                    "processing_ms": round(d.processing_ms, 3),
+                    "current": d.current,
+                    "replicas": d.replicas,
+                    "drop_rate": d.drop_rate,
+                    "utility": round(d.utility, 4),
+                    "batch_size": d.batch_size,
+                    "latency_ms": round(d.latency_ms, 2) if math.isfinite(d.latency_ms) else None,
+                }
+                for d in alloc.decisions
+            },
         }
         if alloc.fallback:  # the plan ran past ClusterSpec.plan_deadline_s (issue 36)
             info["fallback"] = alloc.fallback
         if alloc.pipelines:
             info["pipelines"] = self.pipeline_info(alloc)
-        plan_ = {d.name: ModelPlan(d.replicas, d.utility,
-                                   d.latency_ms if math.isfinite(d.latency_ms) else None,
-                                   predictor.get(d.name, "?")) for d in alloc.decisions}
+        plan_ = {
+            d.name: ModelPlan(
+                d.replicas, d.utility, d.latency_ms if math.isfinite(d.latency_ms) else None, predictor.get(d.name, "?")
+            )
+            for d in alloc.decisions
+        }
         # a batch curve still to be measured: batches of the largest form, and are measured
-        batches = {d.name: d.batch_size if svcs[d.name].curve_known else svcs[d.name].bmax
-                   for d in alloc.decisions if self.slo[d.name].batching}
-        return Decision(alloc.replicas, alloc.drop_rates, kind, info, plan_,
-                        batch_sizes=batches)
+        batches = {
+            d.name: d.batch_size if svcs[d.name].curve_known else svcs[d.name].bmax
+            for d in alloc.decisions
+            if self.slo[d.name].batching
+        }
+        return Decision(alloc.replicas, alloc.drop_rates, kind, info, plan_, batch_sizes=batches)
 
     def _binding(self, alloc, obs: Observation) -> dict:
         """Which constraint held the plan back: the capacity (models short of utility 1 and
@@ -155,9 +191,12 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         free = obs.capacity.free(usage(alloc.replicas, dem), resource_names(dem))
         at_max = [d.name for d in short if d.replicas >= self.slo[d.name].max_replicas]
         room = [d.name for d in short if d.name not in at_max and fits_in(free, dem[d.name])]
-        return {"capacity": bool(short) and len(room) < len(short) - len(at_max),
-                "free_cpus": round(free[CPU], 3), "max_replicas": at_max,
-                "short_of_slo": [d.name for d in short]}
+        return {
+            "capacity": bool(short) and len(room) < len(short) - len(at_max),
+            "free_cpus": round(free[CPU], 3),
+            "max_replicas": at_max,
+            "short_of_slo": [d.name for d in short],
+        }
 
     def short_term(self, obs: Observation) -> Decision | None:
         """The short-term step (``composition.short_term``): re-plan, one more replica,
@@ -172,8 +211,12 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         for n in due:
             svc, o = service_of(self.slo[n], obs.models[n]), obs.models[n]
             b = max(int(o.batch_size), 1)
-            if (svc.shape is not None and svc.curve_known and b < svc.bmax
-                    and svc.saturation_rate(svc.bmax) >= 1.2 * svc.saturation_rate(b)):
+            if (
+                svc.shape is not None
+                and svc.curve_known
+                and b < svc.bmax
+                and svc.saturation_rate(svc.bmax) >= 1.2 * svc.saturation_rate(b)
+            ):
                 d = d or Decision({}, {}, "reactive", {})
                 d.set(n, batch_size=svc.bmax)
                 raised.append(n)
@@ -215,14 +258,20 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
                 continue
             side = surprise(rate, self.band[n], c.replan_margin, self._ticks() * self.tick_s)
             if side == "above" or (side == "below" and c.replan_down):
-                why[n] = {"why": f"rate {side} the forecast band", "rate_rps": round(rate, 3),
-                          "band_rps": [self.band[n][0], self.band[n][2]]}
+                why[n] = {
+                    "why": f"rate {side} the forecast band",
+                    "rate_rps": round(rate, 3),
+                    "band_rps": [self.band[n][0], self.band[n][2]],
+                }
         if c.replan_latency:
             for n in due:
                 if n not in why:
                     o = obs.models[n]
-                    why[n] = {"why": "over the SLO", "latency_ms": round(o.latency_ms or 0.0, 1),
-                              "slo_ms": self.slo[n].slo_ms}
+                    why[n] = {
+                        "why": "over the SLO",
+                        "latency_ms": round(o.latency_ms or 0.0, 1),
+                        "slo_ms": self.slo[n].slo_ms,
+                    }
         if not why:
             return None
         band_before = dict(self.band)
@@ -239,8 +288,18 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         d = self._plan(obs, samples, predictor, "replan")
         saturated = self._keep_saturated(d, obs)
         current = {n: o.target_replicas for n, o in obs.models.items()}
-        kept, gain = prune_changes(self.models, c, samples, current, d.replicas, self._procs(obs),
-                                   set(why), c.replan_min_gain, obs.capacity, self._shapes(obs))
+        kept, gain = prune_changes(
+            self.models,
+            c,
+            samples,
+            current,
+            d.replicas,
+            self._procs(obs),
+            set(why),
+            c.replan_min_gain,
+            obs.capacity,
+            self._shapes(obs),
+        )
         if kept == current or gain < c.replan_min_gain:
             # nothing worth doing at these rates: they become the triggering models' band (a
             # surprise again only beyond it), the others keep theirs, and the gap does not start
@@ -251,8 +310,7 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         for n in undone:
             d.set(n, replicas=kept[n])
             d.info["models"][n]["replicas"] = kept[n]
-        d.info["replan"] = {"trigger": why, "gain": round(gain, 4), "undone": undone,
-                            "kept_saturated": saturated}
+        d.info["replan"] = {"trigger": why, "gain": round(gain, 4), "undone": undone, "kept_saturated": saturated}
         self.violating.since.clear()
         return d
 
@@ -262,7 +320,6 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         for n in d.info.get("models", {}):
             d.info["models"][n]["replicas"] = d.replicas.get(n, obs.models[n].target_replicas)
         return kept
-
 
 
 class OraclePolicy(FaroPolicy):

@@ -31,8 +31,7 @@ def with_moves(p: FaroParts, obs: Observation, due: list[str], d: Decision | Non
     c = p.cluster
     current = {n: o.target_replicas for n, o in obs.models.items()}
     after = {**current, **(d.replicas if d else {})}
-    starving = [n for n in due if after[n] <= current[n] and p.moved.get(n) != "out"
-                and n in p.band]
+    starving = [n for n in due if after[n] <= current[n] and p.moved.get(n) != "out" and n in p.band]
     if not starving or len(p.band) < len(p.slo):
         return d
     window = p.last_long_term + c.long_term_interval_s - obs.now
@@ -52,15 +51,21 @@ def with_moves(p: FaroParts, obs: Observation, due: list[str], d: Decision | Non
     def can_give(n: str) -> bool:
         o = obs.models[n]
         m = p.slo[n]
-        return (n not in due and p.moved.get(n) != "in" and n not in p.violating.since
-                and o.replicas >= after[n] and (o.latency_ms is None or o.latency_ms <= m.slo_ms)
-                and donor_ok(svcs[n], after[n], hi[n], c))
+        return (
+            n not in due
+            and p.moved.get(n) != "in"
+            and n not in p.violating.since
+            and o.replicas >= after[n]
+            and (o.latency_ms is None or o.latency_ms <= m.slo_ms)
+            and donor_ok(svcs[n], after[n], hi[n], c)
+        )
 
     donors = [n for n in obs.models if can_give(n)]
     if not donors or window <= c.cold_start_s:
         return d
-    prob = move_problem(p.models, c, after, rates, procs, window,
-                        {n: s.shape for n, s in svcs.items() if s.shape is not None})
+    prob = move_problem(
+        p.models, c, after, rates, procs, window, {n: s.shape for n, s in svcs.items() if s.shape is not None}
+    )
     names = [m.name for m in p.models]
     dem = p.demand
     free = obs.capacity.free(usage(after, dem), resource_names(dem))
@@ -71,8 +76,7 @@ def with_moves(p: FaroParts, obs: Observation, due: list[str], d: Decision | Non
 
     moves = []
     for r in starving:
-        best = best_move(prob, names, after, r, [g for g in donors if fits(g, r)],
-                         c.move_min_gain)
+        best = best_move(prob, names, after, r, [g for g in donors if fits(g, r)], c.move_min_gain)
         if best is None:
             continue
         g, gain = best
@@ -85,9 +89,15 @@ def with_moves(p: FaroParts, obs: Observation, due: list[str], d: Decision | Non
         # the new replica needs its cold start: the trigger waits for it, as after a surge
         p.surge_hold[r] = obs.now + c.cold_start_s + c.reactive_trigger_s
         p.violating.update(r, False, obs.now)
-        moves.append({"from": g, "to": r, "gain": round(gain, 4),
-                      "donor_rate_rps": round(hi[g], 3), "recipient_rate_rps":
-                      round(float(np.median(rates[r])), 3)})
+        moves.append(
+            {
+                "from": g,
+                "to": r,
+                "gain": round(gain, 4),
+                "donor_rate_rps": round(hi[g], 3),
+                "recipient_rate_rps": round(float(np.median(rates[r])), 3),
+            }
+        )
     if not moves:
         return d
     if d is None:
@@ -110,23 +120,27 @@ def donor_ok(service: Service, replicas: int, rate: float, cluster: ClusterSpec)
     return rate <= service.max_rate(replicas - 1, cluster)
 
 
-
-
-def move_problem(models: Sequence[ModelSLO], cluster: ClusterSpec, current: Mapping[str, int],
-                 rates: Mapping[str, np.ndarray], processing_ms: Mapping[str, float],
-                 window_s: float, batch_shapes: Mapping | None = None):
+def move_problem(
+    models: Sequence[ModelSLO],
+    cluster: ClusterSpec,
+    current: Mapping[str, int],
+    rates: Mapping[str, np.ndarray],
+    processing_ms: Mapping[str, float],
+    window_s: float,
+    batch_shapes: Mapping | None = None,
+):
     """The engine's problem that scores moves: the cluster objective over window utilities
     (a replica added now serves after the cold start) over ``window_s``, each model's rate
     ``rates[name]`` (samples x steps, requests/s)."""
     spec = cluster.model_copy(update={"window_s": float(window_s)})
-    return make_problem(models, dict(rates), dict(current), spec, processing_ms=dict(processing_ms),
-                        batch_shapes=batch_shapes)
+    return make_problem(
+        models, dict(rates), dict(current), spec, processing_ms=dict(processing_ms), batch_shapes=batch_shapes
+    )
 
 
-
-
-def best_move(prob, names: Sequence[str], replicas: Mapping[str, int], recipient: str,
-              donors: Sequence[str], min_gain: float) -> tuple[str, float] | None:
+def best_move(
+    prob, names: Sequence[str], replicas: Mapping[str, int], recipient: str, donors: Sequence[str], min_gain: float
+) -> tuple[str, float] | None:
     """The donor whose replica, moved to ``recipient``, raises ``prob``'s objective most
     (from ``replicas``), with the gain; None when no move gains more than ``min_gain``."""
     x = np.array([replicas[n] for n in names], float)

@@ -50,8 +50,9 @@ class PipelineAware:
                 rate = obs.models[e].arrival_rate / p.stage(e).fraction
             else:
                 counts, rate = np.asarray(po.arrivals_per_min, float), po.arrival_rate
-            models[p.name] = ModelObservation(name=p.name, replicas=0, target_replicas=0,
-                                              arrivals_per_min=counts, arrival_rate=rate)
+            models[p.name] = ModelObservation(
+                name=p.name, replicas=0, target_replicas=0, arrivals_per_min=counts, arrival_rate=rate
+            )
         return dataclasses.replace(obs, models=models)
 
     def forecast_samples(self, obs: Observation, seed: int | None = None) -> tuple[dict, dict]:
@@ -94,8 +95,7 @@ class PipelineAware:
             lam = max(o.arrival_rate, (po.arrival_rate * s.fraction) if po else 0.0)
             lam += o.queue_length / self.tick_s
             c = max(o.target_replicas, 1) * m.concurrency
-            out.append(latency(c, lam, procs[s.name] / 1e3, p.percentile / 100,
-                               self.cluster.rho_max, est))
+            out.append(latency(c, lam, procs[s.name] / 1e3, p.percentile / 100, self.cluster.rho_max, est))
         return np.array(out)
 
     def bottleneck(self, obs: Observation, p) -> str:
@@ -116,7 +116,7 @@ class PipelineAware:
         out: list[str] = []
         for n in due:
             if n.startswith(PIPE):
-                n = self.bottleneck(obs, by_name[n[len(PIPE):]])
+                n = self.bottleneck(obs, by_name[n[len(PIPE) :]])
             if n not in out:
                 out.append(n)
         return out
@@ -133,4 +133,3 @@ class PipelineAware:
             d["arrival_rate"] = round(pd.arrival_rate, 4)
             out[pd.name] = d
         return out
-

@@ -59,11 +59,18 @@ def relevel(samples: np.ndarray, rate: float) -> np.ndarray:
     return s * (float(rate) / med)
 
 
-def prune_changes(models: Sequence[ModelSLO], cluster: ClusterSpec, samples: Mapping[str, np.ndarray],
-                  current: Mapping[str, int], planned: Mapping[str, int],
-                  processing_ms: Mapping[str, float], keep: set[str],
-                  min_gain: float, capacity: Capacity | None = None,
-                  batch_shapes: Mapping | None = None) -> tuple[dict[str, int], float]:
+def prune_changes(
+    models: Sequence[ModelSLO],
+    cluster: ClusterSpec,
+    samples: Mapping[str, np.ndarray],
+    current: Mapping[str, int],
+    planned: Mapping[str, int],
+    processing_ms: Mapping[str, float],
+    keep: set[str],
+    min_gain: float,
+    capacity: Capacity | None = None,
+    batch_shapes: Mapping | None = None,
+) -> tuple[dict[str, int], float]:
     """``planned`` with every change that is not worth ``min_gain`` undone, and its gain.
 
     A re-plan re-solves the whole cluster, and where the objective is flat (an overloaded
@@ -73,9 +80,15 @@ def prune_changes(models: Sequence[ModelSLO], cluster: ClusterSpec, samples: Map
     included) is undone while that cost is below ``min_gain`` and the result fits the
     capacity (``capacity``: what the cluster has now, every resource). The gain is the kept
     allocation's objective minus the current one's."""
-    prob = make_problem(models, dict(samples), dict(current), cluster,
-                        processing_ms=dict(processing_ms), capacity=capacity,
-                        batch_shapes=batch_shapes)
+    prob = make_problem(
+        models,
+        dict(samples),
+        dict(current),
+        cluster,
+        processing_ms=dict(processing_ms),
+        capacity=capacity,
+        batch_shapes=batch_shapes,
+    )
     names = [m.name for m in models]
     d = np.zeros(len(names))
     x = np.array([current[n] for n in names], float)

@@ -23,5 +23,4 @@ class FaroSplitPolicy(FaroPolicy):
 
 
 def build(models, cluster, forecaster=None) -> FaroSplitPolicy:
-    return FaroSplitPolicy(models, cluster.model_copy(update={"objective": "fair_sum"}),
-                           forecaster, name="faro-split")
+    return FaroSplitPolicy(models, cluster.model_copy(update={"objective": "fair_sum"}), forecaster, name="faro-split")

@@ -101,8 +101,10 @@ class SurgeAware:
         if not added:
             return decision
         self._hold(obs, added)
-        info = {n: {"rate_rps": round(self.rate_now(obs.models[n]), 3), "need": need[n],
-                    "from": after[n], "to": added[n]} for n in added}
+        info = {
+            n: {"rate_rps": round(self.rate_now(obs.models[n]), 3), "need": need[n], "from": after[n], "to": added[n]}
+            for n in added
+        }
         if decision is None:
             return Decision(added, {}, "surge", {"surge": info})
         for n, r in added.items():
@@ -126,9 +128,13 @@ class SurgeAware:
         can avoid (day 10 at 16 replicas, seed 1: 5.13 -> 5.39 with it)."""
         c = self.cluster
         gap = c.replan_gap_s - 1e-9
-        return (c.surge_plan and not self.pipelines and obs.now - self.last_replan >= gap
-                and (self.planned_blind or obs.now - self.last_long_term >= gap)
-                and not heavy_overload(obs, self.slo, c))
+        return (
+            c.surge_plan
+            and not self.pipelines
+            and obs.now - self.last_replan >= gap
+            and (self.planned_blind or obs.now - self.last_long_term >= gap)
+            and not heavy_overload(obs, self.slo, c)
+        )
 
     def surge_plan(self, obs: Observation, need: dict[str, int], granted: dict[str, int]) -> Decision:
         """Plan the whole cluster with the surging (``need``) and new models' forecasts
@@ -149,10 +155,18 @@ class SurgeAware:
         self.last_replan = obs.now
         current = {n: o.target_replicas for n, o in obs.models.items()}
         self._hold(obs, [n for n, r in d.replicas.items() if r > current.get(n, r)])
-        d.info["surge"] = {n: {"rate_rps": round(levels[n], 3), "need": need[n],
-                               "from": current[n], "to": d.replicas.get(n, current[n])}
-                           for n in need}
-        d.info["surge_plan"] = {"greedy": granted, "new": sorted(n for n, o in obs.models.items()
-                                                                 if is_new(o)),
-                                "kept_saturated": saturated}
+        d.info["surge"] = {
+            n: {
+                "rate_rps": round(levels[n], 3),
+                "need": need[n],
+                "from": current[n],
+                "to": d.replicas.get(n, current[n]),
+            }
+            for n in need
+        }
+        d.info["surge_plan"] = {
+            "greedy": granted,
+            "new": sorted(n for n, o in obs.models.items() if is_new(o)),
+            "kept_saturated": saturated,
+        }
         return d

@@ -76,8 +76,14 @@ class TriggeredPolicy(Policy):
 
     state_fields = ("over", "under")
 
-    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *,
-                 up_after_s: float = SCALE_UP_AFTER_S, down_after_s: float = SCALE_DOWN_AFTER_S):
+    def __init__(
+        self,
+        models: Sequence[ModelSLO],
+        cluster: ClusterSpec,
+        *,
+        up_after_s: float = SCALE_UP_AFTER_S,
+        down_after_s: float = SCALE_DOWN_AFTER_S,
+    ):
         super().__init__(models, cluster)
         self.up_after_s = up_after_s
         self.down_after_s = down_after_s
@@ -112,8 +118,7 @@ class TriggeredPolicy(Policy):
         for n in order:
             wanted[n] = max(self.up_target(self.slo[n], obs.models[n]), obs.models[n].target_replicas)
             self.over.restart(n, now)
-        return fcfs_decision(self.models, obs, wanted, order, "reactive",
-                             {"up": order, "down": sorted(down)})
+        return fcfs_decision(self.models, obs, wanted, order, "reactive", {"up": order, "down": sorted(down)})
 
 
 class OneshotPolicy(TriggeredPolicy):
@@ -168,9 +173,17 @@ class MArkPolicy(Policy):
     name = "mark"
     state_fields = ("last", "calls", "over")
 
-    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec,
-                 forecaster: Forecaster | None = None, *, peak_quantile: float = 0.5,
-                 reactive: bool = True, n_samples: int = 100, replica_rate: str = "slo"):
+    def __init__(
+        self,
+        models: Sequence[ModelSLO],
+        cluster: ClusterSpec,
+        forecaster: Forecaster | None = None,
+        *,
+        peak_quantile: float = 0.5,
+        reactive: bool = True,
+        n_samples: int = 100,
+        replica_rate: str = "slo",
+    ):
         super().__init__(models, cluster)
         self.forecaster, self.fallback = fallback_for(forecaster, max(1, round(cluster.window_s / 60)))
         self.peak_quantile = peak_quantile
@@ -199,8 +212,11 @@ class MArkPolicy(Policy):
             s = fc.by_model()[m.name]
             peak = float(np.quantile(s.max(axis=1), self.peak_quantile))
             p = processing_s(m, obs.models[m.name].processing_ms)
-            r1 = m.concurrency / p if self.replica_rate == "saturation" else \
-                max_rate_one_replica(p, m.slo_ms / 1e3, m.percentile / 100.0, m.concurrency)
+            r1 = (
+                m.concurrency / p
+                if self.replica_rate == "saturation"
+                else max_rate_one_replica(p, m.slo_ms / 1e3, m.percentile / 100.0, m.concurrency)
+            )
             wanted[m.name] = m.clamp(math.ceil(peak / r1 - 1e-9) if r1 > 0 else m.max_replicas)
             peaks[m.name] = round(peak, 3)
         # Simultaneous independent requests: no job is first by construction; shuffle.
@@ -210,8 +226,11 @@ class MArkPolicy(Policy):
     def react(self, obs: Observation) -> Decision | None:
         for n, o in obs.models.items():
             self.over.update(n, o.latency_ms is not None and o.latency_ms > self.slo[n].slo_ms, obs.now)
-        due = [n for n in sorted(self.over.since, key=self.over.since.get)
-               if self.over.held(n, obs.now, self.cluster.reactive_trigger_s)]
+        due = [
+            n
+            for n in sorted(self.over.since, key=self.over.since.get)
+            if self.over.held(n, obs.now, self.cluster.reactive_trigger_s)
+        ]
         if not due:
             return None
         wanted = {n: obs.models[n].target_replicas + 1 for n in due}
@@ -223,23 +242,56 @@ class MArkPolicy(Policy):
 # This module's built-in policies as data, (name, factory, summary, needs_batching,
 # forecasts), which autoscaler/catalogue/builtin.py lists: the policy modules never import the registry.
 POLICIES = (
-    ("fairshare", lambda models, cluster, forecaster=None: FairSharePolicy(models, cluster),
-     "Baseline: no autoscaling, floor(capacity / models) replicas each", False, False),
-    ("oneshot", lambda models, cluster, forecaster=None: OneshotPolicy(models, cluster),
-     "Baseline: ceil(serving x latency / SLO) replicas after 30 s over or 5 min under the SLO",
-     False, False),
-    ("aiad", lambda models, cluster, forecaster=None: AIADPolicy(models, cluster),
-     "Baseline: +1 replica after 30 s over the SLO, -1 after 5 min under it", False, False),
-    ("mark", lambda models, cluster, forecaster=None: MArkPolicy(models, cluster, forecaster),
-     "MArk/Cocktail/Barista: per model, replicas for the forecast peak at the rate one "
-     "replica serves within the SLO, every 5 min", False, True),
-    ("ray-serve", lambda models, cluster, forecaster=None: RayServePolicy(models, cluster),
-     "Ray Serve's default rule, simulated: 2 ongoing requests per replica, 30 s up and "
-     "600 s down delays (live, use ray-native in validate/compare)", False, False),
-    ("ray-serve-tuned", ray_serve_policy(RAY_TUNED, "ray-serve-tuned"),
-     "Ray Serve's rule as its guide tunes it for latency, simulated: 1 ongoing request per "
-     "replica, 3 s up and 60 s down delays, 10 s look-back (live: ray-tuned in compare)", False, False),
-    ("mark-saturation", lambda models, cluster, forecaster=None:
-     MArkPolicy(models, cluster, forecaster, replica_rate="saturation"),
-     "MArk with one replica's rate at saturation (1 / processing time), no SLO margin", False, True),
+    (
+        "fairshare",
+        lambda models, cluster, forecaster=None: FairSharePolicy(models, cluster),
+        "Baseline: no autoscaling, floor(capacity / models) replicas each",
+        False,
+        False,
+    ),
+    (
+        "oneshot",
+        lambda models, cluster, forecaster=None: OneshotPolicy(models, cluster),
+        "Baseline: ceil(serving x latency / SLO) replicas after 30 s over or 5 min under the SLO",
+        False,
+        False,
+    ),
+    (
+        "aiad",
+        lambda models, cluster, forecaster=None: AIADPolicy(models, cluster),
+        "Baseline: +1 replica after 30 s over the SLO, -1 after 5 min under it",
+        False,
+        False,
+    ),
+    (
+        "mark",
+        lambda models, cluster, forecaster=None: MArkPolicy(models, cluster, forecaster),
+        "MArk/Cocktail/Barista: per model, replicas for the forecast peak at the rate one "
+        "replica serves within the SLO, every 5 min",
+        False,
+        True,
+    ),
+    (
+        "ray-serve",
+        lambda models, cluster, forecaster=None: RayServePolicy(models, cluster),
+        "Ray Serve's default rule, simulated: 2 ongoing requests per replica, 30 s up and "
+        "600 s down delays (live, use ray-native in validate/compare)",
+        False,
+        False,
+    ),
+    (
+        "ray-serve-tuned",
+        ray_serve_policy(RAY_TUNED, "ray-serve-tuned"),
+        "Ray Serve's rule as its guide tunes it for latency, simulated: 1 ongoing request per "
+        "replica, 3 s up and 60 s down delays, 10 s look-back (live: ray-tuned in compare)",
+        False,
+        False,
+    ),
+    (
+        "mark-saturation",
+        lambda models, cluster, forecaster=None: MArkPolicy(models, cluster, forecaster, replica_rate="saturation"),
+        "MArk with one replica's rate at saturation (1 / processing time), no SLO margin",
+        False,
+        True,
+    ),
 )

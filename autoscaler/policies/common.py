@@ -57,8 +57,7 @@ def replicas_for_slo(lam: float, p: float, slo: float, q: float, m: ModelSLO) ->
     if slo <= p or lam * p >= m.max_replicas * m.concurrency:
         return m.max_replicas
     try:
-        n, _ = min_replicas_for_slo(max(lam, 0.0), p, slo, q, "mdc", limit=m.max_replicas,
-                                    concurrency=m.concurrency)
+        n, _ = min_replicas_for_slo(max(lam, 0.0), p, slo, q, "mdc", limit=m.max_replicas, concurrency=m.concurrency)
     except ValueError:
         return m.max_replicas
     return m.clamp(n)
@@ -87,13 +86,19 @@ class Timers:
             self.since[name] = now
 
 
-def fcfs_decision(models: Sequence[ModelSLO], obs: Observation, wanted: dict[str, int], order: list[str],
-                  kind: str, info: dict | None = None, interleave: bool = False) -> Decision | None:
+def fcfs_decision(
+    models: Sequence[ModelSLO],
+    obs: Observation,
+    wanted: dict[str, int],
+    order: list[str],
+    kind: str,
+    info: dict | None = None,
+    interleave: bool = False,
+) -> Decision | None:
     """Grant ``wanted`` (decreases at once, increases in ``order`` while capacity lasts,
     ``interleave``d or not: ``grant_in_order``); None when nothing changes."""
     current = {n: o.target_replicas for n, o in obs.models.items()}
-    granted = grant_in_order(wanted, current, models, obs.capacity, order=order,
-                             interleave=interleave)
+    granted = grant_in_order(wanted, current, models, obs.capacity, order=order, interleave=interleave)
     changed = {n: granted[n] for n in wanted if granted[n] != current[n]}
     if not changed:
         return None
@@ -109,8 +114,9 @@ def fallback_for(forecaster: Forecaster | None, horizon: int) -> tuple[Forecaste
     return fc, FallbackForecaster(input_size=fc.input_size, horizon=fc.horizon)
 
 
-def forecast_or_fallback(forecaster: Forecaster, fallback: Forecaster, obs: Observation,
-                         n_samples: int, seed: int) -> Forecast:
+def forecast_or_fallback(
+    forecaster: Forecaster, fallback: Forecaster, obs: Observation, n_samples: int, seed: int
+) -> Forecast:
     """Sampled forecasts of every model's arrivals; a broken model must not stop autoscaling."""
     history = {n: np.asarray(m.arrivals_per_min, float) for n, m in obs.models.items()}
     try:

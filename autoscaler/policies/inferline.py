@@ -86,13 +86,32 @@ class InferLineTunerPolicy(Policy):
     """
 
     name = "inferline"
-    state_fields = ("last_plan", "provisional", "started", "last_change", "ticks", "rho",
-                    "sample_env", "pticks", "pstate", "batch")
+    state_fields = (
+        "last_plan",
+        "provisional",
+        "started",
+        "last_change",
+        "ticks",
+        "rho",
+        "sample_env",
+        "pticks",
+        "pstate",
+        "batch",
+    )
 
-    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *,
-                 replan_s: float = 1800.0, plan_history_min: int = 15, envelope_s: float = 120.0,
-                 down_guard_s: float = 15.0, down_window_s: float = 30.0, max_window_s: float = 60.0,
-                 seed: int = 0):
+    def __init__(
+        self,
+        models: Sequence[ModelSLO],
+        cluster: ClusterSpec,
+        *,
+        replan_s: float = 1800.0,
+        plan_history_min: int = 15,
+        envelope_s: float = 120.0,
+        down_guard_s: float = 15.0,
+        down_window_s: float = 30.0,
+        max_window_s: float = 60.0,
+        seed: int = 0,
+    ):
         super().__init__(models, cluster)
         self.replan_s = replan_s
         self.plan_history_min = plan_history_min
@@ -154,7 +173,7 @@ class InferLineTunerPolicy(Policy):
                 mean = float(np.mean(counts)) / self.tick_s
                 peak = env[-1]
             else:
-                hist = np.asarray(o.arrivals_per_min, float)[-self.plan_history_min:] / 60.0
+                hist = np.asarray(o.arrivals_per_min, float)[-self.plan_history_min :] / 60.0
                 if hist.size == 0:
                     r1 = max_rate_one_replica(p, slo, q, m.concurrency)
                     self.rho[m.name] = r1 * p / m.concurrency
@@ -166,8 +185,7 @@ class InferLineTunerPolicy(Policy):
             if svc.shape is None:
                 n, b = replicas_for_slo(peak, p, slo, q, m), 1
             else:  # the batch that needs the fewest replicas at the peak (the smaller on a tie)
-                n, b = min((svc.at_batch(b).replicas_for(peak, self.cluster), b)
-                           for b in batch_choices(svc.bmax))
+                n, b = min((svc.at_batch(b).replicas_for(peak, self.cluster), b) for b in batch_choices(svc.bmax))
                 self.batch[m.name] = b
             # rho = lambda / (n mu), mu: one replica's saturation rate (at its batch)
             self.rho[m.name] = min(max(mean / (n * svc.saturation_rate(b)), 0.05), 0.95)
@@ -202,8 +220,9 @@ class InferLineTunerPolicy(Policy):
             self.started = now
         keep = max(self.envelope_s, 60.0 * self.plan_history_min)
         series = [(self.ticks[m.name], obs.models[m.name].arrival_rate) for m in self.singles]
-        series += [(self.pticks[p.name], obs.pipelines[p.name].arrival_rate)
-                   for p in self.pipelines if p.name in obs.pipelines]
+        series += [
+            (self.pticks[p.name], obs.pipelines[p.name].arrival_rate) for p in self.pipelines if p.name in obs.pipelines
+        ]
         for q, rate in series:
             if now > self.started:
                 q.append((now, rate * self.tick_s))

@@ -51,8 +51,7 @@ def stage_mu(m: ModelSLO, o: ModelObservation, batch: int) -> float:
     return b / (svc.p_s * float(svc.shape[b]))
 
 
-def plan_pipelines(pol, obs: Observation, due: bool, wanted: dict, order: list,
-                   batches: dict, info: dict) -> set[str]:
+def plan_pipelines(pol, obs: Observation, due: bool, wanted: dict, order: list, batches: dict, info: dict) -> set[str]:
     """Run the planner for every pipeline that is due (or has no plan yet and now has
     history); fill ``wanted``/``order``/``batches``/``info`` and ``pol.pstate``. Returns
     the names of the pipelines planned."""
@@ -68,8 +67,9 @@ def plan_pipelines(pol, obs: Observation, due: bool, wanted: dict, order: list,
         mods = {n: obs.models[n] for n in p.stage_names}
         times = {n: one_request_s(stages[n], mods[n]) for n in stages}
         arr = sample_arrivals(hist, [pol.seed, int(now)])
-        res = plan_pipeline(stage_profiles(p, times, cpu_factors=(1.0,)), arr, p.slo_ms / 1e3,
-                            p.percentile, seed=pol.seed)
+        res = plan_pipeline(
+            stage_profiles(p, times, cpu_factors=(1.0,)), arr, p.slo_ms / 1e3, p.percentile, seed=pol.seed
+        )
         if res.feasible:
             n = {s: c.replicas for s, c in res.configs.items()}
             b = {s: c.batch for s, c in res.configs.items()}
@@ -77,28 +77,37 @@ def plan_pipelines(pol, obs: Observation, due: bool, wanted: dict, order: list,
             n = {s: mods[s].target_replicas for s in stages}
             b = {s: max(mods[s].batch_size, 1) if stages[s].batching else 1 for s in stages}
         lam = float(hist.sum()) / (60.0 * hist.size)
-        rho = {s: min(max(lam * p.stage(s).fraction / (max(n[s], 1) * stage_mu(stages[s], mods[s], b[s])),
-                          0.05), 0.95) for s in stages}
+        rho = {
+            s: min(max(lam * p.stage(s).fraction / (max(n[s], 1) * stage_mu(stages[s], mods[s], b[s])), 0.05), 0.95)
+            for s in stages
+        }
         # the sample's envelope from its ticks; before 15 minutes of them (the start), no
         # lower than the peak minute's rate at any window (single models: that peak alone)
         env = envelope_of(pol.pticks[p.name], now - 60.0 * h, pol.windows(), pol.tick_s)
         if now - pol.started < 60.0 * h - 1e-9:
             peak = float(hist.max()) / 60.0
             env = [max(peak, env[i]) if i < len(env) else peak for i in range(len(pol.windows()))]
-        pol.pstate[p.name] = {"rho": rho, "batch": b, "env": env, "changed": now,
-                              "n": {s: max(int(n[s]), 1) for s in stages}}
+        pol.pstate[p.name] = {
+            "rho": rho,
+            "batch": b,
+            "env": env,
+            "changed": now,
+            "n": {s: max(int(n[s]), 1) for s in stages},
+        }
         wanted.update(n)
         order.extend(s for s in p.order() if s not in order)
         batches.update({s: b[s] for s in stages if stages[s].batching is not None})
         info.setdefault("pipelines", {})[p.name] = {
-            "feasible": res.feasible, "reason": res.reason, "cost": res.cost,
+            "feasible": res.feasible,
+            "reason": res.reason,
+            "cost": res.cost,
             "latency_ms": round(res.latency_s * 1e3, 1) if math.isfinite(res.latency_s) else None,
-            "rho": {s: round(r, 3) for s, r in rho.items()}}
+            "rho": {s: round(r, 3) for s, r in rho.items()},
+        }
     return done
 
 
-def tune_pipelines(pol, obs: Observation, planned: set[str], wanted: dict, up: list,
-                   info: dict) -> None:
+def tune_pipelines(pol, obs: Observation, planned: set[str], wanted: dict, up: list, info: dict) -> None:
     """Algorithms 3 and 4 per pipeline on the envelope of its entry arrivals."""
     now = obs.now
     for p in pol.pipelines:

@@ -19,14 +19,28 @@ from faro_serve.config import ClusterSpec, ModelSLO
 # the compare report. ``RAY_DEFAULTS``: what a user gets out of the box (``ray-native``).
 # ``RAY_TUNED``: what Ray's advanced-autoscaling guide advises latency-sensitive users
 # (``ray-tuned``, docs/compare.md). ``max_queued_requests`` -1: no limit.
-RAY_DEFAULTS = {"autoscaling_config": {"target_ongoing_requests": 2, "upscale_delay_s": 30,
-                                       "downscale_delay_s": 600, "metrics_interval_s": 10,
-                                       "look_back_period_s": 30},
-                "max_ongoing_requests": 5, "max_queued_requests": -1}
-RAY_TUNED = {"autoscaling_config": {"target_ongoing_requests": 1, "upscale_delay_s": 3,
-                                    "downscale_delay_s": 60, "metrics_interval_s": 2,
-                                    "look_back_period_s": 10},
-             "max_ongoing_requests": 2, "max_queued_requests": 50}
+RAY_DEFAULTS = {
+    "autoscaling_config": {
+        "target_ongoing_requests": 2,
+        "upscale_delay_s": 30,
+        "downscale_delay_s": 600,
+        "metrics_interval_s": 10,
+        "look_back_period_s": 30,
+    },
+    "max_ongoing_requests": 5,
+    "max_queued_requests": -1,
+}
+RAY_TUNED = {
+    "autoscaling_config": {
+        "target_ongoing_requests": 1,
+        "upscale_delay_s": 3,
+        "downscale_delay_s": 60,
+        "metrics_interval_s": 2,
+        "look_back_period_s": 10,
+    },
+    "max_ongoing_requests": 2,
+    "max_queued_requests": 50,
+}
 
 
 def RAY_TUNED_BATCH(max_batch_size: int) -> dict:
@@ -36,8 +50,11 @@ def RAY_TUNED_BATCH(max_batch_size: int) -> dict:
     replica serves at once), and ``max_ongoing_requests`` the guide's 25 % above it, which
     is also at least ``B x max_concurrent_batches`` as Ray's own warning asks."""
     b = int(max_batch_size)
-    return {"autoscaling_config": {**RAY_TUNED["autoscaling_config"], "target_ongoing_requests": b},
-            "max_ongoing_requests": math.ceil(1.25 * b), "max_queued_requests": RAY_TUNED["max_queued_requests"]}
+    return {
+        "autoscaling_config": {**RAY_TUNED["autoscaling_config"], "target_ongoing_requests": b},
+        "max_ongoing_requests": math.ceil(1.25 * b),
+        "max_queued_requests": RAY_TUNED["max_queued_requests"],
+    }
 
 
 def ray_serve_policy(settings: dict, name: str):
@@ -45,18 +62,30 @@ def ray_serve_policy(settings: dict, name: str):
     a = settings["autoscaling_config"]
 
     def build(models, cluster, forecaster=None):
-        return RayServePolicy(models, cluster, name=name,
-                              target_ongoing_requests=a["target_ongoing_requests"],
-                              upscale_delay_s=a["upscale_delay_s"],
-                              downscale_delay_s=a["downscale_delay_s"],
-                              look_back_period_s=a["look_back_period_s"],
-                              metrics_interval_s=a["metrics_interval_s"])
+        return RayServePolicy(
+            models,
+            cluster,
+            name=name,
+            target_ongoing_requests=a["target_ongoing_requests"],
+            upscale_delay_s=a["upscale_delay_s"],
+            downscale_delay_s=a["downscale_delay_s"],
+            look_back_period_s=a["look_back_period_s"],
+            metrics_interval_s=a["metrics_interval_s"],
+        )
+
     return build
 
 
 # the autoscaling_config fields the rule reads, as Ray names them (also its keywords)
-RULE_FIELDS = ("target_ongoing_requests", "upscale_delay_s", "downscale_delay_s",
-               "look_back_period_s", "upscaling_factor", "downscaling_factor", "metrics_interval_s")
+RULE_FIELDS = (
+    "target_ongoing_requests",
+    "upscale_delay_s",
+    "downscale_delay_s",
+    "look_back_period_s",
+    "upscaling_factor",
+    "downscaling_factor",
+    "metrics_interval_s",
+)
 
 
 @dataclass(frozen=True)
@@ -99,12 +128,21 @@ class RayServePolicy(Policy):
     name = "ray-serve"
     state_fields = ("ray_target", "counter", "stamp", "samples", "pending_since")
 
-    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *,
-                 target_ongoing_requests: float = 2.0, upscale_delay_s: float = 30.0,
-                 downscale_delay_s: float = 600.0, look_back_period_s: float = 30.0,
-                 upscaling_factor: float = 1.0, downscaling_factor: float = 1.0,
-                 metrics_interval_s: float | None = None, name: str | None = None,
-                 per_model: Mapping[str, Mapping] | None = None):
+    def __init__(
+        self,
+        models: Sequence[ModelSLO],
+        cluster: ClusterSpec,
+        *,
+        target_ongoing_requests: float = 2.0,
+        upscale_delay_s: float = 30.0,
+        downscale_delay_s: float = 600.0,
+        look_back_period_s: float = 30.0,
+        upscaling_factor: float = 1.0,
+        downscaling_factor: float = 1.0,
+        metrics_interval_s: float | None = None,
+        name: str | None = None,
+        per_model: Mapping[str, Mapping] | None = None,
+    ):
         super().__init__(models, cluster)
         if name is not None:
             self.name = name
@@ -118,9 +156,18 @@ class RayServePolicy(Policy):
         self.look_back = look_back_period_s
         self.up_factor = upscaling_factor
         self.down_factor = downscaling_factor
-        self.rules = self._rules(per_model or {}, _Rule(
-            target_ongoing_requests, upscale_delay_s, downscale_delay_s, look_back_period_s,
-            upscaling_factor, downscaling_factor, None))
+        self.rules = self._rules(
+            per_model or {},
+            _Rule(
+                target_ongoing_requests,
+                upscale_delay_s,
+                downscale_delay_s,
+                look_back_period_s,
+                upscaling_factor,
+                downscaling_factor,
+                None,
+            ),
+        )
         self.ray_target: dict[str, int] = {}
         self.counter: dict[str, int] = {}
         self.stamp: dict[str, float | None] = {}
@@ -137,8 +184,7 @@ class RayServePolicy(Policy):
             own = {k: v for k, v in per_model.get(n, {}).items() if v is not None}
             bad = sorted(set(own) - set(RULE_FIELDS))
             if bad:
-                raise ValueError(f"{n}: {', '.join(bad)} is not a setting of Ray's rule "
-                                 f"({', '.join(RULE_FIELDS)})")
+                raise ValueError(f"{n}: {', '.join(bad)} is not a setting of Ray's rule ({', '.join(RULE_FIELDS)})")
             for k in ("target_ongoing_requests", "metrics_interval_s", "look_back_period_s"):
                 if k in own and not float(own[k]) > 0:
                     raise ValueError(f"{n}: {k} must be > 0 (got {own[k]!r})")
@@ -210,13 +256,14 @@ class RayServePolicy(Policy):
         current = {n: o.target_replicas for n, o in obs.models.items()}
         if all(self.ray_target[n] == current[n] for n in self.ray_target):
             return None  # nothing pending, nothing to change: what the grants below would say
-        waiting = sorted((n for n, t in self.pending_since.items() if t < now),
-                         key=self.pending_since.get)
+        waiting = sorted((n for n, t in self.pending_since.items() if t < now), key=self.pending_since.get)
         fresh = [n for n in self.pending_since if self.pending_since[n] >= now]
-        granted = grant_in_order(dict(self.ray_target), current, self.models, obs.capacity,
-                                 order=waiting, interleave=True)
-        granted = grant_in_order({n: self.ray_target[n] for n in fresh}, granted, self.models,
-                                 obs.capacity, order=fresh)
+        granted = grant_in_order(
+            dict(self.ray_target), current, self.models, obs.capacity, order=waiting, interleave=True
+        )
+        granted = grant_in_order(
+            {n: self.ray_target[n] for n in fresh}, granted, self.models, obs.capacity, order=fresh
+        )
         changed = {n: granted[n] for n in granted if granted[n] != current[n]}
         if not changed:
             return None

@@ -52,9 +52,18 @@ class SwayamPolicy(Policy):
     name = "swayam"
     state_fields = ("rates", "wishes", "rising_since")
 
-    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *, burst: float = 2.0,
-                 history_s: float = 500.0, average_s: float = 100.0, t_setup_s: float | None = None,
-                 regulation_s: float = 600.0, idle_gc_s: float = 300.0):
+    def __init__(
+        self,
+        models: Sequence[ModelSLO],
+        cluster: ClusterSpec,
+        *,
+        burst: float = 2.0,
+        history_s: float = 500.0,
+        average_s: float = 100.0,
+        t_setup_s: float | None = None,
+        regulation_s: float = 600.0,
+        idle_gc_s: float = 300.0,
+    ):
         super().__init__(models, cluster)
         self.burst = burst
         self.history_s = history_s
@@ -138,8 +147,9 @@ class INFaaSPolicy(Policy):
     name = "infaas"
     state_fields = ("fits_since", "short_since", "option")
 
-    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, *, slack: float = 1.05,
-                 t_v_s: float | None = None):
+    def __init__(
+        self, models: Sequence[ModelSLO], cluster: ClusterSpec, *, slack: float = 1.05, t_v_s: float | None = None
+    ):
         super().__init__(models, cluster)
         self.slack = slack
         self.t_v = cluster.cold_start_s if t_v_s is None else t_v_s
@@ -228,13 +238,27 @@ class INFaaSPolicy(Policy):
 # This module's built-in policies as data, (name, factory, summary, needs_batching,
 # forecasts), which autoscaler/catalogue/builtin.py lists: the policy modules never import the registry.
 POLICIES = (
-    ("swayam", lambda models, cluster, forecaster=None: SwayamPolicy(models, cluster),
-     "Swayam: per model, replicas for a regression-predicted, burst-padded rate; up at "
-     "once, down only to the most needed in the last 15 min", False, False),
-    ("inferline", lambda models, cluster, forecaster=None: InferLineTunerPolicy(models, cluster),
-     "InferLine's tuner: up at once when the traffic envelope exceeds the plan's, down "
-     "after 15 s of calm", False, False),
-    ("infaas", lambda models, cluster, forecaster=None: INFaaSPolicy(models, cluster),
-     "INFaaS: replicate when headroom falls below 1.05 x the load, one fewer once the "
-     "load fits for a load time (one variant)", False, False),
+    (
+        "swayam",
+        lambda models, cluster, forecaster=None: SwayamPolicy(models, cluster),
+        "Swayam: per model, replicas for a regression-predicted, burst-padded rate; up at "
+        "once, down only to the most needed in the last 15 min",
+        False,
+        False,
+    ),
+    (
+        "inferline",
+        lambda models, cluster, forecaster=None: InferLineTunerPolicy(models, cluster),
+        "InferLine's tuner: up at once when the traffic envelope exceeds the plan's, down after 15 s of calm",
+        False,
+        False,
+    ),
+    (
+        "infaas",
+        lambda models, cluster, forecaster=None: INFaaSPolicy(models, cluster),
+        "INFaaS: replicate when headroom falls below 1.05 x the load, one fewer once the "
+        "load fits for a load time (one variant)",
+        False,
+        False,
+    ),
 )

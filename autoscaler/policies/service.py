@@ -54,7 +54,7 @@ class Service:
         """This model's replicas with their largest batch ``b`` (1: one at a time)."""
         if self.shape is None or b >= self.bmax:
             return self
-        return Service(self.model, self.p_s, None if b <= 1 else self.shape[:b + 1], self.curve_known)
+        return Service(self.model, self.p_s, None if b <= 1 else self.shape[: b + 1], self.curve_known)
 
     def saturation_rate(self, b: int | None = None) -> float:
         """Requests/s one replica serves flat out: ``concurrency / p``, or at full batches
@@ -84,10 +84,12 @@ class Service:
         m = self.model
         slo, q = m.slo_ms / 1e3, m.percentile / 100
         if self.shape is None:
-            return max_rate_for_slo(replicas, self.p_s, slo, q, cluster.estimator,
-                                    cluster.rho_max, concurrency=m.concurrency)
-        return max_rate_batched(replicas, self.p_s, slo, q, ESTIMATORS[cluster.estimator],
-                                cluster.rho_max, self.shape, self.bmax)
+            return max_rate_for_slo(
+                replicas, self.p_s, slo, q, cluster.estimator, cluster.rho_max, concurrency=m.concurrency
+            )
+        return max_rate_batched(
+            replicas, self.p_s, slo, q, ESTIMATORS[cluster.estimator], cluster.rho_max, self.shape, self.bmax
+        )
 
     def replicas_for(self, lam: float, cluster: ClusterSpec) -> int:
         """The fewest replicas that meet the SLO at ``lam`` requests/s, at most the model's
@@ -96,9 +98,16 @@ class Service:
         slo = m.slo_ms / 1e3
         if self.shape is None:
             try:
-                k, _ = min_replicas_for_slo(lam, self.p_s, slo, m.percentile / 100,
-                                            cluster.estimator, cluster.rho_max,
-                                            limit=m.max_replicas, concurrency=m.concurrency)
+                k, _ = min_replicas_for_slo(
+                    lam,
+                    self.p_s,
+                    slo,
+                    m.percentile / 100,
+                    cluster.estimator,
+                    cluster.rho_max,
+                    limit=m.max_replicas,
+                    concurrency=m.concurrency,
+                )
             except ValueError:  # not even max_replicas meet the SLO at this rate
                 k = m.max_replicas
             return k

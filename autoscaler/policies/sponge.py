@@ -29,16 +29,22 @@ from faro_serve.engine.batching import B_MAX, C_MAX, BatchProfile, CurveProfile,
 class SpongePolicy(Policy):
     name = "sponge"
 
-    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec,
-                 profiles: dict[str, BatchProfile] | None = None, c_min: int = 1,
-                 c_max: int = C_MAX, b_max: int = B_MAX, name: str | None = None):
+    def __init__(
+        self,
+        models: Sequence[ModelSLO],
+        cluster: ClusterSpec,
+        profiles: dict[str, BatchProfile] | None = None,
+        c_min: int = 1,
+        c_max: int = C_MAX,
+        b_max: int = B_MAX,
+        name: str | None = None,
+    ):
         super().__init__(models, cluster)
         self.tick_s = 1.0
         self.profiles = dict(profiles or {})
         missing = sorted(set(self.slo) - set(self.profiles))
         if missing:
-            raise ValueError(f"{self.name}: no batch profile for {', '.join(missing)} "
-                             "(faro-serve profile makes one)")
+            raise ValueError(f"{self.name}: no batch profile for {', '.join(missing)} (faro-serve profile makes one)")
         if not 1 <= c_min <= c_max:
             raise ValueError(f"need 1 <= c_min <= c_max (got {c_min}, {c_max})")
         self.c_min, self.c_max, self.b_max = c_min, c_max, b_max
@@ -51,16 +57,21 @@ class SpongePolicy(Policy):
             if n not in self.profiles:
                 continue
             budgets = m.queued_budgets_s if m.queued_budgets_s is not None else []
-            ch = sponge_choice(self.profiles[n], budgets, m.arrival_rate, c_max=self.c_max,
-                               b_max=self.b_max, c_min=self.c_min)
+            ch = sponge_choice(
+                self.profiles[n], budgets, m.arrival_rate, c_max=self.c_max, b_max=self.b_max, c_min=self.c_min
+            )
             threads[n], batches[n] = ch.cores, ch.batch
-            info[n] = {"cores": ch.cores, "batch": ch.batch, "feasible": ch.feasible,
-                       "queued": len(budgets), "rate": round(m.arrival_rate, 3),
-                       "min_budget_s": round(float(min(budgets)), 3) if len(budgets) else None}
+            info[n] = {
+                "cores": ch.cores,
+                "batch": ch.batch,
+                "feasible": ch.feasible,
+                "queued": len(budgets),
+                "rate": round(m.arrival_rate, 3),
+                "min_budget_s": round(float(min(budgets)), 3) if len(budgets) else None,
+            }
         if not threads:
             return None
-        return Decision(replicas={}, threads=threads, batch_sizes=batches, kind="vertical",
-                        info=info)
+        return Decision(replicas={}, threads=threads, batch_sizes=batches, kind="vertical", info=info)
 
 
 def from_config(models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster=None) -> SpongePolicy:
@@ -68,9 +79,11 @@ def from_config(models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster=Non
     batch); the cores go up to each replica's whole CPUs (threads within them, live)."""
     missing = [m.name for m in models if m.batching is None or m.batching.measured]
     if missing:
-        raise ValueError(f"sponge: {', '.join(missing)} declare no batching profile (a profile "
-                         "from faro-serve profile, or latency_ms, and max_batch_size in the "
-                         "model's SLO config)")
+        raise ValueError(
+            f"sponge: {', '.join(missing)} declare no batching profile (a profile "
+            "from faro-serve profile, or latency_ms, and max_batch_size in the "
+            "model's SLO config)"
+        )
     profiles = {m.name: _profile(m) for m in models}
     c_max = max(1, min(int(m.cpus) for m in models))
     b_max = min(m.batching.max_batch_size for m in models)
@@ -89,15 +102,21 @@ def _profile(m: ModelSLO):
 # This module's built-in policies as data, (name, factory, summary, needs_batching,
 # forecasts), which autoscaler/catalogue/builtin.py lists: the policy modules never import the registry.
 POLICIES = (
-    ("sponge", from_config, "Sponge: every 1 s the fewest cores (threads in a replica), then "
-     "the smallest batch, meeting every queued request's budget (EDF) and the rate; needs "
-     "batching in each model's config", True, False),
+    (
+        "sponge",
+        from_config,
+        "Sponge: every 1 s the fewest cores (threads in a replica), then "
+        "the smallest batch, meeting every queued request's budget (EDF) and the rate; needs "
+        "batching in each model's config",
+        True,
+        False,
+    ),
 )
 
 
-def static(cores: int, models: Sequence[ModelSLO], cluster: ClusterSpec,
-           profiles: dict[str, BatchProfile], b_max: int = B_MAX) -> SpongePolicy:
+def static(
+    cores: int, models: Sequence[ModelSLO], cluster: ClusterSpec, profiles: dict[str, BatchProfile], b_max: int = B_MAX
+) -> SpongePolicy:
     """A fixed ``cores`` per model (the paper's static 8- and 16-core instances), the batch
     still chosen each second by Sponge's rule at those cores."""
-    return SpongePolicy(models, cluster, profiles, c_min=cores, c_max=cores, b_max=b_max,
-                        name=f"static-{cores}")
+    return SpongePolicy(models, cluster, profiles, c_min=cores, c_max=cores, b_max=b_max, name=f"static-{cores}")

@@ -18,8 +18,7 @@ from examples.text_classifier.app import SentimentClassifier
 api = FastAPI(title="reviews")
 
 # what one classifier replica takes and serves at once: the same as its SLO in config.yaml
-CLASSIFIER = faro_serve.SLO(name="review-sentiment", app="reviews", slo_ms=300, cpus=0.5,
-                            max_replicas=4)
+CLASSIFIER = faro_serve.SLO(name="review-sentiment", app="reviews", slo_ms=300, cpus=0.5, max_replicas=4)
 
 
 class Review(BaseModel):

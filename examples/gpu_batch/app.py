@@ -39,8 +39,9 @@ def batch_ms(b: int, points: dict[int, float] = H200_RESNET50_MS) -> float:
 
 @serve.deployment
 class GpuLikeClassifier:
-    def __init__(self, scale: float = 40.0, jitter: float = 0.05, seed: int | None = None,
-                 batch_wait_s: float | None = None):
+    def __init__(
+        self, scale: float = 40.0, jitter: float = 0.05, seed: int | None = None, batch_wait_s: float | None = None
+    ):
         self.scale, self.jitter = float(scale), float(jitter)
         self.rng = random.Random(seed)
         if batch_wait_s is not None:  # Ray's documented way to set it from a config

@@ -25,13 +25,17 @@ from examples.text_classifier.app import SentimentClassifier
 
 api = FastAPI(title="moderation")
 
-MODERATION = faro_serve.Pipeline(name="moderation", app="moderate", ingress="Moderate",
-                                 slo_ms=500, stages=[
-    faro_serve.Stage(name="clean", deployment="Clean", cpus=0.1, max_replicas=2),
-    faro_serve.Stage(name="sentiment", deployment="SentimentClassifier", after=["clean"],
-                     cpus=0.5, max_replicas=4),
-    faro_serve.Stage(name="spam", deployment="Spam", after=["clean"], fraction=0.5, cpus=0.1,
-                     max_replicas=2)])
+MODERATION = faro_serve.Pipeline(
+    name="moderation",
+    app="moderate",
+    ingress="Moderate",
+    slo_ms=500,
+    stages=[
+        faro_serve.Stage(name="clean", deployment="Clean", cpus=0.1, max_replicas=2),
+        faro_serve.Stage(name="sentiment", deployment="SentimentClassifier", after=["clean"], cpus=0.5, max_replicas=4),
+        faro_serve.Stage(name="spam", deployment="Spam", after=["clean"], fraction=0.5, cpus=0.1, max_replicas=2),
+    ],
+)
 LONG = 6  # words: a review this long is checked for spam too
 
 
@@ -75,5 +79,5 @@ def stage(deployment, name: str):
 
 
 app = faro_serve.scaled(Moderate, MODERATION).bind(
-    stage(Clean, "clean").bind(), stage(SentimentClassifier, "sentiment").bind(seed=0),
-    stage(Spam, "spam").bind())
+    stage(Clean, "clean").bind(), stage(SentimentClassifier, "sentiment").bind(seed=0), stage(Spam, "spam").bind()
+)

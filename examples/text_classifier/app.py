@@ -38,8 +38,9 @@ def generated(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     xs, ys = [], []
     for _ in range(n):
         y = rng.random() < 0.5
-        words = rng.choices(NEUTRAL, k=rng.randint(3, 8)) + rng.choices(POSITIVE if y else NEGATIVE,
-                                                                       k=rng.randint(1, 3))
+        words = rng.choices(NEUTRAL, k=rng.randint(3, 8)) + rng.choices(
+            POSITIVE if y else NEGATIVE, k=rng.randint(1, 3)
+        )
         xs.append(featurize(" ".join(words)))
         ys.append(float(y))
     return torch.stack(xs), torch.tensor(ys)

@@ -18,7 +18,7 @@ def _first_on(arrivals):
 
     a = np.asarray(arrivals, float)
     seen = np.flatnonzero(a > 0)
-    return a[seen[0]:] if seen.size else a[:0]
+    return a[seen[0] :] if seen.size else a[:0]
 
 
 def train_from_store(args, cfg, out: Path) -> int:
@@ -51,13 +51,15 @@ def train_from_store(args, cfg, out: Path) -> int:
             try:
                 served = read_serve_history(file, args.prometheus_minutes)
             except ServeHistoryError as err:
-                raise UsageError(f"--from {file}: Prometheus has no faro arrivals "
-                                 f"(ray_faro_requests_total) and {err}") from None
+                raise UsageError(
+                    f"--from {file}: Prometheus has no faro arrivals (ray_faro_requests_total) and {err}"
+                ) from None
             except PrometheusError as err:
                 raise UsageError(f"--from {err}") from None
             # one series per deployment (application/deployment), from its first minute on
-            history = {k: tail for k, d in served.deployments.items()
-                       if (tail := contiguous_tail(_first_on(d.arrivals))).size}
+            history = {
+                k: tail for k, d in served.deployments.items() if (tail := contiguous_tail(_first_on(d.arrivals))).size
+            }
     else:
         src = Path(args.from_store).expanduser()
         file = src / FILE_NAME if src.is_dir() else src
@@ -68,8 +70,11 @@ def train_from_store(args, cfg, out: Path) -> int:
             history = recent_history(store)
             store.close()
         except (StoreRefused, sqlite3.Error) as err:
-            hint = " (a trace file? train on it with --trace)" if file.suffix.lower() in (
-                ".csv", ".jsonl", ".json") else ""
+            hint = (
+                " (a trace file? train on it with --trace)"
+                if file.suffix.lower() in (".csv", ".jsonl", ".json")
+                else ""
+            )
             raise UsageError(f"--from {file}: refused: {err}{hint}") from None
         if not history:
             raise UsageError(f"--from {file}: the store holds no arrivals")
@@ -97,6 +102,7 @@ def train_from_store(args, cfg, out: Path) -> int:
 
         doc["saved_to"] = str(save_forecaster(candidate, out))
     print(json.dumps(doc, indent=2))
-    print(f"{verdict.reason}; " + (f"saved to {out}" if saved else "not saved (--force saves it anyway)"),
-          file=sys.stderr)
+    print(
+        f"{verdict.reason}; " + (f"saved to {out}" if saved else "not saved (--force saves it anyway)"), file=sys.stderr
+    )
     return 0 if saved else 1

@@ -24,11 +24,23 @@ DEFAULT_JOBS = "job9,job0,job3,job1,job6,job5"
 
 
 def register(sub) -> None:
-    p = sub.add_parser("compare", help="faro-serve live against plain Ray Serve (ray-native, "
-                       "ray-tuned), same slice",
-                       description=__doc__.split("\n\n", 1)[1])
-    add_live_args(p, day=9, jobs=DEFAULT_JOBS, start=310, minutes=30, capacity=16, slowdown=3.0,
-                  rate_scale=1 / 3, policies="faro-fairsum,ray-native,ray-tuned", out="runs/compare")
+    p = sub.add_parser(
+        "compare",
+        help="faro-serve live against plain Ray Serve (ray-native, ray-tuned), same slice",
+        description=__doc__.split("\n\n", 1)[1],
+    )
+    add_live_args(
+        p,
+        day=9,
+        jobs=DEFAULT_JOBS,
+        start=310,
+        minutes=30,
+        capacity=16,
+        slowdown=3.0,
+        rate_scale=1 / 3,
+        policies="faro-fairsum,ray-native,ray-tuned",
+        out="runs/compare",
+    )
     p.set_defaults(func=run)
 
 

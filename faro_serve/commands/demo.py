@@ -23,23 +23,33 @@ from .errors import UsageError
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="start the deployment, replay a real trace slice with a live "
-                       "table, write a report (make run)", description=__doc__.split("\n\n", 1)[1])
+    p = sub.add_parser(
+        "demo",
+        help="start the deployment, replay a real trace slice with a live table, write a report (make run)",
+        description=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--config", default="serve_config.yaml", help="Serve config to `serve run` (serve_config.yaml)")
     p.add_argument("--url", help="replay against the deployment already running at URL (implies --no-start)")
-    p.add_argument("--no-start", action="store_true", help="do not start anything; use --url "
-                   "(default http://127.0.0.1:8000)")
-    p.add_argument("--keep-serving", action="store_true",
-                   help="leave the started deployment running after a complete replay")
-    p.add_argument("--startup-timeout", type=float, default=420.0,
-                   help="seconds to wait for every model to answer (420)")
+    p.add_argument(
+        "--no-start", action="store_true", help="do not start anything; use --url (default http://127.0.0.1:8000)"
+    )
+    p.add_argument(
+        "--keep-serving", action="store_true", help="leave the started deployment running after a complete replay"
+    )
+    p.add_argument(
+        "--startup-timeout", type=float, default=420.0, help="seconds to wait for every model to answer (420)"
+    )
     g = p.add_argument_group("load (as in `faro-serve replay`; default: the bundled slice)")
     g.add_argument("--trace", help="trace file (default: the bundled slice faro_serve/data/demo_trace.csv)")
     g.add_argument("--day", help="day to replay (CSV with a 'day' column)")
     g.add_argument("--sample", type=int, help="sample of that day (CSV with a 'sample' column)")
     g.add_argument("--jobs", help="comma-separated trace jobs to replay (default: all, or --map's)")
-    g.add_argument("--map", metavar="JOB=MODEL,...", help="send a job's load to a model (bundled slice: "
-                   "job2=resnet18,job8=resnet34,job7=synth-a,job1=synth-b; else the job's name)")
+    g.add_argument(
+        "--map",
+        metavar="JOB=MODEL,...",
+        help="send a job's load to a model (bundled slice: "
+        "job2=resnet18,job8=resnet34,job7=synth-a,job1=synth-b; else the job's name)",
+    )
     g.add_argument("--start", type=int, default=0, help="first trace minute to replay (0)")
     g.add_argument("--minutes", type=int, help="trace minutes to replay (default: to the end)")
     g.add_argument("--time-scale", type=float, default=1.0, help="a trace minute lasts 60 x X seconds (1)")
@@ -50,9 +60,12 @@ def register(sub) -> None:
     g.add_argument("--timeout", type=float, default=30.0, help="per-request timeout, seconds (30)")
     p.add_argument("--out", help="output directory (runs/demo-<UTC time>)")
     p.add_argument("--no-live", action="store_true", help="no live table (a table per trace minute instead)")
-    p.add_argument("--no-fit", action="store_true",
-                   help="keep the rate scale even if the warm-up finds this machine too slow for it "
-                        "(default: a lighter load on a slower machine; docs/demo.md)")
+    p.add_argument(
+        "--no-fit",
+        action="store_true",
+        help="keep the rate scale even if the warm-up finds this machine too slow for it "
+        "(default: a lighter load on a slower machine; docs/demo.md)",
+    )
     p.set_defaults(func=run)
 
 
@@ -88,8 +101,10 @@ def _load(args):
     args.base_rate_scale = rate
     pairs = ", ".join(f"{j} -> {n}" for j, n in zip(sched.jobs, names))
     where = "".join(f", {k} {v}" for k, v in (("day", args.day), ("sample", args.sample)) if v is not None)
-    desc = (f"`{path}`{' (bundled slice)' if bundled else ''}{where}, trace minutes "
-            f"{args.start + 1}-{args.start + sched.minutes} of the selection; {pairs}")
+    desc = (
+        f"`{path}`{' (bundled slice)' if bundled else ''}{where}, trace minutes "
+        f"{args.start + 1}-{args.start + sched.minutes} of the selection; {pairs}"
+    )
     return sched, names, desc
 
 
@@ -110,8 +125,9 @@ def run(args) -> int:
         target = read_config(args.config)
         missing = [n for n in names if n not in target.models]
         if missing:
-            raise UsageError(f"{args.config} has no model {', '.join(missing)} (it has "
-                             f"{', '.join(target.models)}); use --map")
+            raise UsageError(
+                f"{args.config} has no model {', '.join(missing)} (it has {', '.join(target.models)}); use --map"
+            )
         url = target.url
     else:
         url = args.url or "http://127.0.0.1:8000"
@@ -120,9 +136,11 @@ def run(args) -> int:
         except ValueError as err:
             if "loopback" not in str(err):
                 raise
-            raise UsageError(f"--url {url}: not a loopback address; the demo sends load to this "
-                             f"machine only (`faro-serve replay --allow-remote` can replay against "
-                             f"another)") from None
+            raise UsageError(
+                f"--url {url}: not a loopback address; the demo sends load to this "
+                f"machine only (`faro-serve replay --allow-remote` can replay against "
+                f"another)"
+            ) from None
     when = datetime.now(timezone.utc)
     out = Path(args.out or f"runs/demo-{when:%Y%m%d-%H%M%S}")
     try:
@@ -142,19 +160,25 @@ def run(args) -> int:
     try:
         try:
             if dep is not None:
-                note(f"starting Ray (dashboard 127.0.0.1:{target.dashboard_port}) and `serve run "
-                     f"{target.config}`; logs in {out}/ray.log and {out}/serve.log")
+                note(
+                    f"starting Ray (dashboard 127.0.0.1:{target.dashboard_port}) and `serve run "
+                    f"{target.config}`; logs in {out}/ray.log and {out}/serve.log"
+                )
                 dep.start()
-                note(f"started ray start (pid {dep.ray_proc.pid}) and serve run (pid "
-                     f"{dep.serve_proc.pid}), each in its own process group")
+                note(
+                    f"started ray start (pid {dep.ray_proc.pid}) and serve run (pid "
+                    f"{dep.serve_proc.pid}), each in its own process group"
+                )
             else:
                 from ._live import fetch_status
 
                 known = fetch_status(url, timeout=10.0).get("models") or {}  # nothing there: exit 2
                 missing = [n for n in names if n not in known]
                 if missing:
-                    raise UsageError(f"{url}/faro/status has no model {', '.join(missing)} (it "
-                                     f"knows {', '.join(known) or 'none yet'}); use --map")
+                    raise UsageError(
+                        f"{url}/faro/status has no model {', '.join(missing)} (it "
+                        f"knows {', '.join(known) or 'none yet'}); use --map"
+                    )
             wait_ready(url, names, body, args.startup_timeout, dep, note)
         except DeploymentError as err:
             if dep is not None:
@@ -168,8 +192,10 @@ def run(args) -> int:
             if fit["scale"] != args.base_rate_scale:
                 args.rate_scale = fit["scale"]
                 sched, names, trace_desc = _load(args)
-        note(f"ready after {time.monotonic() - t0:.0f} s: replaying {sched.size:,} requests over "
-             f"{sched.minutes} trace minute(s) in {sched.duration_s:.0f} s to {url}")
+        note(
+            f"ready after {time.monotonic() - t0:.0f} s: replaying {sched.size:,} requests over "
+            f"{sched.minutes} trace minute(s) in {sched.duration_s:.0f} s to {url}"
+        )
         rec, interrupted, view = _replay(args, sched, names, url, body)
         if fit is not None:
             view.warmup_note, view.baseline_ms = fit["note"], fit["baseline_ms"]
@@ -186,8 +212,7 @@ def run(args) -> int:
             for line in dep.stop():
                 note(f"  {line}")
         elif dep is not None:
-            note(f"still serving at {url}: stop with `kill -INT {dep.serve_proc.pid}; "
-                 f"kill -TERM {dep.ray_proc.pid}`")
+            note(f"still serving at {url}: stop with `kill -INT {dep.serve_proc.pid}; kill -TERM {dep.ray_proc.pid}`")
         signal.signal(signal.SIGTERM, prev_term)
     return 130 if interrupted else 0
 
@@ -199,9 +224,16 @@ def _replay(args, sched, names, url, body):
     from ._live import slos_of
 
     slo_ms, _, _ = slos_of(SimpleNamespace(slo_ms=None, percentile=99.0), url, names)
-    return replay_live(sched, url, slo_ms, body=body, max_in_flight=args.max_in_flight,
-                       timeout_s=args.timeout, live_table=not args.no_live,
-                       title="faro-serve demo: ")
+    return replay_live(
+        sched,
+        url,
+        slo_ms,
+        body=body,
+        max_in_flight=args.max_in_flight,
+        timeout_s=args.timeout,
+        live_table=not args.no_live,
+        title="faro-serve demo: ",
+    )
 
 
 def _finish(args, out, sched, rec, view, url, names, interrupted, trace_desc, when, t0, dep, target):
@@ -235,23 +267,33 @@ def _finish(args, out, sched, rec, view, url, names, interrupted, trace_desc, wh
     except Exception as err:  # the report is still worth having without its picture
         print(f"faro-serve: warning: no timeline plot ({type(err).__name__}: {err})", file=sys.stderr)
         image = None
-    deployment = (f"`serve run {target.config}` started by the demo at {url} (Ray dashboard "
-                  f"127.0.0.1:{target.dashboard_port}; logs ray.log, serve.log)" if dep is not None
-                  else f"already running at {url}")
+    deployment = (
+        f"`serve run {target.config}` started by the demo at {url} (Ray dashboard "
+        f"127.0.0.1:{target.dashboard_port}; logs ray.log, serve.log)"
+        if dep is not None
+        else f"already running at {url}"
+    )
     files = ["report.md", "records.csv (one row per scheduled request)", "result.json (the replay's JSON)"]
     files += [image] if image else []
     files += ["serve.log", "ray.log"] if dep is not None else []
-    meta = {"when": f"{when:%Y-%m-%d %H:%M} UTC", "wall_s": time.monotonic() - t0,
-            "deployment": deployment, "trace": trace_desc, "interrupted": interrupted,
-            "stopped_at_s": view.stopped_at or 0.0, "full_minutes": sched.minutes,
-            "unsent_after_stop": unsent_after_stop(sched, rec, view.stopped_at) if interrupted else 0,
-            "files": files}
+    meta = {
+        "when": f"{when:%Y-%m-%d %H:%M} UTC",
+        "wall_s": time.monotonic() - t0,
+        "deployment": deployment,
+        "trace": trace_desc,
+        "interrupted": interrupted,
+        "stopped_at_s": view.stopped_at or 0.0,
+        "full_minutes": sched.minutes,
+        "unsent_after_stop": unsent_after_stop(sched, rec, view.stopped_at) if interrupted else 0,
+        "files": files,
+    }
     meta["sections"] = _diagnosis(url, m_sched, m_rec, view, names, res, slo_ms)
     (out / "report.md").write_text(render_markdown(doc, res, m_sched, m_rec, slo_ms, meta, image))
     a = doc["accounting"]
     by = ", ".join(f"{k}: {v:,}" for k, v in a["by_status"].items()) or "none"
-    print(f"sent {a['sent']:,} = answered {a['answered']:,} ({by}) + errors {a['errors']:,}"
-          f" | not sent {a['not_sent']:,}")
+    print(
+        f"sent {a['sent']:,} = answered {a['answered']:,} ({by}) + errors {a['errors']:,} | not sent {a['not_sent']:,}"
+    )
     print(f"{'partial report (interrupted)' if interrupted else 'report'}: {out / 'report.md'}", flush=True)
 
 
@@ -268,11 +310,9 @@ def _diagnosis(url, sched, rec, view, names, res, slo_ms) -> list[str]:
         print(f"faro-serve: warning: no decisions for the report ({err})", file=sys.stderr)
         records = []
     minute_s = 60.0 * sched.time_scale
-    mm = machine_minutes(rec.status_polls, view.load, names, minute_s, sched.minutes,
-                         baseline_ms=view.baseline_ms)
+    mm = machine_minutes(rec.status_polls, view.load, names, minute_s, sched.minutes, baseline_ms=view.baseline_ms)
     slo_ok = {n: np.asarray(res.table.p_all[i]) <= slo_ms[n] / 1e3 for i, n in enumerate(names)}
-    return (decisions_section(records, view.t0_wall)
-            + machine_section(mm, names, slo_ok, view.warmup_note))
+    return decisions_section(records, view.t0_wall) + machine_section(mm, names, slo_ok, view.warmup_note)
 
 
 def _fit(args, target, names, url, body, note, keep: str | None) -> dict:
@@ -287,18 +327,35 @@ def _fit(args, target, names, url, body, note, keep: str | None) -> dict:
     note(f"warm-up: {WARMUP_S:g} s of one request in flight per model, to size the load to this machine")
     got = asyncio.run(measure(url, names, body))
     slo = {m.name: m for m in target.slos}
-    fits = [ModelFit(n, slo[n].slo_ms, slo[n].percentile, slo[n].cpus, slo[n].max_replicas,
-                     got[n]["processing_ms"], got[n]["cpu_ms"], args.peak_rps[n]) for n in names]
+    fits = [
+        ModelFit(
+            n,
+            slo[n].slo_ms,
+            slo[n].percentile,
+            slo[n].cpus,
+            slo[n].max_replicas,
+            got[n]["processing_ms"],
+            got[n]["cpu_ms"],
+            args.peak_rps[n],
+        )
+        for n in names
+    ]
     scale, why = size_rate(fits, args.base_rate_scale, target.capacity_cpus, os.cpu_count())
-    measured = ", ".join(f"{f.name} {f.processing_ms:.0f} ms ({f.cpu_ms:.0f} ms CPU, {got[f.name]['n']} answers)"
-                         for f in fits)
+    measured = ", ".join(
+        f"{f.name} {f.processing_ms:.0f} ms ({f.cpu_ms:.0f} ms CPU, {got[f.name]['n']} answers)" for f in fits
+    )
     if keep and scale != args.base_rate_scale:
         chosen = f"kept rate scale {args.base_rate_scale:g} ({keep}), although {why}"
         scale = args.base_rate_scale
     else:
         chosen = f"rate scale {scale:g}: {why}"
-    text = (f"Warm-up ({WARMUP_S:g} s, one request in flight per model, all at once): processing "
-            f"{measured}. Sized to this machine: {chosen}.")
+    text = (
+        f"Warm-up ({WARMUP_S:g} s, one request in flight per model, all at once): processing "
+        f"{measured}. Sized to this machine: {chosen}."
+    )
     note(text)
-    return {"scale": scale, "note": text,
-            "baseline_ms": {f.name: f.processing_ms for f in fits if np.isfinite(f.processing_ms)}}
+    return {
+        "scale": scale,
+        "note": text,
+        "baseline_ms": {f.name: f.processing_ms for f in fits if np.isfinite(f.processing_ms)},
+    }

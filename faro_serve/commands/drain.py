@@ -10,16 +10,20 @@ from .errors import UsageError
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "drain", help="before Serve stops: answer what was admitted, refuse new requests with 503",
+        "drain",
+        help="before Serve stops: answer what was admitted, refuse new requests with 503",
         description="Tells every faro-serve model on a running Ray cluster to refuse new HTTP "
         "requests (503, reason shutting_down, Retry-After) and waits until each has answered the "
         "requests it admitted and its queue is empty (or --timeout). Run it before `serve "
         "shutdown` (a Kubernetes pre-stop hook, a script); `faro-serve run` runs it by itself on "
-        "Ctrl-C or SIGTERM. Exit 0: drained (or nothing to drain); 1: not drained in time.")
-    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
-                   help="the Ray cluster (its GCS address host:port; default $RAY_ADDRESS or auto)")
-    p.add_argument("--timeout", type=float, default=30.0,
-                   help="seconds to wait for the models to drain (30)")
+        "Ctrl-C or SIGTERM. Exit 0: drained (or nothing to drain); 1: not drained in time.",
+    )
+    p.add_argument(
+        "--address",
+        default=os.environ.get("RAY_ADDRESS", "auto"),
+        help="the Ray cluster (its GCS address host:port; default $RAY_ADDRESS or auto)",
+    )
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the models to drain (30)")
     p.set_defaults(func=run)
 
 
@@ -39,8 +43,10 @@ def run(args) -> int:
         try:
             socket.create_connection((host, int(port)), timeout=5).close()
         except OSError as err:
-            raise UsageError(f"nothing answers at {args.address} ({err.strerror or err}): is Ray "
-                             f"running there? (`faro-serve run` prints its address)") from None
+            raise UsageError(
+                f"nothing answers at {args.address} ({err.strerror or err}): is Ray "
+                f"running there? (`faro-serve run` prints its address)"
+            ) from None
     os.environ.setdefault("RAY_AUTH_MODE", "token")  # a second driver of a local Ray needs it
     try:
         ray.init(address=args.address, log_to_driver=False, logging_level=logging.ERROR)

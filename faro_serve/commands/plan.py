@@ -16,8 +16,9 @@ LOAD_KEYS = ("rate", "rates", "current_replicas")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("plan", help="allocate replicas for a cluster spec file",
-                       description=__doc__.split("\n\n", 1)[1])
+    p = sub.add_parser(
+        "plan", help="allocate replicas for a cluster spec file", description=__doc__.split("\n\n", 1)[1]
+    )
     p.add_argument("--spec", required=True, help="YAML or JSON file with cluster and models")
     p.add_argument("--json", action="store_true", help="print the allocation as JSON")
     p.set_defaults(func=run)
@@ -33,16 +34,17 @@ def parse_plan_spec(data: Any, source: str = ""):
 
     where = f" in {source}" if source else ""
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
-        raise ConfigError(f"invalid plan spec{where}: expected a mapping with 'cluster' and a "
-                          f"list 'models'")
+        raise ConfigError(f"invalid plan spec{where}: expected a mapping with 'cluster' and a list 'models'")
     slos, forecasts, current = [], {}, {}
     for k, m in enumerate(data["models"]):
         if not isinstance(m, dict):
             raise ConfigError(f"invalid plan spec{where}: models.{k} must be a mapping")
         name = m.get("name", f"models.{k}")
         if ("rate" in m) == ("rates" in m):
-            raise ConfigError(f"invalid plan spec{where}: models.{k} ({name}) needs exactly one "
-                              f"of 'rate' (requests/s) or 'rates' (samples)")
+            raise ConfigError(
+                f"invalid plan spec{where}: models.{k} ({name}) needs exactly one "
+                f"of 'rate' (requests/s) or 'rates' (samples)"
+            )
         try:
             forecasts[name] = normalise_rates(m.get("rate", m.get("rates")), name)
         except (ValueError, TypeError) as err:
@@ -50,8 +52,9 @@ def parse_plan_spec(data: Any, source: str = ""):
         cur = m.get("current_replicas")
         if cur is not None:
             if isinstance(cur, bool) or not isinstance(cur, int) or cur < 0:
-                raise ConfigError(f"invalid plan spec{where}: models.{k}.current_replicas must "
-                                  f"be a whole number >= 0 (got {cur!r})")
+                raise ConfigError(
+                    f"invalid plan spec{where}: models.{k}.current_replicas must be a whole number >= 0 (got {cur!r})"
+                )
             current[name] = cur
         slos.append({key: v for key, v in m.items() if key not in LOAD_KEYS})
     cfg = parse_config({**{k: v for k, v in data.items() if k != "models"}, "models": slos}, source)
@@ -81,11 +84,21 @@ def print_allocation(alloc, cluster) -> None:
         table.add_column(col, justify="left" if col == "model" else "right", no_wrap=True)
     for d in alloc.decisions:
         lat = "inf" if not math.isfinite(d.latency_ms) else f"{d.latency_ms:.0f}"
-        table.add_row(d.name, f"{d.slo_ms:g}", f"{d.arrival_rate:.2f}", f"{d.processing_ms:.0f}",
-                      f"{d.current} -> {d.replicas}", f"{d.drop_rate:.1%}", lat, f"{d.utility:.3f}")
+        table.add_row(
+            d.name,
+            f"{d.slo_ms:g}",
+            f"{d.arrival_rate:.2f}",
+            f"{d.processing_ms:.0f}",
+            f"{d.current} -> {d.replicas}",
+            f"{d.drop_rate:.1%}",
+            lat,
+            f"{d.utility:.3f}",
+        )
     out = console()
     out.print(table)
     cap = f"{cluster.cpus:g}"
-    out.print(f"objective value {alloc.objective_value:.4f} | CPUs {alloc.cpus_used:g}/{cap} | "
-                  f"solve {alloc.solve_ms:.1f} ms | groups {alloc.groups}"
-                  + (f" | {'; '.join(alloc.notes)}" if alloc.notes else ""))
+    out.print(
+        f"objective value {alloc.objective_value:.4f} | CPUs {alloc.cpus_used:g}/{cap} | "
+        f"solve {alloc.solve_ms:.1f} ms | groups {alloc.groups}"
+        + (f" | {'; '.join(alloc.notes)}" if alloc.notes else "")
+    )

@@ -25,27 +25,36 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("profile", help="profile a model's batch latency (ResNets, or your @serve.batch deployment)",
-                       description="Deploy each torchvision ResNet on a local Ray Serve (loopback "
-                       "only), time its forward passes over a grid of batch sizes and thread counts "
-                       "inside the replica (on the GPU with --gpus), fit Sponge's latency model "
-                       "l(b, c) = gamma b / c + eps / c + delta b + eta and save the profile "
-                       "(measurements and fit) as OUT/<arch>.json for the planner and the "
-                       "simulator. With --deployment: your @serve.batch deployment, deployed under "
-                       "Faro with its CPUs and GPUs, its batches timed at each size, saved as "
-                       "OUT/<name>.json with its batch curve (batching: {profile: ...} in its SLO).")
+    p = sub.add_parser(
+        "profile",
+        help="profile a model's batch latency (ResNets, or your @serve.batch deployment)",
+        description="Deploy each torchvision ResNet on a local Ray Serve (loopback "
+        "only), time its forward passes over a grid of batch sizes and thread counts "
+        "inside the replica (on the GPU with --gpus), fit Sponge's latency model "
+        "l(b, c) = gamma b / c + eps / c + delta b + eta and save the profile "
+        "(measurements and fit) as OUT/<arch>.json for the planner and the "
+        "simulator. With --deployment: your @serve.batch deployment, deployed under "
+        "Faro with its CPUs and GPUs, its batches timed at each size, saved as "
+        "OUT/<name>.json with its batch curve (batching: {profile: ...} in its SLO).",
+    )
     p.add_argument("--arch", default="resnet18", help="comma-separated: resnet18, resnet34, resnet50 (resnet18)")
-    p.add_argument("--deployment", default=None, help="your deployment by import path, "
-                   "package.module:Name, with a @serve.batch method (instead of --arch)")
+    p.add_argument(
+        "--deployment",
+        default=None,
+        help="your deployment by import path, package.module:Name, with a @serve.batch method (instead of --arch)",
+    )
     p.add_argument("--init-kwargs", default="{}", help="with --deployment: its init arguments, JSON")
-    p.add_argument("--body", default=None, help="with --deployment: a file whose bytes each "
-                   "request POSTs (default: empty)")
+    p.add_argument(
+        "--body", default=None, help="with --deployment: a file whose bytes each request POSTs (default: empty)"
+    )
     p.add_argument("--content-type", default=None, help="with --deployment: the body's type")
-    p.add_argument("--name", default=None, help="with --deployment: the model's name and file "
-                   "name (default: the deployment's, lower-cased)")
+    p.add_argument(
+        "--name",
+        default=None,
+        help="with --deployment: the model's name and file name (default: the deployment's, lower-cased)",
+    )
     p.add_argument("--cpus", type=float, default=1.0, help="with --deployment: CPUs per replica (1)")
-    p.add_argument("--gpus", type=float, default=0.0, help="GPUs per replica: the device it "
-                   "will serve on (0: the CPU)")
+    p.add_argument("--gpus", type=float, default=0.0, help="GPUs per replica: the device it will serve on (0: the CPU)")
     p.add_argument("--batches", default="1,2,4,8,16", help="batch sizes (1,2,4,8,16)")
     p.add_argument("--threads", default=None, help="thread counts (default: 1 up to this machine's cores)")
     p.add_argument("--repeats", type=int, default=5, help="timed passes per point, after one warm-up (5)")
@@ -62,8 +71,7 @@ def summarize(rows: list[dict]):
     from ..engine.batching import fit_profile
 
     points = sorted({(r["batch"], r["threads"]) for r in rows})
-    med = [float(np.median([r["latency_s"] for r in rows if (r["batch"], r["threads"]) == pt]))
-           for pt in points]
+    med = [float(np.median([r["latency_s"] for r in rows if (r["batch"], r["threads"]) == pt])) for pt in points]
     fit = fit_profile([b for b, _ in points], [c for _, c in points], med)
     return points, med, fit
 
@@ -98,20 +106,28 @@ def run(args) -> int:
         _check_gpus(args.gpus)
         serve.start(http_options={"host": "127.0.0.1", "port": 0})
         for arch in archs:
-            handle = serve.run(profile_app(arch, max(threads), args.checkpoint, args.gpus),
-                               name=f"profile-{arch}", route_prefix=None)
+            handle = serve.run(
+                profile_app(arch, max(threads), args.checkpoint, args.gpus), name=f"profile-{arch}", route_prefix=None
+            )
             t0 = time.time()
             rows = handle.profile.remote(batches, threads, args.repeats, args.image_size).result(timeout_s=3600)
             points, med, fit = summarize(rows)
-            doc = {"arch": arch, "image_size": args.image_size, "repeats": args.repeats,
-                   "device": rows[0].get("device", "cpu") if rows else "cpu",
-                   "machine": {"cores": os.cpu_count(), "processor": platform.processor() or platform.machine()},
-                   "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   "profile": fit.to_dict(), "rows": rows}
+            doc = {
+                "arch": arch,
+                "image_size": args.image_size,
+                "repeats": args.repeats,
+                "device": rows[0].get("device", "cpu") if rows else "cpu",
+                "machine": {"cores": os.cpu_count(), "processor": platform.processor() or platform.machine()},
+                "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "profile": fit.to_dict(),
+                "rows": rows,
+            }
             (out / f"{arch}.json").write_text(json.dumps(doc, indent=1))
-            print(f"{arch}: gamma {fit.gamma * 1e3:.2f} ms, eps {fit.eps * 1e3:.2f} ms, "
-                  f"delta {fit.delta * 1e3:.2f} ms, eta {fit.eta * 1e3:.2f} ms, R^2 {fit.r2:.4f} "
-                  f"({len(points)} points, {time.time() - t0:.0f} s) -> {out / f'{arch}.json'}")
+            print(
+                f"{arch}: gamma {fit.gamma * 1e3:.2f} ms, eps {fit.eps * 1e3:.2f} ms, "
+                f"delta {fit.delta * 1e3:.2f} ms, eta {fit.eta * 1e3:.2f} ms, R^2 {fit.r2:.4f} "
+                f"({len(points)} points, {time.time() - t0:.0f} s) -> {out / f'{arch}.json'}"
+            )
             print("  batch threads  measured ms  model ms")
             for (b, c), m in zip(points, med):
                 print(f"  {b:5d} {c:7d} {m * 1e3:12.1f} {float(fit.latency(b, c)) * 1e3:9.1f}")
@@ -127,8 +143,9 @@ def _check_gpus(gpus: float) -> None:
 
     have = ray.cluster_resources().get("GPU", 0.0)
     if gpus > have:
-        raise UsageError(f"--gpus {gpus:g}: Ray sees {have:g} GPU(s) on this machine; profile "
-                         "on the machine the model will serve on")
+        raise UsageError(
+            f"--gpus {gpus:g}: Ray sees {have:g} GPU(s) on this machine; profile on the machine the model will serve on"
+        )
 
 
 def run_deployment(args) -> int:
@@ -183,11 +200,12 @@ def run_deployment(args) -> int:
         except ValueError as err:
             raise UsageError(str(err)) from None
         t0 = time.time()
-        print(f"{args.deployment}: {len(batches)} batch sizes x {args.repeats + 1} rounds "
-              f"({args.cpus:g} CPUs, {args.gpus:g} GPUs per replica)")
+        print(
+            f"{args.deployment}: {len(batches)} batch sizes x {args.repeats + 1} rounds "
+            f"({args.cpus:g} CPUs, {args.gpus:g} GPUs per replica)"
+        )
         headers = {"content-type": args.content_type} if args.content_type else {}
-        rows = time_batches(f"http://127.0.0.1:{port}", path, name, dep.name, batches,
-                            args.repeats, body, headers)
+        rows = time_batches(f"http://127.0.0.1:{port}", path, name, dep.name, batches, args.repeats, body, headers)
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -197,17 +215,28 @@ def run_deployment(args) -> int:
     b = np.array([r["batch"] for r in rows], float)
     t = np.array([r["latency_s"] for r in rows])
     curve, hinge = BatchCurve.from_points(b, t), fit_hinge(b, t)
-    doc = {"deployment": args.deployment, "name": name, "cpus": args.cpus, "gpus": args.gpus,
-           "repeats": args.repeats,
-           "machine": {"cores": os.cpu_count(), "processor": platform.processor() or platform.machine()},
-           "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "curve": curve.to_dict(), "hinge": hinge.to_dict(), "rows": rows}
+    doc = {
+        "deployment": args.deployment,
+        "name": name,
+        "cpus": args.cpus,
+        "gpus": args.gpus,
+        "repeats": args.repeats,
+        "machine": {"cores": os.cpu_count(), "processor": platform.processor() or platform.machine()},
+        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "curve": curve.to_dict(),
+        "hinge": hinge.to_dict(),
+        "rows": rows,
+    }
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
-    print(f"{name}: {len(rows)} batch sizes, {time.time() - t0:.0f} s -> {out / f'{name}.json'} "
-          f"(batching: {{profile: {out / f'{name}.json'}}} in its SLO)")
+    print(
+        f"{name}: {len(rows)} batch sizes, {time.time() - t0:.0f} s -> {out / f'{name}.json'} "
+        f"(batching: {{profile: {out / f'{name}.json'}}} in its SLO)"
+    )
     print("  batch  measured ms  per request ms  hinge ms")
     for r in rows:
-        print(f"  {r['batch']:5d} {r['latency_s'] * 1e3:12.2f} {r['latency_s'] * 1e3 / r['batch']:15.2f} "
-              f"{float(hinge.latency(r['batch'])) * 1e3:9.2f}")
+        print(
+            f"  {r['batch']:5d} {r['latency_s'] * 1e3:12.2f} {r['latency_s'] * 1e3 / r['batch']:15.2f} "
+            f"{float(hinge.latency(r['batch'])) * 1e3:9.2f}"
+        )
     print(f"  hinge fit: R^2 {hinge.r2:.4f}, largest error {hinge.max_rel_err:.1%}")
     return 0

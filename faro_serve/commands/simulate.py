@@ -27,33 +27,48 @@ from .errors import UsageError
 
 
 def register(sub) -> None:
-    p = sub.add_parser("simulate", help="run one policy on a trace in the matched simulator",
-                       description=__doc__.split("\n\n", 1)[1])
+    p = sub.add_parser(
+        "simulate", help="run one policy on a trace in the matched simulator", description=__doc__.split("\n\n", 1)[1]
+    )
     add_scenario_args(p)
-    p.add_argument("--capacity", type=float, help="replicas (1 CPU, 1 GiB each); with --config, "
-                   "its cluster's cpus by default")
-    p.add_argument("--config", metavar="YAML",
-                   help="simulate a faro-serve config's models and pipelines (the faro "
-                        "application's args, or a Serve config like serve_config.yaml, whose "
-                        "faro application is read; their SLOs, "
-                        "processing times, bounds, its cluster's settings) instead of one "
-                        "paper job per trace job: the trace needs a job named as each single "
-                        "model and each pipeline (its queries at the entry); --slo-ms, "
-                        "--percentile and --processing-ms are then the config's")
-    p.add_argument("--policy", default="faro-fairsum",
-                   help="policy name, e.g. faro-fairsum, oracle, mark, aiad (a wrong name lists "
-                        "all), a plug-in's name, or an import path my_pkg.policies:MyPolicy")
-    p.add_argument("--forecaster", metavar="NAME|IMPORT_PATH",
-                   help="the policy's forecaster: 'fallback' (the fallback predictor), 'shipped' "
-                        "(the N-HiTS shipped with faro-serve, the default), a plug-in name or the "
-                        "import path of a forecaster class or factory (my_pkg.fc:MyForecaster); "
-                        "not with --history")
+    p.add_argument(
+        "--capacity", type=float, help="replicas (1 CPU, 1 GiB each); with --config, its cluster's cpus by default"
+    )
+    p.add_argument(
+        "--config",
+        metavar="YAML",
+        help="simulate a faro-serve config's models and pipelines (the faro "
+        "application's args, or a Serve config like serve_config.yaml, whose "
+        "faro application is read; their SLOs, "
+        "processing times, bounds, its cluster's settings) instead of one "
+        "paper job per trace job: the trace needs a job named as each single "
+        "model and each pipeline (its queries at the entry); --slo-ms, "
+        "--percentile and --processing-ms are then the config's",
+    )
+    p.add_argument(
+        "--policy",
+        default="faro-fairsum",
+        help="policy name, e.g. faro-fairsum, oracle, mark, aiad (a wrong name lists "
+        "all), a plug-in's name, or an import path my_pkg.policies:MyPolicy",
+    )
+    p.add_argument(
+        "--forecaster",
+        metavar="NAME|IMPORT_PATH",
+        help="the policy's forecaster: 'fallback' (the fallback predictor), 'shipped' "
+        "(the N-HiTS shipped with faro-serve, the default), a plug-in name or the "
+        "import path of a forecaster class or factory (my_pkg.fc:MyForecaster); "
+        "not with --history",
+    )
     p.add_argument("--seed", type=_args.seed, default=0, help="random seed of arrivals and times (0)")
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-' = stdout)")
-    p.add_argument("--step-at", type=float, metavar="SECONDS",
-                   help="a load step at this run second: add each model's recovery time and the "
-                        "requests dropped or over the SLO in the step's first 2 minutes ('surge' in "
-                        "the JSON and the table)")
+    p.add_argument(
+        "--step-at",
+        type=float,
+        metavar="SECONDS",
+        help="a load step at this run second: add each model's recovery time and the "
+        "requests dropped or over the SLO in the step's first 2 minutes ('surge' in "
+        "the JSON and the table)",
+    )
     p.set_defaults(func=run)
 
 
@@ -78,8 +93,7 @@ def run(args) -> int:
     if len(names) > args.capacity:
         raise UsageError(f"{len(names)} jobs need at least {len(names)} replicas; --capacity is {args.capacity:g}")
     if args.step_at is not None and not 0 <= args.step_at < 60 * loaded[1].shape[1]:
-        raise UsageError(f"--step-at {args.step_at:g} s is outside the run's "
-                         f"{60 * loaded[1].shape[1]} s")
+        raise UsageError(f"--step-at {args.step_at:g} s is outside the run's {60 * loaded[1].shape[1]} s")
     from ..sim.policy_suite import policy_failures, uses_forecaster
 
     forecasting = uses_forecaster(args.policy)
@@ -87,8 +101,15 @@ def run(args) -> int:
     if kind.startswith("fallback: forecaster failed"):
         print(f"note: {args.policy} forecasts with the fallback predictor: {kind}", file=sys.stderr)
     with policy_failures(args.policy):
-        res = run_scenario(sc, args.policy, args.capacity, args.seed, forecaster=fc, loaded=loaded,
-                           keep_records=args.step_at is not None)
+        res = run_scenario(
+            sc,
+            args.policy,
+            args.capacity,
+            args.seed,
+            forecaster=fc,
+            loaded=loaded,
+            keep_records=args.step_at is not None,
+        )
     out = res.to_dict() | {"forecaster": kind}
     if args.step_at is not None:
         out["surge"] = step_report(res.names, res.records, sc.models(res.names), args.step_at)
@@ -118,22 +139,35 @@ def run_config(args) -> int:
     from ..sim.pipeline_scenario import PipelineScenario
     from ..sim.policy_suite import policy_failures, uses_forecaster
 
-    for flag, given in (("--jobs", args.jobs), ("--rescale", args.rescale), ("--n-jobs", args.n_jobs),
-                        ("--batch-profile", args.batch_profile), ("--step-at", args.step_at),
-                        ("--gpus-per-replica", args.gpus_per_replica)):
+    for flag, given in (
+        ("--jobs", args.jobs),
+        ("--rescale", args.rescale),
+        ("--n-jobs", args.n_jobs),
+        ("--batch-profile", args.batch_profile),
+        ("--step-at", args.step_at),
+        ("--gpus-per-replica", args.gpus_per_replica),
+    ):
         if given:
-            raise UsageError(f"{flag} is not taken with --config (the config says which models "
-                             f"and pipelines run, and how)")
+            raise UsageError(
+                f"{flag} is not taken with --config (the config says which models and pipelines run, and how)"
+            )
     cfg = read_config(args.config)
     capacity = cfg.cluster.cpus if args.capacity is None else args.capacity
     _args.check_capacity(capacity)
     sc = PipelineScenario.from_config(
-        cfg, args.trace, day=args.day, sample=args.sample, minutes=args.minutes,
-        warmup_minutes=args.warmup_minutes, processing_dist=args.processing_dist,
+        cfg,
+        args.trace,
+        day=args.day,
+        sample=args.sample,
+        minutes=args.minutes,
+        warmup_minutes=args.warmup_minutes,
+        processing_dist=args.processing_dist,
         **({} if args.daily_weight is None else {"daily_weight": args.daily_weight}),
         **({} if args.recurrence_share is None else {"recurrence_share": args.recurrence_share}),
-        overhead_dist=args.overhead_dist, cold_start_s=args.cold_start_s,
-        queue_limit=args.queue_limit)
+        overhead_dist=args.overhead_dist,
+        cold_start_s=args.cold_start_s,
+        queue_limit=args.queue_limit,
+    )
     sc.distributions()  # a bad distribution fails before the trace loads
     loaded = sc.load()
     fc, kind = forecaster_from_args(args) if uses_forecaster(args.policy) else (None, "none")
@@ -159,11 +193,10 @@ def read_config(path: str):
         return parse_config(doc, path)
     faro = faro_applications(doc)
     if len(faro) != 1:
-        raise UsageError(f"--config {path}: a Ray Serve config with {len(faro)} applications of "
-                         f"import_path faro_serve.serving.app:autoscaler_app; --config takes the "
-                         f"faro application's args (cluster, models, pipelines) or a Serve config "
-                         f"with one faro application")
-    return parse_autoscaler_config(faro[0].get("args"),
-                                   f"{path}: application {faro[0].get('name')!r} args")
-
-
+        raise UsageError(
+            f"--config {path}: a Ray Serve config with {len(faro)} applications of "
+            f"import_path faro_serve.serving.app:autoscaler_app; --config takes the "
+            f"faro application's args (cluster, models, pipelines) or a Serve config "
+            f"with one faro application"
+        )
+    return parse_autoscaler_config(faro[0].get("args"), f"{path}: application {faro[0].get('name')!r} args")

@@ -9,16 +9,26 @@ from .errors import UsageError
 
 
 def register(sub) -> None:
-    p = sub.add_parser("status", help="per-model SLO, load, latency and replicas of a running deployment",
-                       description="Reads GET <url>/faro/status from a running faro-serve "
-                       "deployment (serve run serve_config.yaml) and prints a table per model.")
+    p = sub.add_parser(
+        "status",
+        help="per-model SLO, load, latency and replicas of a running deployment",
+        description="Reads GET <url>/faro/status from a running faro-serve "
+        "deployment (serve run serve_config.yaml) and prints a table per model.",
+    )
     p.add_argument("--url", default="http://127.0.0.1:8000", help="Serve HTTP address")
     p.add_argument("--app", default="faro", help="route prefix of the autoscaler application")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
-    p.add_argument("--explain", nargs="?", type=int, const=5, default=None, metavar="N",
-                   help="also explain the last N decisions (5): the forecast quantiles used, each "
-                   "model's estimated p99 and utility at the chosen replicas, the objective "
-                   "value and the constraint that bound (GET <url>/faro/decisions)")
+    p.add_argument(
+        "--explain",
+        nargs="?",
+        type=int,
+        const=5,
+        default=None,
+        metavar="N",
+        help="also explain the last N decisions (5): the forecast quantiles used, each "
+        "model's estimated p99 and utility at the chosen replicas, the objective "
+        "value and the constraint that bound (GET <url>/faro/decisions)",
+    )
     p.set_defaults(func=run)
 
 
@@ -30,8 +40,7 @@ def run(args) -> int:
     if args.explain is not None and args.explain < 1:
         raise UsageError(f"--explain N needs N >= 1 (got {args.explain})")
     st = fetch_status(args.url, args.app)
-    decisions = (fetch_status(args.url, args.app, path=f"decisions?limit={args.explain}")
-                 if args.explain else None)
+    decisions = fetch_status(args.url, args.app, path=f"decisions?limit={args.explain}") if args.explain else None
     if args.json:
         print(json.dumps(st if decisions is None else {"status": st, "decisions": decisions}, indent=2))
         return 0
@@ -42,26 +51,44 @@ def run(args) -> int:
             return 1
         restored = st.get("restored")
         source = restored.get("from") if isinstance(restored, dict) else None
-        since = ("" if not restored else " since its config changed" if source == "the previous configuration"
-                 else " since it restarted (its state restored)")
-        print(f"the autoscaler ({st.get('policy', '?')}) has not observed the cluster yet{since}"
-              + ": its first tick comes within its reactive interval (10 s by default); "
-              "run faro-serve status again")
+        since = (
+            ""
+            if not restored
+            else " since its config changed"
+            if source == "the previous configuration"
+            else " since it restarted (its state restored)"
+        )
+        print(
+            f"the autoscaler ({st.get('policy', '?')}) has not observed the cluster yet{since}"
+            + ": its first tick comes within its reactive interval (10 s by default); "
+            "run faro-serve status again"
+        )
         return 1
     from rich.table import Table
 
     from ._console import console
 
     loaded = st.get("forecaster")
-    table = Table(title=f"faro-serve: policy {st.get('policy')} (objective {st.get('objective')}), "
-                        f"capacity {st.get('capacity_cpus')} CPUs"
-                        + (f", forecaster {loaded}" if loaded else ""),
-                  caption="p99 measured: over the last 30 s; utility measured: min(SLO / that p99, 1); "
-                          "utility planned: what the last plan expected over its window; forecaster: "
-                          "the predictor of that plan (or, before one, the forecaster loaded)")
+    table = Table(
+        title=f"faro-serve: policy {st.get('policy')} (objective {st.get('objective')}), "
+        f"capacity {st.get('capacity_cpus')} CPUs" + (f", forecaster {loaded}" if loaded else ""),
+        caption="p99 measured: over the last 30 s; utility measured: min(SLO / that p99, 1); "
+        "utility planned: what the last plan expected over its window; forecaster: "
+        "the predictor of that plan (or, before one, the forecaster loaded)",
+    )
     shadow = st.get("mode") == "shadow"
-    cols = ["model", "SLO", "rate/s", "p99 measured", "proc ms", "replicas", "utility measured",
-            "utility planned", "drop", "forecaster"]
+    cols = [
+        "model",
+        "SLO",
+        "rate/s",
+        "p99 measured",
+        "proc ms",
+        "replicas",
+        "utility measured",
+        "utility planned",
+        "drop",
+        "forecaster",
+    ]
     if shadow:  # issue 48: what it would set beside what runs
         cols[5:5] = ["advised"]
         cols[cols.index("utility planned")] = "utility advised"
@@ -73,11 +100,18 @@ def run(args) -> int:
     for name, m in st.get("models", {}).items():
         lat = m.get("latency_ms")
         style = "red" if lat is not None and lat > m["slo_ms"] else None
-        row = [name, f"{m['slo_ms']:g} ms p{m['percentile']:g}", _fmt(m.get("arrival_rate"), ".2f"),
-               f"{_fmt(lat)} ms" if lat is not None else "-", _fmt(m.get("processing_ms")),
-               f"{m.get('replicas')}/{m.get('target')}", _fmt(m.get("observed_utility"), ".3f"),
-               _fmt(m.get("predicted_utility"), ".3f"), f"{m.get('drop_rate', 0):.1%}",
-               m.get("predictor") or loaded or "-"]
+        row = [
+            name,
+            f"{m['slo_ms']:g} ms p{m['percentile']:g}",
+            _fmt(m.get("arrival_rate"), ".2f"),
+            f"{_fmt(lat)} ms" if lat is not None else "-",
+            _fmt(m.get("processing_ms")),
+            f"{m.get('replicas')}/{m.get('target')}",
+            _fmt(m.get("observed_utility"), ".3f"),
+            _fmt(m.get("predicted_utility"), ".3f"),
+            f"{m.get('drop_rate', 0):.1%}",
+            m.get("predictor") or loaded or "-",
+        ]
         if shadow:
             adv = m.get("advised") or {}
             row[5:5] = [f"{adv['replicas']} ({adv.get('drop_rate') or 0:.0%} drop)" if adv else "-"]
@@ -93,8 +127,10 @@ def run(args) -> int:
     for name, err in (st.get("meter_errors") or {}).items():  # left out of the plan this tick
         print(f"{name}: not planned: {err}")
     if shadow:
-        print("shadow mode: the autoscaler plans every tick and changes nothing; 'advised' is what it "
-              "would set, 'replicas' what runs (mode: control in the faro args hands it the replicas)")
+        print(
+            "shadow mode: the autoscaler plans every tick and changes nothing; 'advised' is what it "
+            "would set, 'replicas' what runs (mode: control in the faro args hands it the replicas)"
+        )
     if not st.get("enabled", True):
         print("autoscaling is disabled (enabled: false): measuring only")
     for line in retrain_lines(st.get("retrain")):
@@ -115,10 +151,12 @@ def tick_error_lines(errors: dict | None) -> list[str]:
     if not errors:
         return []
     n = errors.get("failed", 1)
-    return [f"{n} autoscaler tick{'s' if n != 1 else ''} failed since it last applied a decision, "
-            f"so its decisions are not being applied: {errors.get('error')}",
-            "  (the faro replica's log has the traceback; a connection refused to the dashboard "
-            "URL: start Ray with its dashboard, or set dashboard_url)"]
+    return [
+        f"{n} autoscaler tick{'s' if n != 1 else ''} failed since it last applied a decision, "
+        f"so its decisions are not being applied: {errors.get('error')}",
+        "  (the faro replica's log has the traceback; a connection refused to the dashboard "
+        "URL: start Ray with its dashboard, or set dashboard_url)",
+    ]
 
 
 def batch_lines(models: dict) -> list[str]:
@@ -142,12 +180,17 @@ def pipeline_lines(pipes: dict | None) -> list[str]:
     out = []
     for name, p in (pipes or {}).items():
         lat = p.get("latency_ms")
-        seen = (f"{lat:.0f} ms end to end (utility {p.get('observed_utility')})" if lat is not None
-                else "end to end not measured" + ("" if p.get("ingress") else
-                                                  " (no ingress: faro_serve.scaled(Ingress, pipeline))"))
+        seen = (
+            f"{lat:.0f} ms end to end (utility {p.get('observed_utility')})"
+            if lat is not None
+            else "end to end not measured"
+            + ("" if p.get("ingress") else " (no ingress: faro_serve.scaled(Ingress, pipeline))")
+        )
         rate = p.get("arrival_rate")
-        out.append(f"pipeline {name}: stages {', '.join(p.get('stages', []))}; SLO {p['slo_ms']:g} ms "
-                   f"p{p['percentile']:g}; {'-' if rate is None else f'{rate:.2f}'}/s; {seen}")
+        out.append(
+            f"pipeline {name}: stages {', '.join(p.get('stages', []))}; SLO {p['slo_ms']:g} ms "
+            f"p{p['percentile']:g}; {'-' if rate is None else f'{rate:.2f}'}/s; {seen}"
+        )
     return out
 
 
@@ -163,5 +206,8 @@ def retrain_lines(rt: dict | None) -> list[str]:
     last = rt.get("last")
     if not last:
         return [head + "; none finished yet"]
-    return [head, f"last retrain: {'swapped in' if last.get('swap') else 'kept the current forecaster'}: "
-            + (last.get("reason") or last.get("error") or "")]
+    return [
+        head,
+        f"last retrain: {'swapped in' if last.get('swap') else 'kept the current forecaster'}: "
+        + (last.get("reason") or last.get("error") or ""),
+    ]

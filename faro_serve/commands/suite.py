@@ -18,18 +18,26 @@ from .errors import UsageError
 def register(sub) -> None:
     from ._scenario import add_scenario_args
 
-    p = sub.add_parser("suite", help="compare policies x capacities x seeds in the simulator",
-                       description=__doc__.split("\n\n", 1)[1])
+    p = sub.add_parser(
+        "suite", help="compare policies x capacities x seeds in the simulator", description=__doc__.split("\n\n", 1)[1]
+    )
     add_scenario_args(p)
-    p.add_argument("--forecaster", metavar="NAME|IMPORT_PATH",
-                   help="the forecasting policies' forecaster: 'fallback' (the fallback predictor), "
-                        "'shipped' (the N-HiTS shipped with faro-serve, the default), a plug-in name "
-                        "or the import path of a forecaster class or factory (my_pkg.fc:MyForecaster); "
-                        "not with --history")
+    p.add_argument(
+        "--forecaster",
+        metavar="NAME|IMPORT_PATH",
+        help="the forecasting policies' forecaster: 'fallback' (the fallback predictor), "
+        "'shipped' (the N-HiTS shipped with faro-serve, the default), a plug-in name "
+        "or the import path of a forecaster class or factory (my_pkg.fc:MyForecaster); "
+        "not with --history",
+    )
     p.add_argument("--capacities", default="36,32,16", help="comma-separated replica counts (36,32,16)")
-    p.add_argument("--policies", default="all", help="comma-separated policy names or import "
-                   "paths (my_pkg.policies:MyPolicy), or 'all' (the default: every built-in and "
-                   "installed policy; Sponge only with --batch-profile)")
+    p.add_argument(
+        "--policies",
+        default="all",
+        help="comma-separated policy names or import "
+        "paths (my_pkg.policies:MyPolicy), or 'all' (the default: every built-in and "
+        "installed policy; Sponge only with --batch-profile)",
+    )
     p.add_argument("--seeds", default="3", help="a count N (seeds 0..N-1) or a list like 0,1,2 (3)")
     p.add_argument("--workers", type=int, default=2, help="parallel processes (2)")
     p.add_argument("--out", default="runs/suite", help="output directory (runs/suite)")
@@ -62,8 +70,11 @@ def run(args) -> int:
 
     known = policy_names()
     # 'all': Sponge only with --batch-profile (it needs every model's batch profile)
-    policies = ([p for p in known if args.batch_profile or not needs_batching(p)] if args.policies == "all"
-                else [p.strip() for p in args.policies.split(",") if p.strip()])
+    policies = (
+        [p for p in known if args.batch_profile or not needs_batching(p)]
+        if args.policies == "all"
+        else [p.strip() for p in args.policies.split(",") if p.strip()]
+    )
     if not policies:
         raise UsageError(f"no policy given; choose from {', '.join(known)}")
     for p in policies:  # a bad name or import path fails before any run starts
@@ -75,8 +86,7 @@ def run(args) -> int:
     for c in capacities:
         check_capacity(c, "each of --capacities")
     if args.timeline_capacity is not None and args.timeline_capacity not in capacities:
-        raise UsageError(f"--timeline-capacity {args.timeline_capacity:g} is not one of "
-                         f"--capacities {args.capacities}")
+        raise UsageError(f"--timeline-capacity {args.timeline_capacity:g} is not one of --capacities {args.capacities}")
     seeds = _numbers(args.seeds, "--seeds", int)
     seeds = list(range(seeds[0])) if len(seeds) == 1 and "," not in args.seeds else seeds
     if not seeds or any(s < 0 for s in seeds):
@@ -90,7 +100,9 @@ def run(args) -> int:
         raise UsageError(f"{', '.join(lacking)} needs --batch-profile (a profile for every model)")
     names = sc.load()[0]
     if len(names) > min(capacities):
-        raise UsageError(f"{len(names)} jobs need at least {len(names)} replicas; smallest capacity is {min(capacities):g}")
+        raise UsageError(
+            f"{len(names)} jobs need at least {len(names)} replicas; smallest capacity is {min(capacities):g}"
+        )
     fc_dir = None
     if args.forecaster:
         from autoscaler.catalogue.plugins import check_forecaster_spec
@@ -110,32 +122,53 @@ def run(args) -> int:
         from ._scenario import warn_if_trained_on_the_day
 
         warn_if_trained_on_the_day(args, lambda m: print(m, file=sys.stderr))
-        fc_dir = str(ensure_forecaster(args.history, days=args.history_days, sample=args.history_sample,
-                                       before_day=args.day if args.history_days is None else None,
-                                       cache_dir=args.forecaster_cache, max_steps=args.history_max_steps,
-                                       log=lambda m: print(m, file=sys.stderr)))
+        fc_dir = str(
+            ensure_forecaster(
+                args.history,
+                days=args.history_days,
+                sample=args.history_sample,
+                before_day=args.day if args.history_days is None else None,
+                cache_dir=args.forecaster_cache,
+                max_steps=args.history_max_steps,
+                log=lambda m: print(m, file=sys.stderr),
+            )
+        )
     n = len(policies) * len(capacities) * len(seeds)
     t0 = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[last]}"), transient=False) as prog:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[last]}"),
+        transient=False,
+    ) as prog:
         bar = prog.add_task(f"suite: {len(names)} jobs", total=n, last="")
 
         def progress(task, row):
-            prog.update(bar, advance=1, last=f"{task.policy} @ {task.capacity:g} seed {task.seed}: "
-                        f"lost {row['lost_cluster_utility']:.2f}")
+            prog.update(
+                bar,
+                advance=1,
+                last=f"{task.policy} @ {task.capacity:g} seed {task.seed}: lost {row['lost_cluster_utility']:.2f}",
+            )
 
         stopped = None
         try:
-            rows, timelines = run_suite(sc, policies, capacities, seeds, args.workers, fc_dir, progress,
-                                        forecaster=args.forecaster)
+            rows, timelines = run_suite(
+                sc, policies, capacities, seeds, args.workers, fc_dir, progress, forecaster=args.forecaster
+            )
         except SuiteStopped as err:  # the runs that finished are written all the same
             stopped, rows, timelines = err, err.rows, err.timelines
-    title = args.title or (f"{Path(args.trace).name}" + (f" day {args.day}" if args.day is not None else "")
-                           + (f" sample {args.sample}" if args.sample is not None else "")
-                           + f", {len(names)} jobs, {len(seeds)} seed(s), forecaster "
-                           + (args.forecaster or ("N-HiTS" if fc_dir else
-                                                  ", ".join(sorted({r["forecaster"] for r in rows
-                                                                    if r["forecaster"]})) or "none")))
+    title = args.title or (
+        f"{Path(args.trace).name}"
+        + (f" day {args.day}" if args.day is not None else "")
+        + (f" sample {args.sample}" if args.sample is not None else "")
+        + f", {len(names)} jobs, {len(seeds)} seed(s), forecaster "
+        + (
+            args.forecaster
+            or ("N-HiTS" if fc_dir else ", ".join(sorted({r["forecaster"] for r in rows if r["forecaster"]})) or "none")
+        )
+    )
     if stopped is not None:
         return _stopped(stopped, rows, timelines, n, title, args)
     paths = write_outputs(Path(args.out), rows, timelines, title, args.timeline_capacity)
@@ -154,11 +187,19 @@ def _stopped(stopped, rows, timelines, n, title, args) -> int:
 
     left = ", ".join(f"{t.policy} at {t.capacity:g} (seed {t.seed})" for t in stopped.unfinished)
     if rows:
-        write_outputs(Path(args.out), rows, timelines, title, args.timeline_capacity,
-                      note=f"**Incomplete**: {len(rows)} of {n} runs finished; the suite stopped "
-                           f"at: {stopped.error}. Not run or failed: {left}.")
-        kept = (f"the suite stopped; the {len(rows)} of {n} runs that finished are in "
-                f"{Path(args.out) / 'results.csv'} (summary.md names the others)")
+        write_outputs(
+            Path(args.out),
+            rows,
+            timelines,
+            title,
+            args.timeline_capacity,
+            note=f"**Incomplete**: {len(rows)} of {n} runs finished; the suite stopped "
+            f"at: {stopped.error}. Not run or failed: {left}.",
+        )
+        kept = (
+            f"the suite stopped; the {len(rows)} of {n} runs that finished are in "
+            f"{Path(args.out) / 'results.csv'} (summary.md names the others)"
+        )
     else:
         kept = f"the suite stopped before any run finished (of {n})"
     if isinstance(stopped.error, RunFailed):

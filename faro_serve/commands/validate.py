@@ -17,14 +17,30 @@ from ._live import add_live_args, run_validation
 
 
 def register(sub) -> None:
-    p = sub.add_parser("validate", help="live vs simulated runs of the same workload, per policy",
-                       description=__doc__.split("\n\n", 1)[1])
-    add_live_args(p, day=10, jobs="job1,job5,job7,job8", start=180, minutes=20, capacity=12,
-                  slowdown=1.0, rate_scale=1.0, policies="faro-fairsum,aiad,fairshare",
-                  out="runs/validate")
-    p.add_argument("--sim-draws", type=int, default=None,
-                   help="simulations per policy, compared by their mean: the same per-minute counts, "
-                        "other draws of each request's arrival offset and times (5: validation.compare.SIM_DRAWS)")
+    p = sub.add_parser(
+        "validate",
+        help="live vs simulated runs of the same workload, per policy",
+        description=__doc__.split("\n\n", 1)[1],
+    )
+    add_live_args(
+        p,
+        day=10,
+        jobs="job1,job5,job7,job8",
+        start=180,
+        minutes=20,
+        capacity=12,
+        slowdown=1.0,
+        rate_scale=1.0,
+        policies="faro-fairsum,aiad,fairshare",
+        out="runs/validate",
+    )
+    p.add_argument(
+        "--sim-draws",
+        type=int,
+        default=None,
+        help="simulations per policy, compared by their mean: the same per-minute counts, "
+        "other draws of each request's arrival offset and times (5: validation.compare.SIM_DRAWS)",
+    )
     p.set_defaults(func=run)
 
 
@@ -33,5 +49,3 @@ def run(args) -> int:
     print((out / "validation.md").read_text())
     print(f"files: {out / 'validation.md'}, validation.json, validation.png, <policy>/records.csv")
     return 0
-
-

@@ -21,31 +21,53 @@ from .errors import UsageError
 def register(sub) -> None:
     from ..sim.history_replay import DEFAULT_POLICY
 
-    p = sub.add_parser("whatif", help="replay a Ray Serve cluster's recorded traffic as it ran "
-                       "and under Faro", description=__doc__.split("\n\n", 1)[1])
+    p = sub.add_parser(
+        "whatif",
+        help="replay a Ray Serve cluster's recorded traffic as it ran and under Faro",
+        description=__doc__.split("\n\n", 1)[1],
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prometheus", metavar="URL", help="the Prometheus that scrapes the Ray cluster")
     src.add_argument("--export", metavar="FILE", help="a history saved with --save")
-    p.add_argument("--dashboard", metavar="URL", help="Ray's dashboard, for each deployment's Serve "
-                   "config (without it a deployment stays at its median recorded replicas)")
+    p.add_argument(
+        "--dashboard",
+        metavar="URL",
+        help="Ray's dashboard, for each deployment's Serve "
+        "config (without it a deployment stays at its median recorded replicas)",
+    )
     p.add_argument("--minutes", type=int, help="with --prometheus: the minutes to read, up to --end (1440)")
-    p.add_argument("--end", help="with --prometheus: the range's end, ISO time (UTC unless it says) or "
-                   "epoch seconds (default: now)")
+    p.add_argument(
+        "--end",
+        help="with --prometheus: the range's end, ISO time (UTC unless it says) or epoch seconds (default: now)",
+    )
     p.add_argument("--save", metavar="FILE", help="write the history read from Prometheus as an export")
-    p.add_argument("--capacity", type=float, required=True, help="CPUs Faro may plan within (also the "
-                   "as-run replay's)")
+    p.add_argument("--capacity", type=float, required=True, help="CPUs Faro may plan within (also the as-run replay's)")
     p.add_argument("--capacity-gpus", type=float, help="GPUs, where replicas take GPUs (num_gpus)")
-    p.add_argument("--slo", action="append", default=[], metavar="DEPLOYMENT=MS[@PERCENTILE]",
-                   help="a deployment's SLO (app/deployment or a unique deployment name; percentile "
-                        "99 unless given); repeatable. Default: its application's measured p99")
+    p.add_argument(
+        "--slo",
+        action="append",
+        default=[],
+        metavar="DEPLOYMENT=MS[@PERCENTILE]",
+        help="a deployment's SLO (app/deployment or a unique deployment name; percentile "
+        "99 unless given); repeatable. Default: its application's measured p99",
+    )
     p.add_argument("--deployments", help="comma-separated deployments to replay (default: all)")
-    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"Faro's policy ({DEFAULT_POLICY}), a "
-                   "plug-in's name or an import path")
-    p.add_argument("--forecaster", metavar="NAME|IMPORT_PATH",
-                   help="the policy's forecaster: 'shipped' (default), 'fallback' (the fallback "
-                        "predictor, quicker on weeks of many deployments), a plug-in or import path")
-    p.add_argument("--service-scale", type=float, default=1.0, metavar="F",
-                   help="replay every service time read back times F (1): how much the figures hang on it")
+    p.add_argument(
+        "--policy", default=DEFAULT_POLICY, help=f"Faro's policy ({DEFAULT_POLICY}), a plug-in's name or an import path"
+    )
+    p.add_argument(
+        "--forecaster",
+        metavar="NAME|IMPORT_PATH",
+        help="the policy's forecaster: 'shipped' (default), 'fallback' (the fallback "
+        "predictor, quicker on weeks of many deployments), a plug-in or import path",
+    )
+    p.add_argument(
+        "--service-scale",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="replay every service time read back times F (1): how much the figures hang on it",
+    )
     p.add_argument("--cold-start-s", type=float, default=60.0, help="a new replica's start (60)")
     p.add_argument("--no-plots", action="store_true", help="write report.md and whatif.json only")
     p.add_argument("--seed", type=_args.seed, default=0, help="random seed of the replayed requests (0)")
@@ -62,8 +84,10 @@ def parse_slo(text: str) -> tuple[str, float, float]:
     except ValueError:
         v = p = math.nan
     if not (eq and name.strip() and math.isfinite(v) and v > 0 and 0 < p < 100):
-        raise UsageError(f"--slo {text!r}: write DEPLOYMENT=MS or DEPLOYMENT=MS@PERCENTILE, e.g. "
-                         f"app/Model=500@99 (MS > 0, PERCENTILE in (0, 100))")
+        raise UsageError(
+            f"--slo {text!r}: write DEPLOYMENT=MS or DEPLOYMENT=MS@PERCENTILE, e.g. "
+            f"app/Model=500@99 (MS > 0, PERCENTILE in (0, 100))"
+        )
     return name.strip(), v, p
 
 
@@ -89,13 +113,18 @@ def read_history(args):
 
     try:
         if args.export:
-            for flag, v in (("--dashboard", args.dashboard), ("--minutes", args.minutes),
-                            ("--end", args.end), ("--save", args.save)):
+            for flag, v in (
+                ("--dashboard", args.dashboard),
+                ("--minutes", args.minutes),
+                ("--end", args.end),
+                ("--save", args.save),
+            ):
                 if v is not None:
                     raise UsageError(f"{flag} is taken with --prometheus, not with --export")
             return ServeHistory.load(args.export)
-        hist = read_serve_history(args.prometheus, 1440 if args.minutes is None else args.minutes,
-                                  parse_end(args.end), args.dashboard)
+        hist = read_serve_history(
+            args.prometheus, 1440 if args.minutes is None else args.minutes, parse_end(args.end), args.dashboard
+        )
         if args.save:
             hist.save(args.save)
             print(f"saved the history to {args.save}", file=sys.stderr)
@@ -143,8 +172,17 @@ def run(args) -> int:
 
         fc, kind = choose_forecaster(args.forecaster)
     with policy_failures(args.policy):
-        w = run_whatif(hist, args.capacity, args.capacity_gpus, slos, args.policy, fc, args.seed,
-                       args.cold_start_s, service_scale=args.service_scale)
+        w = run_whatif(
+            hist,
+            args.capacity,
+            args.capacity_gpus,
+            slos,
+            args.policy,
+            fc,
+            args.seed,
+            args.cold_start_s,
+            service_scale=args.service_scale,
+        )
     f = write_report(w, args.out, {"forecaster": kind}, plots=not args.no_plots)
     print_summary(f)
     print(f"report: {args.out}/report.md (whatif.json, {len(f['plots'])} plots)")
@@ -156,16 +194,33 @@ def print_summary(f: dict) -> None:
 
     from ._console import console
 
-    t = Table(title=f"whatif: {f['minutes']:,} minutes from {f['start']}, capacity {f['capacity_cpus']:g} "
-              f"CPUs; as run (Ray's rule, simulated) against {f['policy']}")
-    for col in ("deployment", "requests", "SLO", "viol. as run", "viol. Faro", "replica-h recorded",
-                "replica-h as run", "replica-h Faro"):
+    t = Table(
+        title=f"whatif: {f['minutes']:,} minutes from {f['start']}, capacity {f['capacity_cpus']:g} "
+        f"CPUs; as run (Ray's rule, simulated) against {f['policy']}"
+    )
+    for col in (
+        "deployment",
+        "requests",
+        "SLO",
+        "viol. as run",
+        "viol. Faro",
+        "replica-h recorded",
+        "replica-h as run",
+        "replica-h Faro",
+    ):
         t.add_column(col, justify="left" if col in ("deployment", "SLO") else "right", no_wrap=True)
 
     def row(name, r, slo):
-        t.add_row(name, f"{r['requests']:,}", slo, f"{r['as_run']['slo_violation_rate']:.2%}",
-                  f"{r['faro']['slo_violation_rate']:.2%}", f"{r['recorded']['replica_hours']:,.1f}",
-                  f"{r['as_run']['replica_hours']:,.1f}", f"{r['faro']['replica_hours']:,.1f}")
+        t.add_row(
+            name,
+            f"{r['requests']:,}",
+            slo,
+            f"{r['as_run']['slo_violation_rate']:.2%}",
+            f"{r['faro']['slo_violation_rate']:.2%}",
+            f"{r['recorded']['replica_hours']:,.1f}",
+            f"{r['as_run']['replica_hours']:,.1f}",
+            f"{r['faro']['replica_hours']:,.1f}",
+        )
 
     for k, r in f["deployments"].items():
         row(k, r, f"{r['slo_ms']:g} ms p{r['slo_percentile']:g}" + (" derived" if r["slo_derived"] else ""))

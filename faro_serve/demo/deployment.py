@@ -60,8 +60,9 @@ def _tool(name: str) -> str:
     here = Path(sys.executable).parent / name
     found = str(here) if here.exists() else shutil.which(name)
     if not found:
-        raise DeploymentError(f"`{name}` not found next to {sys.executable} nor on PATH; "
-                              f"install faro-serve with `make install`")
+        raise DeploymentError(
+            f"`{name}` not found next to {sys.executable} nor on PATH; install faro-serve with `make install`"
+        )
     return found
 
 
@@ -93,7 +94,7 @@ def _members(ids, field: int = _SESSION) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()  # state, ppid, pgrp, session, ...
+        fields = stat[stat.rfind(")") + 2 :].split()  # state, ppid, pgrp, session, ...
         if len(fields) > 3 and fields[0] != "Z" and int(fields[field]) in ids:
             out.append(int(d))
     return out
@@ -109,8 +110,7 @@ def session_members(sids) -> list[int]:
 class LocalDeployment:
     """A private Ray and ``serve run <config>``; see the module docstring."""
 
-    def __init__(self, target: ServeTarget, log_dir: Path, private: bool = True,
-                 temp_dir: str | None = None):
+    def __init__(self, target: ServeTarget, log_dir: Path, private: bool = True, temp_dir: str | None = None):
         """``private``: Ray in a temporary directory of its own, found by no other Ray
         program (the demo's); otherwise in ``temp_dir`` (default: Ray's own), on port 6379
         when free, so that ``ray``/``serve`` commands in other shells find it
@@ -133,13 +133,16 @@ class LocalDeployment:
 
     def check_ports(self) -> None:
         t = self.target
-        for port, what in ((t.http_port, "HTTP (http_options.port)"),
-                           (t.dashboard_port, "Ray dashboard (the faro app's dashboard_url)")):
+        for port, what in (
+            (t.http_port, "HTTP (http_options.port)"),
+            (t.dashboard_port, "Ray dashboard (the faro app's dashboard_url)"),
+        ):
             if not bindable(port, reuse=True):  # as Ray's proxy and dashboard bind
                 raise DeploymentError(
                     f"port {port} for the {what} of {t.config} is in use: is a deployment "
                     f"already running? Replay against it with --url, stop it, or give a config "
-                    f"with other ports")
+                    f"with other ports"
+                )
 
     def _env(self) -> dict[str, str]:
         """The children's environment: one authentication mode for both.
@@ -155,8 +158,14 @@ class LocalDeployment:
             env["RAY_AUTH_MODE"] = "token"
             path = Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
             if not env.get("RAY_AUTH_TOKEN") and not path.is_file():
-                subprocess.run([_tool("ray"), "get-auth-token", "--generate"], env=env, check=False,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+                subprocess.run(
+                    [_tool("ray"), "get-auth-token", "--generate"],
+                    env=env,
+                    check=False,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=60,
+                )
         return env
 
     def _spawn(self, cmd: list[str], log: Path) -> subprocess.Popen:
@@ -166,8 +175,9 @@ class LocalDeployment:
             f.flush()
             # own session: a Ctrl-C in the terminal reaches the demo only, which stops these
             with sigint_not_ignored():
-                return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                return subprocess.Popen(
+                    cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+                )
 
     def start(self, timeout_s: float = 120.0) -> None:
         """Start Ray (wait for its dashboard) and ``serve run``; returns once both run."""
@@ -180,12 +190,23 @@ class LocalDeployment:
         temp_dir = self.temp_dir or self.ray_temp_dir
         gcs = 6379 if not self.private and bindable(6379) else free_port()
         self.gcs_address = f"127.0.0.1:{gcs}"
-        self.ray_proc = self._spawn([
-            _tool("ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-            f"--port={gcs}", "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={self.target.dashboard_port}",
-            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-            *([f"--temp-dir={temp_dir}"] if temp_dir else []), "--disable-usage-stats"], self.ray_log)
+        self.ray_proc = self._spawn(
+            [
+                _tool("ray"),
+                "start",
+                "--head",
+                "--block",
+                "--node-ip-address=127.0.0.1",
+                f"--port={gcs}",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={self.target.dashboard_port}",
+                f"--ray-client-server-port={free_port()}",
+                f"--dashboard-agent-listen-port={free_port()}",
+                *([f"--temp-dir={temp_dir}"] if temp_dir else []),
+                "--disable-usage-stats",
+            ],
+            self.ray_log,
+        )
         dash = f"http://127.0.0.1:{self.target.dashboard_port}/api/version"
         end = time.monotonic() + timeout_s
         while True:
@@ -199,12 +220,15 @@ class LocalDeployment:
             if time.monotonic() > end:
                 raise DeploymentError(f"Ray's dashboard did not answer at {dash} within {timeout_s:.0f} s")
             time.sleep(0.5)
-        self.serve_proc = self._spawn([_tool("serve"), "run", "--address", self.gcs_address,
-                                       str(self.target.config)], self.serve_log)
+        self.serve_proc = self._spawn(
+            [_tool("serve"), "run", "--address", self.gcs_address, str(self.target.config)], self.serve_log
+        )
 
     def check_alive(self) -> None:
-        for proc, what, log in ((self.ray_proc, "ray start", self.ray_log),
-                                (self.serve_proc, "serve run", self.serve_log)):
+        for proc, what, log in (
+            (self.ray_proc, "ray start", self.ray_log),
+            (self.serve_proc, "serve run", self.serve_log),
+        ):
             if proc is not None and proc.poll() is not None:
                 raise DeploymentError(f"`{what}` exited with code {proc.returncode}; see {log}")
 
@@ -252,8 +276,11 @@ class LocalDeployment:
                 proc.wait(timeout=grace_s)
             except (subprocess.TimeoutExpired, ProcessLookupError):
                 pass
-        how = (f"{name} (pid {pgid}) exited on {signal.Signals(sig).name}" if proc.poll() is not None
-               else f"{name} (pid {pgid}) still running after {grace_s:.0f} s")
+        how = (
+            f"{name} (pid {pgid}) exited on {signal.Signals(sig).name}"
+            if proc.poll() is not None
+            else f"{name} (pid {pgid}) still running after {grace_s:.0f} s"
+        )
         # the leader is gone or stuck: end what is left of its group for good
         for s, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
             left = len(_members(pgid, _PGRP))
@@ -278,8 +305,9 @@ class LocalDeployment:
         return how
 
 
-def wait_ready(url: str, names: list[str], body: bytes, timeout_s: float,
-               deployment: LocalDeployment | None = None, note=None) -> dict:
+def wait_ready(
+    url: str, names: list[str], body: bytes, timeout_s: float, deployment: LocalDeployment | None = None, note=None
+) -> dict:
     """Wait until ``GET /faro/status`` lists every model of ``names`` and each answers one
     request with 200; returns the status. Raises :class:`DeploymentError` after ``timeout_s``
     or as soon as a child of ``deployment`` exits."""
@@ -310,16 +338,31 @@ def wait_ready(url: str, names: list[str], body: bytes, timeout_s: float,
                 pass
             now = time.monotonic()
             if now > end:
-                where = ("the autoscaler's status does not answer" if st is None else
-                         f"the status lists {', '.join(sorted((st.get('models') or {}))) or 'no model'}")
-                raise DeploymentError(f"not ready within {timeout_s:.0f} s: {where}; answering: "
-                                      f"{', '.join(sorted(ready)) or 'none'} of {', '.join(names)}")
+                where = (
+                    "the autoscaler's status does not answer"
+                    if st is None
+                    else f"the status lists {', '.join(sorted((st.get('models') or {}))) or 'no model'}"
+                )
+                raise DeploymentError(
+                    f"not ready within {timeout_s:.0f} s: {where}; answering: "
+                    f"{', '.join(sorted(ready)) or 'none'} of {', '.join(names)}"
+                )
             if note is not None and now - last_note >= 15.0:
                 last_note = now
-                note(f"waiting for the deployment: status {'up' if st else 'not up yet'}, "
-                     f"models answering {len(ready)}/{len(names)}")
+                note(
+                    f"waiting for the deployment: status {'up' if st else 'not up yet'}, "
+                    f"models answering {len(ready)}/{len(names)}"
+                )
             time.sleep(1.0)
 
 
-__all__ = ["DeploymentError", "LocalDeployment", "ServeTarget", "read_config", "session_members",
-           "sigint_not_ignored", "tail", "wait_ready"]
+__all__ = [
+    "DeploymentError",
+    "LocalDeployment",
+    "ServeTarget",
+    "read_config",
+    "session_members",
+    "sigint_not_ignored",
+    "tail",
+    "wait_ready",
+]

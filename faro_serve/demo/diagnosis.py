@@ -55,17 +55,27 @@ def decisions_section(records: list[dict], replay_start_wall: float | None) -> l
             r["t"] = float(rec["time"]) - replay_start_wall
         shifted.append(r)
     plans = sum(1 for r in keep if "models" in ((r.get("decision") or {}).get("info") or {}))
-    lines += [f"{len(keep)} decisions that planned or changed something ({plans} long-term plans, "
-              f"{len(keep) - plans} reactive steps), of {len(records)} recorded; t = seconds since "
-              f"the replay started. Plans show the forecast band p10/p50/p90, the estimated p99 at the "
-              f"chosen replicas and the objective; reactive steps show their trigger.", "", "```"]
+    lines += [
+        f"{len(keep)} decisions that planned or changed something ({plans} long-term plans, "
+        f"{len(keep) - plans} reactive steps), of {len(records)} recorded; t = seconds since "
+        f"the replay started. Plans show the forecast band p10/p50/p90, the estimated p99 at the "
+        f"chosen replicas and the objective; reactive steps show their trigger.",
+        "",
+        "```",
+    ]
     lines += [ln for ln in explain(shifted) if ln.strip()] + ["```", ""]
     return lines
 
 
-def machine_minutes(polls: list[tuple[float, dict]], load: list[tuple[float, float]], names: list[str],
-                    minute_s: float, minutes: int, baseline_ms: dict[str, float] | None = None,
-                    cores: int | None = None) -> dict:
+def machine_minutes(
+    polls: list[tuple[float, dict]],
+    load: list[tuple[float, float]],
+    names: list[str],
+    minute_s: float,
+    minutes: int,
+    baseline_ms: dict[str, float] | None = None,
+    cores: int | None = None,
+) -> dict:
     """Per minute: max load average, each model's median processing time, and the verdict."""
     cores = cores or os.cpu_count() or 1
     la = np.full(minutes, np.nan)
@@ -104,33 +114,39 @@ def machine_minutes(polls: list[tuple[float, dict]], load: list[tuple[float, flo
     return {"load": la, "processing": med, "baseline": base, "bound": bound, "lags": lags, "cores": cores}
 
 
-def machine_section(mm: dict, names: list[str], slo_ok: dict[str, np.ndarray] | None = None,
-                    warmup_note: str | None = None) -> list[str]:
+def machine_section(
+    mm: dict, names: list[str], slo_ok: dict[str, np.ndarray] | None = None, warmup_note: str | None = None
+) -> list[str]:
     """Markdown lines for :func:`machine_minutes`' figures, with the verdict per minute."""
     lines = ["## The machine", ""]
     if warmup_note:
         lines += [warmup_note, ""]
-    lines += [f"Per minute: the highest 1-minute load average ({mm['cores']} cores) and each model's "
-              f"median processing time as its replicas measured it (baseline: "
-              + ", ".join(f"{n} {mm['baseline'][n]:.0f} ms" if mm["baseline"][n] else f"{n} -" for n in names)
-              + f"). A minute is machine-bound when the load average exceeds {LOAD_FACTOR:g}x the "
-              f"cores or a processing time drifted past {DRIFT_FACTOR:g}x its baseline.", "",
-              "| minute | load avg | " + " | ".join(f"{n} proc ms" for n in names) + " | machine-bound |",
-              "|---:|---:|" + "---:|" * len(names) + "---|"]
+    lines += [
+        f"Per minute: the highest 1-minute load average ({mm['cores']} cores) and each model's "
+        f"median processing time as its replicas measured it (baseline: "
+        + ", ".join(f"{n} {mm['baseline'][n]:.0f} ms" if mm["baseline"][n] else f"{n} -" for n in names)
+        + f"). A minute is machine-bound when the load average exceeds {LOAD_FACTOR:g}x the "
+        f"cores or a processing time drifted past {DRIFT_FACTOR:g}x its baseline.",
+        "",
+        "| minute | load avg | " + " | ".join(f"{n} proc ms" for n in names) + " | machine-bound |",
+        "|---:|---:|" + "---:|" * len(names) + "---|",
+    ]
     for m in range(len(mm["bound"])):
         la = mm["load"][m]
         cells = [f"{v:.0f}" if np.isfinite(v) else "-" for v in (mm["processing"][n][m] for n in names)]
-        lines.append(f"| {m + 1} | {'-' if not np.isfinite(la) else f'{la:.1f}'} | " + " | ".join(cells)
-                     + f" | {'; '.join(mm['bound'][m]) or 'no'} |")
+        lines.append(
+            f"| {m + 1} | {'-' if not np.isfinite(la) else f'{la:.1f}'} | "
+            + " | ".join(cells)
+            + f" | {'; '.join(mm['bound'][m]) or 'no'} |"
+        )
     lines.append("")
-    starts = [f"{n}: {len(v)} start(s), median {np.median(v):.1f} s, max {max(v):.1f} s"
-              for n, v in mm["lags"].items() if v]
-    lines += ["Replica starts (target raised -> serving): " + ("; ".join(starts) if starts else "none")
-              + ".", ""]
+    starts = [
+        f"{n}: {len(v)} start(s), median {np.median(v):.1f} s, max {max(v):.1f} s" for n, v in mm["lags"].items() if v
+    ]
+    lines += ["Replica starts (target raised -> serving): " + ("; ".join(starts) if starts else "none") + ".", ""]
     bound = [m + 1 for m, why in enumerate(mm["bound"]) if why]
     if not bound:
-        lines += ["Verdict: the machine kept up in every minute; SLO misses are the policy's "
-                  "(or the load's).", ""]
+        lines += ["Verdict: the machine kept up in every minute; SLO misses are the policy's (or the load's).", ""]
     else:
         missed = []
         if slo_ok:
@@ -138,7 +154,11 @@ def machine_section(mm: dict, names: list[str], slo_ok: dict[str, np.ndarray] | 
                 bad = [n for n in names if n in slo_ok and m - 1 < slo_ok[n].size and not slo_ok[n][m - 1]]
                 if bad:
                     missed.append(f"minute {m}: {', '.join(bad)} over the SLO")
-        lines += [f"Verdict: the machine was the bottleneck in minute(s) {', '.join(map(str, bound))}"
-                  + (f" ({'; '.join(missed)})" if missed else "") + ": misses there measure this "
-                  "machine, not the policy.", ""]
+        lines += [
+            f"Verdict: the machine was the bottleneck in minute(s) {', '.join(map(str, bound))}"
+            + (f" ({'; '.join(missed)})" if missed else "")
+            + ": misses there measure this "
+            "machine, not the policy.",
+            "",
+        ]
     return lines

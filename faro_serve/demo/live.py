@@ -30,8 +30,10 @@ def demo_image(width: int = 160, height: int = 120) -> bytes:
 
     x = np.linspace(0, 255, width, dtype=np.float32)
     y = np.linspace(0, 255, height, dtype=np.float32)[:, None]
-    rgb = np.stack([np.broadcast_to(x, (height, width)), np.broadcast_to(y, (height, width)),
-                    np.full((height, width), 128.0)], axis=-1).astype(np.uint8)
+    rgb = np.stack(
+        [np.broadcast_to(x, (height, width)), np.broadcast_to(y, (height, width)), np.full((height, width), 128.0)],
+        axis=-1,
+    ).astype(np.uint8)
     img = Image.fromarray(rgb, "RGB")
     draw = ImageDraw.Draw(img)
     draw.ellipse((20, 20, 80, 80), fill=(220, 40, 40))
@@ -103,13 +105,28 @@ class LiveView:
         t = self.elapsed()
         minute = min(int(t // minute_s) + 1, sc.minutes)
         st = self.status
-        when = (f"trace minute {minute}/{sc.minutes}, {t:.0f} of {sc.duration_s:.0f} s"
-                if self.stopped_at is None else f"replay ended after {self.stopped_at:.0f} s")
-        title = (f"{self.title}{when}"
-                 f" | policy {st.get('policy', '?')}, capacity {_fmt(st.get('capacity_cpus'), 'g')} CPUs")
+        when = (
+            f"trace minute {minute}/{sc.minutes}, {t:.0f} of {sc.duration_s:.0f} s"
+            if self.stopped_at is None
+            else f"replay ended after {self.stopped_at:.0f} s"
+        )
+        title = (
+            f"{self.title}{when} | policy {st.get('policy', '?')}, capacity {_fmt(st.get('capacity_cpus'), 'g')} CPUs"
+        )
         table = Table(title=title, caption="Ctrl-C: stop, write a partial report, shut down")
-        for col in ("model", "SLO", "rate/s", "p99 front 30s", "p99 client 60s", "replicas",
-                    "drop", "sent", "200", "503", "other"):
+        for col in (
+            "model",
+            "SLO",
+            "rate/s",
+            "p99 front 30s",
+            "p99 client 60s",
+            "replicas",
+            "drop",
+            "sent",
+            "200",
+            "503",
+            "other",
+        ):
             table.add_column(col, justify="left" if col == "model" else "right", no_wrap=True)
         models = st.get("models") or {}
         for m, name in enumerate(self.names):
@@ -121,12 +138,19 @@ class LiveView:
             other = sum(v for k, v in counts.items() if k not in ("200", "503"))
             over = any(v is not None and slo is not None and v > slo for v in (front, client))
             table.add_row(
-                name, f"{_fmt(slo, 'g')} ms", _fmt(info.get("arrival_rate"), ".2f"),
-                f"{_fmt(front)} ms", f"{_fmt(client)} ms",
+                name,
+                f"{_fmt(slo, 'g')} ms",
+                _fmt(info.get("arrival_rate"), ".2f"),
+                f"{_fmt(front)} ms",
+                f"{_fmt(client)} ms",
                 f"{info.get('replicas', '-')}/{info.get('target', '-')}",
                 f"{info.get('drop_rate', 0.0):.0%}" if info else "-",
-                f"{self.sent(m):,}", f"{counts.get('200', 0):,}", f"{counts.get('503', 0):,}",
-                f"{other:,}", style="red" if over else None)
+                f"{self.sent(m):,}",
+                f"{counts.get('200', 0):,}",
+                f"{counts.get('503', 0):,}",
+                f"{other:,}",
+                style="red" if over else None,
+            )
         return table
 
 
@@ -142,8 +166,16 @@ async def _refresh(view: LiveView, live, console, refresh_s: float) -> None:
             next_print += minute_s
 
 
-async def _replay(schedule: Schedule, url: str, view: LiveView, body: bytes, max_in_flight: int,
-                  timeout_s: float, live_table: bool, refresh_s: float) -> tuple[ReplayRecords, bool]:
+async def _replay(
+    schedule: Schedule,
+    url: str,
+    view: LiveView,
+    body: bytes,
+    max_in_flight: int,
+    timeout_s: float,
+    live_table: bool,
+    refresh_s: float,
+) -> tuple[ReplayRecords, bool]:
     from rich.live import Live
 
     from ..commands._console import console as make_console
@@ -170,10 +202,17 @@ async def _replay(schedule: Schedule, url: str, view: LiveView, body: bytes, max
     view.t0, view.t0_wall = time.monotonic(), time.time()
     refresher = asyncio.create_task(_refresh(view, live, console, refresh_s))
     try:
-        rec = await send_schedule(schedule, url, max_in_flight=max_in_flight, timeout_s=timeout_s,
-                                  body=body, status_every_s=min(refresh_s, 5.0),
-                                  on_result=view.on_result, on_status=view.on_status,
-                                  stop_sending=stop)
+        rec = await send_schedule(
+            schedule,
+            url,
+            max_in_flight=max_in_flight,
+            timeout_s=timeout_s,
+            body=body,
+            status_every_s=min(refresh_s, 5.0),
+            on_result=view.on_result,
+            on_status=view.on_status,
+            stop_sending=stop,
+        )
     finally:
         refresher.cancel()
         try:
@@ -192,9 +231,18 @@ async def _replay(schedule: Schedule, url: str, view: LiveView, body: bytes, max
     return rec, interrupted
 
 
-def replay_live(schedule: Schedule, url: str, slo_ms: dict[str, float], *, body: bytes,
-                max_in_flight: int = 500, timeout_s: float = 30.0, live_table: bool = True,
-                refresh_s: float = 2.0, title: str = "") -> tuple[ReplayRecords, bool, LiveView]:
+def replay_live(
+    schedule: Schedule,
+    url: str,
+    slo_ms: dict[str, float],
+    *,
+    body: bytes,
+    max_in_flight: int = 500,
+    timeout_s: float = 30.0,
+    live_table: bool = True,
+    refresh_s: float = 2.0,
+    title: str = "",
+) -> tuple[ReplayRecords, bool, LiveView]:
     """Send ``schedule`` with the live table; returns (records, interrupted, view).
 
     SIGINT/SIGTERM during the replay stop the sending (see ``send_schedule``'s
@@ -204,8 +252,9 @@ def replay_live(schedule: Schedule, url: str, slo_ms: dict[str, float], *, body:
     view = LiveView(schedule, slo_ms, url, title)
     prev = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        rec, interrupted = asyncio.run(_replay(schedule, url, view, body, max_in_flight, timeout_s,
-                                               live_table, refresh_s))
+        rec, interrupted = asyncio.run(
+            _replay(schedule, url, view, body, max_in_flight, timeout_s, live_table, refresh_s)
+        )
     finally:
         for s, h in prev.items():  # the event loop reset them to the defaults
             signal.signal(s, h)

@@ -22,13 +22,24 @@ def trim(schedule: Schedule, rec: ReplayRecords, minutes: int) -> tuple[Schedule
     """The first ``minutes`` trace minutes of a run (an interrupted run's metrics cover only
     the minutes it reached)."""
     keep = schedule.trace_s < 60.0 * minutes
-    sched = dataclasses.replace(schedule, model=schedule.model[keep], trace_s=schedule.trace_s[keep],
-                                send_s=schedule.send_s[keep], counts=schedule.counts[:, :minutes],
-                                network_s=schedule.network_s[keep])
+    sched = dataclasses.replace(
+        schedule,
+        model=schedule.model[keep],
+        trace_s=schedule.trace_s[keep],
+        send_s=schedule.send_s[keep],
+        counts=schedule.counts[:, :minutes],
+        network_s=schedule.network_s[keep],
+    )
     idx = np.flatnonzero(keep)
-    r = dataclasses.replace(rec, model=rec.model[keep], trace_s=rec.trace_s[keep], send_s=rec.send_s[keep],
-                            status=[rec.status[i] for i in idx], latency_s=rec.latency_s[keep],
-                            reason=[rec.reason[i] for i in idx])
+    r = dataclasses.replace(
+        rec,
+        model=rec.model[keep],
+        trace_s=rec.trace_s[keep],
+        send_s=rec.send_s[keep],
+        status=[rec.status[i] for i in idx],
+        latency_s=rec.latency_s[keep],
+        reason=[rec.reason[i] for i in idx],
+    )
     return sched, r
 
 
@@ -42,8 +53,7 @@ def replica_timeline(schedule: Schedule, rec: ReplayRecords) -> tuple[np.ndarray
         serving.append([float((models.get(n) or {}).get("replicas") or np.nan) for n in names])
         target.append([float((models.get(n) or {}).get("target") or np.nan) for n in names])
     shape = (len(t), len(names))
-    return (np.asarray(t, float), np.asarray(serving, float).reshape(shape),
-            np.asarray(target, float).reshape(shape))
+    return (np.asarray(t, float), np.asarray(serving, float).reshape(shape), np.asarray(target, float).reshape(shape))
 
 
 def per_minute(schedule: Schedule, rec: ReplayRecords) -> dict[str, np.ndarray]:
@@ -52,8 +62,12 @@ def per_minute(schedule: Schedule, rec: ReplayRecords) -> dict[str, np.ndarray]:
     minute = np.minimum((rec.trace_s // 60).astype(int), minutes - 1)
     status = np.asarray(rec.status, dtype=object)
     out = {}
-    for key, mask in (("sent", status != NOT_SENT), ("ok", status == "200"), ("503", status == "503"),
-                      ("other", (status != NOT_SENT) & (status != "200") & (status != "503"))):
+    for key, mask in (
+        ("sent", status != NOT_SENT),
+        ("ok", status == "200"),
+        ("503", status == "503"),
+        ("other", (status != NOT_SENT) & (status != "200") & (status != "503")),
+    ):
         a = np.zeros((n, minutes), dtype=np.int64)
         np.add.at(a, (rec.model[mask], minute[mask]), 1)
         out[key] = a
@@ -68,8 +82,9 @@ def per_minute(schedule: Schedule, rec: ReplayRecords) -> dict[str, np.ndarray]:
     return out
 
 
-def plot_timeline(path: Path, schedule: Schedule, rec: ReplayRecords, p_all: np.ndarray,
-                  slo_ms: dict[str, float]) -> None:
+def plot_timeline(
+    path: Path, schedule: Schedule, rec: ReplayRecords, p_all: np.ndarray, slo_ms: dict[str, float]
+) -> None:
     """One row per model: arrivals per minute (served/failed), replicas, per-minute p99 vs SLO."""
     from ..sim.plots import _plt, _save
 
@@ -78,13 +93,13 @@ def plot_timeline(path: Path, schedule: Schedule, rec: ReplayRecords, p_all: np.
     pm = per_minute(schedule, rec)
     t, serving, target = replica_timeline(schedule, rec)
     x = np.arange(minutes)
-    fig, axes = plt.subplots(len(names), 3, figsize=(12, 2.3 * len(names) + 0.6), dpi=90,
-                             squeeze=False, sharex=True)
+    fig, axes = plt.subplots(len(names), 3, figsize=(12, 2.3 * len(names) + 0.6), dpi=90, squeeze=False, sharex=True)
     for i, name in enumerate(names):
         ax = axes[i, 0]
         ax.bar(x + 0.5, pm["ok"][i], width=0.8, color="#3182bd", label="200")
-        ax.bar(x + 0.5, pm["503"][i] + pm["other"][i], width=0.8, bottom=pm["ok"][i],
-               color="#d62728", label="503 / failed")
+        ax.bar(
+            x + 0.5, pm["503"][i] + pm["other"][i], width=0.8, bottom=pm["ok"][i], color="#d62728", label="503 / failed"
+        )
         ax.set_ylabel(f"{name}\nrequests/min", fontsize=8)
         ax.set_ylim(0, max(1, int((pm["sent"][i]).max())) * 1.3)  # room for the legend
         ax = axes[i, 1]
@@ -101,8 +116,13 @@ def plot_timeline(path: Path, schedule: Schedule, rec: ReplayRecords, p_all: np.
         ax.plot(x[finite] + 0.5, p[finite], marker="o", color="#08519c", label="p99 per minute")
         high = max([slo * 1.3] + list(p[finite] * 1.15))
         if (np.isinf(p)).any():  # a minute whose p99 is a failed request
-            ax.plot(x[np.isinf(p)] + 0.5, np.full(int(np.isinf(p).sum()), high * 0.95), "x",
-                    color="#d62728", label="p99 = failed request")
+            ax.plot(
+                x[np.isinf(p)] + 0.5,
+                np.full(int(np.isinf(p).sum()), high * 0.95),
+                "x",
+                color="#d62728",
+                label="p99 = failed request",
+            )
         ax.axhline(slo, color="#d62728", linestyle="--", linewidth=1, label=f"SLO {slo:g} ms")
         ax.set_ylim(0, high)
         ax.set_ylabel("ms", fontsize=8)
@@ -131,12 +151,21 @@ def _ms(v: float) -> str:
 
 def _accounting_line(acc: dict) -> str:
     by = ", ".join(f"{k}: {v:,}" for k, v in acc["by_status"].items()) or "none"
-    return (f"sent {acc['sent']:,} = answered {acc['answered']:,} ({by}) + errors {acc['errors']:,}; "
-            f"not sent {acc['not_sent']:,} (of {acc['scheduled']:,} scheduled)")
+    return (
+        f"sent {acc['sent']:,} = answered {acc['answered']:,} ({by}) + errors {acc['errors']:,}; "
+        f"not sent {acc['not_sent']:,} (of {acc['scheduled']:,} scheduled)"
+    )
 
 
-def render_markdown(doc: dict, res, schedule: Schedule, rec: ReplayRecords, slo_ms: dict[str, float],
-                    meta: dict, image: str | None = "timeline.png") -> str:
+def render_markdown(
+    doc: dict,
+    res,
+    schedule: Schedule,
+    rec: ReplayRecords,
+    slo_ms: dict[str, float],
+    meta: dict,
+    image: str | None = "timeline.png",
+) -> str:
     """``report.md``: what ran, the accounting, a table per model and one per minute."""
     s = res.summary
     pm = per_minute(schedule, rec)
@@ -144,24 +173,36 @@ def render_markdown(doc: dict, res, schedule: Schedule, rec: ReplayRecords, slo_
     acc = doc["accounting"]
     lines = ["# faro-serve demo report", ""]
     if meta.get("interrupted"):
-        lines += [f"**Partial report: interrupted (Ctrl-C) after {meta['stopped_at_s']:.0f} s of "
-                  f"{60 * schedule.time_scale * meta['full_minutes']:.0f} s; "
-                  f"the figures cover trace minutes 1-{schedule.minutes} of {meta['full_minutes']}; "
-                  f"{meta.get('unsent_after_stop', 0):,} requests due after the interrupt were not "
-                  f"sent.**", ""]
-    lines += [f"- when: {meta['when']}, wall {meta['wall_s']:.0f} s (replay {rec.wall_s:.0f} s)",
-              f"- deployment: {meta['deployment']}",
-              f"- policy {res.policy}, capacity {res.capacity_cpus:g} CPUs",
-              f"- trace: {meta['trace']}",
-              f"- load: {schedule.minutes} trace minute(s), a minute lasts {60 * schedule.time_scale:g} s "
-              f"(time scale {schedule.time_scale:g}), counts x {schedule.rate_scale:g}, seed {schedule.seed}",
-              "", "## Accounting", "", _accounting_line(acc), ""]
+        lines += [
+            f"**Partial report: interrupted (Ctrl-C) after {meta['stopped_at_s']:.0f} s of "
+            f"{60 * schedule.time_scale * meta['full_minutes']:.0f} s; "
+            f"the figures cover trace minutes 1-{schedule.minutes} of {meta['full_minutes']}; "
+            f"{meta.get('unsent_after_stop', 0):,} requests due after the interrupt were not "
+            f"sent.**",
+            "",
+        ]
+    lines += [
+        f"- when: {meta['when']}, wall {meta['wall_s']:.0f} s (replay {rec.wall_s:.0f} s)",
+        f"- deployment: {meta['deployment']}",
+        f"- policy {res.policy}, capacity {res.capacity_cpus:g} CPUs",
+        f"- trace: {meta['trace']}",
+        f"- load: {schedule.minutes} trace minute(s), a minute lasts {60 * schedule.time_scale:g} s "
+        f"(time scale {schedule.time_scale:g}), counts x {schedule.rate_scale:g}, seed {schedule.seed}",
+        "",
+        "## Accounting",
+        "",
+        _accounting_line(acc),
+        "",
+    ]
     if doc.get("failures"):
         lines += ["Failures by status and reason: " + ", ".join(f"{k} {v:,}" for k, v in doc["failures"].items()), ""]
-    lines += ["## Per model", "",
-              "| model | SLO | requests | 200 | 503 | other | p99 of 200s | minutes p99 <= SLO | "
-              "SLO violation rate | lost utility | replicas mean / max target |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "## Per model",
+        "",
+        "| model | SLO | requests | 200 | 503 | other | p99 of 200s | minutes p99 <= SLO | "
+        "SLO violation rate | lost utility | replicas mean / max target |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for i, n in enumerate(schedule.names):
         mask = (rec.model == i) & np.array([st == "200" for st in rec.status], dtype=bool)
         p99 = float(np.percentile(rec.latency_s[mask], 99)) if mask.any() else float("nan")
@@ -171,24 +212,36 @@ def render_markdown(doc: dict, res, schedule: Schedule, rec: ReplayRecords, slo_
         reps = serving[:, i] if serving.size else np.array([np.nan])
         mean_r = float(np.nanmean(reps)) if np.isfinite(reps).any() else float("nan")
         max_r = float(np.nanmax(target[:, i])) if target.size and np.isfinite(target[:, i]).any() else float("nan")
-        lines.append(f"| {n} | {slo_ms[n]:g} ms | {int(pm['sent'][i].sum()):,} | {int(pm['ok'][i].sum()):,} | "
-                     f"{int(pm['503'][i].sum()):,} | {int(pm['other'][i].sum()):,} | {_ms(p99)} ms | "
-                     f"{ok_min}/{int(has.sum())} | {s.job_slo_violation_rate[i]:.1%} | "
-                     f"{s.job_lost_utility[i]:.3f} | {mean_r:.1f} / {max_r:.0f} |")
-    lines += ["", f"Cluster: lost utility {s.lost_cluster_utility:.3f} (effective "
-              f"{s.lost_effective_utility:.3f}), SLO violation rate {s.cluster_slo_violation_rate:.2%} "
-              f"(a request violates its SLO when it fails or is slower than the SLO; a minute's p99 "
-              f"is 'failed' when more than 1% of its requests failed).", ""]
+        lines.append(
+            f"| {n} | {slo_ms[n]:g} ms | {int(pm['sent'][i].sum()):,} | {int(pm['ok'][i].sum()):,} | "
+            f"{int(pm['503'][i].sum()):,} | {int(pm['other'][i].sum()):,} | {_ms(p99)} ms | "
+            f"{ok_min}/{int(has.sum())} | {s.job_slo_violation_rate[i]:.1%} | "
+            f"{s.job_lost_utility[i]:.3f} | {mean_r:.1f} / {max_r:.0f} |"
+        )
+    lines += [
+        "",
+        f"Cluster: lost utility {s.lost_cluster_utility:.3f} (effective "
+        f"{s.lost_effective_utility:.3f}), SLO violation rate {s.cluster_slo_violation_rate:.2%} "
+        f"(a request violates its SLO when it fails or is slower than the SLO; a minute's p99 "
+        f"is 'failed' when more than 1% of its requests failed).",
+        "",
+    ]
     if image:
         lines += [f"![arrivals, replicas and p99 vs SLO per model]({image})", ""]
     lines += list(meta.get("sections") or [])
-    lines += ["## Per minute", "", "| minute | model | sent | 200 | 503 / other | p99 ms | SLO ms | replicas (mean) |",
-              "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "## Per minute",
+        "",
+        "| minute | model | sent | 200 | 503 / other | p99 ms | SLO ms | replicas (mean) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for m in range(schedule.minutes):
         for i, n in enumerate(schedule.names):
             r = pm["replicas"][i, m]
-            lines.append(f"| {m + 1} | {n} | {pm['sent'][i, m]:,} | {pm['ok'][i, m]:,} | "
-                         f"{pm['503'][i, m]:,} / {pm['other'][i, m]:,} | {_ms(float(res.table.p_all[i, m]))} | "
-                         f"{slo_ms[n]:g} | {'-' if math.isnan(r) else f'{r:.1f}'} |")
+            lines.append(
+                f"| {m + 1} | {n} | {pm['sent'][i, m]:,} | {pm['ok'][i, m]:,} | "
+                f"{pm['503'][i, m]:,} / {pm['other'][i, m]:,} | {_ms(float(res.table.p_all[i, m]))} | "
+                f"{slo_ms[n]:g} | {'-' if math.isnan(r) else f'{r:.1f}'} |"
+            )
     lines += ["", "## Files", ""] + [f"- `{f}`" for f in meta.get("files", [])] + [""]
     return "\n".join(lines)

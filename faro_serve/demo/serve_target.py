@@ -60,25 +60,42 @@ def read_config(path: str | Path, loopback_only: bool = True) -> ServeTarget:
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"  # listens everywhere, loopback included
     if loopback_only and not _loopback(host):
-        raise ValueError(f"--config {p}: http_options.host {host} is not a loopback address; "
-                         f"the demo sends load to this machine only")
+        raise ValueError(
+            f"--config {p}: http_options.host {host} is not a loopback address; "
+            f"the demo sends load to this machine only"
+        )
     apps = [a for a in doc["applications"] if isinstance(a, dict)]
     faro = [a for a in apps if str(a.get("import_path", "")) == AUTOSCALER_IMPORT]
     if len(faro) != 1:
-        raise ValueError(f"--config {p}: needs exactly one application with import_path "
-                         f"{AUTOSCALER_IMPORT} (found {len(faro)})")
+        raise ValueError(
+            f"--config {p}: needs exactly one application with import_path {AUTOSCALER_IMPORT} (found {len(faro)})"
+        )
     cfg = parse_autoscaler_config(faro[0].get("args") or {}, f"{p}: faro application args")
     try:  # each model application's cpus must be its SLO's (the planner counts the SLO's)
-        check_resources(cfg, [parse_model_args(a.get("args"), f"{p}: application {a.get('name')!r} args")
-                              for a in apps if str(a.get("import_path", "")).endswith(":model_app")],
-                        f"--config {p}")
+        check_resources(
+            cfg,
+            [
+                parse_model_args(a.get("args"), f"{p}: application {a.get('name')!r} args")
+                for a in apps
+                if str(a.get("import_path", "")).endswith(":model_app")
+            ],
+            f"--config {p}",
+        )
     except ConfigError as err:
         raise ValueError(" ".join(str(err).split())) from None
     dash = urlsplit(cfg.dashboard_url)
     if not dash.hostname or not _loopback(dash.hostname) or not dash.port:
-        raise ValueError(f"--config {p}: the demo starts Ray locally, so dashboard_url must be a "
-                         f"loopback address with a port (got {cfg.dashboard_url})")
+        raise ValueError(
+            f"--config {p}: the demo starts Ray locally, so dashboard_url must be a "
+            f"loopback address with a port (got {cfg.dashboard_url})"
+        )
     url_host = f"[{host}]" if ":" in host else host
-    return ServeTarget(config=p, url=f"http://{url_host}:{port}", http_port=port,
-                       dashboard_port=dash.port, models=[m.name for m in cfg.models],
-                       slos=list(cfg.models), capacity_cpus=float(cfg.cluster.cpus))
+    return ServeTarget(
+        config=p,
+        url=f"http://{url_host}:{port}",
+        http_port=port,
+        dashboard_port=dash.port,
+        models=[m.name for m in cfg.models],
+        slos=list(cfg.models),
+        capacity_cpus=float(cfg.cluster.cpus),
+    )

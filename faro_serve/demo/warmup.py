@@ -50,8 +50,9 @@ def _need(m: ModelFit, scale: float) -> int | None:
     if lam <= 0:
         return 1
     try:
-        return min_replicas_for_slo(lam, m.processing_ms / 1e3, m.slo_ms / 1e3, m.percentile / 100,
-                                    limit=m.max_replicas)[0]
+        return min_replicas_for_slo(
+            lam, m.processing_ms / 1e3, m.slo_ms / 1e3, m.percentile / 100, limit=m.max_replicas
+        )[0]
     except ValueError:
         return None  # not even max_replicas meet the SLO at this rate
 
@@ -69,13 +70,16 @@ def check(models: list[ModelFit], scale: float, capacity_cpus: float, cores: int
         why.append(f"the replicas needed take {cpus:g} of {capacity_cpus:g} CPUs")
     compute = sum(m.peak_rps * scale * m.cpu_ms / 1e3 for m in models)
     if compute > CPU_SHARE * cores:
-        why.append(f"the models' compute needs {compute:.2f} cores of the {CPU_SHARE * cores:g} "
-                   f"left to them ({CPU_SHARE:g} x {cores} cores)")
+        why.append(
+            f"the models' compute needs {compute:.2f} cores of the {CPU_SHARE * cores:g} "
+            f"left to them ({CPU_SHARE:g} x {cores} cores)"
+        )
     return why
 
 
-def size_rate(models: list[ModelFit], base_scale: float, capacity_cpus: float,
-              cores: int | None = None) -> tuple[float, str]:
+def size_rate(
+    models: list[ModelFit], base_scale: float, capacity_cpus: float, cores: int | None = None
+) -> tuple[float, str]:
     """(rate scale, why): ``base_scale`` when it is servable, else the largest servable one
     below it (bisection to 1 %), never below 5 % of it."""
     cores = cores or os.cpu_count() or 1
@@ -84,13 +88,16 @@ def size_rate(models: list[ModelFit], base_scale: float, capacity_cpus: float,
         return base_scale, f"the default rate scale {base_scale:g} fits this machine"
     lo, hi = 0.05 * base_scale, base_scale
     if check(models, lo, capacity_cpus, cores):
-        return lo, (f"even {lo:.3g} does not fit ({'; '.join(check(models, lo, capacity_cpus, cores))}); "
-                    f"the demo runs at that lightest load")
+        return lo, (
+            f"even {lo:.3g} does not fit ({'; '.join(check(models, lo, capacity_cpus, cores))}); "
+            f"the demo runs at that lightest load"
+        )
     while hi - lo > 0.01 * base_scale:
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if not check(models, mid, capacity_cpus, cores) else (lo, mid)
-    return round(lo, 4), (f"at the default {base_scale:g}: {'; '.join(blocked)}; so {lo:.3g}, the largest "
-                          f"rate scale at which it fits")
+    return round(lo, 4), (
+        f"at the default {base_scale:g}: {'; '.join(blocked)}; so {lo:.3g}, the largest rate scale at which it fits"
+    )
 
 
 async def measure(url: str, names: list[str], body: bytes, seconds: float = WARMUP_S) -> dict:
@@ -101,6 +108,7 @@ async def measure(url: str, names: list[str], body: bytes, seconds: float = WARM
     got: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     end = time.monotonic() + seconds
     async with httpx.AsyncClient(base_url=url, timeout=30.0, trust_env=False) as c:
+
         async def loop(n: str):
             while time.monotonic() < end:
                 try:
@@ -110,10 +118,10 @@ async def measure(url: str, names: list[str], body: bytes, seconds: float = WARM
                 if r.status_code == 200:
                     d = r.json()
                     got[n].append((float(d.get("processing_ms", np.nan)), float(d.get("cpu_ms", 0.0))))
+
         await asyncio.gather(*(loop(n) for n in names))
     out = {}
     for n, v in got.items():
         a = np.array(v) if v else np.full((1, 2), np.nan)
-        out[n] = {"processing_ms": float(np.nanmedian(a[:, 0])), "cpu_ms": float(np.nanmedian(a[:, 1])),
-                  "n": len(v)}
+        out[n] = {"processing_ms": float(np.nanmedian(a[:, 0])), "cpu_ms": float(np.nanmedian(a[:, 1])), "n": len(v)}
     return out

@@ -60,8 +60,7 @@ def curve_at(shape: np.ndarray, k: float) -> float:
 
 
 @njit(cache=True)
-def queue_quantile(shape: np.ndarray, bmax: int, c: int, lam: float, q: float, n: int,
-                   seed: int) -> float:
+def queue_quantile(shape: np.ndarray, bmax: int, c: int, lam: float, q: float, n: int, seed: int) -> float:
     """The ``q`` quantile of the latency (in units of one request's time) of Poisson
     arrivals at ``lam`` per unit on ``c`` replicas that each take up to ``bmax`` queued
     requests when they free and serve a batch of ``b`` in ``shape[b]``."""
@@ -84,12 +83,13 @@ def queue_quantile(shape: np.ndarray, bmax: int, c: int, lam: float, q: float, n
             lat[m] = end - arr[m]
         free[k] = end
         h = j
-    return np.quantile(lat[n // 10:], q)
+    return np.quantile(lat[n // 10 :], q)
 
 
 @njit(cache=True)
-def fill_table(shape: np.ndarray, bmax: int, q: float, c_grid: np.ndarray, rho_grid: np.ndarray,
-               n: int, seed: int) -> np.ndarray:
+def fill_table(
+    shape: np.ndarray, bmax: int, q: float, c_grid: np.ndarray, rho_grid: np.ndarray, n: int, seed: int
+) -> np.ndarray:
     """``out[i, j]``: :func:`queue_quantile` at ``c_grid[i]`` replicas and load
     ``rho_grid[j]``, made non-decreasing in the load (the simulation's noise must not tell
     the optimiser that more load is faster)."""
@@ -111,7 +111,7 @@ TABLES_KEPT = 256  # tables a process keeps (about 1.6 KB each)
 
 def batch_table(shape: np.ndarray, bmax: int, q: float) -> np.ndarray:
     """The (cached) table of a batch curve's shape, largest batch ``bmax`` and quantile."""
-    f = np.ascontiguousarray(np.round(np.asarray(shape, dtype=np.float64)[:bmax + 1], 6))
+    f = np.ascontiguousarray(np.round(np.asarray(shape, dtype=np.float64)[: bmax + 1], 6))
     if f.shape[0] < bmax + 1:
         raise ValueError(f"a batch curve's shape must reach batch {bmax} (it has {f.shape[0] - 1})")
     key = (f.tobytes(), int(bmax), round(float(q), 9))
@@ -154,8 +154,9 @@ def _lookup(table: np.ndarray, c: float, rho: float) -> float:
 
 
 @njit(cache=True)
-def latency_table(c: int, lam: float, p: float, rho_max: float, estimator: int,
-                  table: np.ndarray, f_b: float, b: int) -> float:
+def latency_table(
+    c: int, lam: float, p: float, rho_max: float, estimator: int, table: np.ndarray, f_b: float, b: int
+) -> float:
     """Estimated latency of ``c`` replicas serving batches of at most ``b`` (``f_b`` =
     ``f(b)``) at ``lam`` requests/s of one-alone time ``p``, from ``table`` (``batch_table``
     of the curve at ``b``); ``estimator`` as in :func:`faro_serve.engine.latency.latency`."""
@@ -179,9 +180,18 @@ def latency_table(c: int, lam: float, p: float, rho_max: float, estimator: int,
 
 
 @njit(cache=True)
-def latency_row_batched(lam: float, p: float, q: float, rho_max: float, estimator: int,
-                        factors: np.ndarray, table: np.ndarray, f_b: float, bmax: int,
-                        out: np.ndarray) -> None:
+def latency_row_batched(
+    lam: float,
+    p: float,
+    q: float,
+    rho_max: float,
+    estimator: int,
+    factors: np.ndarray,
+    table: np.ndarray,
+    f_b: float,
+    bmax: int,
+    out: np.ndarray,
+) -> None:
     """``out[c]`` for c = 0..len(out)-1 (as :func:`latency_row`, which it is at ``bmax`` 1)."""
     if bmax <= 1:
         latency_row(lam, p, q, rho_max, estimator, factors, out)
@@ -194,18 +204,36 @@ def latency_row_batched(lam: float, p: float, q: float, rho_max: float, estimato
 NO_TABLE = np.ones((1, 1))  # what a model that does not batch passes
 
 
-def latency_batched(c: int, lam: float, p: float, q: float, rho_max: float, estimator: int,
-                    shape: np.ndarray | None, bmax: int) -> float:
+def latency_batched(
+    c: int, lam: float, p: float, q: float, rho_max: float, estimator: int, shape: np.ndarray | None, bmax: int
+) -> float:
     """Estimated ``q`` percentile latency (s) of ``c`` replicas serving batches of at most
     ``bmax`` along ``shape`` (module docstring); the paper's estimate at ``bmax`` 1."""
     if bmax <= 1 or shape is None:
         return latency(c, lam, p, q, rho_max, estimator)
-    return latency_table(int(c), float(lam), float(p), float(rho_max), int(estimator),
-                         batch_table(shape, bmax, q), float(shape[bmax]), int(bmax))
+    return latency_table(
+        int(c),
+        float(lam),
+        float(p),
+        float(rho_max),
+        int(estimator),
+        batch_table(shape, bmax, q),
+        float(shape[bmax]),
+        int(bmax),
+    )
 
 
-def max_rate_batched(c: int, p: float, slo: float, q: float, estimator: int, rho_max: float,
-                     shape: np.ndarray, bmax: int, tol: float = 1e-4) -> float:
+def max_rate_batched(
+    c: int,
+    p: float,
+    slo: float,
+    q: float,
+    estimator: int,
+    rho_max: float,
+    shape: np.ndarray,
+    bmax: int,
+    tol: float = 1e-4,
+) -> float:
     """The largest rate (requests/s) at which ``c`` batching replicas meet ``slo`` (s), by
     bisection; 0 when even one request alone does not."""
     if c < 1 or slo < p:
@@ -219,4 +247,3 @@ def max_rate_batched(c: int, p: float, slo: float, q: float, estimator: int, rho
         else:
             hi = mid
     return lo
-

@@ -64,14 +64,26 @@ class BatchProfile:
         return np.asarray(b, dtype=float) / self.latency(b, c)
 
     def to_dict(self) -> dict[str, float]:
-        return {"gamma": self.gamma, "eps": self.eps, "delta": self.delta, "eta": self.eta,
-                "r2": self.r2, "points": self.points}
+        return {
+            "gamma": self.gamma,
+            "eps": self.eps,
+            "delta": self.delta,
+            "eta": self.eta,
+            "r2": self.r2,
+            "points": self.points,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "BatchProfile":
         try:
-            return cls(float(d["gamma"]), float(d["eps"]), float(d["delta"]), float(d["eta"]),
-                       float(d.get("r2", math.nan)), int(d.get("points", 0)))
+            return cls(
+                float(d["gamma"]),
+                float(d["eps"]),
+                float(d["delta"]),
+                float(d["eta"]),
+                float(d.get("r2", math.nan)),
+                int(d.get("points", 0)),
+            )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"not a batch profile ({err}): {d!r}") from None
 
@@ -105,13 +117,15 @@ def fit_profile(batch: npt.ArrayLike, cores: npt.ArrayLike, latency_s: npt.Array
     if not (np.all(b >= 1) and np.all(c > 0)):
         raise ValueError("batch sizes must be >= 1 and cores > 0")
     if np.unique(b).size < 2 or np.unique(c).size < 2:
-        raise ValueError(f"profile at least 2 batch sizes and 2 core counts (got batch "
-                         f"{sorted(set(b.tolist()))}, cores {sorted(set(c.tolist()))})")
+        raise ValueError(
+            f"profile at least 2 batch sizes and 2 core counts (got batch "
+            f"{sorted(set(b.tolist()))}, cores {sorted(set(c.tolist()))})"
+        )
     x = np.column_stack([b / c, 1.0 / c, b, np.ones_like(b)])
     coef, _ = nnls(x, y)
     resid = y - x @ coef
     total = float(np.sum((y - y.mean()) ** 2))
-    r2 = 1.0 - float(np.sum(resid ** 2)) / total if total > 0 else 1.0
+    r2 = 1.0 - float(np.sum(resid**2)) / total if total > 0 else 1.0
     gamma, eps, delta, eta = (float(v) for v in coef)
     return BatchProfile(gamma, eps, delta, eta, r2=r2, points=int(y.size))
 
@@ -139,8 +153,9 @@ class SpongeChoice:
     feasible: bool  # False: no pair met every budget and the rate (the fallback was taken)
 
 
-def sponge_choice(profile: BatchProfile, budgets_s: npt.ArrayLike, rate: float, c_max: int = C_MAX,
-                  b_max: int = B_MAX, c_min: int = 1) -> SpongeChoice:
+def sponge_choice(
+    profile: BatchProfile, budgets_s: npt.ArrayLike, rate: float, c_max: int = C_MAX, b_max: int = B_MAX, c_min: int = 1
+) -> SpongeChoice:
     """Sponge's adaptation step: the fewest cores (from ``c_min``), then the smallest batch,
     that meet every queued budget (EDF) and the arrival ``rate``; else ``c_max`` with its
     best throughput."""

@@ -77,10 +77,8 @@ class Deadline:
         if self.stopped:
             parts.append(f"{self.stopped} relaxed solve(s) ran into it")
         if self.skipped:
-            parts.append(f"{self.skipped} of {self.solves} relaxed solve(s) skipped "
-                         "(integer starts only)")
-        return (f"deadline {self.budget_s:g} s passed ({took:.2f} s so far): "
-                + "; ".join(parts))
+            parts.append(f"{self.skipped} of {self.solves} relaxed solve(s) skipped (integer starts only)")
+        return f"deadline {self.budget_s:g} s passed ({took:.2f} s so far): " + "; ".join(parts)
 
 
 def extra_caps(jobs: list[JobInput], cap: Capacity) -> dict[str, float]:
@@ -89,11 +87,20 @@ def extra_caps(jobs: list[JobInput], cap: Capacity) -> dict[str, float]:
 
 
 def make(jobs: list[JobInput], cluster: ClusterSpec, cap: Capacity, gamma: float) -> Problem:
-    return build_problem(jobs, cap_cpus=cap.cpus, cap_mem=cap.memory_gb, kind=cluster.objective,
-                         gamma=gamma, alpha=cluster.alpha, rho_max=cluster.rho_max,
-                         estimator=cluster.estimator, window_s=cluster.window_s,
-                         cold_start_s=cluster.cold_start_s, fair_tiebreak=cluster.fair_tiebreak,
-                         extra_caps=extra_caps(jobs, cap))
+    return build_problem(
+        jobs,
+        cap_cpus=cap.cpus,
+        cap_mem=cap.memory_gb,
+        kind=cluster.objective,
+        gamma=gamma,
+        alpha=cluster.alpha,
+        rho_max=cluster.rho_max,
+        estimator=cluster.estimator,
+        window_s=cluster.window_s,
+        cold_start_s=cluster.cold_start_s,
+        fair_tiebreak=cluster.fair_tiebreak,
+        extra_caps=extra_caps(jobs, cap),
+    )
 
 
 def group_job(members: list[JobInput], k: int) -> JobInput:
@@ -111,24 +118,26 @@ def group_job(members: list[JobInput], k: int) -> JobInput:
     try:
         rates = sum(np.broadcast_to(m.rates, (n_s, n_t)) for m in members)
     except ValueError:
-        raise ValueError("grouped models need forecasts of compatible shapes "
-                         f"(got {sorted(shapes)})") from None
+        raise ValueError(f"grouped models need forecasts of compatible shapes (got {sorted(shapes)})") from None
     mins = np.array([m.min_replicas for m in members], float)
     conc = min(m.concurrency for m in members)
     extras = {r for m in members for r in m.extra}
-    return JobInput(name=f"group{k}", rates=np.array(rates),
-                    proc_s=float(np.mean([m.proc_s * conc / m.concurrency for m in members])),
-                    slo_s=float(np.mean([m.slo_s for m in members])),
-                    quantile=max(m.quantile for m in members),
-                    priority=float(sum(m.priority for m in members)),
-                    cpus=float(mins @ [m.cpus for m in members] / mins.sum()),
-                    memory_gb=float(mins @ [m.memory_gb for m in members] / mins.sum()),
-                    min_replicas=int(mins.sum()),
-                    max_replicas=sum(m.max_replicas for m in members),
-                    current=sum(m.current for m in members),
-                    can_drop=any(m.can_drop for m in members), concurrency=conc,
-                    extra={r: float(mins @ [m.extra.get(r, 0.0) for m in members] / mins.sum())
-                           for r in sorted(extras)})
+    return JobInput(
+        name=f"group{k}",
+        rates=np.array(rates),
+        proc_s=float(np.mean([m.proc_s * conc / m.concurrency for m in members])),
+        slo_s=float(np.mean([m.slo_s for m in members])),
+        quantile=max(m.quantile for m in members),
+        priority=float(sum(m.priority for m in members)),
+        cpus=float(mins @ [m.cpus for m in members] / mins.sum()),
+        memory_gb=float(mins @ [m.memory_gb for m in members] / mins.sum()),
+        min_replicas=int(mins.sum()),
+        max_replicas=sum(m.max_replicas for m in members),
+        current=sum(m.current for m in members),
+        can_drop=any(m.can_drop for m in members),
+        concurrency=conc,
+        extra={r: float(mins @ [m.extra.get(r, 0.0) for m in members] / mins.sum()) for r in sorted(extras)},
+    )
 
 
 def group_budgets(top: Problem, gx: np.ndarray) -> np.ndarray:
@@ -147,9 +156,15 @@ def group_budgets(top: Problem, gx: np.ndarray) -> np.ndarray:
     return cast(np.ndarray, mins + np.maximum(top.caps - mins.sum(axis=0), 0.0)[None, :] * share[:, None])
 
 
-def solve_grouped(full: Problem, n_groups: int, cluster: ClusterSpec, cap: Capacity,
-                  deadline: Deadline, jobs: list[JobInput] | None = None, outer: bool = True
-                  ) -> tuple[np.ndarray, np.ndarray, int, list[int]]:
+def solve_grouped(
+    full: Problem,
+    n_groups: int,
+    cluster: ClusterSpec,
+    cap: Capacity,
+    deadline: Deadline,
+    jobs: list[JobInput] | None = None,
+    outer: bool = True,
+) -> tuple[np.ndarray, np.ndarray, int, list[int]]:
     """The hierarchical solve (paper section 3.4), then one pass over the whole cluster.
 
     Random groups are solved as single jobs to share the capacity, then each group's
@@ -175,20 +190,24 @@ def solve_grouped(full: Problem, n_groups: int, cluster: ClusterSpec, cap: Capac
         order = rng.permutation(n)
         groups = [sorted(order[k::n_groups].tolist()) for k in range(n_groups)]
     gamma = float(n_groups) if cluster.gamma is None else cluster.gamma
-    top = make([group_job([jobs[i] for i in g], k) for k, g in enumerate(groups)],
-               cluster, cap, gamma)
+    top = make([group_job([jobs[i] for i in g], k) for k, g in enumerate(groups)], cluster, cap, gamma)
     gx, _, evals = deadline.solve(top, cluster.solver)
     budgets = group_budgets(top, gx.astype(float))
     x = np.zeros(n)
     d = np.zeros(n)
     for k, g in enumerate(groups):
         b = dict(zip(top.resource_names, budgets[k].tolist()))
-        sub = full.subset(g, b[CPU], b.get(MEMORY),
-                          float(len(g)) if cluster.gamma is None else cluster.gamma,
-                          extra_caps={r: v for r, v in b.items() if r not in (CPU, MEMORY)})
+        sub = full.subset(
+            g,
+            b[CPU],
+            b.get(MEMORY),
+            float(len(g)) if cluster.gamma is None else cluster.gamma,
+            extra_caps={r: v for r, v in b.items() if r not in (CPU, MEMORY)},
+        )
         if nested and len(g) > cluster.group_max:
-            xg, dg, ev, _ = solve_grouped(sub, min(BRANCH, math.ceil(len(g) / BRANCH)), cluster,
-                                          Capacity.from_mapping(b), deadline, outer=False)
+            xg, dg, ev, _ = solve_grouped(
+                sub, min(BRANCH, math.ceil(len(g) / BRANCH)), cluster, Capacity.from_mapping(b), deadline, outer=False
+            )
         else:
             xg, dg, ev = deadline.solve(sub, cluster.solver)
         evals += ev

@@ -88,8 +88,13 @@ class Plan:
     evaluations: int = 0
 
 
-def batch_times(processing_s: float, batching: Batching | None = None, cpus: float = 1.0,
-                at_cpus: float | None = None, max_batch: int | None = None) -> np.ndarray:
+def batch_times(
+    processing_s: float,
+    batching: Batching | None = None,
+    cpus: float = 1.0,
+    at_cpus: float | None = None,
+    max_batch: int | None = None,
+) -> np.ndarray:
     """Seconds per batch of ``1 .. max_batch`` at ``at_cpus`` (default ``cpus``): one
     request alone takes ``processing_s`` at the stage's ``cpus`` (the measured scale) and
     the batch profile ``l(b, c)`` gives the shape across batch sizes and cores (the
@@ -110,8 +115,15 @@ def batch_times(processing_s: float, batching: Batching | None = None, cpus: flo
 
 
 class _Search:
-    def __init__(self, stages: Sequence[StageProfile], arrivals: np.ndarray, slo_s: float,
-                 percentile: float, seed: int, gpu_cost: float):
+    def __init__(
+        self,
+        stages: Sequence[StageProfile],
+        arrivals: np.ndarray,
+        slo_s: float,
+        percentile: float,
+        seed: int,
+        gpu_cost: float,
+    ):
         self.stages = list(stages)
         self.specs = [s.spec for s in self.stages]
         self.arr = np.sort(np.asarray(arrivals, float))
@@ -133,8 +145,14 @@ class _Search:
         key = tuple(cfg)
         if key not in self.memo:
             self.evals += 1
-            run = simulate(self.arr, self.specs, [c.replicas for c in cfg], [c.batch for c in cfg],
-                           [st.times[c.cpus] for st, c in zip(self.stages, cfg)], visits=self.vis)
+            run = simulate(
+                self.arr,
+                self.specs,
+                [c.replicas for c in cfg],
+                [c.batch for c in cfg],
+                [st.times[c.cpus] for st, c in zip(self.stages, cfg)],
+                visits=self.vis,
+            )
             self.memo[key] = run.percentile(self.q)
         return self.memo[key]
 
@@ -154,8 +172,11 @@ class _Search:
         feasible; None when it cannot grow."""
         cfg = list(cfg)
         while not self.feasible(cfg):
-            cands = [i for i in (range(len(cfg)) if only is None else [only])
-                     if cfg[i].replicas < self.stages[i].max_replicas]
+            cands = [
+                i
+                for i in (range(len(cfg)) if only is None else [only])
+                if cfg[i].replicas < self.stages[i].max_replicas
+            ]
             if not cands:
                 return None
             i = min(cands, key=lambda j: self.throughput(j, cfg[j]))
@@ -164,8 +185,7 @@ class _Search:
 
     def moves(self, cfg: list[StageConfig], i: int, hardware: bool = True) -> Iterator[StageConfig]:
         c, st = cfg[i], self.stages[i]
-        if c.batch * 2 in st.batches(c.cpus) and (
-                st.times[c.cpus][2 * c.batch - 1] + self.rest[i] < self.slo):
+        if c.batch * 2 in st.batches(c.cpus) and (st.times[c.cpus][2 * c.batch - 1] + self.rest[i] < self.slo):
             yield StageConfig(c.replicas, c.batch * 2, c.cpus)
         if c.replicas > st.min_replicas:
             yield StageConfig(c.replicas - 1, c.batch, c.cpus)
@@ -189,7 +209,7 @@ class _Search:
         """Algorithm 2's loop (``only``: the localised version, no hardware moves)."""
         while True:
             cands = []
-            for i in (range(len(cfg)) if only is None else [only]):
+            for i in range(len(cfg)) if only is None else [only]:
                 for new in self.moves(cfg, i, hardware=only is None):
                     trial = list(cfg)
                     trial[i] = new
@@ -199,8 +219,16 @@ class _Search:
                 return cfg
             cfg = min(cands, key=lambda x: x[0])[1]
 
-def plan(stages: Sequence[StageProfile], arrivals: np.ndarray, slo_s: float,
-         percentile: float = 99.0, *, seed: int = 0, gpu_cost: float = 1.0) -> Plan:
+
+def plan(
+    stages: Sequence[StageProfile],
+    arrivals: np.ndarray,
+    slo_s: float,
+    percentile: float = 99.0,
+    *,
+    seed: int = 0,
+    gpu_cost: float = 1.0,
+) -> Plan:
     """The cheapest configuration meeting ``percentile`` latency <= ``slo_s`` on the sample
     ``arrivals`` (seconds), by the paper's greedy search (module docstring)."""
     if len(arrivals) == 0:
@@ -211,30 +239,48 @@ def plan(stages: Sequence[StageProfile], arrivals: np.ndarray, slo_s: float,
     for i, st in enumerate(s.stages):
         longest[i] = st.times[start[i].cpus][0] + max((longest[p] for p in st.spec.parents), default=0.0)
     if max(longest) >= slo_s:
-        return Plan(False, reason=f"the batch-1 service time on the longest path "
-                    f"({max(longest) * 1e3:.0f} ms) is not below the SLO ({slo_s * 1e3:.0f} ms)")
+        return Plan(
+            False,
+            reason=f"the batch-1 service time on the longest path "
+            f"({max(longest) * 1e3:.0f} ms) is not below the SLO ({slo_s * 1e3:.0f} ms)",
+        )
     cfg = s.grow(start)
     if cfg is None:
-        return Plan(False, reason="the SLO is not met with every bottleneck stage at its "
-                    "max_replicas", evaluations=s.evals)
+        return Plan(
+            False, reason="the SLO is not met with every bottleneck stage at its max_replicas", evaluations=s.evals
+        )
     cfg = s.minimise(cfg)
-    return Plan(True, {st.spec.name: c for st, c in zip(s.stages, cfg)}, s.latency(cfg),
-                s.cost(cfg), evaluations=s.evals)
+    return Plan(
+        True, {st.spec.name: c for st, c in zip(s.stages, cfg)}, s.latency(cfg), s.cost(cfg), evaluations=s.evals
+    )
 
 
-def evaluate(stages: Sequence[StageProfile], arrivals: np.ndarray, configs: dict[str, StageConfig],
-             percentile: float = 99.0, *, seed: int = 0) -> PipelineRun:
+def evaluate(
+    stages: Sequence[StageProfile],
+    arrivals: np.ndarray,
+    configs: dict[str, StageConfig],
+    percentile: float = 99.0,
+    *,
+    seed: int = 0,
+) -> PipelineRun:
     """The Estimator's run of a given configuration (``pipeline_des.PipelineRun``), with
     the same visit draws as :func:`plan` on the same sample and seed."""
     arr = np.sort(np.asarray(arrivals, float))
     specs = [st.spec for st in stages]
     cfg = [configs[sp.name] for sp in specs]
-    return simulate(arr, specs, [c.replicas for c in cfg], [c.batch for c in cfg],
-                    [st.times[c.cpus] for st, c in zip(stages, cfg)], seed=seed)
+    return simulate(
+        arr,
+        specs,
+        [c.replicas for c in cfg],
+        [c.batch for c in cfg],
+        [st.times[c.cpus] for st, c in zip(stages, cfg)],
+        seed=seed,
+    )
 
 
-def profiles(pipeline: PipelineSLO, processing_s: dict[str, float] | None = None,
-             cpu_factors: Sequence[float] = (1.0, 2.0)) -> list[StageProfile]:
+def profiles(
+    pipeline: PipelineSLO, processing_s: dict[str, float] | None = None, cpu_factors: Sequence[float] = (1.0, 2.0)
+) -> list[StageProfile]:
     """A ``PipelineSLO``'s stages as :class:`StageProfile` in topological order; each
     stage's one-request time from ``processing_s`` (else its ``processing_ms``, else
     100 ms) and its batch profile; ``cpu_factors`` x its cpus are the resource choices of a
@@ -248,6 +294,13 @@ def profiles(pipeline: PipelineSLO, processing_s: dict[str, float] | None = None
         p = (processing_s or {}).get(n) or m.planning_ms() / 1e3
         facs = cpu_factors if m.batching is not None else (1.0,)
         times = {m.cpus * f: batch_times(p, m.batching, m.cpus, m.cpus * f) for f in facs}
-        out.append(StageProfile(StageSpec(n, tuple(index[x] for x in st.after), st.fraction),
-                                times, m.max_replicas, m.min_replicas, m.gpus))
+        out.append(
+            StageProfile(
+                StageSpec(n, tuple(index[x] for x in st.after), st.fraction),
+                times,
+                m.max_replicas,
+                m.min_replicas,
+                m.gpus,
+            )
+        )
     return out

@@ -121,8 +121,9 @@ def level_start(prob: Problem, d: np.ndarray, max_levels: int = 256) -> np.ndarr
     return best
 
 
-def polish(prob: Problem, x: np.ndarray, d: np.ndarray, max_moves: int = 64,
-           width: int = 6, max_step: int = 3) -> np.ndarray:
+def polish(
+    prob: Problem, x: np.ndarray, d: np.ndarray, max_moves: int = 64, width: int = 6, max_step: int = 3
+) -> np.ndarray:
     """Move 1..``max_step`` replicas from one job to another while the objective improves.
 
     Multi-replica moves matter because utility is S-shaped in replicas: a job may gain only

@@ -120,8 +120,9 @@ def latency_relaxed(c: int, lam: float, p: float, q: float, rho_max: float) -> f
 
 
 @njit(cache=True)
-def latency_row(lam: float, p: float, q: float, rho_max: float, estimator: int,
-                factors: np.ndarray, out: np.ndarray) -> None:
+def latency_row(
+    lam: float, p: float, q: float, rho_max: float, estimator: int, factors: np.ndarray, out: np.ndarray
+) -> None:
     """Fill ``out[c]`` (c = 0..len(out)-1) with the estimated latency for arrival rate ``lam``.
 
     ``factors`` is :func:`rho_max_factors` for the same ``q`` and ``rho_max``.
@@ -159,9 +160,16 @@ def latency(c: int, lam: float, p: float, q: float, rho_max: float, estimator: i
     return latency_relaxed(c, lam, p, q, rho_max)
 
 
-def min_replicas_for_slo(lam: float, p: float, slo: float, q: float, estimator: str = "mdc",
-                         rho_max: float = 0.95, limit: int = 100_000,
-                         concurrency: int = 1) -> tuple[int, float]:
+def min_replicas_for_slo(
+    lam: float,
+    p: float,
+    slo: float,
+    q: float,
+    estimator: str = "mdc",
+    rho_max: float = 0.95,
+    limit: int = 100_000,
+    concurrency: int = 1,
+) -> tuple[int, float]:
     """Fewest replicas whose estimated k-th percentile latency meets ``slo`` (seconds).
 
     A replica is ``concurrency`` servers (module docstring). Returns ``(replicas,
@@ -169,8 +177,7 @@ def min_replicas_for_slo(lam: float, p: float, slo: float, q: float, estimator: 
     below the processing time).
     """
     if slo < p:
-        raise ValueError(
-            f"SLO {slo * 1e3:g} ms is below the processing time {p * 1e3:g} ms: no replica count meets it")
+        raise ValueError(f"SLO {slo * 1e3:g} ms is below the processing time {p * 1e3:g} ms: no replica count meets it")
     est = ESTIMATORS[estimator]
     # For the M/D/c family use the exact (unrelaxed) queue: the relaxation only matters
     # inside the optimiser and never makes an unstable count look feasible anyway.
@@ -186,8 +193,16 @@ def min_replicas_for_slo(lam: float, p: float, slo: float, q: float, estimator: 
     raise ValueError(f"no replica count up to {limit} meets the SLO")
 
 
-def max_rate_for_slo(c: int, p: float, slo: float, q: float, estimator: str = "mdc",
-                     rho_max: float = 0.95, tol: float = 1e-4, concurrency: int = 1) -> float:
+def max_rate_for_slo(
+    c: int,
+    p: float,
+    slo: float,
+    q: float,
+    estimator: str = "mdc",
+    rho_max: float = 0.95,
+    tol: float = 1e-4,
+    concurrency: int = 1,
+) -> float:
     """Largest arrival rate (requests/s) at which ``c`` replicas (of ``concurrency`` servers
     each) still meet ``slo``: the inverse of :func:`min_replicas_for_slo`, by bisection
     (latency rises with the rate)."""

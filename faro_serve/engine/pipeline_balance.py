@@ -62,8 +62,9 @@ def _candidates(lo: FloatArray, hi: FloatArray, need: FloatArray, budget: FloatA
     """Stage counts within [lo, hi] using at most ``budget`` of every resource, the last
     stage as many as fit (None when more than MAX_SPLITS)."""
     m = lo.size
-    ranges = [range(int(lo[s]), max(min(int(hi[s]), _affords(budget, need[s], hi[s])), int(lo[s])) + 1)
-              for s in range(m - 1)]
+    ranges = [
+        range(int(lo[s]), max(min(int(hi[s]), _affords(budget, need[s], hi[s])), int(lo[s])) + 1) for s in range(m - 1)
+    ]
     if np.prod([len(r) for r in ranges], dtype=float) > MAX_SPLITS:
         return None
     out = []
@@ -77,8 +78,9 @@ def _candidates(lo: FloatArray, hi: FloatArray, need: FloatArray, budget: FloatA
     return out
 
 
-def _greedy(term: PipelineTerm, lo: FloatArray, hi: FloatArray, need: FloatArray, budget: FloatArray,
-            d: float) -> list[FloatArray]:
+def _greedy(
+    term: PipelineTerm, lo: FloatArray, hi: FloatArray, need: FloatArray, budget: FloatArray, d: float
+) -> list[FloatArray]:
     """From the minimums, one replica at a time to the stage whose addition most lowers the
     health measure, while the budget allows."""
     y = lo.astype(float).copy()
@@ -97,8 +99,9 @@ def _greedy(term: PipelineTerm, lo: FloatArray, hi: FloatArray, need: FloatArray
         y[best] += 1
 
 
-def best_split(term: PipelineTerm, xs: FloatArray, d: float, lo: FloatArray, hi: FloatArray,
-               need: FloatArray) -> FloatArray:
+def best_split(
+    term: PipelineTerm, xs: FloatArray, d: float, lo: FloatArray, hi: FloatArray, need: FloatArray
+) -> FloatArray:
     """The stages' counts ranked best (module docstring) among the splits of what ``xs``
     uses; ``xs`` itself when nothing ranks above it. ``need`` is (stages, resources)."""
     xs = np.asarray(xs, float)
@@ -113,8 +116,7 @@ def best_split(term: PipelineTerm, xs: FloatArray, d: float, lo: FloatArray, hi:
     top = [y for y, u in zip(cands, util) if u >= util.max()]
 
     def key(y: FloatArray) -> tuple[float, float, float]:
-        return (-round(health(term, y, d), 12), -round(float((y @ need).sum()), 9),
-                -float(np.abs(y - xs).sum()))
+        return (-round(health(term, y, d), 12), -round(float((y @ need).sum()), 9), -float(np.abs(y - xs).sum()))
 
     best = max(top, key=key)  # the first of equal keys: xs when it is among the best
     return best
@@ -123,8 +125,9 @@ def best_split(term: PipelineTerm, xs: FloatArray, d: float, lo: FloatArray, hi:
 MAX_MENU = 3000
 
 
-def split_menu(term: PipelineTerm, lo: FloatArray, hi: FloatArray, need: FloatArray, caps: FloatArray,
-               d: float) -> tuple[FloatArray, FloatArray, FloatArray] | None:
+def split_menu(
+    term: PipelineTerm, lo: FloatArray, hi: FloatArray, need: FloatArray, caps: FloatArray, d: float
+) -> tuple[FloatArray, FloatArray, FloatArray] | None:
     """Every split of a pipeline worth considering, with its window utility and cost:
     ``(splits (k x stages), utility (k,), cost (k,))``, cost the resources it uses as a share
     of the capacity, summed over resources. A stage's count ranges from its minimum to where

@@ -80,8 +80,9 @@ def _avail(j: int, t: float, on: np.ndarray, off: np.ndarray, ptr: np.ndarray) -
 
 
 @njit(cache=True)
-def stage_queue_sched(ready: np.ndarray, batch: int, batch_time: np.ndarray, hold: float,
-                      on: np.ndarray, off: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stage_queue_sched(
+    ready: np.ndarray, batch: int, batch_time: np.ndarray, hold: float, on: np.ndarray, off: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`stage_queue` with replicas that come and go: replica ``j`` starts batches only
     inside its intervals ``[on[j, i], off[j, i])`` (inf-padded); a batch started runs to
     its end (a replica removed drains, as Ray's graceful shutdown). A queued batch takes
@@ -141,8 +142,9 @@ def stage_queue_sched(ready: np.ndarray, batch: int, batch_time: np.ndarray, hol
 
 
 @njit(cache=True)
-def stage_queue(ready: np.ndarray, replicas: int, batch: int, batch_time: np.ndarray,
-                hold: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stage_queue(
+    ready: np.ndarray, replicas: int, batch: int, batch_time: np.ndarray, hold: float = 0.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One stage: FIFO queue, ``replicas`` servers, batches of up to ``batch``.
 
     ``ready`` sorted ascending (the times requests reach the stage); ``batch_time[k - 1]``
@@ -207,10 +209,18 @@ def visit_matrix(stages: Sequence[StageSpec], n: int, seed: int = 0) -> np.ndarr
     return vis
 
 
-def simulate(arrivals: np.ndarray, stages: Sequence[StageSpec], replicas: Sequence[int],
-             batch: Sequence[int], batch_time: Sequence[np.ndarray], *, seed: int = 0,
-             hold: float = 0.0, visits: np.ndarray | None = None,
-             schedules: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None) -> PipelineRun:
+def simulate(
+    arrivals: np.ndarray,
+    stages: Sequence[StageSpec],
+    replicas: Sequence[int],
+    batch: Sequence[int],
+    batch_time: Sequence[np.ndarray],
+    *,
+    seed: int = 0,
+    hold: float = 0.0,
+    visits: np.ndarray | None = None,
+    schedules: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None,
+) -> PipelineRun:
     """Every query of ``arrivals`` (seconds, any order) through the pipeline.
 
     Per stage ``s`` (topological order, parents before children): ``replicas[s]``,
@@ -225,8 +235,9 @@ def simulate(arrivals: np.ndarray, stages: Sequence[StageSpec], replicas: Sequen
         if any(p >= s for p in st.parents):
             raise ValueError(f"stage {st.name!r}: parents must come earlier (topological order)")
         if replicas[s] < 1 or batch[s] < 1 or len(batch_time[s]) < batch[s]:
-            raise ValueError(f"stage {st.name!r}: replicas and batch >= 1, and a time for every "
-                             f"batch size up to {batch[s]}")
+            raise ValueError(
+                f"stage {st.name!r}: replicas and batch >= 1, and a time for every batch size up to {batch[s]}"
+            )
     vis = visit_matrix(stages, n, seed) if visits is None else np.asarray(visits, bool)
     finish = np.full((S, n), np.nan)
     stats: dict[str, StageStats] = {}
@@ -252,10 +263,12 @@ def simulate(arrivals: np.ndarray, stages: Sequence[StageSpec], replicas: Sequen
         if m:
             busy = float(np.sum(bt[size - 1] / size))  # each batch's time once
             stats[st.name] = StageStats(
-                visits=int(m), mean_wait_s=float(np.mean(st_s - r_sorted)),
+                visits=int(m),
+                mean_wait_s=float(np.mean(st_s - r_sorted)),
                 mean_batch=float(m / np.sum(1.0 / size)),
                 utilisation=busy / (max(reps, 1e-9) * max(span, float(bt[0]))),
-                p99_s=float(np.percentile(fin_s - r_sorted, 99)))
+                p99_s=float(np.percentile(fin_s - r_sorted, 99)),
+            )
         else:
             stats[st.name] = StageStats(0, 0.0, 0.0, 0.0, 0.0)
     done = np.nanmax(np.where(vis, finish, -np.inf), axis=0) if n else np.empty(0)

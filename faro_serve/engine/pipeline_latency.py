@@ -47,8 +47,7 @@ def compose(stage_latency: np.ndarray, paths: np.ndarray) -> np.ndarray:
     of the sum along the path. ``stage_latency`` is (..., stages); returns (...)."""
     lat = np.asarray(stage_latency, float)
     with np.errstate(invalid="ignore"):
-        sums = np.where(paths[None, :, :] > 0,
-                        lat.reshape(-1, 1, lat.shape[-1]), 0.0).sum(axis=2)
+        sums = np.where(paths[None, :, :] > 0, lat.reshape(-1, 1, lat.shape[-1]), 0.0).sum(axis=2)
     return cast(np.ndarray, sums.max(axis=1).reshape(lat.shape[:-1]))
 
 
@@ -63,8 +62,7 @@ def shares(stage_latency: np.ndarray, paths: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
-def stage_tail(c: int, lam: float, p: float, q: float, rho_max: float,
-               estimator: int) -> tuple[float, float, float]:
+def stage_tail(c: int, lam: float, p: float, q: float, rho_max: float, estimator: int) -> tuple[float, float, float]:
     """The latency distribution the M/D/c estimate stands for, ``base + V``: ``V`` is 0 with
     probability ``1 - C`` and exponential of rate ``mu`` otherwise (Erlang-C waiting halved,
     latency.py). Its ``q`` quantile is the single-stage estimate. Beyond ``rho_max`` (relaxed

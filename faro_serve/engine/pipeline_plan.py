@@ -46,8 +46,9 @@ class PipelineDecision:
     stages: dict[str, StageSplit] = field(default_factory=dict)
 
 
-def stage_forecasts(models: Sequence[ModelSLO], forecasts: Mapping[str, Any] | Iterable[Any],
-                    pipelines: Sequence[PipelineSLO]) -> Mapping[str, Any] | Iterable[Any]:
+def stage_forecasts(
+    models: Sequence[ModelSLO], forecasts: Mapping[str, Any] | Iterable[Any], pipelines: Sequence[PipelineSLO]
+) -> Mapping[str, Any] | Iterable[Any]:
     """``forecasts`` with every stage's rates = its pipeline's entry forecast x the stage's
     fraction, where the forecasts name the pipeline (a mapping); stages keep their own
     forecasts otherwise. The pipeline names are taken out (they are not models)."""
@@ -67,8 +68,9 @@ def entry_drops(jobs: list[JobInput], pipelines: Sequence[PipelineSLO]) -> list[
     """Only a pipeline's first entry stage may drop (its drop rate is the pipeline's)."""
     first = {p.entries[0] for p in pipelines}
     staged = {n for p in pipelines for n in p.stage_names}
-    return [JobInput(**{**j.__dict__, "can_drop": j.can_drop and j.name in first})
-            if j.name in staged else j for j in jobs]
+    return [
+        JobInput(**{**j.__dict__, "can_drop": j.can_drop and j.name in first}) if j.name in staged else j for j in jobs
+    ]
 
 
 def units(models: Sequence[ModelSLO], pipelines: Sequence[PipelineSLO]) -> int:
@@ -77,9 +79,16 @@ def units(models: Sequence[ModelSLO], pipelines: Sequence[PipelineSLO]) -> int:
     return sum(m.name not in staged for m in models) + len(pipelines)
 
 
-def pipeline_problem(base: Problem, pipelines: Sequence[PipelineSLO], *, alpha: float,
-                     rho_max: float, estimator: str, window_s: float,
-                     cold_start_s: float) -> PipelineProblem:
+def pipeline_problem(
+    base: Problem,
+    pipelines: Sequence[PipelineSLO],
+    *,
+    alpha: float,
+    rho_max: float,
+    estimator: str,
+    window_s: float,
+    cold_start_s: float,
+) -> PipelineProblem:
     """``base`` (every model's variable, stages included) with each pipeline one job."""
     pos = {j.name: i for i, j in enumerate(base.jobs)}
     terms = []
@@ -92,14 +101,29 @@ def pipeline_problem(base: Problem, pipelines: Sequence[PipelineSLO], *, alpha: 
         drop_var = pos[p.entries[0]]
         grid = base.drop_grid if base.can_drop[drop_var] else NO_DROP
         frac = cold_start_fractions(sj[0].rates.shape[1], window_s, cold_start_s)
-        terms.append(build_term(p.name, sj, idx, paths, p.slo_ms / 1e3, p.priority, alpha,
-                                rho_max, ESTIMATORS[estimator], frac, grid, drop_var,
-                                [j.max_replicas for j in sj]))
+        terms.append(
+            build_term(
+                p.name,
+                sj,
+                idx,
+                paths,
+                p.slo_ms / 1e3,
+                p.priority,
+                alpha,
+                rho_max,
+                ESTIMATORS[estimator],
+                frac,
+                grid,
+                drop_var,
+                [j.max_replicas for j in sj],
+            )
+        )
     return with_pipelines(base, terms)
 
 
-def pipeline_decisions(prob: PipelineProblem, x: np.ndarray, d: np.ndarray,
-                       pipelines: Sequence[PipelineSLO]) -> list[PipelineDecision]:
+def pipeline_decisions(
+    prob: PipelineProblem, x: np.ndarray, d: np.ndarray, pipelines: Sequence[PipelineSLO]
+) -> list[PipelineDecision]:
     out = []
     xf = np.asarray(x, float)
     eu = prob.job_values(xf, d) if prob.penalty else None
@@ -110,13 +134,23 @@ def pipeline_decisions(prob: PipelineProblem, x: np.ndarray, d: np.ndarray,
         e2e = float((t.paths @ np.where(np.isfinite(lat), lat, np.inf)).max())
         i0 = int(t.idx[0])
         stages: dict[str, StageSplit] = {
-            n: {"replicas": int(x[i]), "latency_ms": round(float(lat[k]) * 1e3, 3)
-                if np.isfinite(lat[k]) else None, "share": round(float(share[k]), 4)}
-            for k, (n, i) in enumerate(zip(p.stage_names, t.idx))}
-        out.append(PipelineDecision(
-            name=p.name, slo_ms=p.slo_ms, latency_ms=e2e * 1e3, utility=float(u[i0]),
-            effective_utility=float(eu[i0] if eu is not None else u[i0]),
-            drop_rate=round(dd, 4),
-            arrival_rate=float(prob.jobs[t.drop_var].rates.mean()
-                               / p.stage(p.entries[0]).fraction), stages=stages))
+            n: {
+                "replicas": int(x[i]),
+                "latency_ms": round(float(lat[k]) * 1e3, 3) if np.isfinite(lat[k]) else None,
+                "share": round(float(share[k]), 4),
+            }
+            for k, (n, i) in enumerate(zip(p.stage_names, t.idx))
+        }
+        out.append(
+            PipelineDecision(
+                name=p.name,
+                slo_ms=p.slo_ms,
+                latency_ms=e2e * 1e3,
+                utility=float(u[i0]),
+                effective_utility=float(eu[i0] if eu is not None else u[i0]),
+                drop_rate=round(dd, 4),
+                arrival_rate=float(prob.jobs[t.drop_var].rates.mean() / p.stage(p.entries[0]).fraction),
+                stages=stages,
+            )
+        )
     return out

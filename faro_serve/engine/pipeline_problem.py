@@ -92,8 +92,7 @@ class PipelineProblem(Problem):
         return out
 
     def value(self, x: np.ndarray, d: np.ndarray) -> float:
-        return cluster_objective(self.kind, self.unit_values(x, d), self.unit_priority,
-                                 self.gamma, self.fair_tiebreak)
+        return cluster_objective(self.kind, self.unit_values(x, d), self.unit_priority, self.gamma, self.fair_tiebreak)
 
     def single_values(self, x: np.ndarray, x_new: np.ndarray, d: np.ndarray) -> np.ndarray:
         """Per variable, its unit's value when that variable alone takes ``x_new``."""
@@ -144,8 +143,10 @@ class PipelineProblem(Problem):
         cheaper split that needs a trade between stages)."""
         x = np.asarray(x, float).copy()
         cur = self.value(x, d)
+
         def same(v: float) -> bool:
             return abs(v - cur) <= 1e-12 * max(1.0, abs(cur))
+
         weight = self.need.sum(axis=1)  # a replica's resources, summed (to rank the trades)
         for _ in range(max_rounds):
             best, best_save = None, 1e-12
@@ -154,8 +155,7 @@ class PipelineProblem(Problem):
                     for j in t.idx:
                         for k in (2, 3):
                             save = k * weight[i] - weight[j]
-                            if i == j or x[i] - k < self.lo[i] or x[j] + 1 > self.hi[j] \
-                                    or save <= best_save:
+                            if i == j or x[i] - k < self.lo[i] or x[j] + 1 > self.hi[j] or save <= best_save:
                                 continue
                             y = x.copy()
                             y[i] -= k
@@ -174,8 +174,7 @@ class PipelineProblem(Problem):
         x = np.asarray(x, float).copy()
         cur = self.value(x, d)
         for t in self.terms:
-            y = best_split(t, x[t.idx], float(d[t.drop_var]), self.lo[t.idx], self.hi[t.idx],
-                           self.need[t.idx])
+            y = best_split(t, x[t.idx], float(d[t.drop_var]), self.lo[t.idx], self.hi[t.idx], self.need[t.idx])
             if np.array_equal(y, x[t.idx]):
                 continue
             z = x.copy()
@@ -195,8 +194,7 @@ class PipelineProblem(Problem):
         lo, hi = self.lo.astype(int), self.hi.astype(int)
         menus = []
         for t in self.terms:
-            menu = split_menu(t, self.lo[t.idx], self.hi[t.idx], self.need[t.idx], self.caps,
-                              float(d[t.drop_var]))
+            menu = split_menu(t, self.lo[t.idx], self.hi[t.idx], self.need[t.idx], self.caps, float(d[t.drop_var]))
             if menu is None:
                 return None
             menus.append(menu)
@@ -226,8 +224,14 @@ class PipelineProblem(Problem):
                 best, best_val = x, v
         return best
 
-    def subset(self, idx: Iterable[int], cap_cpus: float, cap_mem: float | None, gamma: float,
-               extra_caps: dict[str, float] | None = None) -> "Problem":
+    def subset(
+        self,
+        idx: Iterable[int],
+        cap_cpus: float,
+        cap_mem: float | None,
+        gamma: float,
+        extra_caps: dict[str, float] | None = None,
+    ) -> "Problem":
         """The variables ``idx`` alone (a group): pipelines wholly inside stay terms (the
         planner keeps a pipeline's stages in one group)."""
         idx = list(idx)
@@ -236,15 +240,26 @@ class PipelineProblem(Problem):
         terms = []
         for t in self.terms:
             if all(int(i) in pos for i in t.idx):
-                terms.append(PipelineTerm(**{**t.__dict__, "idx": np.array([pos[int(i)] for i in t.idx]),
-                                             "drop_var": pos[t.drop_var]}))
+                terms.append(
+                    PipelineTerm(
+                        **{**t.__dict__, "idx": np.array([pos[int(i)] for i in t.idx]), "drop_var": pos[t.drop_var]}
+                    )
+                )
         if not terms:
             return base
-        return PipelineProblem(jobs=base.jobs, tables=base.tables, drop_grid=base.drop_grid,
-                               cap_cpus=base.cap_cpus, cap_mem=base.cap_mem, kind=base.kind,
-                               gamma=base.gamma, fair_tiebreak=base.fair_tiebreak,
-                               batch_tables=base.batch_tables, extra_caps=base.extra_caps,
-                               terms=terms)
+        return PipelineProblem(
+            jobs=base.jobs,
+            tables=base.tables,
+            drop_grid=base.drop_grid,
+            cap_cpus=base.cap_cpus,
+            cap_mem=base.cap_mem,
+            kind=base.kind,
+            gamma=base.gamma,
+            fair_tiebreak=base.fair_tiebreak,
+            batch_tables=base.batch_tables,
+            extra_caps=base.extra_caps,
+            terms=terms,
+        )
 
     def unit_groups(self, n_groups: int, rng: np.random.Generator) -> list[list[int]]:
         """Random groups of units (a pipeline's stages stay together), as variable lists."""
@@ -258,7 +273,16 @@ class PipelineProblem(Problem):
 
 def with_pipelines(prob: Problem, terms: list[PipelineTerm]) -> PipelineProblem:
     """``prob`` with ``terms`` counted as one job each."""
-    return PipelineProblem(jobs=prob.jobs, tables=prob.tables, drop_grid=prob.drop_grid,
-                           cap_cpus=prob.cap_cpus, cap_mem=prob.cap_mem, kind=prob.kind,
-                           gamma=prob.gamma, fair_tiebreak=prob.fair_tiebreak,
-                           batch_tables=prob.batch_tables, extra_caps=prob.extra_caps, terms=terms)
+    return PipelineProblem(
+        jobs=prob.jobs,
+        tables=prob.tables,
+        drop_grid=prob.drop_grid,
+        cap_cpus=prob.cap_cpus,
+        cap_mem=prob.cap_mem,
+        kind=prob.kind,
+        gamma=prob.gamma,
+        fair_tiebreak=prob.fair_tiebreak,
+        batch_tables=prob.batch_tables,
+        extra_caps=prob.extra_caps,
+        terms=terms,
+    )

@@ -20,8 +20,9 @@ from .problem import JobInput
 
 
 @njit(cache=True)
-def stage_latency_table(rates: np.ndarray, keep: np.ndarray, p: float, q: float, rho_max: float,
-                        estimator: int, cmax: int, k: int) -> np.ndarray:
+def stage_latency_table(
+    rates: np.ndarray, keep: np.ndarray, p: float, q: float, rho_max: float, estimator: int, cmax: int, k: int
+) -> np.ndarray:
     """``L[d, s, t, c]``: a stage's percentile latency (s) at ``c`` replicas of ``k`` servers
     for forecast sample ``s``, step ``t``, when the entry keeps ``keep[d]`` of the queries."""
     n_s, n_t = rates.shape
@@ -31,16 +32,16 @@ def stage_latency_table(rates: np.ndarray, keep: np.ndarray, p: float, q: float,
     for di in range(keep.shape[0]):
         for s in range(n_s):
             for t in range(n_t):
-                latency_row(max(rates[s, t] * keep[di], 0.0), p, q, rho_max, estimator, factors,
-                            row)
+                latency_row(max(rates[s, t] * keep[di], 0.0), p, q, rho_max, estimator, factors, row)
                 for c in range(cmax + 1):
                     out[di, s, t, c] = row[c * k]
     return out
 
 
 @njit(cache=True)
-def step_utilities(inv: np.ndarray, xs: np.ndarray, d: float, drop_grid: np.ndarray,
-                   paths: np.ndarray, slo: float, alpha: float) -> np.ndarray:
+def step_utilities(
+    inv: np.ndarray, xs: np.ndarray, d: float, drop_grid: np.ndarray, paths: np.ndarray, slo: float, alpha: float
+) -> np.ndarray:
     """Per window step, the mean over the forecast samples of the relaxed utility of the
     end-to-end estimate at continuous stage replicas ``xs`` and entry drop ``d``.
 
@@ -118,8 +119,7 @@ class PipelineTerm:
         if self.drop_grid.size == 1:
             inv = inv[:, 0]
         else:
-            k = int(np.clip(np.searchsorted(self.drop_grid, d, side="right") - 1, 0,
-                            self.drop_grid.size - 2))
+            k = int(np.clip(np.searchsorted(self.drop_grid, d, side="right") - 1, 0, self.drop_grid.size - 2))
             span = self.drop_grid[k + 1] - self.drop_grid[k]
             wd = min(max((d - self.drop_grid[k]) / span, 0.0), 1.0)
             inv = (1 - wd) * inv[:, k] + wd * inv[:, k + 1]
@@ -134,8 +134,9 @@ class PipelineTerm:
         if self.inv is None:
             with np.errstate(divide="ignore"):
                 self.inv = np.ascontiguousarray(1.0 / self.lat)
-        return step_utilities(self.inv, np.asarray(xs, float), float(d), self.drop_grid,
-                              self.paths, self.slo_s, self.alpha)
+        return step_utilities(
+            self.inv, np.asarray(xs, float), float(d), self.drop_grid, self.paths, self.slo_s, self.alpha
+        )
 
     def utility(self, xs: np.ndarray, d: float) -> float:
         """Window utility: the cold start holds scale-ups at the current replicas for the
@@ -156,19 +157,47 @@ class PipelineTerm:
         return lat, shares(lat, self.paths)
 
 
-def build_term(name: str, stage_jobs: list[JobInput], idx: list[int], paths: np.ndarray,
-               slo_s: float, priority: float, alpha: float, rho_max: float, estimator: int,
-               new_fraction: np.ndarray, drop_grid: np.ndarray, drop_var: int,
-               ceilings: list[int]) -> PipelineTerm:
+def build_term(
+    name: str,
+    stage_jobs: list[JobInput],
+    idx: list[int],
+    paths: np.ndarray,
+    slo_s: float,
+    priority: float,
+    alpha: float,
+    rho_max: float,
+    estimator: int,
+    new_fraction: np.ndarray,
+    drop_grid: np.ndarray,
+    drop_var: int,
+    ceilings: list[int],
+) -> PipelineTerm:
     """Tabulate a pipeline's stages (``stage_jobs``: their rates already entry x fraction)."""
     keep = 1.0 - drop_grid
     lats = []
     width = max(ceilings) + 1
     for j, cmax in zip(stage_jobs, ceilings):
-        tab = stage_latency_table(np.ascontiguousarray(j.rates, float), keep, j.proc_s,
-                                  j.quantile, rho_max, estimator, width - 1, j.concurrency)
+        tab = stage_latency_table(
+            np.ascontiguousarray(j.rates, float),
+            keep,
+            j.proc_s,
+            j.quantile,
+            rho_max,
+            estimator,
+            width - 1,
+            j.concurrency,
+        )
         lats.append(tab)
-    return PipelineTerm(name=name, idx=np.array(idx), paths=paths, slo_s=slo_s,
-                        priority=priority, alpha=alpha, drop_var=drop_var,
-                        lat=np.stack(lats), current=np.array([j.current for j in stage_jobs], float),
-                        new_fraction=new_fraction, drop_grid=drop_grid)
+    return PipelineTerm(
+        name=name,
+        idx=np.array(idx),
+        paths=paths,
+        slo_s=slo_s,
+        priority=priority,
+        alpha=alpha,
+        drop_var=drop_var,
+        lat=np.stack(lats),
+        current=np.array([j.current for j in stage_jobs], float),
+        new_fraction=new_fraction,
+        drop_grid=drop_grid,
+    )

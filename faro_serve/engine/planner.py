@@ -95,8 +95,10 @@ def normalise_rates(value: npt.ArrayLike, name: str) -> np.ndarray:
     elif arr.ndim == 1:
         arr = arr.reshape(-1, 1)
     elif arr.ndim != 2:
-        raise ValueError(f"forecast for {name!r} must be a number, a list of samples or a "
-                         f"samples x steps array, got {arr.ndim} dimensions")
+        raise ValueError(
+            f"forecast for {name!r} must be a number, a list of samples or a "
+            f"samples x steps array, got {arr.ndim} dimensions"
+        )
     if arr.size == 0:
         raise ValueError(f"forecast for {name!r} is empty")
     if not np.all(np.isfinite(arr)):
@@ -120,8 +122,14 @@ def _lookup(mapping: PerModel | None, models: Sequence[ModelSLO], what: str, def
     return seq
 
 
-def _jobs(models: Sequence[ModelSLO], forecasts: PerModel, current: PerModel | None, processing_ms: PerModel | None,
-          cluster: ClusterSpec, batch_shapes: PerModel | None = None) -> list[JobInput]:
+def _jobs(
+    models: Sequence[ModelSLO],
+    forecasts: PerModel,
+    current: PerModel | None,
+    processing_ms: PerModel | None,
+    cluster: ClusterSpec,
+    batch_shapes: PerModel | None = None,
+) -> list[JobInput]:
     fc = _lookup(forecasts, models, "forecasts")
     cur = _lookup(current, models, "current_replicas")
     proc = _lookup(processing_ms, models, "processing_ms")
@@ -132,8 +140,9 @@ def _jobs(models: Sequence[ModelSLO], forecasts: PerModel, current: PerModel | N
             raise ValueError(f"no forecast for model {m.name!r}")
         p_ms = p if p is not None else m.processing_ms
         if p_ms is None or not np.isfinite(p_ms) or p_ms <= 0:
-            raise ValueError(f"model {m.name!r} has no processing time: set processing_ms in its "
-                             f"SLO or pass a measured value")
+            raise ValueError(
+                f"model {m.name!r} has no processing time: set processing_ms in its SLO or pass a measured value"
+            )
         c = m.min_replicas if c is None else int(c)
         if c < 0:
             raise ValueError(f"current replicas of {m.name!r} is negative ({c})")
@@ -141,26 +150,47 @@ def _jobs(models: Sequence[ModelSLO], forecasts: PerModel, current: PerModel | N
         if bt is not None:
             shape = bt.shape(m.cpus) if shape is None else shape
             if len(shape) < bt.max_batch_size + 1:
-                raise ValueError(f"the batch curve of {m.name!r} stops at batch {len(shape) - 1}, "
-                                 f"below its max_batch_size {bt.max_batch_size}")
+                raise ValueError(
+                    f"the batch curve of {m.name!r} stops at batch {len(shape) - 1}, "
+                    f"below its max_batch_size {bt.max_batch_size}"
+                )
         rates = normalise_rates(f, m.name)
-        jobs.append(JobInput(name=m.name, rates=rates, proc_s=p_ms / 1e3,
-                             slo_s=m.slo_ms / 1e3, quantile=m.percentile / 100.0,
-                             priority=m.priority, cpus=m.cpus, memory_gb=m.memory_gb,
-                             min_replicas=m.min_replicas, max_replicas=m.max_replicas,
-                             # no traffic forecast, nothing to drop (COBYLA would leave
-                             # the flat drop variable wherever its steps took it)
-                             current=c, can_drop=m.allow_drop and bool(np.any(rates > 0)),
-                             batch_shape=None if bt is None else np.asarray(shape, float),
-                             max_batch=1 if bt is None else bt.max_batch_size,
-                             concurrency=m.concurrency,
-                             extra={r: a for r, a in demand(m).items() if r not in (CPU, MEMORY)}))
+        jobs.append(
+            JobInput(
+                name=m.name,
+                rates=rates,
+                proc_s=p_ms / 1e3,
+                slo_s=m.slo_ms / 1e3,
+                quantile=m.percentile / 100.0,
+                priority=m.priority,
+                cpus=m.cpus,
+                memory_gb=m.memory_gb,
+                min_replicas=m.min_replicas,
+                max_replicas=m.max_replicas,
+                # no traffic forecast, nothing to drop (COBYLA would leave
+                # the flat drop variable wherever its steps took it)
+                current=c,
+                can_drop=m.allow_drop and bool(np.any(rates > 0)),
+                batch_shape=None if bt is None else np.asarray(shape, float),
+                max_batch=1 if bt is None else bt.max_batch_size,
+                concurrency=m.concurrency,
+                extra={r: a for r, a in demand(m).items() if r not in (CPU, MEMORY)},
+            )
+        )
     return jobs
 
 
-def make_problem(models: Sequence[ModelSLO], forecasts: PerModel, current_replicas: PerModel | None,
-                 cluster: ClusterSpec, *, processing_ms: PerModel | None = None, capacity: Capacity | None = None,
-                 pipelines: Sequence[PipelineSLO] = (), batch_shapes: PerModel | None = None) -> Problem:
+def make_problem(
+    models: Sequence[ModelSLO],
+    forecasts: PerModel,
+    current_replicas: PerModel | None,
+    cluster: ClusterSpec,
+    *,
+    processing_ms: PerModel | None = None,
+    capacity: Capacity | None = None,
+    pipelines: Sequence[PipelineSLO] = (),
+    batch_shapes: PerModel | None = None,
+) -> Problem:
     """The un-grouped :class:`Problem` ``plan`` optimises (for tests, benchmarks, analysis);
     ``capacity``: what is available now, capped by the configured one (as in ``plan``)."""
     models = list(models)
@@ -173,17 +203,31 @@ def make_problem(models: Sequence[ModelSLO], forecasts: PerModel, current_replic
         cap = cap.capped_by(capacity)
     if not pipelines:
         return make(jobs, cluster, cap, cluster.resolved_gamma(len(jobs)))
-    prob = make(entry_drops(jobs, pipelines), cluster, cap,
-                    cluster.resolved_gamma(units(models, pipelines)))
-    return pipeline_problem(prob, pipelines, alpha=cluster.alpha, rho_max=cluster.rho_max,
-                            estimator=cluster.estimator, window_s=cluster.window_s,
-                            cold_start_s=cluster.cold_start_s)
+    prob = make(entry_drops(jobs, pipelines), cluster, cap, cluster.resolved_gamma(units(models, pipelines)))
+    return pipeline_problem(
+        prob,
+        pipelines,
+        alpha=cluster.alpha,
+        rho_max=cluster.rho_max,
+        estimator=cluster.estimator,
+        window_s=cluster.window_s,
+        cold_start_s=cluster.cold_start_s,
+    )
 
 
-def plan(models: Sequence[ModelSLO], forecasts: PerModel, current_replicas: PerModel | None,
-         cluster: ClusterSpec, *, processing_ms: PerModel | None = None, capacity_cpus: float | None = None,
-         capacity_memory_gb: float | None = None, capacity: Capacity | None = None,
-         pipelines: Sequence[PipelineSLO] = (), batch_shapes: PerModel | None = None) -> Allocation:
+def plan(
+    models: Sequence[ModelSLO],
+    forecasts: PerModel,
+    current_replicas: PerModel | None,
+    cluster: ClusterSpec,
+    *,
+    processing_ms: PerModel | None = None,
+    capacity_cpus: float | None = None,
+    capacity_memory_gb: float | None = None,
+    capacity: Capacity | None = None,
+    pipelines: Sequence[PipelineSLO] = (),
+    batch_shapes: PerModel | None = None,
+) -> Allocation:
     """Decide every model's replicas and drop rate for the next window.
 
     ``forecasts``: per model (mapping by name, or a sequence in model order) a rate in
@@ -203,8 +247,7 @@ def plan(models: Sequence[ModelSLO], forecasts: PerModel, current_replicas: PerM
     models = list(models)
     if not models:
         raise ValueError("plan needs at least one model")
-    cap = Capacity.of_cluster(cluster).capped_by(
-        Capacity.of(capacity_cpus, capacity_memory_gb))
+    cap = Capacity.of_cluster(cluster).capped_by(Capacity.of(capacity_cpus, capacity_memory_gb))
     if capacity is not None:
         cap = cap.capped_by(capacity)
     check_minimums_fit(models, cap)
@@ -223,9 +266,16 @@ def plan(models: Sequence[ModelSLO], forecasts: PerModel, current_replicas: PerM
         prob = make(jobs, cluster, cap, gamma)
         if not pipelines:
             return prob
-        return pipeline_problem(prob, pipelines, alpha=cluster.alpha, rho_max=cluster.rho_max,
-                                estimator=cluster.estimator, window_s=cluster.window_s,
-                                cold_start_s=cluster.cold_start_s)
+        return pipeline_problem(
+            prob,
+            pipelines,
+            alpha=cluster.alpha,
+            rho_max=cluster.rho_max,
+            estimator=cluster.estimator,
+            window_s=cluster.window_s,
+            cold_start_s=cluster.cold_start_s,
+        )
+
     notes: list[str] = []
     evals = 0
     deadline = Deadline(cluster.plan_deadline_s, start=t0)
@@ -240,9 +290,14 @@ def plan(models: Sequence[ModelSLO], forecasts: PerModel, current_replicas: PerM
         full = problem()
         x, d, evals, sizes = solve_grouped(full, n_groups, cluster, cap, deadline, jobs)
         probs = [(full, list(range(n)), x, d)]
-        notes.append(f"hierarchical: {n_groups} groups of {min(sizes)}-{max(sizes)} models"
-                     + (f" (groups above {cluster.group_max} nested)"
-                        if max(sizes) > cluster.group_max and not pipelines else ""))
+        notes.append(
+            f"hierarchical: {n_groups} groups of {min(sizes)}-{max(sizes)} models"
+            + (
+                f" (groups above {cluster.group_max} nested)"
+                if max(sizes) > cluster.group_max and not pipelines
+                else ""
+            )
+        )
     fallback = deadline.note()
     if fallback:
         notes.append(fallback)
@@ -261,8 +316,13 @@ def plan(models: Sequence[ModelSLO], forecasts: PerModel, current_replicas: PerM
     if not cap.fits(used):
         raise AssertionError(f"planner produced an allocation above capacity: {cap.over(used)}")
     eu = phi(drops) * utils
-    value = cluster_objective(cluster.objective, eu if cluster.objective in PENALTY_OBJECTIVES else utils,
-                              np.array([j.priority for j in jobs]), gamma, cluster.fair_tiebreak)
+    value = cluster_objective(
+        cluster.objective,
+        eu if cluster.objective in PENALTY_OBJECTIVES else utils,
+        np.array([j.priority for j in jobs]),
+        gamma,
+        cluster.fair_tiebreak,
+    )
     pipe_decisions = []
     if pipelines:
         prob = probs[0][0]
@@ -278,14 +338,33 @@ def plan(models: Sequence[ModelSLO], forecasts: PerModel, current_replicas: PerM
     for i, j in enumerate(jobs):
         lam = float(j.rates.mean()) * (1.0 - drops[i])
         servers = int(reps[i]) * j.concurrency
-        lat = latency_batched(servers, lam, j.proc_s, j.quantile, cluster.rho_max, est,
-                              j.batch_shape, int(batches[i]))
-        decisions.append(ModelDecision(
-            name=j.name, replicas=int(reps[i]), current=int(j.current), drop_rate=round(float(drops[i]), 4),
-            utility=float(utils[i]), effective_utility=float(eu[i]), latency_ms=float(lat) * 1e3,
-            arrival_rate=float(j.rates.mean()), processing_ms=j.proc_s * 1e3, slo_ms=j.slo_s * 1e3,
-            batch_size=int(batches[i]), pipeline=stage_of.get(j.name)))
-    return Allocation(objective=cluster.objective, objective_value=float(value), decisions=decisions,
-                      solve_ms=(time.perf_counter() - t0) * 1e3, groups=n_groups, evaluations=evals,
-                      cpus_used=cpus_used, memory_used_gb=mem_used, notes=notes,
-                      fallback=fallback, pipelines=pipe_decisions)
+        lat = latency_batched(servers, lam, j.proc_s, j.quantile, cluster.rho_max, est, j.batch_shape, int(batches[i]))
+        decisions.append(
+            ModelDecision(
+                name=j.name,
+                replicas=int(reps[i]),
+                current=int(j.current),
+                drop_rate=round(float(drops[i]), 4),
+                utility=float(utils[i]),
+                effective_utility=float(eu[i]),
+                latency_ms=float(lat) * 1e3,
+                arrival_rate=float(j.rates.mean()),
+                processing_ms=j.proc_s * 1e3,
+                slo_ms=j.slo_s * 1e3,
+                batch_size=int(batches[i]),
+                pipeline=stage_of.get(j.name),
+            )
+        )
+    return Allocation(
+        objective=cluster.objective,
+        objective_value=float(value),
+        decisions=decisions,
+        solve_ms=(time.perf_counter() - t0) * 1e3,
+        groups=n_groups,
+        evaluations=evals,
+        cpus_used=cpus_used,
+        memory_used_gb=mem_used,
+        notes=notes,
+        fallback=fallback,
+        pipelines=pipe_decisions,
+    )

@@ -95,8 +95,9 @@ class Problem:
         self.priority = np.array([j.priority for j in self.jobs], dtype=float)
         self.can_drop = np.array([j.can_drop for j in self.jobs], dtype=bool) & self.penalty
         self.current = np.array([j.current for j in self.jobs], dtype=float)
-        self.resource_names, self.need, self.caps = demand_matrix(self.jobs, self.cap_cpus,
-                                                                  self.cap_mem, self.extra_caps)
+        self.resource_names, self.need, self.caps = demand_matrix(
+            self.jobs, self.cap_cpus, self.cap_mem, self.extra_caps
+        )
 
     @property
     def n(self) -> int:
@@ -108,8 +109,7 @@ class Problem:
 
     def utilities(self, x: np.ndarray, d: np.ndarray) -> np.ndarray:
         """Window utility U of each job (requests that are not dropped)."""
-        return interp_utilities(self.tables, np.asarray(x, float), np.asarray(d, float),
-                                self.drop_grid)
+        return interp_utilities(self.tables, np.asarray(x, float), np.asarray(d, float), self.drop_grid)
 
     def job_values(self, x: np.ndarray, d: np.ndarray) -> np.ndarray:
         """U, or EU = phi(d) U for the penalty objectives: what the objective aggregates."""
@@ -123,8 +123,7 @@ class Problem:
 
     def value(self, x: np.ndarray, d: np.ndarray) -> float:
         """The relaxed cluster objective (to maximise)."""
-        return cluster_objective(self.kind, self.job_values(x, d), self.priority, self.gamma,
-                                 self.fair_tiebreak)
+        return cluster_objective(self.kind, self.job_values(x, d), self.priority, self.gamma, self.fair_tiebreak)
 
     def single_change_values(self, v: np.ndarray, v_new: np.ndarray) -> np.ndarray:
         """Objective when job ``i`` alone moves from ``v[i]`` to ``v_new[i]``, for every ``i``.
@@ -153,8 +152,14 @@ class Problem:
         x = np.asarray(x, float)
         return bool(np.all(x @ self.need <= self.caps + slack))
 
-    def subset(self, idx: Iterable[int], cap_cpus: float, cap_mem: float | None, gamma: float,
-               extra_caps: dict[str, float] | None = None) -> "Problem":
+    def subset(
+        self,
+        idx: Iterable[int],
+        cap_cpus: float,
+        cap_mem: float | None,
+        gamma: float,
+        extra_caps: dict[str, float] | None = None,
+    ) -> "Problem":
         """The jobs ``idx`` alone within their own capacity (a group of section 3.4).
 
         The tables are this problem's rows: a job's window utility does not depend on the
@@ -166,11 +171,18 @@ class Problem:
         extra_caps = dict(extra_caps or {})
         ceilings = count_ceiling(jobs, cap_cpus, cap_mem_v, extra_caps)
         jobs = [JobInput(**{**j.__dict__, "max_replicas": c}) for j, c in zip(jobs, ceilings)]
-        return Problem(jobs=jobs, tables=self.tables[idx], drop_grid=self.drop_grid,
-                       cap_cpus=float(cap_cpus), cap_mem=cap_mem_v, kind=self.kind, gamma=gamma,
-                       fair_tiebreak=self.fair_tiebreak,
-                       batch_tables=None if self.batch_tables is None else self.batch_tables[idx],
-                       extra_caps=extra_caps)
+        return Problem(
+            jobs=jobs,
+            tables=self.tables[idx],
+            drop_grid=self.drop_grid,
+            cap_cpus=float(cap_cpus),
+            cap_mem=cap_mem_v,
+            kind=self.kind,
+            gamma=gamma,
+            fair_tiebreak=self.fair_tiebreak,
+            batch_tables=None if self.batch_tables is None else self.batch_tables[idx],
+            extra_caps=extra_caps,
+        )
 
     def batch_sizes(self, x: np.ndarray, d: np.ndarray) -> np.ndarray:
         """The largest batch each job should allow at whole replicas ``x`` and drop rates
@@ -189,8 +201,9 @@ def batch_choices(max_batch: int) -> list[int]:
     return sorted({c for c in BATCH_CHOICES if c < max_batch} | {max(1, int(max_batch))})
 
 
-def demand_matrix(jobs: list[JobInput], cap_cpus: float, cap_mem: float,
-                  extra_caps: dict[str, float]) -> tuple[list[str], np.ndarray, np.ndarray]:
+def demand_matrix(
+    jobs: list[JobInput], cap_cpus: float, cap_mem: float, extra_caps: dict[str, float]
+) -> tuple[list[str], np.ndarray, np.ndarray]:
     """The binding resources: names, per-replica needs (jobs x resources) and caps.
 
     CPUs always bind; memory where capped; a GPU or custom resource where capped and some
@@ -209,8 +222,9 @@ def demand_matrix(jobs: list[JobInput], cap_cpus: float, cap_mem: float,
     return names, np.array(cols, dtype=float).T.reshape(len(jobs), len(names)), np.array(caps)
 
 
-def count_ceiling(jobs: list[JobInput], cap_cpus: float, cap_mem: float,
-                  extra_caps: dict[str, float] | None = None) -> list[int]:
+def count_ceiling(
+    jobs: list[JobInput], cap_cpus: float, cap_mem: float, extra_caps: dict[str, float] | None = None
+) -> list[int]:
     """Most replicas each job could get: its max, or what is left after everyone's minimum,
     in the scarcest resource it needs."""
     _, need, caps = demand_matrix(jobs, cap_cpus, cap_mem, extra_caps or {})
@@ -218,16 +232,26 @@ def count_ceiling(jobs: list[JobInput], cap_cpus: float, cap_mem: float,
     left = caps - lo @ need
     out = []
     for i, j in enumerate(jobs):
-        room = [np.floor(left[r] / need[i, r] + j.min_replicas + 1e-9)
-                for r in range(caps.size) if need[i, r] > 0]
+        room = [np.floor(left[r] / need[i, r] + j.min_replicas + 1e-9) for r in range(caps.size) if need[i, r] > 0]
         out.append(int(max(j.min_replicas, min([j.max_replicas, *room]))))
     return out
 
 
-def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | None, kind: str,
-                  gamma: float, alpha: float, rho_max: float, estimator: str, window_s: float,
-                  cold_start_s: float, fair_tiebreak: float,
-                  extra_caps: dict[str, float] | None = None) -> Problem:
+def build_problem(
+    jobs: list[JobInput],
+    *,
+    cap_cpus: float,
+    cap_mem: float | None,
+    kind: str,
+    gamma: float,
+    alpha: float,
+    rho_max: float,
+    estimator: str,
+    window_s: float,
+    cold_start_s: float,
+    fair_tiebreak: float,
+    extra_caps: dict[str, float] | None = None,
+) -> Problem:
     """Tabulate every job's window utility and wrap the result as a :class:`Problem`.
 
     ``extra_caps``: caps on GPUs and custom resources (``JobInput.extra``), by Ray's name."""
@@ -245,8 +269,7 @@ def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | Non
     widths = []
     for j, c in zip(jobs, ceilings):
         rates = np.ascontiguousarray(j.rates, dtype=float)
-        sat = saturation_count(float(rates.max()), j.proc_s, j.quantile, j.slo_s, rho_max, est, c,
-                               j.concurrency)
+        sat = saturation_count(float(rates.max()), j.proc_s, j.quantile, j.slo_s, rho_max, est, c, j.concurrency)
         widths.append(max(sat, j.current, j.min_replicas) + 1)
     n_c = max(widths)
     tables = np.zeros((len(jobs), len(grid), n_c))
@@ -268,11 +291,25 @@ def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | Non
         for b in batch_choices(j.max_batch if shape is not None else 1):
             if shape is not None and b > 1:
                 tab, f_b = batch_table(shape, b, j.quantile), float(shape[b])
-                steps = step_utility_table(rates, j.proc_s, j.quantile, j.slo_s, alpha, rho_max,
-                                           est, width - 1, jgrid, tab, f_b, b, j.concurrency)
+                steps = step_utility_table(
+                    rates,
+                    j.proc_s,
+                    j.quantile,
+                    j.slo_s,
+                    alpha,
+                    rho_max,
+                    est,
+                    width - 1,
+                    jgrid,
+                    tab,
+                    f_b,
+                    b,
+                    j.concurrency,
+                )
             else:
-                steps = step_utility_table(rates, j.proc_s, j.quantile, j.slo_s, alpha, rho_max,
-                                           est, width - 1, jgrid, k=j.concurrency)
+                steps = step_utility_table(
+                    rates, j.proc_s, j.quantile, j.slo_s, alpha, rho_max, est, width - 1, jgrid, k=j.concurrency
+                )
             wn = window_table(steps, int(j.current), frac)
             if w is None or wb is None:
                 w, wb = wn, np.ones(wn.shape, dtype=np.int64)
@@ -286,12 +323,21 @@ def build_problem(jobs: list[JobInput], *, cap_cpus: float, cap_mem: float | Non
         tables[i, : len(jgrid), :width] = w
         tables[i, : len(jgrid), width:] = w[:, -1:]
         if len(jgrid) < len(grid):  # a job that may not drop: same utility at every grid point
-            tables[i, len(jgrid):] = tables[i, 0]
+            tables[i, len(jgrid) :] = tables[i, 0]
         if batch_tables is not None:
             batch_tables[i, : len(jgrid), :width] = wb
             batch_tables[i, : len(jgrid), width:] = wb[:, -1:]
             if len(jgrid) < len(grid):
-                batch_tables[i, len(jgrid):] = batch_tables[i, 0]
-    return Problem(jobs=jobs, tables=tables, drop_grid=grid, cap_cpus=float(cap_cpus),
-                   cap_mem=cap_mem_v, kind=kind, gamma=gamma, fair_tiebreak=fair_tiebreak,
-                   batch_tables=batch_tables, extra_caps=extra_caps)
+                batch_tables[i, len(jgrid) :] = batch_tables[i, 0]
+    return Problem(
+        jobs=jobs,
+        tables=tables,
+        drop_grid=grid,
+        cap_cpus=float(cap_cpus),
+        cap_mem=cap_mem_v,
+        kind=kind,
+        gamma=gamma,
+        fair_tiebreak=fair_tiebreak,
+        batch_tables=batch_tables,
+        extra_caps=extra_caps,
+    )

@@ -85,8 +85,9 @@ def _kill() -> None:
 def _start() -> subprocess.Popen[bytes]:
     import time
 
-    child = subprocess.Popen([sys.executable, "-m", "faro_serve.engine.sandbox_child"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "faro_serve.engine.sandbox_child"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     try:
         assert child.stdout is not None and child.stdin is not None  # both PIPEs
         if _read(child.stdout.fileno(), time.monotonic() + START_TIMEOUT_S) != "ready":
@@ -98,9 +99,9 @@ def _start() -> subprocess.Popen[bytes]:
     return child
 
 
-def relaxed(prob: Problem, rhobeg: float, maxeval: int | None, timeout_s: float | None = None,
-            maxtime: float | None = None
-            ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int] | None:
+def relaxed(
+    prob: Problem, rhobeg: float, maxeval: int | None, timeout_s: float | None = None, maxtime: float | None = None
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int] | None:
     """``solve_relaxed(prob, rhobeg, "nlopt-inline", maxeval, maxtime)`` in the child
     process; None when it did not answer within ``timeout_s`` (default :func:`deadline_s`,
     or ``maxtime`` + 1 s where that is shorter; the child is then killed) or could not run."""

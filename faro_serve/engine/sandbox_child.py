@@ -27,8 +27,10 @@ def _serve() -> None:
         except EOFError:  # the parent went away
             return
         try:
-            _write(out, ("ok", solve_relaxed(prob, rhobeg=rhobeg, backend="nlopt-inline",
-                                                 maxeval=maxeval, maxtime=maxtime)))
+            _write(
+                out,
+                ("ok", solve_relaxed(prob, rhobeg=rhobeg, backend="nlopt-inline", maxeval=maxeval, maxtime=maxtime)),
+            )
         except Exception as err:  # noqa: BLE001 - reported to the parent, which falls back
             _write(out, ("error", repr(err)))
 

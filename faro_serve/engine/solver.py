@@ -36,8 +36,7 @@ def start_point(prob: Problem) -> FloatArray:
     return cast(FloatArray, prob.lo + extra * shrink)
 
 
-def _linear_rows(prob: Problem, fx: npt.NDArray[np.intp], x0: FloatArray,
-                 n_drop: int) -> tuple[FloatArray, FloatArray]:
+def _linear_rows(prob: Problem, fx: npt.NDArray[np.intp], x0: FloatArray, n_drop: int) -> tuple[FloatArray, FloatArray]:
     """Capacity constraints ``A v <= b`` over the free replica variables (+ drop variables):
     one row per binding resource (CPUs, memory where capped, GPUs, custom resources)."""
     free = np.zeros(prob.n, bool)
@@ -47,9 +46,17 @@ def _linear_rows(prob: Problem, fx: npt.NDArray[np.intp], x0: FloatArray,
     return rows, caps
 
 
-def _cobyla_nlopt(fun: Callable[[FloatArray], float], v0: FloatArray, lb: FloatArray, ub: FloatArray,
-                  a: FloatArray, b: FloatArray, rhobeg: float, maxeval: int,
-                  maxtime: float | None = None) -> FloatArray:
+def _cobyla_nlopt(
+    fun: Callable[[FloatArray], float],
+    v0: FloatArray,
+    lb: FloatArray,
+    ub: FloatArray,
+    a: FloatArray,
+    b: FloatArray,
+    rhobeg: float,
+    maxeval: int,
+    maxtime: float | None = None,
+) -> FloatArray:
     import nlopt
 
     best: list[Any] = [np.inf, v0.copy()]  # [value, point] of the best feasible point
@@ -78,12 +85,25 @@ def _cobyla_nlopt(fun: Callable[[FloatArray], float], v0: FloatArray, lb: FloatA
     return cast(FloatArray, best[1])
 
 
-def _cobyla_scipy(fun: Callable[[FloatArray], float], v0: FloatArray, lb: FloatArray, ub: FloatArray,
-                  a: FloatArray, b: FloatArray, rhobeg: float, maxeval: int,
-                  maxtime: float | None = None) -> FloatArray:  # no time limit
-    res = minimize(fun, v0, method="COBYLA", bounds=Bounds(lb, ub),
-                   constraints=[LinearConstraint(a, -np.inf, b)],
-                   options={"rhobeg": rhobeg, "tol": 0.02, "maxiter": maxeval})
+def _cobyla_scipy(
+    fun: Callable[[FloatArray], float],
+    v0: FloatArray,
+    lb: FloatArray,
+    ub: FloatArray,
+    a: FloatArray,
+    b: FloatArray,
+    rhobeg: float,
+    maxeval: int,
+    maxtime: float | None = None,
+) -> FloatArray:  # no time limit
+    res = minimize(
+        fun,
+        v0,
+        method="COBYLA",
+        bounds=Bounds(lb, ub),
+        constraints=[LinearConstraint(a, -np.inf, b)],
+        options={"rhobeg": rhobeg, "tol": 0.02, "maxiter": maxeval},
+    )
     return np.asarray(res.x, float)
 
 
@@ -91,9 +111,9 @@ def _cobyla_scipy(fun: Callable[[FloatArray], float], v0: FloatArray, lb: FloatA
 BACKENDS = {"nlopt-inline": _cobyla_nlopt, "scipy": _cobyla_scipy}
 
 
-def solve_relaxed(prob: Problem, rhobeg: float = 2.0, backend: str = "nlopt",
-                  maxeval: int | None = None, maxtime: float | None = None
-                  ) -> tuple[FloatArray, FloatArray, int]:
+def solve_relaxed(
+    prob: Problem, rhobeg: float = 2.0, backend: str = "nlopt", maxeval: int | None = None, maxtime: float | None = None
+) -> tuple[FloatArray, FloatArray, int]:
     """Continuous optimum of the relaxed objective with COBYLA. Returns ``(x, d, evaluations)``.
 
     ``backend`` "nlopt" runs Powell's COBYLA compiled (NLopt); "scipy" runs
@@ -132,7 +152,7 @@ def solve_relaxed(prob: Problem, rhobeg: float = 2.0, backend: str = "nlopt",
         x = x0.copy()
         x[fx] = v[: fx.size]
         dd = np.zeros(n)
-        dd[drop_idx] = v[fx.size:] / DROP_SCALE
+        dd[drop_idx] = v[fx.size :] / DROP_SCALE
         return x, dd
 
     def neg_value(v: FloatArray) -> float:
@@ -152,9 +172,15 @@ def solve_relaxed(prob: Problem, rhobeg: float = 2.0, backend: str = "nlopt",
     return np.clip(x, prob.lo, prob.hi), np.clip(d, 0.0, 1.0), count[0]
 
 
-def solve(prob: Problem, *, do_shrink: bool = True, do_polish: bool = True,
-          rhobeg: float = 2.0, backend: str = "nlopt",
-          maxtime: float | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+def solve(
+    prob: Problem,
+    *,
+    do_shrink: bool = True,
+    do_polish: bool = True,
+    rhobeg: float = 2.0,
+    backend: str = "nlopt",
+    maxtime: float | None = None,
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Integer replicas and drop rates for ``prob``. Returns ``(x, d, evaluations)``.
     ``maxtime``: seconds the relaxed solve may take (the planner's deadline; 0: skip it)."""
     xc, dc, nfev = solve_relaxed(prob, rhobeg=rhobeg, backend=backend, maxtime=maxtime)

@@ -62,15 +62,20 @@ def phi(drop_rate: npt.ArrayLike, relaxed: bool = True) -> npt.NDArray[np.float6
     return 1.0 - (penalty_relaxed(avail) if relaxed else penalty_step(avail))
 
 
-def effective_utility(utility: npt.ArrayLike, drop_rate: npt.ArrayLike,
-                      relaxed: bool = True) -> npt.NDArray[np.float64]:
+def effective_utility(
+    utility: npt.ArrayLike, drop_rate: npt.ArrayLike, relaxed: bool = True
+) -> npt.NDArray[np.float64]:
     """EU = phi(d) * U (paper eq. 2)."""
     return cast("npt.NDArray[np.float64]", phi(drop_rate, relaxed) * np.asarray(utility, dtype=float))
 
 
-def cluster_objective(kind: str, utilities: npt.ArrayLike, priority: npt.ArrayLike | None = None,
-                      gamma: float | None = None,
-                      fair_tiebreak: float = 0.0) -> float:
+def cluster_objective(
+    kind: str,
+    utilities: npt.ArrayLike,
+    priority: npt.ArrayLike | None = None,
+    gamma: float | None = None,
+    fair_tiebreak: float = 0.0,
+) -> float:
     """Value (to maximise) of one of the five cluster objectives (paper section 3.2).
 
     ``utilities`` are U for sum/fair/fair_sum and EU for the penalty variants. ``fair`` is

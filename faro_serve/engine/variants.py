@@ -64,8 +64,16 @@ def options(model: ModelSLO, default_load_s: float) -> list[Option]:
             lat = p * float(shape[b])
             if lat <= model.slo_ms / 1e3:
                 # a replica of concurrency k serves k at once (batching refuses k > 1)
-                out.append(Option(v.name, b, v.accuracy, lat, b * model.concurrency / lat,
-                                  default_load_s if v.load_s is None else v.load_s))
+                out.append(
+                    Option(
+                        v.name,
+                        b,
+                        v.accuracy,
+                        lat,
+                        b * model.concurrency / lat,
+                        default_load_s if v.load_s is None else v.load_s,
+                    )
+                )
     if not out:
         raise ValueError(f"model {model.name!r}: no variant reaches the accuracy target within the SLO")
     return out
@@ -81,10 +89,12 @@ def instances(opt: Option, load: float, slack: float = SLACK) -> int:
     return max(1, math.ceil(slack * load / opt.throughput - 1e-9))
 
 
-def scale_up(opts: list[Option], cur: Option, n: int, load: float, slack: float = SLACK,
-             weight: float = LOAD_WEIGHT) -> tuple[Option, int, str]:
+def scale_up(
+    opts: list[Option], cur: Option, n: int, load: float, slack: float = SLACK, weight: float = LOAD_WEIGHT
+) -> tuple[Option, int, str]:
     """Replicate or upgrade, whichever costs less: ``(option, instances, "replicate" |
     "upgrade")``."""
+
     def cost(o: Option, k: int) -> float:
         delta = k - n
         return delta + weight * o.load_s * max(delta, 0)
@@ -99,14 +109,14 @@ def scale_up(opts: list[Option], cur: Option, n: int, load: float, slack: float 
     return best
 
 
-def scale_down(opts: list[Option], cur: Option, n: int, load: float,
-               slack: float = SLACK) -> tuple[Option, int, str] | None:
+def scale_down(
+    opts: list[Option], cur: Option, n: int, load: float, slack: float = SLACK
+) -> tuple[Option, int, str] | None:
     """One instance fewer if the load fits, else a downgrade to the lowest batch of the same
     architecture that fits on no more instances; None when neither applies."""
     if n > 1 and (load <= 0 or (n - 1) * cur.throughput / load >= slack):
         return cur, n - 1, "remove"
-    lower = [o for o in opts if o.variant == cur.variant and o.batch < cur.batch
-             and instances(o, load, slack) <= n]
+    lower = [o for o in opts if o.variant == cur.variant and o.batch < cur.batch and instances(o, load, slack) <= n]
     if lower:
         o = min(lower, key=lambda o: o.batch)
         return o, instances(o, load, slack), "downgrade"

@@ -24,8 +24,7 @@ from .batched_latency import NO_TABLE, latency_row_batched
 from .latency import latency_row, rho_max_factors
 
 # Drop rates at which W is tabulated for jobs that may drop (penalty objectives).
-DROP_GRID = np.array([0.0, 0.01, 0.02, 0.035, 0.05, 0.075, 0.10, 0.15, 0.20, 0.30,
-                      0.40, 0.50, 0.65, 0.80, 1.0])
+DROP_GRID = np.array([0.0, 0.01, 0.02, 0.035, 0.05, 0.075, 0.10, 0.15, 0.20, 0.30, 0.40, 0.50, 0.65, 0.80, 1.0])
 NO_DROP = np.array([0.0])
 
 
@@ -40,10 +39,21 @@ def _utility(lat: float, slo: float, alpha: float) -> float:
 
 
 @njit(cache=True)
-def step_utility_table(rates: np.ndarray, p: float, q: float, slo: float, alpha: float,
-                       rho_max: float, estimator: int, cmax: int,
-                       drop_grid: np.ndarray, table: np.ndarray = NO_TABLE, f_b: float = 1.0,
-                       bmax: int = 1, k: int = 1) -> np.ndarray:
+def step_utility_table(
+    rates: np.ndarray,
+    p: float,
+    q: float,
+    slo: float,
+    alpha: float,
+    rho_max: float,
+    estimator: int,
+    cmax: int,
+    drop_grid: np.ndarray,
+    table: np.ndarray = NO_TABLE,
+    f_b: float = 1.0,
+    bmax: int = 1,
+    k: int = 1,
+) -> np.ndarray:
     """``U[d, t, c]``: relaxed utility at step ``t`` averaged over the forecast samples.
 
     ``rates`` has shape (samples, steps) in requests/s. ``table``/``f_b``/``bmax``: replicas
@@ -73,8 +83,9 @@ def step_utility_table(rates: np.ndarray, p: float, q: float, slo: float, alpha:
 
 
 @njit(cache=True)
-def saturation_count(lam_max: float, p: float, q: float, slo: float, rho_max: float,
-                     estimator: int, cmax: int, k: int = 1) -> int:
+def saturation_count(
+    lam_max: float, p: float, q: float, slo: float, rho_max: float, estimator: int, cmax: int, k: int = 1
+) -> int:
     """Fewest replicas (at most ``cmax``, of ``k`` servers each) whose latency at ``lam_max``
     meets the SLO.
 
@@ -120,8 +131,7 @@ def cold_start_fractions(n_steps: int, window_s: float, cold_start_s: float) -> 
 
 
 @njit(cache=True)
-def interp_utilities(tables: np.ndarray, x: np.ndarray, d: np.ndarray,
-                     drop_grid: np.ndarray) -> np.ndarray:
+def interp_utilities(tables: np.ndarray, x: np.ndarray, d: np.ndarray, drop_grid: np.ndarray) -> np.ndarray:
     """Bilinear lookup of each job's window utility at continuous (replicas, drop rate).
 
     ``tables`` has shape (jobs, len(drop_grid), counts); jobs that never drop use row 0.

@@ -73,18 +73,30 @@ class ReplayRecords:
             else:
                 by_status[s] = by_status.get(s, 0) + 1
         answered = sum(by_status.values())
-        return {"scheduled": len(self.status), "sent": answered + errors, "answered": answered,
-                "by_status": dict(sorted(by_status.items())), "errors": errors, "not_sent": not_sent}
+        return {
+            "scheduled": len(self.status),
+            "sent": answered + errors,
+            "answered": answered,
+            "by_status": dict(sorted(by_status.items())),
+            "errors": errors,
+            "not_sent": not_sent,
+        }
 
 
-async def _poll_status(client, url: str, every_s: float, t0: float, stop: asyncio.Event,
-                       out: list, on_status: Callable[[float, dict], None] | None = None) -> None:
+async def _poll_status(
+    client,
+    url: str,
+    every_s: float,
+    t0: float,
+    stop: asyncio.Event,
+    out: list,
+    on_status: Callable[[float, dict], None] | None = None,
+) -> None:
     import aiohttp
 
     while not stop.is_set():
         try:
-            async with client.get(f"{url}/faro/status",
-                                  timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+            async with client.get(f"{url}/faro/status", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
                 body = await r.json() if r.status == 200 else None
             if body is not None:
                 out.append((time.perf_counter() - t0, body))
@@ -103,15 +115,22 @@ async def _post(client, url: str, body: bytes, headers: dict | None = None) -> t
         return r.status, await r.read()
 
 
-async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 1000,
-                        timeout_s: float = 30.0, body: bytes = b"",
-                        status_every_s: float | None = 5.0,
-                        on_done: Callable[[int], None] | None = None,
-                        on_result: Callable[[int, str, float], None] | None = None,
-                        on_status: Callable[[float, dict], None] | None = None,
-                        stop_sending: asyncio.Event | None = None,
-                        stop_grace_s: float = 3.0, path: str = "/{model}/predict",
-                        content_type: str | None = None) -> ReplayRecords:
+async def send_schedule(
+    schedule: Schedule,
+    url: str,
+    *,
+    max_in_flight: int = 1000,
+    timeout_s: float = 30.0,
+    body: bytes = b"",
+    status_every_s: float | None = 5.0,
+    on_done: Callable[[int], None] | None = None,
+    on_result: Callable[[int, str, float], None] | None = None,
+    on_status: Callable[[float, dict], None] | None = None,
+    stop_sending: asyncio.Event | None = None,
+    stop_grace_s: float = 3.0,
+    path: str = "/{model}/predict",
+    content_type: str | None = None,
+) -> ReplayRecords:
     """Send every request of ``schedule`` to ``<url><path>`` (``{model}`` in ``path`` is
     each request's model: faro-serve's own ``/<model>/predict``, or a user's route such as
     ``/{model}`` or ``/{model}/classify``) with ``body``; see the module docstring.
@@ -135,9 +154,11 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         stop = asyncio.Event()
-        poller = (asyncio.create_task(_poll_status(client, url, status_every_s, t0, stop, polls,
-                                                   on_status))
-                  if status_every_s else None)
+        poller = (
+            asyncio.create_task(_poll_status(client, url, status_every_s, t0, stop, polls, on_status))
+            if status_every_s
+            else None
+        )
 
         async def one(i: int) -> None:
             nonlocal in_flight
@@ -150,8 +171,7 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
                 headers = {NETWORK_HEADER: f"{net * 1e3:.3f}"} if net > 0 else {}
                 if content_type:
                     headers["content-type"] = content_type
-                code, answer = await asyncio.wait_for(
-                    _post(client, paths[schedule.model[i]], body, headers), timeout_s)
+                code, answer = await asyncio.wait_for(_post(client, paths[schedule.model[i]], body, headers), timeout_s)
                 latency[i] = time.perf_counter() - start
                 status[i] = str(code)
                 if code != 200:
@@ -214,13 +234,21 @@ async def send_schedule(schedule: Schedule, url: str, *, max_in_flight: int = 10
             stop.set()
             await poller
         wall = time.perf_counter() - t0
-    return ReplayRecords(model=schedule.model.copy(), trace_s=schedule.trace_s.copy(), send_s=send_s,
-                         status=status, latency_s=latency, reason=reason, wall_s=wall,
-                         status_polls=polls)
+    return ReplayRecords(
+        model=schedule.model.copy(),
+        trace_s=schedule.trace_s.copy(),
+        send_s=send_s,
+        status=status,
+        latency_s=latency,
+        reason=reason,
+        wall_s=wall,
+        status_polls=polls,
+    )
 
 
-async def post_burst(url: str, n: int, concurrency: int, rate: float | None = None,
-                     body: bytes = b"x", seed: int = 0) -> list[tuple]:
+async def post_burst(
+    url: str, n: int, concurrency: int, rate: float | None = None, body: bytes = b"x", seed: int = 0
+) -> list[tuple]:
     """``n`` POSTs to ``url`` with at most ``concurrency`` open: as fast as answers come back
     (a flood), or started at Poisson instants of ``rate``/s. One (status or the error's
     name, seconds, reason) per request; the reason of a non-200 is faro-serve's JSON
@@ -230,8 +258,10 @@ async def post_burst(url: str, n: int, concurrency: int, rate: float | None = No
 
     out, sem = [], asyncio.Semaphore(concurrency)
     gaps = np.random.default_rng(seed).exponential(1 / rate, n) if rate else None
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency + 10),
-                                     timeout=aiohttp.ClientTimeout(total=120)) as c:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency + 10), timeout=aiohttp.ClientTimeout(total=120)
+    ) as c:
+
         async def one():
             async with sem:
                 t0 = time.perf_counter()
@@ -240,11 +270,11 @@ async def post_burst(url: str, n: int, concurrency: int, rate: float | None = No
                         answer = await r.read()
                     reason = None
                     if r.status != 200:
-                        reason = (json.loads(answer).get("reason")
-                                  if r.content_type == "application/json" else "ray")
+                        reason = json.loads(answer).get("reason") if r.content_type == "application/json" else "ray"
                     out.append((r.status, time.perf_counter() - t0, reason))
                 except Exception as err:  # a lost request: callers count these
                     out.append((type(err).__name__, time.perf_counter() - t0, None))
+
         tasks = []
         for k in range(n):
             tasks.append(asyncio.create_task(one()))

@@ -104,13 +104,16 @@ def check_url(url: str, allow_remote: bool = False) -> str:
         except ValueError:
             loopback = False
     if not loopback and not allow_remote:
-        raise ValueError(f"refusing to send load to {host}: not a loopback address "
-                         f"(pass --allow-remote to replay against another machine)")
+        raise ValueError(
+            f"refusing to send load to {host}: not a loopback address "
+            f"(pass --allow-remote to replay against another machine)"
+        )
     return url.rstrip("/")
 
 
-def select_trace(trace: Trace, jobs: list[str] | None, mapping: dict[str, str],
-                 start: int = 0, minutes: int | None = None) -> tuple[Trace, list[str]]:
+def select_trace(
+    trace: Trace, jobs: list[str] | None, mapping: dict[str, str], start: int = 0, minutes: int | None = None
+) -> tuple[Trace, list[str]]:
     """The jobs and minutes to replay, and the model each job goes to (default: its name)."""
     if jobs is None and mapping:
         jobs = list(mapping)
@@ -120,8 +123,7 @@ def select_trace(trace: Trace, jobs: list[str] | None, mapping: dict[str, str],
         trace = trace.select(jobs)
     unknown = [j for j in mapping if j not in trace.names]
     if unknown:
-        raise TraceError(f"--map names job(s) not replayed: {', '.join(unknown)} "
-                         f"(replaying {', '.join(trace.names)})")
+        raise TraceError(f"--map names job(s) not replayed: {', '.join(unknown)} (replaying {', '.join(trace.names)})")
     if start < 0:
         raise TraceError(f"--start must be >= 0 (got {start})")
     if start >= trace.minutes:
@@ -130,8 +132,7 @@ def select_trace(trace: Trace, jobs: list[str] | None, mapping: dict[str, str],
         if minutes < 1:
             raise TraceError(f"--minutes must be >= 1 (got {minutes})")
         if start + minutes > trace.minutes:
-            raise TraceError(f"--start {start} + --minutes {minutes} is beyond the trace's "
-                             f"{trace.minutes} minutes")
+            raise TraceError(f"--start {start} + --minutes {minutes} is beyond the trace's {trace.minutes} minutes")
     trace = trace.window(start, None if minutes is None else start + minutes)
     names = [mapping.get(j, j) for j in trace.names]
     if len(set(names)) != len(names):
@@ -139,9 +140,15 @@ def select_trace(trace: Trace, jobs: list[str] | None, mapping: dict[str, str],
     return trace, names
 
 
-def build_schedule(trace: Trace, names: list[str] | None = None, time_scale: float = 1.0,
-                   rate_scale: float = 1.0, seed: int = 0, max_requests: int | None = None,
-                   network: NetworkSpec | None = None) -> Schedule:
+def build_schedule(
+    trace: Trace,
+    names: list[str] | None = None,
+    time_scale: float = 1.0,
+    rate_scale: float = 1.0,
+    seed: int = 0,
+    max_requests: int | None = None,
+    network: NetworkSpec | None = None,
+) -> Schedule:
     """Draw the open-loop schedule of ``trace`` (see the module docstring); with ``network``,
     each request's network time (replay/network.py: its own stream, the rest unchanged).
 
@@ -159,8 +166,10 @@ def build_schedule(trace: Trace, names: list[str] | None = None, time_scale: flo
     counts, time_ss = draw_counts(lam, seed)  # the simulator's own draw
     total = int(counts.sum())
     if max_requests is not None and total > max_requests:
-        raise ValueError(f"the replay would send {total:,} requests, above --max-requests "
-                         f"{max_requests:,}; lower --rate-scale or --minutes, or raise the cap")
+        raise ValueError(
+            f"the replay would send {total:,} requests, above --max-requests "
+            f"{max_requests:,}; lower --rate-scale or --minutes, or raise the cap"
+        )
     rng = np.random.default_rng(time_ss)
     n_jobs, n_min = counts.shape
     flat = counts.T.ravel()  # minute-major: minute 0 of every job, then minute 1, ...
@@ -172,7 +181,16 @@ def build_schedule(trace: Trace, names: list[str] | None = None, time_scale: flo
     trace_s = trace_s[order]
     send_s = trace_s * time_scale
     network = network or NetworkSpec()
-    return Schedule(names=names, jobs=list(trace.names), model=job[order].astype(np.int64),
-                    trace_s=trace_s, send_s=send_s, counts=counts,
-                    time_scale=float(time_scale), rate_scale=float(rate_scale), seed=int(seed),
-                    network=str(network), network_s=draw_network(network, send_s, seed))
+    return Schedule(
+        names=names,
+        jobs=list(trace.names),
+        model=job[order].astype(np.int64),
+        trace_s=trace_s,
+        send_s=send_s,
+        counts=counts,
+        time_scale=float(time_scale),
+        rate_scale=float(rate_scale),
+        seed=int(seed),
+        network=str(network),
+        network_s=draw_network(network, send_s, seed),
+    )

@@ -63,19 +63,16 @@ def parse_network(text: str | None) -> NetworkSpec:
         try:
             nums = [float(v) for v in vals]
         except ValueError:
-            raise ValueError(f"--network-delay {t!r}: bandwidth takes PAYLOAD_MB[,RTT_S] as "
-                             "numbers") from None
-        if len(nums) > 2 or not all(np.isfinite(nums)) or (nums and nums[0] <= 0) or (
-                len(nums) == 2 and nums[1] < 0):
-            raise ValueError(f"--network-delay {t!r}: bandwidth takes PAYLOAD_MB > 0 and "
-                             "RTT_S >= 0 (e.g. bandwidth:0.2,0.02)")
-        return NetworkSpec("bandwidth", payload_mb=nums[0] if nums else 0.2,
-                           rtt_s=nums[1] if len(nums) > 1 else 0.02)
+            raise ValueError(f"--network-delay {t!r}: bandwidth takes PAYLOAD_MB[,RTT_S] as numbers") from None
+        if len(nums) > 2 or not all(np.isfinite(nums)) or (nums and nums[0] <= 0) or (len(nums) == 2 and nums[1] < 0):
+            raise ValueError(
+                f"--network-delay {t!r}: bandwidth takes PAYLOAD_MB > 0 and RTT_S >= 0 (e.g. bandwidth:0.2,0.02)"
+            )
+        return NetworkSpec("bandwidth", payload_mb=nums[0] if nums else 0.2, rtt_s=nums[1] if len(nums) > 1 else 0.02)
     try:
         dist = parse_dist(t)
     except ValueError as err:
-        raise ValueError(f"--network-delay {t!r}: {err} (or none, or "
-                         "bandwidth[:PAYLOAD_MB[,RTT_S]])") from None
+        raise ValueError(f"--network-delay {t!r}: {err} (or none, or bandwidth[:PAYLOAD_MB[,RTT_S]])") from None
     return NetworkSpec("dist", dist=dist)
 
 
@@ -94,6 +91,7 @@ def draw_network(spec: NetworkSpec, send_s: np.ndarray, seed: int = 0) -> np.nda
         out = spec.payload_mb / bw[np.clip(send_s.astype(np.int64), 0, seconds - 1)] + spec.rtt_s
     out = np.maximum(out, 0.0)
     if out.size and out.max() > MAX_NETWORK_S:
-        raise ValueError(f"--network-delay {spec}: draws up to {out.max():.0f} s of network "
-                         f"time, more than {MAX_NETWORK_S:.0f} s")
+        raise ValueError(
+            f"--network-delay {spec}: draws up to {out.max():.0f} s of network time, more than {MAX_NETWORK_S:.0f} s"
+        )
     return out

@@ -35,16 +35,29 @@ def client_latency(schedule: Schedule, rec: ReplayRecords) -> tuple[np.ndarray, 
     return served, np.where(served, rec.latency_s + schedule.network_s, np.inf)
 
 
-def replay_result(schedule: Schedule, rec: ReplayRecords, slo_ms: dict[str, float],
-                  percentile: dict[str, float], policy: str = "live",
-                  capacity: float | None = None) -> SimResult:
+def replay_result(
+    schedule: Schedule,
+    rec: ReplayRecords,
+    slo_ms: dict[str, float],
+    percentile: dict[str, float],
+    policy: str = "live",
+    capacity: float | None = None,
+) -> SimResult:
     names = schedule.names
     sent = np.array([s != NOT_SENT for s in rec.status], dtype=bool)
     served, lat = client_latency(schedule, rec)
     slo_s = np.array([slo_ms[n] / 1e3 for n in names])
     pct = np.array([percentile[n] for n in names])
-    table = minute_table(names, rec.model[sent], rec.trace_s[sent], lat[sent], ~served[sent], slo_s,
-                         minutes=schedule.minutes, percentile=pct)
+    table = minute_table(
+        names,
+        rec.model[sent],
+        rec.trace_s[sent],
+        lat[sent],
+        ~served[sent],
+        slo_s,
+        minutes=schedule.minutes,
+        percentile=pct,
+    )
     summary = summarize(table, slo_s)
     ticks, targets, serving = [], [], []
     for t, st in rec.status_polls:
@@ -58,13 +71,23 @@ def replay_result(schedule: Schedule, rec: ReplayRecords, slo_ms: dict[str, floa
     if capacity is None:
         caps = [st.get("capacity_cpus") for _, st in rec.status_polls if st.get("capacity_cpus")]
         capacity = float(caps[-1]) if caps else float("nan")
-    return SimResult(policy=policy, names=list(names), capacity_cpus=capacity, seed=schedule.seed,
-                     table=table, summary=summary, wall_s=rec.wall_s, tick_times=np.asarray(ticks, float),
-                     targets=np.asarray(targets, float), serving=np.asarray(serving, float))
+    return SimResult(
+        policy=policy,
+        names=list(names),
+        capacity_cpus=capacity,
+        seed=schedule.seed,
+        table=table,
+        summary=summary,
+        wall_s=rec.wall_s,
+        tick_times=np.asarray(ticks, float),
+        targets=np.asarray(targets, float),
+        serving=np.asarray(serving, float),
+    )
 
 
-def replay_step(schedule: Schedule, rec: ReplayRecords, slo_ms: dict[str, float],
-                percentile: dict[str, float], step_s: float) -> dict:
+def replay_step(
+    schedule: Schedule, rec: ReplayRecords, slo_ms: dict[str, float], percentile: dict[str, float], step_s: float
+) -> dict:
     """The surge metrics of ``faro_serve.recovery`` on the replay's records, on the trace's
     clock (the instants the minute tables use); requests not sent are left out."""
     from ..recovery import surge_report
@@ -72,8 +95,16 @@ def replay_step(schedule: Schedule, rec: ReplayRecords, slo_ms: dict[str, float]
     names = schedule.names
     sent = np.array([s != NOT_SENT for s in rec.status], dtype=bool)
     served, lat = client_latency(schedule, rec)
-    return surge_report(names, rec.model[sent], rec.trace_s[sent], lat[sent], ~served[sent],
-                        [slo_ms[n] / 1e3 for n in names], [percentile[n] for n in names], step_s)
+    return surge_report(
+        names,
+        rec.model[sent],
+        rec.trace_s[sent],
+        lat[sent],
+        ~served[sent],
+        [slo_ms[n] / 1e3 for n in names],
+        [percentile[n] for n in names],
+        step_s,
+    )
 
 
 def _ms(v: float):
@@ -92,14 +123,18 @@ def replay_document(res: SimResult, schedule: Schedule, rec: ReplayRecords, url:
             key = f"{s}:{r}" if r else s
             reasons[key] = reasons.get(key, 0) + 1
     out["failures"] = dict(sorted(reasons.items()))
-    out["per_minute_p99_ms"] = {n: [_ms(float(v)) for v in res.table.p_all[i]]
-                                for i, n in enumerate(res.names)}
-    out["replay"] = {"url": url, "jobs": schedule.jobs, "models": schedule.names,
-                     "time_scale": schedule.time_scale, "rate_scale": schedule.rate_scale,
-                     "trace_minutes": schedule.minutes, "duration_s": schedule.duration_s,
-                     "network": schedule.network,
-                     "network_ms_mean": round(float(schedule.network_s.mean()) * 1e3, 3)
-                     if schedule.size else 0.0}
+    out["per_minute_p99_ms"] = {n: [_ms(float(v)) for v in res.table.p_all[i]] for i, n in enumerate(res.names)}
+    out["replay"] = {
+        "url": url,
+        "jobs": schedule.jobs,
+        "models": schedule.names,
+        "time_scale": schedule.time_scale,
+        "rate_scale": schedule.rate_scale,
+        "trace_minutes": schedule.minutes,
+        "duration_s": schedule.duration_s,
+        "network": schedule.network,
+        "network_ms_mean": round(float(schedule.network_s.mean()) * 1e3, 3) if schedule.size else 0.0,
+    }
     return out
 
 
@@ -107,16 +142,23 @@ def write_records(path: Path, schedule: Schedule, rec: ReplayRecords) -> None:
     """One CSV row per scheduled request: model, trace and send instants, outcome, latency."""
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["model", "job", "trace_s", "send_s", "status", "latency_ms", "reason",
-                    "network_ms"])
+        w.writerow(["model", "job", "trace_s", "send_s", "status", "latency_ms", "reason", "network_ms"])
         for i in range(len(rec.status)):
             m = int(rec.model[i])
             send = rec.send_s[i]
             lat = rec.latency_s[i]
-            w.writerow([schedule.names[m], schedule.jobs[m], f"{rec.trace_s[i]:.6f}",
-                        "" if math.isnan(send) else f"{send:.6f}", rec.status[i],
-                        "" if math.isnan(lat) else f"{lat * 1e3:.3f}", rec.reason[i],
-                        f"{schedule.network_s[i] * 1e3:.3f}"])
+            w.writerow(
+                [
+                    schedule.names[m],
+                    schedule.jobs[m],
+                    f"{rec.trace_s[i]:.6f}",
+                    "" if math.isnan(send) else f"{send:.6f}",
+                    rec.status[i],
+                    "" if math.isnan(lat) else f"{lat * 1e3:.3f}",
+                    rec.reason[i],
+                    f"{schedule.network_s[i] * 1e3:.3f}",
+                ]
+            )
 
 
 def write_json(path: str | Path, doc: dict) -> None:

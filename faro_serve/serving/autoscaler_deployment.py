@@ -8,7 +8,6 @@ deployments through Ray Serve's external scaling REST API (the model application
 ``external_scaler_enabled``), and answers ``GET /faro/status`` and ``GET /faro/decisions``.
 """
 
-
 import logging
 import threading
 import time
@@ -38,8 +37,11 @@ def ray_capacity() -> Capacity:
     custom resource); one it does not list, it lacks (the capacity's default 0). Node
     resources (``node:<ip>``) and the object store are no replica's to take: left out."""
     res = ray.cluster_resources()
-    caps = {k: float(v) for k, v in res.items()
-            if not k.startswith("node:") and k != "object_store_memory" and k != "memory"}
+    caps = {
+        k: float(v)
+        for k, v in res.items()
+        if not k.startswith("node:") and k != "object_store_memory" and k != "memory"
+    }
     caps.setdefault("CPU", 0.0)
     caps["memory"] = float(res.get("memory", 0.0)) / 2**30
     return Capacity.from_mapping(caps, default=0.0)
@@ -107,15 +109,18 @@ class RayServeCluster:
             elif app is None:
                 absent[name] = f"no application {app_name!r} is running"
             else:
-                absent[name] = (f"application {app_name!r} has no deployment {dep_name!r} "
-                                f"(it has {', '.join(sorted(app.deployments)) or 'none'})")
+                absent[name] = (
+                    f"application {app_name!r} has no deployment {dep_name!r} "
+                    f"(it has {', '.join(sorted(app.deployments)) or 'none'})"
+                )
         self.absent, self.deployed_at, self.running = absent, deployed, out
         return out
 
     def meter_reports(self, names: list[str]) -> dict[str, dict]:
         if self.observer is not None:  # Ray Serve's metrics in Prometheus, for all at once
-            return self.observer.reports({n: self._at(n) for n in names}, self.running,
-                                         {n: self.percentile.get(n, 99.0) for n in names})
+            return self.observer.reports(
+                {n: self._at(n) for n in names}, self.running, {n: self.percentile.get(n, 99.0) for n in names}
+            )
         pending = {}
         for n in names:
             try:
@@ -133,8 +138,11 @@ class RayServeCluster:
 
     def scale(self, name: str, replicas: int) -> None:
         app, dep = self._at(name)
-        r = self.http.post(f"{self.url}/api/v1/applications/{app}/deployments/{dep}/scale",
-                           json={"target_num_replicas": int(replicas)}, headers=dashboard_headers())
+        r = self.http.post(
+            f"{self.url}/api/v1/applications/{app}/deployments/{dep}/scale",
+            json={"target_num_replicas": int(replicas)},
+            headers=dashboard_headers(),
+        )
         if r.status_code != 200:
             raise RuntimeError(f"scaling {name} to {replicas} failed: HTTP {r.status_code} {r.text[:200]}")
         log.info("scaled %s to %d replicas", name, replicas)
@@ -143,8 +151,7 @@ class RayServeCluster:
         if self.observer is not None:  # no faro-serve meter to tell: replicas only
             return
         # the meter's control takes the setting's fields by name (MeterControl.control)
-        self._front(name).control.remote(percentile=percentile, **setting.to_json()
-                                         ).result(timeout_s=self.timeout_s)
+        self._front(name).control.remote(percentile=percentile, **setting.to_json()).result(timeout_s=self.timeout_s)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
@@ -172,8 +179,7 @@ class ActorStateStore:
 
     def _keeper(self):
         if self._actor is None:
-            self._actor = _StateKeeper.options(name=self.name, lifetime="detached",
-                                               get_if_exists=True).remote()
+            self._actor = _StateKeeper.options(name=self.name, lifetime="detached", get_if_exists=True).remote()
         return self._actor
 
     def load(self) -> dict | None:
@@ -197,20 +203,21 @@ class AutoscalerGauges:
     autoscaler sees and decides each tick, per model; the meters export the request
     counters, latency, queue and drop rate (``control.py``)."""
 
-    FIELDS = {"arrival_rate": ("faro_arrival_rate", "arrival rate over the last tick (req/s)"),
-              "target": ("faro_replicas_target", "target replicas the autoscaler set"),
-              "replicas": ("faro_replicas_serving", "replicas serving"),
-              "observed_utility": ("faro_utility_observed", "min(SLO / measured p99, 1)"),
-              "predicted_utility": ("faro_utility_planned", "utility the last plan expected"),
-              # shadow mode (issue 48): what the autoscaler would set, changing nothing
-              "advised_replicas": ("faro_replicas_advised", "replicas the autoscaler would set (shadow mode)"),
-              "advised_drop_rate": ("faro_drop_rate_advised", "drop rate the autoscaler would set (shadow mode)")}
+    FIELDS = {
+        "arrival_rate": ("faro_arrival_rate", "arrival rate over the last tick (req/s)"),
+        "target": ("faro_replicas_target", "target replicas the autoscaler set"),
+        "replicas": ("faro_replicas_serving", "replicas serving"),
+        "observed_utility": ("faro_utility_observed", "min(SLO / measured p99, 1)"),
+        "predicted_utility": ("faro_utility_planned", "utility the last plan expected"),
+        # shadow mode (issue 48): what the autoscaler would set, changing nothing
+        "advised_replicas": ("faro_replicas_advised", "replicas the autoscaler would set (shadow mode)"),
+        "advised_drop_rate": ("faro_drop_rate_advised", "drop rate the autoscaler would set (shadow mode)"),
+    }
 
     def __init__(self):
         from ray.util import metrics
 
-        self.gauges = {k: metrics.Gauge(name, doc, tag_keys=("model",))
-                       for k, (name, doc) in self.FIELDS.items()}
+        self.gauges = {k: metrics.Gauge(name, doc, tag_keys=("model",)) for k, (name, doc) in self.FIELDS.items()}
 
     def publish(self, record: dict) -> None:
         for name, m in (record.get("models") or {}).items():
@@ -227,8 +234,11 @@ def observer_of(cfg: AutoscalerConfig, current=None):
         return None
     from autoscaler.driving.serve_metrics import ServeMetricsObserver
 
-    if current is not None and current.url == cfg.prometheus_url.rstrip("/") \
-            and current.minutes == cfg.history_minutes():
+    if (
+        current is not None
+        and current.url == cfg.prometheus_url.rstrip("/")
+        and current.minutes == cfg.history_minutes()
+    ):
         return current
     return ServeMetricsObserver(cfg.prometheus_url, cfg.history_minutes())
 
@@ -244,8 +254,11 @@ def open_history(cfg: AutoscalerConfig, current=None):
             from forecasting.rayserve import ServeMetricsStore
 
             where = {m.name: (m.app_name, m.deployment_name) for m in cfg.all_models}
-            if isinstance(current, ServeMetricsStore) and current.url == cfg.prometheus_url.rstrip("/") \
-                    and current.where == where:
+            if (
+                isinstance(current, ServeMetricsStore)
+                and current.url == cfg.prometheus_url.rstrip("/")
+                and current.where == where
+            ):
                 return current
             return ServeMetricsStore(cfg.prometheus_url, where, cfg.history_days)
         return None
@@ -254,8 +267,11 @@ def open_history(cfg: AutoscalerConfig, current=None):
     from forecasting.store import ArrivalStore
 
     path = Path(cfg.history_dir).expanduser()
-    if isinstance(current, ArrivalStore) and current.path.parent == path and \
-            current.keep_minutes == round(cfg.history_days * 1440):
+    if (
+        isinstance(current, ArrivalStore)
+        and current.path.parent == path
+        and current.keep_minutes == round(cfg.history_days * 1440)
+    ):
         return current
     try:
         return ArrivalStore(path, keep_days=cfg.history_days)
@@ -270,8 +286,13 @@ api = FastAPI(title="faro-serve autoscaler", description="Status and decisions o
 STATUS_PAGE = (Path(__file__).parent / "status_page.html").read_text()
 
 
-@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64,
-                  health_check_period_s=5, health_check_timeout_s=30)
+@serve.deployment(
+    num_replicas=1,
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=64,
+    health_check_period_s=5,
+    health_check_timeout_s=30,
+)
 @serve.ingress(api)
 class FaroAutoscaler:
     def __init__(self):
@@ -295,8 +316,7 @@ class FaroAutoscaler:
             cluster.locate(cfg.all_models, cfg.pipelines)
             cluster.observer = observer_of(cfg, cluster.observer)
             history = open_history(cfg, self.loop.keeper.store if self.loop and self.loop.keeper else None)
-            self.loop = AutoscalerLoop(cfg, cluster, forecaster, previous=self.loop, store=self.store,
-                                       history=history)
+            self.loop = AutoscalerLoop(cfg, cluster, forecaster, previous=self.loop, store=self.store, history=history)
         log.info("autoscaler configured: policy %s, %d models", self.loop.policy.name, len(cfg.all_models))
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="faro-autoscaler", daemon=True)
@@ -356,4 +376,4 @@ class FaroAutoscaler:
     @api.get("/decisions", summary="The most recent decisions (newest last)")
     def decisions(self, limit: int = 20) -> list:
         with self.lock:
-            return list(self.loop.history)[-max(1, min(limit, 500)):] if self.loop else []
+            return list(self.loop.history)[-max(1, min(limit, 500)) :] if self.loop else []

@@ -57,9 +57,12 @@ class BatchMethod:
 def is_serve_batch(fn) -> bool:
     """Whether ``fn`` is what ``@serve.batch`` returns: Ray's wrapper has ``__wrapped__``
     and the public setters ``set_max_batch_size`` / ``set_batch_wait_timeout_s``."""
-    return (callable(fn) and hasattr(fn, "__wrapped__")
-            and callable(getattr(fn, "set_max_batch_size", None))
-            and callable(getattr(fn, "set_batch_wait_timeout_s", None)))
+    return (
+        callable(fn)
+        and hasattr(fn, "__wrapped__")
+        and callable(getattr(fn, "set_max_batch_size", None))
+        and callable(getattr(fn, "set_batch_wait_timeout_s", None))
+    )
 
 
 def batch_methods(cls: type) -> list[BatchMethod]:
@@ -78,11 +81,16 @@ def batch_methods(cls: type) -> list[BatchMethod]:
             if not is_serve_batch(fn) or not inspect.iscoroutinefunction(fn.__wrapped__):
                 continue
             holder = getattr(fn.set_max_batch_size, "__self__", None)
-            out.append(BatchMethod(
-                attr, fn, int(_get(fn, "_get_max_batch_size", holder, "max_batch_size", 10)),
-                float(_get(fn, "_get_batch_wait_timeout_s", holder, "batch_wait_timeout_s", 0.0)),
-                int(getattr(holder, "max_concurrent_batches", 1) or 1),
-                getattr(holder, "batch_size_fn", None)))
+            out.append(
+                BatchMethod(
+                    attr,
+                    fn,
+                    int(_get(fn, "_get_max_batch_size", holder, "max_batch_size", 10)),
+                    float(_get(fn, "_get_batch_wait_timeout_s", holder, "batch_wait_timeout_s", 0.0)),
+                    int(getattr(holder, "max_concurrent_batches", 1) or 1),
+                    getattr(holder, "batch_size_fn", None),
+                )
+            )
     return out
 
 
@@ -106,9 +114,12 @@ def faro_method(spec: BatchMethod, max_batch_size: int, guards: list) -> tuple[C
         self._faro_guard.batch_done(len(batch), time.perf_counter() - t0)
         return out
 
-    batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=0.0,
-                          max_concurrent_batches=spec.concurrent,
-                          batch_size_fn=spec.size_fn)(timed)
+    batched = serve.batch(
+        max_batch_size=max_batch_size,
+        batch_wait_timeout_s=0.0,
+        max_concurrent_batches=spec.concurrent,
+        batch_size_fn=spec.size_fn,
+    )(timed)
 
     async def method(self, *args, **kwargs):
         guard = self._faro_guard

@@ -33,10 +33,10 @@ class MeterControl:
         self.told: dict = {}  # the setting the autoscaler told (its fields by name), echoed
         self.draining_since: float | None = None  # a shutdown drains the model (drain.py)
         tags = ("model",)
-        self._requests = ray_metrics.Counter("faro_requests", "requests by outcome",
-                                             tag_keys=("model", "outcome"))
-        self._latency = ray_metrics.Gauge("faro_latency_ms", "SLO-percentile end-to-end latency "
-                                          f"over the last {LOOK_BACK_S:g} s (ms)", tag_keys=tags)
+        self._requests = ray_metrics.Counter("faro_requests", "requests by outcome", tag_keys=("model", "outcome"))
+        self._latency = ray_metrics.Gauge(
+            "faro_latency_ms", f"SLO-percentile end-to-end latency over the last {LOOK_BACK_S:g} s (ms)", tag_keys=tags
+        )
         self._queue = ray_metrics.Gauge("faro_queue_length", "requests waiting", tag_keys=tags)
         self._drop = ray_metrics.Gauge("faro_drop_rate", "drop rate in force", tag_keys=tags)
         self._published: dict[str, int] = {}
@@ -51,19 +51,29 @@ class MeterControl:
         autoscaler decodes strictly)."""
         snap = self.stats.snapshot(time.time(), self.percentile, self.replicas, reset_mean)
         snap["processing"] = Processing(**snap["processing"])
-        report = MeterReport(model=self.name, drop_rate=self.drop_rate, replicas=self.replicas,
-                             percentile=self.percentile, setting=dict(self.told), replica_cpus=self.replica_cpus,
-                             replica_memory_gb=None,  # Ray reserves no memory for a replica
-                             **self._queue_state(), **snap).wire()
+        report = MeterReport(
+            model=self.name,
+            drop_rate=self.drop_rate,
+            replicas=self.replicas,
+            percentile=self.percentile,
+            setting=dict(self.told),
+            replica_cpus=self.replica_cpus,
+            replica_memory_gb=None,  # Ray reserves no memory for a replica
+            **self._queue_state(),
+            **snap,
+        ).wire()
         self._publish(report)
         return report
 
     def _publish(self, snap: dict) -> None:
         """Prometheus: request counters as deltas since the last read, plus gauges."""
         tags = {"model": self.name}
-        counts = {"arrival": snap["arrivals_total"], "completed": snap["completed_total"],
-                  **{f"dropped_{k}": v for k, v in snap["dropped"].items()},
-                  **({"retried": snap["retried"]} if snap.get("retried") is not None else {})}
+        counts = {
+            "arrival": snap["arrivals_total"],
+            "completed": snap["completed_total"],
+            **{f"dropped_{k}": v for k, v in snap["dropped"].items()},
+            **({"retried": snap["retried"]} if snap.get("retried") is not None else {}),
+        }
         for outcome, total in counts.items():
             delta = total - self._published.get(outcome, 0)
             if delta > 0:
@@ -90,8 +100,7 @@ class MeterControl:
         replicas`` and nothing busy or queued."""
         raise NotImplementedError
 
-    def control(self, percentile: float | None = None, reset_stats: bool = False,
-                **setting) -> dict:
+    def control(self, percentile: float | None = None, reset_stats: bool = False, **setting) -> dict:
         """Set what the autoscaler decided: the fields of its setting by name
         (``autoscaler.contract.setting.Setting``: drop_rate, replicas, batch_size, threads, variant),
         each through its handler below, and echoed in the report; ``reset_stats`` starts the
@@ -100,8 +109,7 @@ class MeterControl:
         what it does not know (a new actuator adds its handler here)."""
         unknown = sorted(k for k in setting if k not in _APPLY)
         if unknown:
-            raise ValueError(f"{self.name}: this front cannot enforce {unknown}; it knows "
-                             f"{', '.join(_APPLY)}")
+            raise ValueError(f"{self.name}: this front cannot enforce {unknown}; it knows {', '.join(_APPLY)}")
         if reset_stats:
             self.stats = MeterStats(start=time.time())
             self._published = {}
@@ -135,6 +143,10 @@ class MeterControl:
         return self.variant
 
 
-_APPLY = {"drop_rate": MeterControl._set_drop_rate, "replicas": MeterControl._set_replicas,
-          "batch_size": MeterControl._set_batch_size, "threads": MeterControl._set_threads,
-          "variant": MeterControl._set_variant}
+_APPLY = {
+    "drop_rate": MeterControl._set_drop_rate,
+    "replicas": MeterControl._set_replicas,
+    "batch_size": MeterControl._set_batch_size,
+    "threads": MeterControl._set_threads,
+    "variant": MeterControl._set_variant,
+}

@@ -54,9 +54,10 @@ BATCH_TIMES_KEPT = 200  # batches kept per size
 
 log = logging.getLogger("faro_serve.serving")
 
-api = FastAPI(title="faro-serve model endpoint (direct path)",
-              description="Inference with Faro's drop control, tail-drop and metrics, served "
-                          "by the model replicas themselves.")
+api = FastAPI(
+    title="faro-serve model endpoint (direct path)",
+    description="Inference with Faro's drop control, tail-drop and metrics, served by the model replicas themselves.",
+)
 
 
 @serve.ingress(api)
@@ -66,9 +67,16 @@ class DirectModel:
     up to that maximum, and the model's threads are set by :meth:`reconfigure`, from the
     deployment's ``user_config`` or live from the autoscaler through the meter (issue 20)."""
 
-    def __init__(self, meter, name: str, model_cls: type, model_kwargs: dict,
-                 max_body_bytes: int = 8 << 20, max_batch_size: int = 1,
-                 body_timeout_s: float | None = 5.0):
+    def __init__(
+        self,
+        meter,
+        name: str,
+        model_cls: type,
+        model_kwargs: dict,
+        max_body_bytes: int = 8 << 20,
+        max_batch_size: int = 1,
+        body_timeout_s: float | None = 5.0,
+    ):
         self.meter = meter
         self.name = name
         self.body_timeout_s = body_timeout_s
@@ -78,8 +86,10 @@ class DirectModel:
         self.drop_rate = 0.0
         self.max_batch = int(max_batch_size)
         if self.max_batch > 1 and not hasattr(self.model, "predict_batch"):
-            raise ValueError(f"{name}: max_batch_size {self.max_batch} needs a model that serves "
-                             f"batches (predict_batch); {model_cls.__name__} does not")
+            raise ValueError(
+                f"{name}: max_batch_size {self.max_batch} needs a model that serves "
+                f"batches (predict_batch); {model_cls.__name__} does not"
+            )
         self.batch_size = 1
         self.threads: int | None = None
         self.held = self.held_peak = 0  # requests in this replica now, most since the last report
@@ -100,8 +110,9 @@ class DirectModel:
         config = config or {}
         unknown = sorted(set(config) - {"batch_size", "threads", "variant"})
         if unknown:
-            raise ValueError(f"{self.name}: unknown user_config keys {unknown}; "
-                             "expected batch_size, threads and variant")
+            raise ValueError(
+                f"{self.name}: unknown user_config keys {unknown}; expected batch_size, threads and variant"
+            )
         b, t, v = config.get("batch_size"), config.get("threads"), config.get("variant")
         if b is not None:
             if not (isinstance(b, int) and b >= 1):
@@ -125,9 +136,12 @@ class DirectModel:
             return await self.model.predict_batch(payloads)
         return await asyncio.to_thread(self.model.predict_batch, payloads)
 
-    @api.post("/predict", summary="Run the model on one request",
-              description="Body: JPEG/PNG bytes, or JSON {\"image\": base64}. 503 when the "
-                          "autoscaler drops the request or the queue is full.")
+    @api.post(
+        "/predict",
+        summary="Run the model on one request",
+        description='Body: JPEG/PNG bytes, or JSON {"image": base64}. 503 when the '
+        "autoscaler drops the request or the queue is full.",
+    )
     async def predict(self, request: Request):
         if not self.reporter.admit():  # a shutdown drains this model (drain.py)
             self._event(Dropped(time.time(), "shutting_down"))
@@ -151,16 +165,20 @@ class DirectModel:
                     raise ValueError
             except ValueError:
                 self._event(Dropped(time.time(), "bad_request"))
-                return JSONResponse({"error": f"{NETWORK_HEADER} must be milliseconds between 0 "
-                                              f"and 3600000 (got {net[:40]!r})",
-                                     "reason": "bad_request", "model": self.name}, status_code=400)
+                return JSONResponse(
+                    {
+                        "error": f"{NETWORK_HEADER} must be milliseconds between 0 and 3600000 (got {net[:40]!r})",
+                        "reason": "bad_request",
+                        "model": self.name,
+                    },
+                    status_code=400,
+                )
             if self.max_batch > 1:
                 self._event(NetworkTime(time.time(), net_s))
         if self.drop_rate > 0 and random.random() < self.drop_rate:
             self._event(Dropped(time.time(), "drop_rate"))
             return drop_rate_refusal(self.name, self.drop_rate)
-        payload = await read_payload(request, self.name, self.max_body_bytes, self.body_timeout_s,
-                                     self.uploads)
+        payload = await read_payload(request, self.name, self.max_body_bytes, self.body_timeout_s, self.uploads)
         if isinstance(payload, JSONResponse):
             self._event(Dropped(time.time(), refusal_reason(payload)))
             return payload
@@ -174,8 +192,11 @@ class DirectModel:
             return result
         proc = result.get("processing_ms") if isinstance(result, dict) else None
         if proc is not None:  # a batch's time comes with its size (the planner divides it out)
-            self._event(Processed(time.time(), proc / 1e3) if self.max_batch <= 1
-                        else Processed(time.time(), proc / 1e3, int(result.get("batch", 1))))
+            self._event(
+                Processed(time.time(), proc / 1e3)
+                if self.max_batch <= 1
+                else Processed(time.time(), proc / 1e3, int(result.get("batch", 1)))
+            )
         return result
 
     @api.get("/metrics", summary="What the meter gathered for this model (JSON)")
@@ -190,18 +211,23 @@ class DirectModel:
         batching = self.max_batch > 1
         peak, self.held_peak = self.held_peak, self.held
         device = getattr(self.model, "device", None)
-        return {"held_peak": peak, "batch_size": self.batch_size if batching else None,
-                "threads": self.threads if batching else None,
-                "variant": self.model.current if hasattr(self.model, "switch") else None,
-                "device": None if device is None else str(device)}
+        return {
+            "held_peak": peak,
+            "batch_size": self.batch_size if batching else None,
+            "threads": self.threads if batching else None,
+            "variant": self.model.current if hasattr(self.model, "switch") else None,
+            "device": None if device is None else str(device),
+        }
 
     def _apply_answer(self, ans: MeterAnswer) -> None:
         """The drop rate in force, and what the autoscaler set where it set anything and
         this replica has it."""
         self.drop_rate = ans.drop_rate
-        keys = (("batch_size",) if self.max_batch > 1 else ()) + (
-            ("threads",) if self.max_batch > 1 and hasattr(self.model, "set_threads") else ()) + (
-            ("variant",) if hasattr(self.model, "switch") else ())
+        keys = (
+            (("batch_size",) if self.max_batch > 1 else ())
+            + (("threads",) if self.max_batch > 1 and hasattr(self.model, "set_threads") else ())
+            + (("variant",) if hasattr(self.model, "switch") else ())
+        )
         want = {k: getattr(ans, k) for k in keys if getattr(ans, k) is not None}
         if want:
             self.reconfigure(want)
@@ -255,8 +281,9 @@ class Meter(MeterControl):
                     st.processed(now, ev.processing_s)
                     if ev.batch is not None:  # a batching replica: the size of the batch it timed
                         self._batches.append((now, ev.batch))
-                        self._batch_times.setdefault(ev.batch, deque(maxlen=BATCH_TIMES_KEPT * ev.batch)
-                                                     ).append((now, ev.processing_s))
+                        self._batch_times.setdefault(ev.batch, deque(maxlen=BATCH_TIMES_KEPT * ev.batch)).append(
+                            (now, ev.processing_s)
+                        )
                 case Dropped():
                     st.drop(now, ev.reason)
                 case NetworkTime():  # a client's network time, as its request declared it
@@ -277,9 +304,15 @@ class Meter(MeterControl):
         return self._answer()
 
     def _answer(self, refused: str | None = None) -> dict:
-        return MeterAnswer(drop_rate=self.drop_rate, batch_in_force=self._batch_in_force(),
-                           batch_size=self.batch_size, threads=self.threads, variant=self.variant,
-                           refused=refused, draining=self.draining_since is not None).wire()
+        return MeterAnswer(
+            drop_rate=self.drop_rate,
+            batch_in_force=self._batch_in_force(),
+            batch_size=self.batch_size,
+            threads=self.threads,
+            variant=self.variant,
+            refused=refused,
+            draining=self.draining_since is not None,
+        ).wire()
 
     def drain_state(self) -> dict:
         """The replicas' last reports (fresh ones): a replica counts as told once a report
@@ -287,10 +320,14 @@ class Meter(MeterControl):
         now, since = time.time(), self.draining_since
         reps = [(t, d, b) for t, d, b in self._drains.values() if now - t < REPORT_STALE_S]
         routers = [q for t, q in self._queues.values() if now - t < REPORT_STALE_S]
-        return {"model": self.name, "draining": since is not None, "replicas": len(reps),
-                "told": sum(1 for t, d, _ in reps if d and since is not None and t >= since),
-                "busy": sum(b for _, _, b in reps),
-                "queued": sum(q.waiting + q.dispatched for q in routers)}
+        return {
+            "model": self.name,
+            "draining": since is not None,
+            "replicas": len(reps),
+            "told": sum(1 for t, d, _ in reps if d and since is not None and t >= since),
+            "busy": sum(b for _, _, b in reps),
+            "queued": sum(q.waiting + q.dispatched for q in routers),
+        }
 
     def _batch_in_force(self) -> int:
         """The autoscaler's batch size, else the largest the replicas report (their
@@ -331,16 +368,18 @@ class Meter(MeterControl):
     def _queue_state(self) -> dict:
         now = time.time()
         fresh = [q for t, q in self._queues.values() if now - t < REPORT_STALE_S]
-        out = {"waiting": sum(q.waiting for q in fresh),  # each proxy's router keeps a queue
-               "dispatched": sum(q.dispatched for q in fresh),
-               "dispatch_capacity": max((q.replicas for q in fresh), default=0),
-               "routers": len(fresh), "replica_held_max": self.held_max}
+        out = {
+            "waiting": sum(q.waiting for q in fresh),  # each proxy's router keeps a queue
+            "dispatched": sum(q.dispatched for q in fresh),
+            "dispatch_capacity": max((q.replicas for q in fresh), default=0),
+            "routers": len(fresh),
+            "replica_held_max": self.held_max,
+        }
         if self._batching:  # a batching model: what Sponge needs (queued waits, batch, threads)
             wall = time.time()
             net = self._recent_network(now)
             out["network_ms"] = round(net * 1e3, 3)
-            out["queued_ages_s"] = sorted(max(0.0, wall - t) + net
-                                          for q in fresh for t in q.waiting_since or ())
+            out["queued_ages_s"] = sorted(max(0.0, wall - t) + net for q in fresh for t in q.waiting_since or ())
             reps = [(b, th) for t, b, th in self._batching.values() if now - t < REPORT_STALE_S]
             out["batch_size"] = max((b for b, _ in reps), default=None)
             out["threads"] = max((th for _, th in reps if th is not None), default=None)

@@ -30,8 +30,7 @@ from .names import is_meter
 def is_drained(state: dict) -> bool:
     """A model is drained when every replica that reports refuses new requests and nothing
     admitted is unanswered or queued (:meth:`MeterControl.drain_state`)."""
-    return (state["draining"] and state["told"] >= state["replicas"]
-            and state["busy"] == 0 and state["queued"] == 0)
+    return state["draining"] and state["told"] >= state["replicas"] and state["busy"] == 0 and state["queued"] == 0
 
 
 @dataclass
@@ -48,8 +47,10 @@ class DrainResult:
         out = []
         for key, s in sorted(self.states.items()):
             mark = "drained" if is_drained(s) else "NOT drained"
-            out.append(f"{s['model']} ({key}): {mark}: {s['told']}/{s['replicas']} replicas refuse "
-                       f"new requests, {s['busy']} admitted unanswered, {s['queued']} queued")
+            out.append(
+                f"{s['model']} ({key}): {mark}: {s['told']}/{s['replicas']} replicas refuse "
+                f"new requests, {s['busy']} admitted unanswered, {s['queued']} queued"
+            )
         out += [f"{key}: could not be asked to drain: {err}" for key, err in sorted(self.errors.items())]
         return out
 
@@ -58,12 +59,12 @@ def meters() -> list[tuple[str, str]]:
     """(application, deployment) of every faro-serve meter running in Serve now."""
     from ray import serve
 
-    return sorted((app, dep) for app, status in serve.status().applications.items()
-                  for dep in status.deployments if is_meter(dep))
+    return sorted(
+        (app, dep) for app, status in serve.status().applications.items() for dep in status.deployments if is_meter(dep)
+    )
 
 
-def drain(timeout_s: float = 30.0, poll_s: float = 0.5,
-          say: Callable[[str], None] = lambda _: None) -> DrainResult:
+def drain(timeout_s: float = 30.0, poll_s: float = 0.5, say: Callable[[str], None] = lambda _: None) -> DrainResult:
     """Drain every faro-serve model of the connected Ray cluster (module docstring)."""
     from ray import serve
 

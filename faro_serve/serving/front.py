@@ -19,7 +19,6 @@ The autoscaler reads :meth:`Front.metrics` and sets the drop rate with :meth:`Fr
 over handles. One front replica per model keeps the counts and the queue whole.
 """
 
-
 import asyncio
 import random
 import time
@@ -36,17 +35,26 @@ from .control import MeterControl
 from .payload import answer, drop_rate_refusal, read_payload, refusal_reason, reject, shutting_down
 from .routing import DispatchGate, running_replicas
 
-api = FastAPI(title="faro-serve model endpoint",
-              description="Inference behind Faro's router front: drop control, tail-drop and "
-                          "metrics for the SLO-aware autoscaler.")
+api = FastAPI(
+    title="faro-serve model endpoint",
+    description="Inference behind Faro's router front: drop control, tail-drop and "
+    "metrics for the SLO-aware autoscaler.",
+)
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=100_000)
 @serve.ingress(api)
 class Front(MeterControl):
-    def __init__(self, model_handle, name: str, max_body_bytes: int = 8 << 20,
-                 percentile: float = 99.0, queue_limit: int = 50, replica_cpus: float | None = None,
-                 body_timeout_s: float | None = 5.0):
+    def __init__(
+        self,
+        model_handle,
+        name: str,
+        max_body_bytes: int = 8 << 20,
+        percentile: float = 99.0,
+        queue_limit: int = 50,
+        replica_cpus: float | None = None,
+        body_timeout_s: float | None = 5.0,
+    ):
         # gRPC data plane (what RAY_SERVE_THROUGHPUT_OPTIMIZED turns on cluster-wide), for
         # this handle only: the hop to the model costs ~1.7-2.3 ms instead of 3.1-3.2 ms
         # over an actor call, and triples the rate one front sustains (docs/serving.md)
@@ -63,9 +71,12 @@ class Front(MeterControl):
         self.retried = 0  # requests sent again because their replica died (never twice)
 
     # -- data path -----------------------------------------------------------------------
-    @api.post("/predict", summary="Run the model on one request",
-              description="Body: JPEG/PNG bytes, or JSON {\"image\": base64}. 503 when the "
-                          "autoscaler drops the request or the queue is full.")
+    @api.post(
+        "/predict",
+        summary="Run the model on one request",
+        description='Body: JPEG/PNG bytes, or JSON {"image": base64}. 503 when the '
+        "autoscaler drops the request or the queue is full.",
+    )
     async def predict(self, request: Request):
         t0 = time.time()
         self.stats.arrival(t0)
@@ -97,8 +108,12 @@ class Front(MeterControl):
             return reject(503, self.name, "queue_full", "the model's queue is full; retry later")
         except (RayActorError, grpc.aio.AioRpcError) as err:
             self.stats.drop(t0, "replica_failed")
-            return reject(503, self.name, "replica_failed",
-                          f"the replica serving this request failed ({type(err).__name__}); retry")
+            return reject(
+                503,
+                self.name,
+                "replica_failed",
+                f"the replica serving this request failed ({type(err).__name__}); retry",
+            )
         finally:
             self.stats.finished(time.time())
         now = time.time()
@@ -136,9 +151,19 @@ class Front(MeterControl):
     # -- control path (autoscaler, over handles): MeterControl ---------------------------
     def drain_state(self) -> dict:
         """One front replica holds the model's whole queue: it is told at once."""
-        return {"model": self.name, "draining": self.draining_since is not None, "replicas": 1,
-                "told": int(self.draining_since is not None), "busy": self.busy, "queued": 0}
+        return {
+            "model": self.name,
+            "draining": self.draining_since is not None,
+            "replicas": 1,
+            "told": int(self.draining_since is not None),
+            "busy": self.busy,
+            "queued": 0,
+        }
 
     def _queue_state(self) -> dict:
-        return {"waiting": self.gate.waiting, "dispatched": self.gate.in_flight,
-                "dispatch_capacity": self.gate.capacity(), "retried": self.retried}
+        return {
+            "waiting": self.gate.waiting,
+            "dispatched": self.gate.in_flight,
+            "dispatch_capacity": self.gate.capacity(),
+            "retried": self.retried,
+        }

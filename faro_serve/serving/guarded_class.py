@@ -29,12 +29,14 @@ def _guarded_method(name: str, fn):
     if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
         return None  # streaming over a handle: served as the user wrote it (not counted)
     if inspect.iscoroutinefunction(fn):
+
         async def method(self, *args, **kwargs):
             guard = self._faro_guard
             if guard.nested():
                 return await fn(self, *args, **kwargs)
             return await guard.call(fn.__get__(self), *args, **kwargs)
     else:
+
         def method(self, *args, **kwargs):
             guard = self._faro_guard
             if guard.nested():
@@ -47,8 +49,9 @@ def _guarded_method(name: str, fn):
     return method
 
 
-def guarded_class(cls: type, name: str, concurrency: int, batching: dict | None = None,
-                body_timeout_s: float | None = 5.0) -> type:
+def guarded_class(
+    cls: type, name: str, concurrency: int, batching: dict | None = None, body_timeout_s: float | None = 5.0
+) -> type:
     """The user's class with Faro's guard in front of its entry points; ``batching``: its
     ``@serve.batch`` methods (``BatchMethod``) under ``methods``, with the largest batch,
     concurrent batches and batch wait in force (``ScaledDeployment``)."""
@@ -60,23 +63,26 @@ def guarded_class(cls: type, name: str, concurrency: int, batching: dict | None 
             ns[spec.attr], batched = faro_method(spec, batching["max_batch_size"], guards)
             wrappers.append(batched)
         guard_batching = {k: v for k, v in batching.items() if k != "methods"} | {
-            "wrappers": wrappers, "guards": guards}
+            "wrappers": wrappers,
+            "guards": guards,
+        }
 
     if inspect.iscoroutinefunction(cls.__init__):  # Serve's ingress classes (Ray 2.60)
+
         async def __init__(self, *args, _faro_meter=None, **kwargs):
-            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency, guard_batching,
-                                            body_timeout_s)
+            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency, guard_batching, body_timeout_s)
             await cls.__init__(self, *args, **kwargs)
     else:
+
         def __init__(self, *args, _faro_meter=None, **kwargs):
-            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency, guard_batching,
-                                            body_timeout_s)
+            self._faro_guard = ReplicaGuard(_faro_meter, name, concurrency, guard_batching, body_timeout_s)
             cls.__init__(self, *args, **kwargs)
 
     ns["__init__"] = __init__
     # the class's own __call__, if it has one (getattr would find the metaclass's)
     user_call = next((k.__dict__["__call__"] for k in cls.__mro__ if "__call__" in k.__dict__), None)
     if user_call is not None:
+
         async def __call__(self, *args, **kwargs):
             guard, call = self._faro_guard, user_call.__get__(self)
             if _is_asgi_call(args):
@@ -88,13 +94,15 @@ def guarded_class(cls: type, name: str, concurrency: int, batching: dict | None 
             if guard.nested():
                 return await run_user(call, *args, **kwargs)
             return await guard.call(call, *args, **kwargs)
+
         ns["__call__"] = __call__
     for klass in cls.__mro__:
         if klass is object or klass.__module__.startswith("ray."):
             continue
         for attr, fn in vars(klass).items():
-            if (attr.startswith("_") or attr in _HOOKS or attr in ns or not inspect.isfunction(fn)
-                    or is_serve_batch(fn)):  # a streaming batch method: as the user wrote it
+            if (
+                attr.startswith("_") or attr in _HOOKS or attr in ns or not inspect.isfunction(fn) or is_serve_batch(fn)
+            ):  # a streaming batch method: as the user wrote it
                 continue
             wrapped = _guarded_method(attr, fn)
             if wrapped is not None:

@@ -114,9 +114,15 @@ class RouterReport:
     TYPE = "router"
 
     def wire(self) -> dict:
-        return {"v": VERSION, "type": self.TYPE, "events": [e.wire() for e in self.events],
-                "waiting": self.waiting, "dispatched": self.dispatched, "replicas": self.replicas,
-                "waiting_since": None if self.waiting_since is None else list(self.waiting_since)}
+        return {
+            "v": VERSION,
+            "type": self.TYPE,
+            "events": [e.wire() for e in self.events],
+            "waiting": self.waiting,
+            "dispatched": self.dispatched,
+            "replicas": self.replicas,
+            "waiting_since": None if self.waiting_since is None else list(self.waiting_since),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,10 +141,18 @@ class ReplicaReport:
     TYPE = "replica"
 
     def wire(self) -> dict:
-        return {"v": VERSION, "type": self.TYPE, "events": [e.wire() for e in self.events],
-                "batch_size": self.batch_size, "threads": self.threads, "variant": self.variant,
-                "held_peak": self.held_peak, "device": self.device, "draining": self.draining,
-                "busy": self.busy}
+        return {
+            "v": VERSION,
+            "type": self.TYPE,
+            "events": [e.wire() for e in self.events],
+            "batch_size": self.batch_size,
+            "threads": self.threads,
+            "variant": self.variant,
+            "held_peak": self.held_peak,
+            "device": self.device,
+            "draining": self.draining,
+            "busy": self.busy,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,10 +171,17 @@ class MeterAnswer:
     TYPE = "meter-answer"
 
     def wire(self) -> dict:
-        return {"v": VERSION, "type": self.TYPE, "drop_rate": self.drop_rate,
-                "batch_in_force": self.batch_in_force, "batch_size": self.batch_size,
-                "threads": self.threads, "variant": self.variant, "refused": self.refused,
-                "draining": self.draining}
+        return {
+            "v": VERSION,
+            "type": self.TYPE,
+            "drop_rate": self.drop_rate,
+            "batch_in_force": self.batch_in_force,
+            "batch_size": self.batch_size,
+            "threads": self.threads,
+            "variant": self.variant,
+            "refused": self.refused,
+            "draining": self.draining,
+        }
 
 
 Message = Union[RouterReport, ReplicaReport, MeterAnswer]
@@ -177,9 +198,10 @@ _EVENTS = {
     "d": (Dropped, (number, text)),
     "n": (NetworkTime, (number, number)),
 }
-_EVENTS = {k: (cls, tuple(f.name for f in fields(cls)), checks,
-               sum(1 for c in checks if not getattr(c, "optional", False)))
-           for k, (cls, checks) in _EVENTS.items()}  # + field names, fields required
+_EVENTS = {
+    k: (cls, tuple(f.name for f in fields(cls)), checks, sum(1 for c in checks if not getattr(c, "optional", False)))
+    for k, (cls, checks) in _EVENTS.items()
+}  # + field names, fields required
 
 
 def _events(v, where: str) -> tuple:
@@ -192,20 +214,25 @@ def _events(v, where: str) -> tuple:
         if spec is None:
             if not isinstance(ev, (list, tuple)) or not ev:
                 raise MessageError(f"{where}: events[{i}] must be a tuple (kind, t, ...) (got {ev!r:.60})")
-            raise MessageError(f"{where}: events[{i}] has unknown kind {ev[0]!r:.20} "
-                               f"(known: {', '.join(_EVENTS)})")
+            raise MessageError(f"{where}: events[{i}] has unknown kind {ev[0]!r:.20} (known: {', '.join(_EVENTS)})")
         cls, names, checks, need = spec
         n = len(ev) - 1
         if not need <= n <= len(checks):
-            raise MessageError(f"{where}: events[{i}] ({cls.__name__}) " + (
-                f"missing field {names[n]!r}" if n < need else
-                f"has {n} fields, at most {len(checks)} ({', '.join(names)})"))
+            raise MessageError(
+                f"{where}: events[{i}] ({cls.__name__}) "
+                + (
+                    f"missing field {names[n]!r}"
+                    if n < need
+                    else f"has {n} fields, at most {len(checks)} ({', '.join(names)})"
+                )
+            )
         try:
             out.append(cls(*[check(x) for check, x in zip(checks, ev[1:])]))
         except TypeError as err:
             k = next(k for k, (c, x) in enumerate(zip(checks, ev[1:])) if _fails(c, x))
-            raise MessageError(f"{where}: events[{i}] ({cls.__name__}) field {names[k]!r} must "
-                               f"be {err} (got {ev[k + 1]!r:.40})") from None
+            raise MessageError(
+                f"{where}: events[{i}] ({cls.__name__}) field {names[k]!r} must be {err} (got {ev[k + 1]!r:.40})"
+            ) from None
     return tuple(out)
 
 
@@ -219,17 +246,44 @@ def _fails(check, x) -> bool:
 
 # per message type: its class and each field's check (events are read by _events)
 _MESSAGES = {
-    RouterReport.TYPE: (RouterReport, "router report", {
-        "events": _events, "waiting": integer, "dispatched": integer, "replicas": integer,
-        "waiting_since": optional(numbers)}),
-    ReplicaReport.TYPE: (ReplicaReport, "replica report", {
-        "events": _events, "batch_size": optional(integer), "threads": optional(integer),
-        "variant": optional(text), "held_peak": optional(integer), "device": optional(text),
-        "draining": optional(flag), "busy": optional(integer)}),
-    MeterAnswer.TYPE: (MeterAnswer, "meter answer", {
-        "drop_rate": number, "batch_in_force": integer, "batch_size": optional(integer),
-        "threads": optional(integer), "variant": optional(text), "refused": optional(text),
-        "draining": flag}),
+    RouterReport.TYPE: (
+        RouterReport,
+        "router report",
+        {
+            "events": _events,
+            "waiting": integer,
+            "dispatched": integer,
+            "replicas": integer,
+            "waiting_since": optional(numbers),
+        },
+    ),
+    ReplicaReport.TYPE: (
+        ReplicaReport,
+        "replica report",
+        {
+            "events": _events,
+            "batch_size": optional(integer),
+            "threads": optional(integer),
+            "variant": optional(text),
+            "held_peak": optional(integer),
+            "device": optional(text),
+            "draining": optional(flag),
+            "busy": optional(integer),
+        },
+    ),
+    MeterAnswer.TYPE: (
+        MeterAnswer,
+        "meter answer",
+        {
+            "drop_rate": number,
+            "batch_in_force": integer,
+            "batch_size": optional(integer),
+            "threads": optional(integer),
+            "variant": optional(text),
+            "refused": optional(text),
+            "draining": flag,
+        },
+    ),
 }
 
 
@@ -244,8 +298,7 @@ def decode(raw, *expect: type) -> Message:
         raise MessageError(f"message: unknown type {kind!r:.40} (known: {', '.join(_MESSAGES)})")
     cls, label, checks = _MESSAGES[kind]
     if expect and cls not in expect:
-        raise MessageError(f"{label}: not expected here (expected "
-                           f"{' or '.join(c.__name__ for c in expect)})")
+        raise MessageError(f"{label}: not expected here (expected {' or '.join(c.__name__ for c in expect)})")
     check_version(raw, VERSION, label, MessageError)
     where = f"{label} v{VERSION}"
     checks = {**checks, "events": lambda v: _events(v, where)} if "events" in checks else checks

@@ -22,8 +22,10 @@ from .names import MODEL  # the deployment faro-serve's tools count replicas of
 from .payload import read_payload, run_model
 from .schema import ModelAppArgs, parse_args
 
-api = FastAPI(title="plain Ray Serve model endpoint (ray-native)",
-              description="Inference on a deployment autoscaled by Ray Serve itself.")
+api = FastAPI(
+    title="plain Ray Serve model endpoint (ray-native)",
+    description="Inference on a deployment autoscaled by Ray Serve itself.",
+)
 
 
 class NativeAppArgs(ModelAppArgs):
@@ -31,14 +33,20 @@ class NativeAppArgs(ModelAppArgs):
     ``autoscaling_config`` (merged over ``min_replicas: 1``, ``max_replicas: 100``; every
     other field Ray's default)."""
 
-    autoscaling_config: dict = Field(default_factory=dict, description="Ray Serve's "
-                                     "autoscaling_config for this deployment")
+    autoscaling_config: dict = Field(
+        default_factory=dict, description="Ray Serve's autoscaling_config for this deployment"
+    )
     max_ongoing_requests: int | None = Field(
-        default=None, ge=1, description="Ray Serve's max_ongoing_requests: requests sent to a "
-        "replica at once (None: Ray's default, 5)")
+        default=None,
+        ge=1,
+        description="Ray Serve's max_ongoing_requests: requests sent to a replica at once (None: Ray's default, 5)",
+    )
     max_queued_requests: int | None = Field(
-        default=None, ge=-1, description="Ray Serve's max_queued_requests: requests queued at "
-        "each caller (the proxy) before Ray answers 503 (None: Ray's default, -1, no limit)")
+        default=None,
+        ge=-1,
+        description="Ray Serve's max_queued_requests: requests queued at "
+        "each caller (the proxy) before Ray answers 503 (None: Ray's default, -1, no limit)",
+    )
 
 
 @serve.ingress(api)
@@ -48,8 +56,11 @@ class NativeModel:
         self.model = model_cls(**model_kwargs)
         self.max_body_bytes = max_body_bytes
 
-    @api.post("/predict", summary="Run the model on one request",
-              description="Body: JPEG/PNG bytes, or JSON {\"image\": base64}.")
+    @api.post(
+        "/predict",
+        summary="Run the model on one request",
+        description='Body: JPEG/PNG bytes, or JSON {"image": base64}.',
+    )
     async def predict(self, request: Request):
         payload = await read_payload(request, self.name, self.max_body_bytes)
         if isinstance(payload, JSONResponse):
@@ -67,8 +78,12 @@ def native_app(args: dict):
 
     spec = parse_args(NativeAppArgs, args, "ray-native model application args")
     cls, kwargs = _model_class(spec)
-    options = {k: v for k in ("max_ongoing_requests", "max_queued_requests")
-               if (v := getattr(spec, k)) is not None}
-    dep = serve.deployment(NativeModel, name=MODEL, autoscaling_config=native_autoscaling(spec),
-                           ray_actor_options=spec.actor_options(), **options)
+    options = {k: v for k in ("max_ongoing_requests", "max_queued_requests") if (v := getattr(spec, k)) is not None}
+    dep = serve.deployment(
+        NativeModel,
+        name=MODEL,
+        autoscaling_config=native_autoscaling(spec),
+        ray_actor_options=spec.actor_options(),
+        **options,
+    )
     return dep.bind(spec.name, cls, kwargs, spec.max_body_kb * 1024)

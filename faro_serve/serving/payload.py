@@ -41,14 +41,12 @@ def shutting_down(model: str) -> JSONResponse:
 def body_timeout(model: str, seconds: float) -> JSONResponse:
     """408: the request's body did not all arrive within the model's bound (issue 50: two
     clients that sent a few bytes and waited held every slot of a model)."""
-    return reject(408, model, "body_timeout", f"the request's body did not arrive within "
-                  f"{seconds:g} s")
+    return reject(408, model, "body_timeout", f"the request's body did not arrive within {seconds:g} s")
 
 
 def too_many_uploads(model: str) -> JSONResponse:
     """503: this replica already receives a slow body (``uploads.py``): try again."""
-    return reject(503, model, "uploads", "this replica is receiving another slow request "
-                  "body; retry")
+    return reject(503, model, "uploads", "this replica is receiving another slow request body; retry")
 
 
 async def read_body(chunks, model: str, body_timeout_s: float | None, uploads: Uploads | None):
@@ -57,8 +55,10 @@ async def read_body(chunks, model: str, body_timeout_s: float | None, uploads: U
     bytes, or the refusal to answer with."""
     try:
         if uploads is None:
+
             async def whole():
                 return b"".join([c async for c in chunks])
+
             return await asyncio.wait_for(whole(), body_timeout_s)
         return await uploads.read(chunks, body_timeout_s)
     except asyncio.TimeoutError:
@@ -67,16 +67,19 @@ async def read_body(chunks, model: str, body_timeout_s: float | None, uploads: U
         return too_many_uploads(model)
 
 
-async def read_payload(request: Request, model: str, max_body_bytes: int,
-                       body_timeout_s: float | None = None,
-                       uploads: Uploads | None = None) -> bytes | JSONResponse:
+async def read_payload(
+    request: Request,
+    model: str,
+    max_body_bytes: int,
+    body_timeout_s: float | None = None,
+    uploads: Uploads | None = None,
+) -> bytes | JSONResponse:
     """The model's input bytes, or the refusal to answer with; ``body_timeout_s``: how long
     the whole body may take to arrive (None: as long as it takes); ``uploads``: the
     replica's cap on bodies still arriving."""
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > max_body_bytes:
-        return reject(413, model, "too_large", f"body of {length} bytes exceeds the "
-                      f"limit of {max_body_bytes} bytes")
+        return reject(413, model, "too_large", f"body of {length} bytes exceeds the limit of {max_body_bytes} bytes")
     body = await read_body(request.stream(), model, body_timeout_s, uploads)
     if isinstance(body, JSONResponse):
         return body
@@ -90,8 +93,7 @@ async def read_payload(request: Request, model: str, max_body_bytes: int,
                 raise ValueError
             return base64.b64decode(data, validate=True)
         except (ValueError, binascii.Error, UnicodeDecodeError):
-            return reject(400, model, "bad_request",
-                          'JSON bodies must be {"image": "<base64 of JPEG/PNG bytes>"}')
+            return reject(400, model, "bad_request", 'JSON bodies must be {"image": "<base64 of JPEG/PNG bytes>"}')
     return body
 
 
@@ -109,6 +111,5 @@ def answer(result, name: str) -> dict | JSONResponse:
     """A model's answer, or the refusal it asked for (``{"error": ..., "status": ...,
     "reason": ...}``; the reason defaults to ``bad_request``)."""
     if isinstance(result, dict) and "error" in result:
-        return reject(int(result.get("status", 400)), name, str(result.get("reason", "bad_request")),
-                      result["error"])
+        return reject(int(result.get("status", 400)), name, str(result.get("reason", "bad_request")), result["error"])
     return result

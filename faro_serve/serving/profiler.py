@@ -38,21 +38,21 @@ class Profiler:
 
 
 def profile_app(arch: str, max_threads: int, checkpoint: str | None = None, gpus: float = 0.0):
-    return Profiler.options(ray_actor_options={"num_cpus": max_threads, "num_gpus": gpus}).bind(
-        arch, checkpoint)
+    return Profiler.options(ray_actor_options={"num_cpus": max_threads, "num_gpus": gpus}).bind(arch, checkpoint)
 
 
-def deploy_for_profile(dep, name: str, init_kwargs: dict, cpus: float, gpus: float,
-                       largest: int) -> str:
+def deploy_for_profile(dep, name: str, init_kwargs: dict, cpus: float, gpus: float, largest: int) -> str:
     """``dep`` under Faro on the running Serve, one replica, its batches up to ``largest``
     and a gate that waits for a full batch (a round's requests arrive together); its route."""
-    scaled = ScaledDeployment(dep, name, cpus=cpus, gpus=gpus, initial_replicas=1,
-                              batching=Batching(max_batch_size=largest, batch_wait_s=1.0))
+    scaled = ScaledDeployment(
+        dep, name, cpus=cpus, gpus=gpus, initial_replicas=1, batching=Batching(max_batch_size=largest, batch_wait_s=1.0)
+    )
     if not scaled.batch_methods:
-        raise ValueError(f"{dep.name} has no @serve.batch method (an async def that takes a "
-                         "list): profile --deployment times a batching deployment's batches")
-    serve.run(scaled.bind(**init_kwargs), name=name, route_prefix=f"/{name}",
-              external_scaler_enabled=True)
+        raise ValueError(
+            f"{dep.name} has no @serve.batch method (an async def that takes a "
+            "list): profile --deployment times a batching deployment's batches"
+        )
+    serve.run(scaled.bind(**init_kwargs), name=name, route_prefix=f"/{name}", external_scaler_enabled=True)
     return f"/{name}"
 
 
@@ -60,8 +60,17 @@ def meter_of(name: str, deployment: str):
     return serve.get_deployment_handle(meter_name(deployment), app_name=name)
 
 
-def time_batches(base_url: str, path: str, name: str, deployment: str, batches: list[int],
-                 repeats: int, body: bytes, headers: dict, log=print) -> list[dict]:
+def time_batches(
+    base_url: str,
+    path: str,
+    name: str,
+    deployment: str,
+    batches: list[int],
+    repeats: int,
+    body: bytes,
+    headers: dict,
+    log=print,
+) -> list[dict]:
     """Every batch size in turn: set it in force, wait until the replica runs it, send
     ``repeats + 1`` rounds of that many requests at once (the first warms up); then the
     meter's per-size medians of the batch times (rows of batch, latency_s, batches)."""
@@ -76,13 +85,14 @@ def time_batches(base_url: str, path: str, name: str, deployment: str, batches: 
         codes = asyncio.run(_rounds(base_url + path, b, repeats + 1, body, headers))
         bad = [c for c in codes if c != 200]
         if bad:
-            raise RuntimeError(f"batch {b}: {len(bad)} of {len(codes)} requests answered "
-                               f"{sorted(set(bad))} (the body must be one your route accepts)")
+            raise RuntimeError(
+                f"batch {b}: {len(bad)} of {len(codes)} requests answered "
+                f"{sorted(set(bad))} (the body must be one your route accepts)"
+            )
         log(f"  batch {b}: {repeats + 1} rounds")
     time.sleep(1.5)  # the replica's last report
     rows = meter.metrics.remote(reset_mean=False).result(timeout_s=30).get("batch_times") or []
-    return [{"batch": int(b), "latency_s": float(t), "batches": float(n)} for b, n, t in rows
-            if int(b) in batches]
+    return [{"batch": int(b), "latency_s": float(t), "batches": float(n)} for b, n, t in rows if int(b) in batches]
 
 
 async def _rounds(url: str, b: int, rounds: int, body: bytes, headers: dict) -> list[int]:

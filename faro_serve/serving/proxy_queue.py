@@ -92,9 +92,9 @@ class ProxyQueueRouter(InFlightRouter):
         self._told = {rid: v for rid, v in self._told.items() if rid in alive}
         self._wake(all_=True)  # new replicas: every waiting call looks again
 
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None
-                              ) -> list[list[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
         self._start_reporting()
@@ -111,8 +111,9 @@ class ProxyQueueRouter(InFlightRouter):
         best = self.pick(candidate_replicas)
         if best is None:  # wait for a completion here, or for others' requests to be done
             until = min((t for _, t in self._others.values()), default=None)
-            await self._wait_for_a_free_replica(REPLICA_POLL_S if until is None else
-                                                min(REPLICA_POLL_S, max(0.002, until - time.monotonic())))
+            await self._wait_for_a_free_replica(
+                REPLICA_POLL_S if until is None else min(REPLICA_POLL_S, max(0.002, until - time.monotonic()))
+            )
             return []  # Ray asks again at once, with the replicas as they are now
         self._give(best, pending_request)
         self._sent_at[req] = time.monotonic()
@@ -129,8 +130,7 @@ class ProxyQueueRouter(InFlightRouter):
             least = min(load[r.replica_id] for r in free)
             return random.choice([r for r in free if load[r.replica_id] == least])
         bound = PIPELINE * self._batch if k == 1 else k + 1
-        room = [r for r in candidates
-                if load[r.replica_id] < min(bound, r.max_ongoing_requests)]
+        room = [r for r in candidates if load[r.replica_id] < min(bound, r.max_ongoing_requests)]
         if not room:
             return None
         oldest: dict = {}
@@ -229,8 +229,7 @@ class ProxyQueueRouter(InFlightRouter):
         about at least every 0.1 s, so one silent for ``stale_s`` was cancelled by its
         client or failed with its replica, and must not count as waiting."""
         cutoff = time.monotonic() - stale_s
-        for req in [r for r, (_, asked) in self._arrived.items()
-                    if asked < cutoff and r not in self._given]:
+        for req in [r for r, (_, asked) in self._arrived.items() if asked < cutoff and r not in self._given]:
             del self._arrived[req]
             self._event(GaveUp(time.time()))  # the meter stops counting it in flight
 
@@ -242,11 +241,14 @@ class ProxyQueueRouter(InFlightRouter):
         """What the router sends the meter: the events since the last report and its queue."""
         events = tuple(self.events.popleft() for _ in range(len(self.events)))
         serving = sum(min(n, self._concurrency) for n in self._load.values())  # requests in service
-        return RouterReport(events=events, waiting=max(0, len(self._arrived) - serving),
-                            dispatched=serving, replicas=len(self.curr_replicas),
-                            # a batching model, Sponge's budgets: when each queued request arrived
-                            waiting_since=(tuple(self._queued_arrivals()[:MAX_WAITING_REPORTED])
-                                           if self._batch_model else None))
+        return RouterReport(
+            events=events,
+            waiting=max(0, len(self._arrived) - serving),
+            dispatched=serving,
+            replicas=len(self.curr_replicas),
+            # a batching model, Sponge's budgets: when each queued request arrived
+            waiting_since=(tuple(self._queued_arrivals()[:MAX_WAITING_REPORTED]) if self._batch_model else None),
+        )
 
     def _queued_arrivals(self) -> list[float]:
         """Arrival times of the requests not yet in service, oldest first: those waiting
@@ -259,14 +261,15 @@ class ProxyQueueRouter(InFlightRouter):
             held.setdefault(rid, []).append(req)
         for reqs in held.values():
             reqs.sort(key=lambda r: self._sent_at.get(r, 0.0))
-            out += [arrived[r][0] for r in reqs[self._batch:] if r in arrived]
+            out += [arrived[r][0] for r in reqs[self._batch :] if r in arrived]
         return sorted(out)
 
     def _start_reporting(self) -> None:
         if self._reporter is None:
             self._loop = asyncio.get_running_loop()
-            self._reporter = threading.Thread(target=self._report_loop, daemon=True,
-                                              name=f"faro-report-{self.app_name}")
+            self._reporter = threading.Thread(
+                target=self._report_loop, daemon=True, name=f"faro-report-{self.app_name}"
+            )
             self._reporter.start()
 
     def _report_loop(self) -> None:
@@ -286,8 +289,7 @@ class ProxyQueueRouter(InFlightRouter):
                     log.error("the meter of %s refused this router's report: %s", self.app_name, ans.refused)
                 refused = ans.refused
                 self._batch = max(1, ans.batch_in_force)
-                self._batch_model = any(r.max_ongoing_requests > PIPELINE
-                                        for r in list(self.curr_replicas.values()))
+                self._batch_model = any(r.max_ongoing_requests > PIPELINE for r in list(self.curr_replicas.values()))
                 warned = False
             except Exception as err:  # the meter restarts: keep the events for the next try
                 self.events.extendleft(reversed(batch.events))

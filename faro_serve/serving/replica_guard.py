@@ -46,8 +46,9 @@ class ReplicaGuard:
     ``@serve.batch`` wrappers (``batch_method.faro_method``), its largest batch, concurrent
     batches and batch wait; None: it serves requests as they come."""
 
-    def __init__(self, meter, name: str, concurrency: int = 1, batching: dict | None = None,
-                 body_timeout_s: float | None = 5.0):
+    def __init__(
+        self, meter, name: str, concurrency: int = 1, batching: dict | None = None, body_timeout_s: float | None = 5.0
+    ):
         self.name = name
         self.drop_rate = 0.0
         self.body_timeout_s = body_timeout_s  # a body not all arrived by then: 408 (issue 50)
@@ -61,8 +62,7 @@ class ReplicaGuard:
             self.set_batch(self.batch_size)
             batching.get("guards", []).append(self)
         fields = self._report_fields if batching is not None else None
-        self.reporter = (ReplicaReporter(meter, name, self._apply, fields)
-                         if meter is not None else None)
+        self.reporter = ReplicaReporter(meter, name, self._apply, fields) if meter is not None else None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._started()
 
@@ -224,8 +224,9 @@ class ReplicaGuard:
         if isinstance(body, JSONResponse):
             self._event(DroppedEvent(time.time(), refusal_reason(body)))
             return body
-        request = Request(request.scope, _replay(
-            [{"type": "http.request", "body": body, "more_body": False}], request.receive))
+        request = Request(
+            request.scope, _replay([{"type": "http.request", "body": body, "more_body": False}], request.receive)
+        )
         slot = self.serving()
         await slot.__aenter__()
         try:
@@ -278,8 +279,10 @@ async def _pieces(receive, messages: list):
 
 def _replay(messages: list, receive):
     """A ``receive`` that gives ``messages`` first, then the real one's."""
+
     async def replay():
         return messages.pop(0) if messages else await receive()
+
     return replay
 
 

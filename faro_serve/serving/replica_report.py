@@ -28,8 +28,9 @@ class ReplicaReporter:
     the model drains, :meth:`admit` refuses new HTTP requests, and each report says how many
     admitted ones are still unanswered (``busy``), so the drain knows when to let Serve stop."""
 
-    def __init__(self, meter, name: str, on_answer: Callable[[MeterAnswer], None],
-                 fields: Callable[[], dict] | None = None):
+    def __init__(
+        self, meter, name: str, on_answer: Callable[[MeterAnswer], None], fields: Callable[[], dict] | None = None
+    ):
         self.meter = meter
         self.name = name
         self.on_answer = on_answer
@@ -62,7 +63,7 @@ class ReplicaReporter:
     def event(self, ev: Event) -> None:
         self.events.append(ev)
         if len(self.events) > MAX_EVENTS:
-            del self.events[:len(self.events) - MAX_EVENTS]
+            del self.events[: len(self.events) - MAX_EVENTS]
 
     async def _send(self, source: str, events: list[Event]) -> MeterAnswer:
         report = ReplicaReport(tuple(events), **self.fields(), draining=self.draining, busy=self.busy)

@@ -107,16 +107,15 @@ class IdleFirstRouter(InFlightRouter):
         super().update_replicas(replicas)
         _running()[self.app_name] = len(replicas)
 
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None
-                              ) -> list[list[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
         self._release_cancelled()
         if pending_request is not None:
             self._forget(pending_request.metadata.internal_request_id)  # asked again
-        best = min(candidate_replicas,
-                   key=lambda r: (self._load.get(r.replica_id, 0), random.random()))
+        best = min(candidate_replicas, key=lambda r: (self._load.get(r.replica_id, 0), random.random()))
         if pending_request is not None:
             self._give(best, pending_request)
         return [[best]]

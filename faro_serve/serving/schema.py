@@ -24,11 +24,17 @@ class SyntheticModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["synthetic"]
-    processing: str = Field(str(PAPER_PROCESSING), description="seconds: lognorm:SHAPE,LOC,SCALE | "
-                            "const:S | expon:LOC,SCALE (default: the paper's ResNet34)")
+    processing: str = Field(
+        str(PAPER_PROCESSING),
+        description="seconds: lognorm:SHAPE,LOC,SCALE | const:S | expon:LOC,SCALE (default: the paper's ResNet34)",
+    )
     seed: int | None = None
-    batch_share: float = Field(1.0, gt=0, le=1, description="served in batches: a batch of b "
-                               "takes one drawn time x (share b + 1 - share); 1: no gain")
+    batch_share: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="served in batches: a batch of b takes one drawn time x (share b + 1 - share); 1: no gain",
+    )
 
     @field_validator("processing")
     @classmethod
@@ -47,42 +53,69 @@ class VisionModelSpec(BaseModel):
     top_k: int = Field(5, ge=1, le=1000)
     image_size: int = Field(224, ge=32, le=1024)
     threads: int = Field(1, ge=1, le=64, description="torch intra-op threads per replica")
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$", description="auto: the "
-                        "GPU the replica holds (gpus > 0), else the CPU; or cpu, cuda, cuda:N")
-    max_pixels: int = Field(50_000_000, ge=1, description="an image with more pixels is "
-                            "refused from its header, before decoding (413 too_many_pixels)")
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+        description="auto: the GPU the replica holds (gpus > 0), else the CPU; or cpu, cuda, cuda:N",
+    )
+    max_pixels: int = Field(
+        50_000_000,
+        ge=1,
+        description="an image with more pixels is refused from its header, before decoding (413 too_many_pixels)",
+    )
 
 
 class ModelAppArgs(BaseModel):
     """``args`` of one model application."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64,
-                      description="the model's name: the same as its SLO entry and application")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        max_length=64,
+        description="the model's name: the same as its SLO entry and application",
+    )
     model: Annotated[SyntheticModelSpec | VisionModelSpec, Field(discriminator="kind")]
-    cpus: float = Field(1.0, gt=0, description="Ray CPUs per replica: must equal the SLO's cpus "
-                        "(checked when a whole serve config is loaded, and by the autoscaler)")
+    cpus: float = Field(
+        1.0,
+        gt=0,
+        description="Ray CPUs per replica: must equal the SLO's cpus "
+        "(checked when a whole serve config is loaded, and by the autoscaler)",
+    )
     gpus: float = Field(0.0, ge=0, description="Ray GPUs per replica: must equal the SLO's gpus")
-    resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources "
-                                        "per replica: must equal the SLO's resources")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Ray custom resources per replica: must equal the SLO's resources"
+    )
     initial_replicas: int = Field(1, ge=1)
     queue_limit: int = Field(50, ge=1, description="requests queued at the router before 503")
     max_body_kb: int = Field(8192, ge=1, description="larger request bodies get 413")
-    body_timeout_s: float | None = Field(5.0, gt=0, description="a request whose body has not "
-                                         "all arrived within this long gets 408 and frees its "
-                                         "replica (null: no bound)")
+    body_timeout_s: float | None = Field(
+        5.0,
+        gt=0,
+        description="a request whose body has not "
+        "all arrived within this long gets 408 and frees its "
+        "replica (null: no bound)",
+    )
     data_path: Literal["direct", "front"] = Field(
-        "direct", description="direct: the model replicas are the HTTP ingress and the queue is "
+        "direct",
+        description="direct: the model replicas are the HTTP ingress and the queue is "
         "kept in Ray Serve's proxy (one hop, the default); front: requests pass a router front "
-        "that also retries a request whose replica died (docs/serving.md, which to pick)")
+        "that also retries a request whose replica died (docs/serving.md, which to pick)",
+    )
     variants: dict[str, Annotated[SyntheticModelSpec | VisionModelSpec, Field(discriminator="kind")]] | None = Field(
-        None, description="the task's other variants by name (INFaaS), each a model spec; `model` "
+        None,
+        description="the task's other variants by name (INFaaS), each a model spec; `model` "
         "is the variant deployed first, named by `initial_variant`. The autoscaler switches "
-        "the variant in force live; direct path only")
+        "the variant in force live; direct path only",
+    )
     initial_variant: str | None = Field(None, description="the name of `model` among the variants")
-    max_batch_size: int = Field(1, ge=1, le=64, description="largest batch a replica serves "
-                                "(serve.batch; the autoscaler or user_config sets the batch in "
-                                "force up to it); 1: one request at a time. Direct path only")
+    max_batch_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="largest batch a replica serves "
+        "(serve.batch; the autoscaler or user_config sets the batch in "
+        "force up to it); 1: one request at a time. Direct path only",
+    )
 
     def actor_options(self) -> dict:
         """What Ray reserves for one replica: what the planner counts against the capacity."""
@@ -94,16 +127,16 @@ class ModelAppArgs(BaseModel):
     @model_validator(mode="after")
     def _batching_on_the_direct_path(self) -> "ModelAppArgs":
         if self.max_batch_size > 1 and self.data_path != "direct":
-            raise ValueError("max_batch_size > 1 needs data_path: direct (the front serves one "
-                             "request per replica)")
+            raise ValueError("max_batch_size > 1 needs data_path: direct (the front serves one request per replica)")
         if self.variants is not None:
             if self.data_path != "direct":
                 raise ValueError("variants need data_path: direct")
             if self.initial_variant is None:
                 raise ValueError("variants need initial_variant: the name of `model`")
             if self.initial_variant in self.variants:
-                raise ValueError(f"initial_variant {self.initial_variant!r} is `model`; list only "
-                                 "the other variants under variants")
+                raise ValueError(
+                    f"initial_variant {self.initial_variant!r} is `model`; list only the other variants under variants"
+                )
         elif self.initial_variant is not None:
             raise ValueError("initial_variant needs variants")
         return self
@@ -134,10 +167,14 @@ def check_resources(cfg: AutoscalerConfig, apps: list[ModelAppArgs], source: str
         m = slo[app.name]
         for what, mine, theirs in (("cpus", app.cpus, m.cpus), ("gpus", app.gpus, m.gpus)):
             if abs(mine - theirs) > 1e-9:
-                raise ConfigError(f"{source}: model {app.name!r} has {what} {mine:g} in its "
-                                  f"application's args but {theirs:g} in the faro "
-                                  f"application's models; make them agree")
+                raise ConfigError(
+                    f"{source}: model {app.name!r} has {what} {mine:g} in its "
+                    f"application's args but {theirs:g} in the faro "
+                    f"application's models; make them agree"
+                )
         if dict(app.resources) != dict(m.resources):
-            raise ConfigError(f"{source}: model {app.name!r} has resources {dict(app.resources)} "
-                              f"in its application's args but {dict(m.resources)} in the faro "
-                              f"application's models; make them agree")
+            raise ConfigError(
+                f"{source}: model {app.name!r} has resources {dict(app.resources)} "
+                f"in its application's args but {dict(m.resources)} in the faro "
+                f"application's models; make them agree"
+            )

@@ -26,8 +26,7 @@ from ..measures import ARRIVAL_RATE_S, HISTORY_MINUTES, LOOK_BACK_S
 
 
 class MeterStats:
-    def __init__(self, window_s: float = LOOK_BACK_S, history_minutes: int = HISTORY_MINUTES,
-                 start: float = 0.0):
+    def __init__(self, window_s: float = LOOK_BACK_S, history_minutes: int = HISTORY_MINUTES, start: float = 0.0):
         self.window_s = window_s
         self.history_minutes = history_minutes
         self.start = start
@@ -142,11 +141,14 @@ class MeterStats:
         if vals.size == 0:
             return {"mean_ms": None, "p50_ms": None, "p99_ms": None, "n": 0}
         p50, p99 = np.percentile(vals, [50, 99])
-        return {"mean_ms": float(vals.mean() * 1e3), "p50_ms": float(p50 * 1e3),
-                "p99_ms": float(p99 * 1e3), "n": int(vals.size)}
+        return {
+            "mean_ms": float(vals.mean() * 1e3),
+            "p50_ms": float(p50 * 1e3),
+            "p99_ms": float(p99 * 1e3),
+            "n": int(vals.size),
+        }
 
-    def snapshot(self, now: float, percentile: float = 99.0, replicas: int = 0,
-                 reset_mean: bool = False) -> dict:
+    def snapshot(self, now: float, percentile: float = 99.0, replicas: int = 0, reset_mean: bool = False) -> dict:
         """Everything the autoscaler reads, JSON-able. Queue length is the requests in
         flight beyond one per serving replica (each replica serves one at a time);
         ``reset_mean`` starts a new averaging period for ``mean_in_flight``."""

@@ -9,5 +9,14 @@ from autoscaler.driving.driver import CapacityExceeded
 from ..distributions import NO_OVERHEAD, PAPER_PROCESSING, PAPER_ROUTER_OVERHEAD, TimeDist, parse_dist
 from .runner import SimConfig, SimResult, simulate
 
-__all__ = ["CapacityExceeded", "NO_OVERHEAD", "PAPER_PROCESSING", "PAPER_ROUTER_OVERHEAD",
-           "SimConfig", "SimResult", "TimeDist", "parse_dist", "simulate"]
+__all__ = [
+    "CapacityExceeded",
+    "NO_OVERHEAD",
+    "PAPER_PROCESSING",
+    "PAPER_ROUTER_OVERHEAD",
+    "SimConfig",
+    "SimResult",
+    "TimeDist",
+    "parse_dist",
+    "simulate",
+]

@@ -73,11 +73,28 @@ def batch_latency(b: int, cores: float, prof: np.ndarray) -> float:
 
 
 @njit(cache=True)
-def advance_batched(t0: float, t1: float, arr: np.ndarray, deadline: np.ndarray,
-                    net: np.ndarray, jitter: np.ndarray, ovh: np.ndarray,
-                    start: np.ndarray, lat: np.ndarray, status: np.ndarray, nxt: int, nend: int,
-                    hkey: np.ndarray, hidx: np.ndarray, nq: int, free_at: np.ndarray,
-                    batch: int, cores: float, prof: np.ndarray, limit: int):
+def advance_batched(
+    t0: float,
+    t1: float,
+    arr: np.ndarray,
+    deadline: np.ndarray,
+    net: np.ndarray,
+    jitter: np.ndarray,
+    ovh: np.ndarray,
+    start: np.ndarray,
+    lat: np.ndarray,
+    status: np.ndarray,
+    nxt: int,
+    nend: int,
+    hkey: np.ndarray,
+    hidx: np.ndarray,
+    nq: int,
+    free_at: np.ndarray,
+    batch: int,
+    cores: float,
+    prof: np.ndarray,
+    limit: int,
+):
     """Simulate ``[t0, t1)`` for a batching model: serve the EDF queue in batches of up to
     ``batch`` on replicas of ``cores``, take the arrivals ``arr[nxt:nend]`` before ``t1``.
     Returns ``(nxt, nq, arrivals, dropped, served_batches)``."""

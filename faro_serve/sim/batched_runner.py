@@ -33,8 +33,15 @@ from .batched import advance_batched
 from .kernels import DONE
 
 
-def bandwidth_trace(seconds: int, seed: int = 0, lo: float = 0.5, hi: float = 7.0,
-                    mean: float = 2.0, reversion: float = 0.05, sigma: float = 0.25) -> np.ndarray:
+def bandwidth_trace(
+    seconds: int,
+    seed: int = 0,
+    lo: float = 0.5,
+    hi: float = 7.0,
+    mean: float = 2.0,
+    reversion: float = 0.05,
+    sigma: float = 0.25,
+) -> np.ndarray:
     """MB/s per second: ``log b`` mean-reverting to ``log mean`` at ``reversion`` per second
     with noise ``sigma``, clipped to ``[lo, hi]``."""
     rng = np.random.default_rng(seed)
@@ -83,9 +90,14 @@ class BatchedResult:
     latency_s: np.ndarray  # per request (inf: dropped)
 
     def to_dict(self) -> dict:
-        return {"policy": self.policy, "slo_violation_rate": self.slo_violation_rate,
-                "mean_cores": self.mean_cores, "p99_ms": self.p99_ms, "requests": self.requests,
-                "dropped": self.dropped}
+        return {
+            "policy": self.policy,
+            "slo_violation_rate": self.slo_violation_rate,
+            "mean_cores": self.mean_cores,
+            "p99_ms": self.p99_ms,
+            "requests": self.requests,
+            "dropped": self.dropped,
+        }
 
 
 def workload(setting: BatchedSetting) -> tuple[np.ndarray, np.ndarray]:
@@ -113,13 +125,12 @@ def simulate_batched(setting: BatchedSetting, policy: Policy, name: str | None =
     n = arr.size
     deadline = arr - net + setting.slo_s  # = send + SLO
     rng = np.random.default_rng(setting.seed + 2)
-    jitter = rng.lognormal(-setting.jitter_sigma ** 2 / 2, setting.jitter_sigma, n)
+    jitter = rng.lognormal(-(setting.jitter_sigma**2) / 2, setting.jitter_sigma, n)
     start, lat = np.full(n, np.nan), np.full(n, np.nan)
     status = np.zeros(n, dtype=np.int64)
     hkey, hidx = np.empty(n + 1), np.empty(n + 1, dtype=np.int64)
     free_at = np.zeros(setting.replicas)
-    prof = np.array([setting.profile.gamma, setting.profile.eps, setting.profile.delta,
-                     setting.profile.eta])
+    prof = np.array([setting.profile.gamma, setting.profile.eps, setting.profile.delta, setting.profile.eta])
     cores, batch = 1.0, 1
     tick = float(policy.tick_s)
     end = float(setting.duration_s) + setting.slo_s * 10
@@ -129,27 +140,41 @@ def simulate_batched(setting: BatchedSetting, policy: Policy, name: str | None =
 
     model = next((m for m in policy.models if m.name == name), None)
     if model is None or largest_batch(model) <= 1:
-        raise ValueError(f"the batched simulator runs a model that declares batching; "
-                         f"{policy.name!r} has {'no model ' + repr(name) if model is None else repr(name) + ' without it'}")
-    in_force = {name: Setting(replicas=setting.replicas, drop_rate=0.0, batch_size=batch,
-                              threads=int(cores))}
+        raise ValueError(
+            f"the batched simulator runs a model that declares batching; "
+            f"{policy.name!r} has {'no model ' + repr(name) if model is None else repr(name) + ' without it'}"
+        )
+    in_force = {name: Setting(replicas=setting.replicas, drop_rate=0.0, batch_size=batch, threads=int(cores))}
 
     def decide(now: float, rate: float) -> None:
         """What the live loop does each tick (``autoscaler.driving.driver``): the front's snapshot
         (the queued requests' ages since they left their clients), observe, decide, apply."""
         nonlocal cores, batch, in_force
-        snap = MeterSnapshot(arrivals_per_min=np.zeros(0), arrival_rate=rate,
-                             queue_length=float(nq), queued_ages_s=setting.slo_s - (hkey[:nq] - now),
-                             batch_size=batch, threads=int(cores))
-        obs = observe(now, policy.cluster.cpus, None, {name: snap}, {name: setting.replicas},
-                      in_force, slo_s={name: setting.slo_s})
+        snap = MeterSnapshot(
+            arrivals_per_min=np.zeros(0),
+            arrival_rate=rate,
+            queue_length=float(nq),
+            queued_ages_s=setting.slo_s - (hkey[:nq] - now),
+            batch_size=batch,
+            threads=int(cores),
+        )
+        obs = observe(
+            now,
+            policy.cluster.cpus,
+            None,
+            {name: snap},
+            {name: setting.replicas},
+            in_force,
+            slo_s={name: setting.slo_s},
+        )
         dec = driver.decide(policy, obs)  # its exception carries the time
         if dec is not None:
-            done = apply_decision(dec, in_force, policy.models, policy.cluster.cpus, None,
-                                  policy=policy.name, now=now)
+            done = apply_decision(dec, in_force, policy.models, policy.cluster.cpus, None, policy=policy.name, now=now)
             if done.changes:
-                raise ValueError(f"{policy.name!r} changed the replicas of {name!r}: the batched "
-                                 "simulator runs a fixed number (its cores and batches change)")
+                raise ValueError(
+                    f"{policy.name!r} changed the replicas of {name!r}: the batched "
+                    "simulator runs a fixed number (its cores and batches change)"
+                )
             in_force = done.settings
             cores, batch = float(in_force[name].threads), int(in_force[name].batch_size)
 
@@ -158,17 +183,44 @@ def simulate_batched(setting: BatchedSetting, policy: Policy, name: str | None =
         t0, t1 = k * tick, (k + 1) * tick
         cores_log[k], batch_log[k] = cores * setting.replicas, batch
         nxt, nq, n_arr, n_drop, _ = advance_batched(
-            t0, t1, arr, deadline, net, jitter, np.zeros(n), start, lat, status, nxt, n,
-            hkey, hidx, nq, free_at, batch, cores, prof, setting.queue_limit)
+            t0,
+            t1,
+            arr,
+            deadline,
+            net,
+            jitter,
+            np.zeros(n),
+            start,
+            lat,
+            status,
+            nxt,
+            n,
+            hkey,
+            hidx,
+            nq,
+            free_at,
+            batch,
+            cores,
+            prof,
+            setting.queue_limit,
+        )
         dropped += n_drop
         if nxt >= n and nq == 0 and np.all(free_at <= t1):
-            cores_log, batch_log = cores_log[:k + 1], batch_log[:k + 1]
+            cores_log, batch_log = cores_log[: k + 1], batch_log[: k + 1]
             break
         decide(t1, n_arr / tick)
     done = status == DONE
     lat = np.where(done, lat, np.inf)
     finite = lat[np.isfinite(lat)]
     return BatchedResult(
-        policy=policy.name, slo_violation_rate=float(np.mean(lat > setting.slo_s)),
-        mean_cores=float(cores_log[:max(1, int(setting.duration_s / tick))].mean()), p99_ms=float(np.percentile(finite, 99) * 1e3) if finite.size else math.inf,
-        requests=n, dropped=dropped, cores=cores_log, batch=batch_log, network_s=net, latency_s=lat)
+        policy=policy.name,
+        slo_violation_rate=float(np.mean(lat > setting.slo_s)),
+        mean_cores=float(cores_log[: max(1, int(setting.duration_s / tick))].mean()),
+        p99_ms=float(np.percentile(finite, 99) * 1e3) if finite.size else math.inf,
+        requests=n,
+        dropped=dropped,
+        cores=cores_log,
+        batch=batch_log,
+        network_s=net,
+        latency_s=lat,
+    )

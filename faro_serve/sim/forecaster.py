@@ -47,14 +47,22 @@ def _days(day_list: list[int] | None) -> str:
 
 def cache_key(path: str | Path, days: list[int], sample: int | None, config) -> str:
     h = hashlib.sha256(Path(path).read_bytes())
-    h.update(json.dumps({"days": days, "sample": sample, "config": asdict(config)},
-                        sort_keys=True, default=str).encode())
+    h.update(
+        json.dumps({"days": days, "sample": sample, "config": asdict(config)}, sort_keys=True, default=str).encode()
+    )
     return h.hexdigest()[:16]
 
 
-def ensure_forecaster(path: str | Path, days=None, sample: int | None = 0,
-                      before_day: int | None = None, cache_dir: str | Path = DEFAULT_CACHE,
-                      max_steps: int | None = None, log=print, config=None) -> Path:
+def ensure_forecaster(
+    path: str | Path,
+    days=None,
+    sample: int | None = 0,
+    before_day: int | None = None,
+    cache_dir: str | Path = DEFAULT_CACHE,
+    max_steps: int | None = None,
+    log=print,
+    config=None,
+) -> Path:
     """The cache directory of the N-HiTS forecaster for this history, trained first if needed;
     ``config``: its :class:`forecasting.train.TrainConfig` (default: the defaults, with
     ``max_steps`` when given)."""
@@ -81,15 +89,23 @@ def ensure_forecaster(path: str | Path, days=None, sample: int | None = 0,
         except ForecasterLoadError as err:
             log(f"forecaster: cache unusable ({err}); training again")
     hist = load_trace(p, days=None if day_list is None else ",".join(map(str, day_list)), sample=sample)
-    log(f"forecaster: training N-HiTS on {p} days {_days(day_list)} sample {sample} "
-        f"({len(hist.names)} series x {hist.minutes} minutes); cached in {where}")
+    log(
+        f"forecaster: training N-HiTS on {p} days {_days(day_list)} sample {sample} "
+        f"({len(hist.names)} series x {hist.minutes} minutes); cached in {where}"
+    )
     save_forecaster(train_forecaster(hist.history(), cfg), where)
     return where
 
 
-def history_forecaster(path: str | Path, days=None, sample: int | None = 0,
-                       before_day: int | None = None, cache_dir: str | Path = DEFAULT_CACHE,
-                       max_steps: int | None = None, log=print):
+def history_forecaster(
+    path: str | Path,
+    days=None,
+    sample: int | None = 0,
+    before_day: int | None = None,
+    cache_dir: str | Path = DEFAULT_CACHE,
+    max_steps: int | None = None,
+    log=print,
+):
     """Load the cached N-HiTS forecaster for this history, training it first if needed."""
     from forecasting.io import load_forecaster
 

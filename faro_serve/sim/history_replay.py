@@ -111,9 +111,13 @@ def resolve(names: Mapping[str, object], hist: ServeHistory, what: str) -> dict[
     return out
 
 
-def build(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | None = None,
-          slos: Mapping[str, tuple[float, float]] | None = None,
-          service_scale: float = 1.0) -> tuple[list[Deployment], list[str]]:
+def build(
+    hist: ServeHistory,
+    capacity_cpus: float,
+    capacity_gpus: float | None = None,
+    slos: Mapping[str, tuple[float, float]] | None = None,
+    service_scale: float = 1.0,
+) -> tuple[list[Deployment], list[str]]:
     """Every deployment as the replay takes it, and the notes on what was assumed;
     ``service_scale``: every service time read back times this (how much the figures hang
     on it)."""
@@ -157,13 +161,25 @@ def build(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | None 
         ongoing = (d.config or {}).get("max_ongoing_requests")
         queued = (d.config or {}).get("max_queued_requests")
         first = first_recorded(d.replicas)
-        out.append(Deployment(
-            key=k, name=names[k], mode=mode, min_replicas=lo, max_replicas=hi, rule=rule, cpus=cpus,
-            gpus=gpus, initial=lo if first is None else first, processing=dist,
-            processing_mean_ms=mean, slo=slo,
-            max_ongoing_requests=RAY_DEFAULTS["max_ongoing_requests"] if ongoing is None else int(ongoing),
-            max_queued_requests=RAY_DEFAULTS["max_queued_requests"] if queued is None else int(queued),
-            faro_max=holds))
+        out.append(
+            Deployment(
+                key=k,
+                name=names[k],
+                mode=mode,
+                min_replicas=lo,
+                max_replicas=hi,
+                rule=rule,
+                cpus=cpus,
+                gpus=gpus,
+                initial=lo if first is None else first,
+                processing=dist,
+                processing_mean_ms=mean,
+                slo=slo,
+                max_ongoing_requests=RAY_DEFAULTS["max_ongoing_requests"] if ongoing is None else int(ongoing),
+                max_queued_requests=RAY_DEFAULTS["max_queued_requests"] if queued is None else int(queued),
+                faro_max=holds,
+            )
+        )
     check_fits(hist, out, capacity_cpus, capacity_gpus, notes)
     return out, notes
 
@@ -171,20 +187,26 @@ def build(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | None 
 def check_fits(hist, deps: list[Deployment], cpus: float, gpus: float | None, notes: list[str]) -> None:
     """The first minute's recorded replicas must fit the capacity (both runs start there);
     a later minute that needed more is noted (the replay is held to the capacity)."""
-    start = {"CPUs": sum(max(min(d.initial, d.max_replicas), d.min_replicas) * d.cpus for d in deps),
-             "GPUs": sum(max(min(d.initial, d.max_replicas), d.min_replicas) * d.gpus for d in deps)}
+    start = {
+        "CPUs": sum(max(min(d.initial, d.max_replicas), d.min_replicas) * d.cpus for d in deps),
+        "GPUs": sum(max(min(d.initial, d.max_replicas), d.min_replicas) * d.gpus for d in deps),
+    }
     for what, cap in (("CPUs", cpus), ("GPUs", gpus)):
         if cap is not None and start[what] > cap + 1e-9:
             flag = "--capacity" if what == "CPUs" else "--capacity-gpus"
-            raise ValueError(f"{flag} {cap:g}: the deployments start at {start[what]:g} {what} (their "
-                             f"recorded replicas at the first minute, within their bounds); give at "
-                             f"least that, or fewer --deployments")
+            raise ValueError(
+                f"{flag} {cap:g}: the deployments start at {start[what]:g} {what} (their "
+                f"recorded replicas at the first minute, within their bounds); give at "
+                f"least that, or fewer --deployments"
+            )
     rec = np.stack([np.asarray(hist.deployments[d.key].replicas, float) * d.cpus for d in deps])
     used = np.nansum(rec, axis=0)
     if used.size and used.max() > cpus + 1e-9:
         m = int(np.argmax(used))
-        notes.append(f"the recorded replicas took up to {used[m]:g} CPUs (minute {m}), more than "
-                     f"--capacity {cpus:g}: the replay holds both runs to the capacity")
+        notes.append(
+            f"the recorded replicas took up to {used[m]:g} CPUs (minute {m}), more than "
+            f"--capacity {cpus:g}: the replay holds both runs to the capacity"
+        )
 
 
 def queue_settings(deps: list[Deployment], counts: np.ndarray, notes: list[str]) -> dict:
@@ -196,40 +218,74 @@ def queue_settings(deps: list[Deployment], counts: np.ndarray, notes: list[str])
         picked[f] = c.most_common(1)[0][0]
         if len(c) > 1:
             seen = ", ".join(f"{v} for {n}" for v, n in c.most_common())
-            notes.append(f"{f} differs between deployments ({seen}); the simulator takes one for "
-                         f"all: {picked[f]}, the most common")
+            notes.append(
+                f"{f} differs between deployments ({seen}); the simulator takes one for "
+                f"all: {picked[f]}, the most common"
+            )
     limit = picked["max_queued_requests"]
     # no limit: a queue cannot outgrow a deployment's requests (their Poisson draw: the mean
     # and 6 SD), so that bound is exact and keeps the ring small
     total = float(counts.sum(axis=1).max(initial=0.0))
     most = int(total + 6 * math.sqrt(total) + 100)
-    return {"queue_limit": min(UNBOUNDED_QUEUE, most) if limit < 0 else limit,
-            "queue_per_replica": max(0, picked["max_ongoing_requests"] - 1),
-            "max_ongoing_requests": picked["max_ongoing_requests"], "max_queued_requests": limit}
+    return {
+        "queue_limit": min(UNBOUNDED_QUEUE, most) if limit < 0 else limit,
+        "queue_per_replica": max(0, picked["max_ongoing_requests"] - 1),
+        "max_ongoing_requests": picked["max_ongoing_requests"],
+        "max_queued_requests": limit,
+    }
 
 
 def as_run_models(deps: list[Deployment]) -> list[ModelSLO]:
-    return [ModelSLO(name=d.name, slo_ms=d.slo.ms, percentile=d.slo.percentile,
-                     processing_ms=d.processing_mean_ms, min_replicas=d.min_replicas,
-                     max_replicas=d.max_replicas, cpus=d.cpus, gpus=d.gpus) for d in deps]
+    return [
+        ModelSLO(
+            name=d.name,
+            slo_ms=d.slo.ms,
+            percentile=d.slo.percentile,
+            processing_ms=d.processing_mean_ms,
+            min_replicas=d.min_replicas,
+            max_replicas=d.max_replicas,
+            cpus=d.cpus,
+            gpus=d.gpus,
+        )
+        for d in deps
+    ]
 
 
 def faro_models(deps: list[Deployment]) -> list[ModelSLO]:
-    return [ModelSLO(name=d.name, slo_ms=d.slo.ms, percentile=d.slo.percentile,
-                     processing_ms=d.processing_mean_ms, min_replicas=1, max_replicas=d.faro_max,
-                     cpus=d.cpus, gpus=d.gpus) for d in deps]
+    return [
+        ModelSLO(
+            name=d.name,
+            slo_ms=d.slo.ms,
+            percentile=d.slo.percentile,
+            processing_ms=d.processing_mean_ms,
+            min_replicas=1,
+            max_replicas=d.faro_max,
+            cpus=d.cpus,
+            gpus=d.gpus,
+        )
+        for d in deps
+    ]
 
 
-def simulate_as_run(counts: np.ndarray, models: list[ModelSLO], rules: dict, cfg: SimConfig,
-                    cluster: ClusterSpec) -> SimResult:
+def simulate_as_run(
+    counts: np.ndarray, models: list[ModelSLO], rules: dict, cfg: SimConfig, cluster: ClusterSpec
+) -> SimResult:
     """The as-run replay: Ray's rule with each model's own ``autoscaling_config`` (``rules``)."""
     return simulate(counts, models, RayServePolicy(models, cluster, name=AS_RUN, per_model=rules), cfg)
 
 
-def run_whatif(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | None = None,
-               slos: Mapping[str, tuple[float, float]] | None = None, policy: str = DEFAULT_POLICY,
-               forecaster=None, seed: int = 0, cold_start_s: float = 60.0,
-               parallel: bool | None = None, service_scale: float = 1.0) -> WhatIf:
+def run_whatif(
+    hist: ServeHistory,
+    capacity_cpus: float,
+    capacity_gpus: float | None = None,
+    slos: Mapping[str, tuple[float, float]] | None = None,
+    policy: str = DEFAULT_POLICY,
+    forecaster=None,
+    seed: int = 0,
+    cold_start_s: float = 60.0,
+    parallel: bool | None = None,
+    service_scale: float = 1.0,
+) -> WhatIf:
     """Replay ``hist`` as it ran and under ``policy`` (module docstring); ``slos``: by
     deployment (``app/deployment`` or a unique deployment name), ``(ms, percentile)``.
     ``parallel``: the as-run replay in a process of its own while this one runs Faro's, the
@@ -241,10 +297,16 @@ def run_whatif(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | 
     deps, notes = build(hist, capacity_cpus, capacity_gpus, slos, service_scale)
     counts = np.stack([np.asarray(hist.deployments[d.key].arrivals, float) for d in deps])
     q = queue_settings(deps, counts, notes)
-    cfg = SimConfig(capacity_cpus=capacity_cpus, capacity_gpus=capacity_gpus, cold_start_s=cold_start_s,
-                    queue_limit=q["queue_limit"], queue_per_replica=q["queue_per_replica"],
-                    processing=tuple(d.processing for d in deps),
-                    initial_replicas={d.name: d.initial for d in deps}, seed=seed)
+    cfg = SimConfig(
+        capacity_cpus=capacity_cpus,
+        capacity_gpus=capacity_gpus,
+        cold_start_s=cold_start_s,
+        queue_limit=q["queue_limit"],
+        queue_per_replica=q["queue_per_replica"],
+        processing=tuple(d.processing for d in deps),
+        initial_replicas={d.name: d.initial for d in deps},
+        seed=seed,
+    )
     cluster = ClusterSpec(cpus=capacity_cpus, gpus=capacity_gpus)
     ray_args = (counts, as_run_models(deps), {d.name: d.rule for d in deps if d.rule}, cfg, cluster)
     fm = faro_models(deps)
@@ -260,5 +322,4 @@ def run_whatif(hist: ServeHistory, capacity_cpus: float, capacity_gpus: float | 
     else:
         as_run = simulate_as_run(*ray_args)
         faro = simulate(counts, fm, faro_policy, cfg)
-    return WhatIf(hist, deps, as_run, faro, cfg, policy, capacity_cpus, capacity_gpus, q,
-                  list(hist.notes) + notes)
+    return WhatIf(hist, deps, as_run, faro, cfg, policy, capacity_cpus, capacity_gpus, q, list(hist.notes) + notes)

@@ -46,10 +46,10 @@ def fit_lognormal(le, counts, mean_ms: float) -> TimeDist | None:
     for grid in (np.linspace(0.01, 3.0, 300), None):
         if grid is None:  # refine around the best of the coarse grid
             grid = np.linspace(max(0.001, best - 0.01), best + 0.01, 81)
-        mu = math.log(mean_ms) - grid ** 2 / 2
+        mu = math.log(mean_ms) - grid**2 / 2
         err = ((ndtr((x[None, :] - mu[:, None]) / grid[:, None]) - frac[None, :]) ** 2).sum(axis=1)
         best = float(grid[int(np.argmin(err))])
-    return TimeDist("lognorm", (best, 0.0, math.exp(math.log(mean_ms) - best ** 2 / 2) / 1e3))
+    return TimeDist("lognorm", (best, 0.0, math.exp(math.log(mean_ms) - best**2 / 2) / 1e3))
 
 
 def processing_of(d, notes: list[str]) -> tuple[TimeDist, float]:
@@ -67,8 +67,10 @@ def processing_of(d, notes: list[str]) -> tuple[TimeDist, float]:
     fit = fit_lognormal(d.processing_le, counts, mean) if mean and mean > 0 else None
     if fit is not None and service is not None and service > 0:
         if mean and service < 0.95 * mean:
-            notes.append(f"{d.key}: service time {service:.1f} ms behind a recorded processing time of "
-                         f"{d.processing_mean_ms or mean:.1f} ms (the rest: the wait inside its replicas)")
+            notes.append(
+                f"{d.key}: service time {service:.1f} ms behind a recorded processing time of "
+                f"{d.processing_mean_ms or mean:.1f} ms (the rest: the wait inside its replicas)"
+            )
         return fit.scaled_to_mean(service / 1e3), float(service)
     if fit is not None:
         return fit, float(mean)
@@ -77,11 +79,11 @@ def processing_of(d, notes: list[str]) -> tuple[TimeDist, float]:
         dist = TimeDist("lognorm", (s, 0.0, p50 / 1e3))
         return dist, float(mean) if mean and mean > 0 else dist.mean * 1e3
     if mean and mean > 0:
-        notes.append(f"{d.key}: no processing-time histogram; the paper's lognormal shape at its "
-                     f"recorded mean {mean:.1f} ms")
+        notes.append(
+            f"{d.key}: no processing-time histogram; the paper's lognormal shape at its recorded mean {mean:.1f} ms"
+        )
         return PAPER_PROCESSING.scaled_to_mean(mean / 1e3), float(mean)
-    notes.append(f"{d.key}: no processing time recorded; the paper's {PAPER_PROCESSING.mean * 1e3:.0f} ms "
-                 f"assumed")
+    notes.append(f"{d.key}: no processing time recorded; the paper's {PAPER_PROCESSING.mean * 1e3:.0f} ms assumed")
     return PAPER_PROCESSING, PAPER_PROCESSING.mean * 1e3
 
 
@@ -94,19 +96,26 @@ def derived_slo(hist: ServeHistory, d, proc_ms: float, notes: list[str]) -> SLO:
         n = float(tot[-1]) if tot.size else 0.0
     if n <= 0:
         if sum(d.arrivals) <= 0:
-            notes.append(f"{d.key}: no requests in the range; SLO {NO_TRAFFIC_SLO_MS:g} ms assumed "
-                         f"(it does not matter)")
+            notes.append(
+                f"{d.key}: no requests in the range; SLO {NO_TRAFFIC_SLO_MS:g} ms assumed (it does not matter)"
+            )
             return SLO(max(NO_TRAFFIC_SLO_MS, 2 * proc_ms), 99.0, True)
-        raise ValueError(f"{d.key}: its application {d.application!r} has no end-to-end latency "
-                         f"recorded to derive an SLO from; give --slo {d.key}=MS")
+        raise ValueError(
+            f"{d.key}: its application {d.application!r} has no end-to-end latency "
+            f"recorded to derive an SLO from; give --slo {d.key}=MS"
+        )
     p99 = bucket_quantile(lat.le, tot, 0.99)
     finite = [x for x in lat.le if math.isfinite(x)]
     if finite and p99 >= finite[-1]:
-        notes.append(f"{d.key}: its application's p99 lies beyond the latency histogram's last "
-                     f"bucket; SLO taken as that bucket's edge, {p99:g} ms")
+        notes.append(
+            f"{d.key}: its application's p99 lies beyond the latency histogram's last "
+            f"bucket; SLO taken as that bucket's edge, {p99:g} ms"
+        )
     if not p99 > proc_ms:
-        notes.append(f"{d.key}: its application's p99 ({p99:.0f} ms) is not above its mean "
-                     f"processing time ({proc_ms:.0f} ms); SLO 1.5 x that")
+        notes.append(
+            f"{d.key}: its application's p99 ({p99:.0f} ms) is not above its mean "
+            f"processing time ({proc_ms:.0f} ms); SLO 1.5 x that"
+        )
         p99 = 1.5 * proc_ms
     return SLO(round(p99, 1), 99.0, True)
 
@@ -120,8 +129,10 @@ def ray_settings(d, notes: list[str]) -> tuple[str, int, int, dict]:
         ac = {"min_replicas": 1, "max_replicas": AUTO_MAX}
     if ac:
         rule = {k: RAY_RULE.get(k) if ac.get(k) is None else float(ac[k]) for k in RULE_FIELDS}
-        for k, old in (("upscaling_factor", "upscale_smoothing_factor"),
-                       ("downscaling_factor", "downscale_smoothing_factor")):
+        for k, old in (
+            ("upscaling_factor", "upscale_smoothing_factor"),
+            ("downscaling_factor", "downscale_smoothing_factor"),
+        ):
             if ac.get(k) is None:
                 rule[k] = float(ac.get(old) or ac.get("smoothing_factor") or 1.0)
         lo = RAY_MIN if ac.get("min_replicas") is None else int(ac["min_replicas"])
@@ -135,8 +146,10 @@ def ray_settings(d, notes: list[str]) -> tuple[str, int, int, dict]:
     rec = np.asarray(d.replicas, float)
     n = int(round(float(np.nanmedian(rec)))) if np.isfinite(rec).any() else 1
     n = max(1, n)
-    notes.append(f"{d.key}: no Serve config (read without --dashboard, or not running now): "
-                 f"fixed at its median recorded replicas, {n}")
+    notes.append(
+        f"{d.key}: no Serve config (read without --dashboard, or not running now): "
+        f"fixed at its median recorded replicas, {n}"
+    )
     return "unknown", n, n, {}
 
 

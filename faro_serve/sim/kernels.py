@@ -61,13 +61,34 @@ def _argmin(a: np.ndarray) -> int:
 
 
 @njit(cache=True)
-def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.ndarray,
-            u: np.ndarray, start: np.ndarray, lat: np.ndarray, status: np.ndarray,
-            nxt: int, nend: int, qbuf: np.ndarray, qh: int, nq: int,
-            free_at: np.ndarray, busy_until: np.ndarray, drop_rate: float, limit: int,
-            hold: float = 0.0, patience: float = np.inf, cancel: bool = True,
-            batch: int = 1, shape: np.ndarray = NO_SHAPE, scale: float = 1.0,
-            wait: float = 0.0, window: bool = False):
+def advance(
+    t0: float,
+    t1: float,
+    arr: np.ndarray,
+    proc: np.ndarray,
+    ovh: np.ndarray,
+    u: np.ndarray,
+    start: np.ndarray,
+    lat: np.ndarray,
+    status: np.ndarray,
+    nxt: int,
+    nend: int,
+    qbuf: np.ndarray,
+    qh: int,
+    nq: int,
+    free_at: np.ndarray,
+    busy_until: np.ndarray,
+    drop_rate: float,
+    limit: int,
+    hold: float = 0.0,
+    patience: float = np.inf,
+    cancel: bool = True,
+    batch: int = 1,
+    shape: np.ndarray = NO_SHAPE,
+    scale: float = 1.0,
+    wait: float = 0.0,
+    window: bool = False,
+):
     """Simulate ``[t0, t1)``: serve the queue, take the arrivals ``arr[nxt:nend]`` before t1.
 
     ``qbuf`` is a ring of buffer indices (the FIFO queue) with head ``qh`` and length ``nq``.
@@ -109,12 +130,37 @@ def advance(t0: float, t1: float, arr: np.ndarray, proc: np.ndarray, ovh: np.nda
             if f > ta or f >= t1:
                 break
             if batch > 1:
-                if wait > 0.0 and not _batch_ready(f, ta, t1, i < nend and arr[i] < t1, arr,
-                                                   qbuf, qh, nq, batch, wait, window):
+                if wait > 0.0 and not _batch_ready(
+                    f, ta, t1, i < nend and arr[i] < t1, arr, qbuf, qh, nq, batch, wait, window
+                ):
                     break  # the batch may still grow: take the next arrival first
-                qh, nq, area = _serve_batch(k, f, t0, t1, arr, proc, ovh, start, lat, status, qbuf,
-                                            qh, nq, free_at, busy_until, hold, patience, cancel,
-                                            batch, shape, scale, wait, window, sel, area)
+                qh, nq, area = _serve_batch(
+                    k,
+                    f,
+                    t0,
+                    t1,
+                    arr,
+                    proc,
+                    ovh,
+                    start,
+                    lat,
+                    status,
+                    qbuf,
+                    qh,
+                    nq,
+                    free_at,
+                    busy_until,
+                    hold,
+                    patience,
+                    cancel,
+                    batch,
+                    shape,
+                    scale,
+                    wait,
+                    window,
+                    sel,
+                    area,
+                )
                 continue
             j = qbuf[qh]
             qh = (qh + 1) % cap
@@ -201,8 +247,33 @@ def _batch_ready(f, ta, t1, arrival_next, arr, qbuf, qh, nq, batch, wait, window
 
 
 @njit(cache=True)
-def _serve_batch(k, f, t0, t1, arr, proc, ovh, start, lat, status, qbuf, qh, nq, free_at,
-                 busy_until, hold, patience, cancel, batch, shape, scale, wait, window, sel, area):
+def _serve_batch(
+    k,
+    f,
+    t0,
+    t1,
+    arr,
+    proc,
+    ovh,
+    start,
+    lat,
+    status,
+    qbuf,
+    qh,
+    nq,
+    free_at,
+    busy_until,
+    hold,
+    patience,
+    cancel,
+    batch,
+    shape,
+    scale,
+    wait,
+    window,
+    sel,
+    area,
+):
     """Replica ``k``, free at ``f``, takes up to ``batch`` requests from the queue's head
     (those whose clients gave up are dropped on the way, as one at a time; with ``window``
     only those within ``wait`` of the first) and serves them in the first one's processing
@@ -250,8 +321,17 @@ def _serve_batch(k, f, t0, t1, arr, proc, ovh, start, lat, status, qbuf, qh, nq,
 
 
 @njit(cache=True)
-def lookback(arr: np.ndarray, lat: np.ndarray, proc: np.ndarray, status: np.ndarray,
-             lo: int, hi: int, t_lo: float, t_hi: float, q: float):
+def lookback(
+    arr: np.ndarray,
+    lat: np.ndarray,
+    proc: np.ndarray,
+    status: np.ndarray,
+    lo: int,
+    hi: int,
+    t_lo: float,
+    t_hi: float,
+    q: float,
+):
     """Over requests ``lo..hi-1`` completed in ``(t_lo, t_hi]``: the ``q`` percentile of their
     latency, their mean processing time and their number (what the router front reports
     for its look-back window). Percentile and mean are NaN when there are none."""

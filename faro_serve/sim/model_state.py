@@ -29,10 +29,22 @@ def _shape(shape) -> np.ndarray:
 
 
 class ModelState:
-    def __init__(self, name: str, index: int, queue_limit: int, look_back_ticks: int,
-                 hold_s: float = 0.0, patience_s: float = float("inf"), cancel: bool = True,
-                 batch_shape: np.ndarray | None = None, per_replica: int = 0, max_replicas: int = 1,
-                 concurrency: int = 1, batch_wait_s: float = 0.0, batch_window: bool = False):
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        queue_limit: int,
+        look_back_ticks: int,
+        hold_s: float = 0.0,
+        patience_s: float = float("inf"),
+        cancel: bool = True,
+        batch_shape: np.ndarray | None = None,
+        per_replica: int = 0,
+        max_replicas: int = 1,
+        concurrency: int = 1,
+        batch_wait_s: float = 0.0,
+        batch_window: bool = False,
+    ):
         self.name = name
         if concurrency > 1 and batch_shape is not None:
             raise ValueError("a replica that batches serves one batch at a time (concurrency 1)")
@@ -105,7 +117,7 @@ class ModelState:
             key = np.where(starting, 0, np.where(idle, 1, 2)).astype(float)
             sub = np.where(starting, -self.ready_at, np.where(idle, 0.0, done))
             order = np.lexsort((sub, key))
-            keep = np.sort(order[cur - n:])
+            keep = np.sort(order[cur - n :])
             slots = (keep[:, None] * self.k + np.arange(self.k)).ravel()
             self.ready_at = self.ready_at[keep]
             self.busy_until = self.busy_until[slots]
@@ -150,11 +162,34 @@ class ModelState:
     def run(self, t0: float, t1: float) -> None:
         # the waiting room at t0: the router's limit plus what the serving replicas hold
         limit = self.limit + self.per_replica * self.serving(t0) if self.per_replica else self.limit
-        out = advance(t0, t1, self.arr, self.proc, self.ovh, self.u, self.start, self.lat,
-                      self.status, self.nxt, self.arr.size, self.qbuf, self.qh, self.nq,
-                      self.free_at, self.busy_until, self.drop_rate, min(limit, self.qbuf.size), self.hold,
-                      self.patience, self.cancel, self.batch, self.batch_shape, self.scale,
-                      self.batch_wait, self.batch_window)
+        out = advance(
+            t0,
+            t1,
+            self.arr,
+            self.proc,
+            self.ovh,
+            self.u,
+            self.start,
+            self.lat,
+            self.status,
+            self.nxt,
+            self.arr.size,
+            self.qbuf,
+            self.qh,
+            self.nq,
+            self.free_at,
+            self.busy_until,
+            self.drop_rate,
+            min(limit, self.qbuf.size),
+            self.hold,
+            self.patience,
+            self.cancel,
+            self.batch,
+            self.batch_shape,
+            self.scale,
+            self.batch_wait,
+            self.batch_window,
+        )
         self.nxt, self.qh, self.nq, n_arr, n_drop, area = out
         self.tick_arrivals += n_arr
         self.tick_dropped += n_drop
@@ -169,8 +204,7 @@ class ModelState:
         """(latency s, mean processing s, completed) over ``(now - look_back_s, now]``."""
         lo = max(self.heads[0] - self.base, 0)
         hi = self.nxt
-        lat, proc, n = lookback(self.arr, self.lat, self.proc, self.status, lo, hi,
-                                now - look_back_s, now, percentile)
+        lat, proc, n = lookback(self.arr, self.lat, self.proc, self.status, lo, hi, now - look_back_s, now, percentile)
         return lat, proc * self.scale, n  # the variant in force
 
     def end_tick(self) -> tuple[int, int, float]:

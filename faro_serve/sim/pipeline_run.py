@@ -63,9 +63,17 @@ class StageState(ModelState):
 class PipelineRun:
     """One pipeline's queries in flight and its stages' states (driven by the runner)."""
 
-    def __init__(self, pipeline: PipelineSLO, index: int, stage_states: Mapping[str, StageState],
-                 processing: Mapping[str, TimeDist], overhead: TimeDist, seed: int, draw: int,
-                 n_minutes: int):
+    def __init__(
+        self,
+        pipeline: PipelineSLO,
+        index: int,
+        stage_states: Mapping[str, StageState],
+        processing: Mapping[str, TimeDist],
+        overhead: TimeDist,
+        seed: int,
+        draw: int,
+        n_minutes: int,
+    ):
         self.p = pipeline
         self.name = pipeline.name
         self.order = pipeline.order()
@@ -142,8 +150,9 @@ class PipelineRun:
         self.minutes_loaded += 1
 
     def _feed(self, j: int, rows: np.ndarray, at: np.ndarray) -> None:
-        self.states[j].add(at, self.draws[0, rows, j], self.draws[1, rows, j],
-                           self.draws[2, rows, j], rows + self.qbase)
+        self.states[j].add(
+            at, self.draws[0, rows, j], self.draws[1, rows, j], self.draws[2, rows, j], rows + self.qbase
+        )
         self.fed[rows, j] = True
 
     # -- time --------------------------------------------------------------------------

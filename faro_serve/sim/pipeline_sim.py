@@ -50,8 +50,9 @@ from .pipeline_run import PipelineRun, StageState
 from .rates import TickRates
 
 
-def stage_processing(pipelines: Sequence[PipelineSLO], base: TimeDist | None = None,
-                     given: Mapping[str, TimeDist] | None = None) -> dict[str, TimeDist]:
+def stage_processing(
+    pipelines: Sequence[PipelineSLO], base: TimeDist | None = None, given: Mapping[str, TimeDist] | None = None
+) -> dict[str, TimeDist]:
     """Each stage's simulated processing time: ``given[stage]`` when there, else ``base``
     (default: the paper's lognormal) scaled to the stage's ``processing_ms`` (as a scenario
     scales it for its models), else ``base`` as it is."""
@@ -74,23 +75,33 @@ def check_pipelines(models: Sequence[ModelSLO], pipelines: Sequence[PipelineSLO]
     from faro_serve.pipelines import check_unique, expand
 
     check_unique(pipelines)
-    return expand(models, pipelines)[len(models):]
+    return expand(models, pipelines)[len(models) :]
 
 
 class PipelineSet:
     """Every pipeline of a run: their stage states (also models of the runner, which scales
     them and builds their observations as a model's) and what the runner asks of them."""
 
-    def __init__(self, pipelines: Sequence[PipelineSLO], stage_states: Mapping[str, StageState],
-                 processing: Mapping[str, TimeDist], overhead: TimeDist, seed: int, draw: int,
-                 counts: np.ndarray, warm: np.ndarray):
+    def __init__(
+        self,
+        pipelines: Sequence[PipelineSLO],
+        stage_states: Mapping[str, StageState],
+        processing: Mapping[str, TimeDist],
+        overhead: TimeDist,
+        seed: int,
+        draw: int,
+        counts: np.ndarray,
+        warm: np.ndarray,
+    ):
         """``counts`` and ``warm``: the pipelines' rows (queries at the entry per minute,
         realised; the warm-up history)."""
         self.pipelines = list(pipelines)
         self.states = dict(stage_states)
         n_min = counts.shape[1]
-        self.runs = [PipelineRun(p, k, stage_states, processing, overhead, seed, draw, n_min)
-                     for k, p in enumerate(self.pipelines)]
+        self.runs = [
+            PipelineRun(p, k, stage_states, processing, overhead, seed, draw, n_min)
+            for k, p in enumerate(self.pipelines)
+        ]
         self.counts, self.warm = counts, warm
         self.rates = TickRates()  # the live meters' arrival-rate window
         self.of_stage = {n: (k, r.col[n]) for k, r in enumerate(self.runs) for n in r.order}
@@ -126,7 +137,7 @@ class PipelineSet:
         (the pipeline's x the stage's fraction)."""
         out = {}
         for k, p in enumerate(self.pipelines):
-            f = self.counts[k, minute_now:minute_now + n].astype(float)
+            f = self.counts[k, minute_now : minute_now + n].astype(float)
             out[p.name] = f
             for s in p.stages:
                 out[s.name] = f * s.fraction
@@ -140,9 +151,11 @@ class PipelineSet:
             lat = r.observe(now, look_back_s, p.percentile)
             n = r.end_tick()
             out[p.name] = PipelineObservation(
-                name=p.name, arrivals_per_min=np.concatenate([self.warm[k], self.counts[k, :minute_now]]).astype(float),
+                name=p.name,
+                arrivals_per_min=np.concatenate([self.warm[k], self.counts[k, :minute_now]]).astype(float),
                 arrival_rate=self.rates.rate(p.name, dt, n),
-                latency_ms=None if math.isnan(lat) else lat * 1e3)
+                latency_ms=None if math.isnan(lat) else lat * 1e3,
+            )
         return out
 
     # -- metrics -------------------------------------------------------------------------

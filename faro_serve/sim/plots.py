@@ -18,10 +18,21 @@ def _plt():
 
 
 COLOURS = {
-    "faro-sum": "#08519c", "faro-fairsum": "#3182bd", "faro-fair": "#6baed6",
-    "faro-penaltysum": "#9ecae1", "faro-penaltyfairsum": "#c6dbef", "oracle": "black",
-    "mark": "#ff7f0e", "mark-saturation": "#ffbb78", "aiad": "#2ca02c", "fairshare": "#7f7f7f",
-    "oneshot": "#d62728", "ray-serve": "#8c564b", "ray-native": "#8c564b", "swayam": "#e377c2", "inferline": "#9467bd",
+    "faro-sum": "#08519c",
+    "faro-fairsum": "#3182bd",
+    "faro-fair": "#6baed6",
+    "faro-penaltysum": "#9ecae1",
+    "faro-penaltyfairsum": "#c6dbef",
+    "oracle": "black",
+    "mark": "#ff7f0e",
+    "mark-saturation": "#ffbb78",
+    "aiad": "#2ca02c",
+    "fairshare": "#7f7f7f",
+    "oneshot": "#d62728",
+    "ray-serve": "#8c564b",
+    "ray-native": "#8c564b",
+    "swayam": "#e377c2",
+    "inferline": "#9467bd",
     "infaas": "#bcbd22",
 }
 
@@ -47,17 +58,26 @@ def plot_lost_utility(agg: list[dict], path: Path, title: str = "") -> None:
     plt = _plt()
     caps = sorted({a["capacity"] for a in agg}, reverse=True)
     # policies in the order of their mean lost utility over the capacities
-    pols = sorted({a["policy"] for a in agg},
-                  key=lambda p: np.mean([a["lost_utility"] for a in agg if a["policy"] == p]))
+    pols = sorted(
+        {a["policy"] for a in agg}, key=lambda p: np.mean([a["lost_utility"] for a in agg if a["policy"] == p])
+    )
     width = 0.8 / max(len(pols), 1)
     fig, ax = plt.subplots(figsize=(10, 4.2), dpi=90)
     for k, pol in enumerate(pols):
         col = _colour(pol, k)
         vals = [next((a for a in agg if a["capacity"] == c and a["policy"] == pol), None) for c in caps]
         x = np.arange(len(caps)) + (k - (len(pols) - 1) / 2) * width
-        ax.bar(x, [v["lost_utility"] if v else np.nan for v in vals], width,
-               yerr=[v["lost_utility_sd"] if v else 0 for v in vals], label=pol, color=col,
-               edgecolor="white", linewidth=0.3, error_kw={"elinewidth": 0.8})
+        ax.bar(
+            x,
+            [v["lost_utility"] if v else np.nan for v in vals],
+            width,
+            yerr=[v["lost_utility_sd"] if v else 0 for v in vals],
+            label=pol,
+            color=col,
+            edgecolor="white",
+            linewidth=0.3,
+            error_kw={"elinewidth": 0.8},
+        )
     ax.set_xticks(np.arange(len(caps)), [f"{c:g} replicas" for c in caps])
     ax.set_ylabel("lost cluster utility (lower is better)")
     ax.set_title(title or "Lost cluster utility per policy and cluster size", fontsize=10)
@@ -73,8 +93,7 @@ def plot_lost_utility(agg: list[dict], path: Path, title: str = "") -> None:
 TIMELINE_POLICIES = ("oracle", "faro-fairsum", "mark", "aiad", "fairshare", "oneshot", "inferline")
 
 
-def plot_timeline(timelines: dict, capacity: float, path: Path, seed: int = 0,
-                  smooth_min: int = 5) -> None:
+def plot_timeline(timelines: dict, capacity: float, path: Path, seed: int = 0, smooth_min: int = 5) -> None:
     """Cluster utility per minute at one capacity (one seed), ``smooth_min``-minute mean."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(10, 3.6), dpi=90)
@@ -84,8 +103,14 @@ def plot_timeline(timelines: dict, capacity: float, path: Path, seed: int = 0,
         tl = np.asarray(timelines[(pol, capacity, seed)], dtype=float)
         w = max(1, smooth_min)
         sm = np.convolve(tl, np.ones(w) / w, mode="valid")
-        ax.plot(np.arange(sm.size) + w - 1, sm, label=pol, color=_colour(pol, k), linewidth=1.0,
-                linestyle="--" if pol == "oracle" else "-")
+        ax.plot(
+            np.arange(sm.size) + w - 1,
+            sm,
+            label=pol,
+            color=_colour(pol, k),
+            linewidth=1.0,
+            linestyle="--" if pol == "oracle" else "-",
+        )
     ax.set_xlabel("minute")
     ax.set_ylabel(f"cluster utility ({smooth_min}-min mean)")
     ax.set_title(f"Cluster utility over the run, capacity {capacity:g}, seed {seed}", fontsize=10)

@@ -81,8 +81,7 @@ def uses_forecaster(policy: str) -> bool:
     return policy_forecasts(policy)
 
 
-def _init_worker(scenario: Scenario, forecaster_dir: str | None, forecaster: str | None = None,
-                 started=None) -> None:
+def _init_worker(scenario: Scenario, forecaster_dir: str | None, forecaster: str | None = None, started=None) -> None:
     """``forecaster_dir``: a trained N-HiTS; ``forecaster``: ``fallback``, ``shipped``, a
     plug-in name or an import path; neither: the shipped N-HiTS (autoscaler.driving.forecasters).
     ``started``: a queue told each task a worker starts (which run a dead worker was on)."""
@@ -112,23 +111,35 @@ def _run(task: Task) -> dict:
         raise RunFailed(_WORKER["init_error"])
     fc = _WORKER["forecaster"] if uses_forecaster(task.policy) else None
     with policy_failures(task.policy):
-        res = run_scenario(sc, task.policy, task.capacity, task.seed, forecaster=fc,
-                           loaded=_WORKER["loaded"])
+        res = run_scenario(sc, task.policy, task.capacity, task.seed, forecaster=fc, loaded=_WORKER["loaded"])
     s = res.summary
-    row = {"policy": task.policy, "capacity": task.capacity, "seed": task.seed,
-           "lost_cluster_utility": s.lost_cluster_utility,
-           "lost_effective_utility": s.lost_effective_utility,
-           "cluster_slo_violation_rate": s.cluster_slo_violation_rate,
-           "requests": int(s.job_requests.sum()), "dropped": int(s.job_dropped.sum()),
-           **{f"job_lost_{k}": v for k, v in s.fairness.items()},
-           "mean_replicas": float(res.targets.sum(axis=1).mean()), "wall_s": res.wall_s,
-           "forecaster": _WORKER["forecaster_name"] if uses_forecaster(task.policy) else ""}
+    row = {
+        "policy": task.policy,
+        "capacity": task.capacity,
+        "seed": task.seed,
+        "lost_cluster_utility": s.lost_cluster_utility,
+        "lost_effective_utility": s.lost_effective_utility,
+        "cluster_slo_violation_rate": s.cluster_slo_violation_rate,
+        "requests": int(s.job_requests.sum()),
+        "dropped": int(s.job_dropped.sum()),
+        **{f"job_lost_{k}": v for k, v in s.fairness.items()},
+        "mean_replicas": float(res.targets.sum(axis=1).mean()),
+        "wall_s": res.wall_s,
+        "forecaster": _WORKER["forecaster_name"] if uses_forecaster(task.policy) else "",
+    }
     return {"row": row, "timeline": s.cluster_utility.tolist()}
 
 
-def run_suite(scenario: Scenario, policies: list[str], capacities: list[float], seeds: list[int],
-              workers: int = 2, forecaster_dir: str | None = None, progress=None,
-              forecaster: str | None = None) -> tuple[list, dict]:
+def run_suite(
+    scenario: Scenario,
+    policies: list[str],
+    capacities: list[float],
+    seeds: list[int],
+    workers: int = 2,
+    forecaster_dir: str | None = None,
+    progress=None,
+    forecaster: str | None = None,
+) -> tuple[list, dict]:
     """Run every (policy, capacity, seed); returns (rows, {(policy, capacity, seed): timeline}).
     The forecasting policies plan with ``forecaster`` (``fallback``, ``shipped``, a plug-in
     name or an import path) or the N-HiTS in ``forecaster_dir``, else the shipped N-HiTS.
@@ -158,8 +169,9 @@ def run_suite(scenario: Scenario, policies: list[str], capacities: list[float], 
                 raise stop(err) from err
         return rows, timelines
     started = multiprocessing.SimpleQueue()
-    with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
-                             initargs=(scenario, forecaster_dir, forecaster, started)) as pool:
+    with ProcessPoolExecutor(
+        max_workers=workers, initializer=_init_worker, initargs=(scenario, forecaster_dir, forecaster, started)
+    ) as pool:
         futures = {pool.submit(_run, t): t for t in tasks}
         failure = None
         for fut in as_completed(futures):
@@ -187,8 +199,7 @@ def _died(started, done: set) -> RunFailed:
         if t not in done and t not in on:
             on.append(t)
     runs = " or ".join(f"{t.policy} at {t.capacity:g} (seed {t.seed})" for t in on) or "a run"
-    return RunFailed(f"a suite worker process died while running {runs} "
-                     f"(out of memory or the policy exited)")
+    return RunFailed(f"a suite worker process died while running {runs} (out of memory or the policy exited)")
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
@@ -198,18 +209,32 @@ def aggregate(rows: list[dict]) -> list[dict]:
         groups.setdefault((r["capacity"], r["policy"]), []).append(r)
     out = []
     for (cap, pol), rs in groups.items():
+
         def ms(key):
             v = np.array([r[key] for r in rs], dtype=float)
             return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
         lu, lu_sd = ms("lost_cluster_utility")
         eu, eu_sd = ms("lost_effective_utility")
         sv, sv_sd = ms("cluster_slo_violation_rate")
-        out.append({"capacity": cap, "policy": pol, "seeds": len(rs), "lost_utility": lu,
-                    "lost_utility_sd": lu_sd, "lost_effective_utility": eu, "lost_effective_sd": eu_sd,
-                    "slo_violation_rate": sv, "slo_violation_sd": sv_sd,
-                    "job_lost_median": ms("job_lost_median")[0], "job_lost_max": ms("job_lost_max")[0],
-                    "mean_replicas": ms("mean_replicas")[0], "wall_s": ms("wall_s")[0],
-                    "forecaster": rs[0].get("forecaster", "")})
+        out.append(
+            {
+                "capacity": cap,
+                "policy": pol,
+                "seeds": len(rs),
+                "lost_utility": lu,
+                "lost_utility_sd": lu_sd,
+                "lost_effective_utility": eu,
+                "lost_effective_sd": eu_sd,
+                "slo_violation_rate": sv,
+                "slo_violation_sd": sv_sd,
+                "job_lost_median": ms("job_lost_median")[0],
+                "job_lost_max": ms("job_lost_max")[0],
+                "mean_replicas": ms("mean_replicas")[0],
+                "wall_s": ms("wall_s")[0],
+                "forecaster": rs[0].get("forecaster", ""),
+            }
+        )
     out.sort(key=lambda a: (-a["capacity"], a["lost_utility"]))
     return out
 
@@ -237,32 +262,48 @@ def markdown_table(agg: list[dict]) -> str:
     """One table per capacity, policies ranked by mean lost cluster utility (lower is better)."""
     lines = []
     for cap in sorted({a["capacity"] for a in agg}, reverse=True):
-        lines += [f"**Capacity {cap:g} replicas**", "",
-                  "| rank | policy | lost cluster utility (SD) | lost effective utility | "
-                  "cluster SLO violation rate | median / max job lost utility | mean replicas |",
-                  "|---:|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"**Capacity {cap:g} replicas**",
+            "",
+            "| rank | policy | lost cluster utility (SD) | lost effective utility | "
+            "cluster SLO violation rate | median / max job lost utility | mean replicas |",
+            "|---:|---|---:|---:|---:|---:|---:|",
+        ]
         for k, a in enumerate([a for a in agg if a["capacity"] == cap], 1):
-            lines.append(f"| {k} | {a['policy']} | {a['lost_utility']:.2f} ({a['lost_utility_sd']:.2f}) | "
-                         f"{a['lost_effective_utility']:.2f} | {a['slo_violation_rate']:.2%} | "
-                         f"{a['job_lost_median']:.3f} / {a['job_lost_max']:.3f} | {a['mean_replicas']:.1f} |")
+            lines.append(
+                f"| {k} | {a['policy']} | {a['lost_utility']:.2f} ({a['lost_utility_sd']:.2f}) | "
+                f"{a['lost_effective_utility']:.2f} | {a['slo_violation_rate']:.2%} | "
+                f"{a['job_lost_median']:.3f} / {a['job_lost_max']:.3f} | {a['mean_replicas']:.1f} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
 
-def write_outputs(out_dir: Path, rows: list[dict], timelines: dict, title: str = "",
-                  timeline_capacity: float | None = None, note: str = "") -> dict[str, Path]:
+def write_outputs(
+    out_dir: Path,
+    rows: list[dict],
+    timelines: dict,
+    title: str = "",
+    timeline_capacity: float | None = None,
+    note: str = "",
+) -> dict[str, Path]:
     """``note``: a paragraph atop summary.md (the runs that failed or did not run)."""
     from .plots import plot_lost_utility, plot_timeline
 
     out_dir.mkdir(parents=True, exist_ok=True)
     agg = aggregate(rows)
-    paths = {"results": out_dir / "results.csv", "timeline": out_dir / "timeline.csv",
-             "summary": out_dir / "summary.md", "lost_png": out_dir / "lost_utility.png",
-             "timeline_png": out_dir / "timeline.png"}
+    paths = {
+        "results": out_dir / "results.csv",
+        "timeline": out_dir / "timeline.csv",
+        "summary": out_dir / "summary.md",
+        "lost_png": out_dir / "lost_utility.png",
+        "timeline_png": out_dir / "timeline.png",
+    }
     write_csv(paths["results"], rows)
     write_timeline(paths["timeline"], timelines)
-    paths["summary"].write_text((f"# {title}\n\n" if title else "") + (f"{note}\n\n" if note else "")
-                                + markdown_table(agg) + "\n")
+    paths["summary"].write_text(
+        (f"# {title}\n\n" if title else "") + (f"{note}\n\n" if note else "") + markdown_table(agg) + "\n"
+    )
     plot_lost_utility(agg, paths["lost_png"], title)
     caps = sorted({a["capacity"] for a in agg})
     cap = timeline_capacity if timeline_capacity in caps else caps[len(caps) // 2]

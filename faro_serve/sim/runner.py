@@ -51,10 +51,16 @@ from .sim_result import SimResult, StageMeter, join_records
 from .workload import Workload
 
 
-def simulate(counts: np.ndarray, models: Sequence[ModelSLO], policy: Policy, cfg: SimConfig,
-             warmup_history: np.ndarray | None = None, future_minutes: int | None = None,
-             pipelines: Sequence[PipelineSLO] = (),
-             stage_processing: dict[str, TimeDist] | None = None) -> SimResult:
+def simulate(
+    counts: np.ndarray,
+    models: Sequence[ModelSLO],
+    policy: Policy,
+    cfg: SimConfig,
+    warmup_history: np.ndarray | None = None,
+    future_minutes: int | None = None,
+    pipelines: Sequence[PipelineSLO] = (),
+    stage_processing: dict[str, TimeDist] | None = None,
+) -> SimResult:
     """Run ``policy`` on per-minute ``counts`` (jobs x minutes: ``models`` in order, then
     one row per pipeline, its queries at the entry).
 
@@ -65,8 +71,7 @@ def simulate(counts: np.ndarray, models: Sequence[ModelSLO], policy: Policy, cfg
     ``faro_serve.sim.pipeline_sim`` says. ``stage_processing``: a stage's simulated processing
     time (default: ``cfg.processing`` scaled to the stage's ``processing_ms``).
     """
-    run = _Run(counts, models, policy, cfg, warmup_history, future_minutes, pipelines,
-               stage_processing)
+    run = _Run(counts, models, policy, cfg, warmup_history, future_minutes, pipelines, stage_processing)
     # Event instants: minute starts (load the minute) and ticks (observe + decide).
     minute_starts = 60.0 * np.arange(run.n_min)
     extra = [] if cfg.max_step_s is None else [np.arange(0.0, run.end, cfg.max_step_s)]
@@ -88,8 +93,17 @@ class _Run:
     """One simulation's state: set up from the arguments of :func:`simulate`, advanced by
     :meth:`load_minute` and :meth:`tick`, summarised by :meth:`finish`."""
 
-    def __init__(self, counts, models, policy: Policy, cfg: SimConfig, warmup_history, future_minutes,
-                 pipelines=(), stage_processing=None):
+    def __init__(
+        self,
+        counts,
+        models,
+        policy: Policy,
+        cfg: SimConfig,
+        warmup_history,
+        future_minutes,
+        pipelines=(),
+        stage_processing=None,
+    ):
         self.t_wall = time.perf_counter()
         self.pipelines = list(pipelines)
         self.n_single = len(models)
@@ -110,12 +124,15 @@ class _Run:
         self.slo_of = {m.name: m.slo_ms / 1e3 for m in self.models}
         given = cfg.initial_replicas
         if isinstance(given, Mapping) and set(given) - set(self.model_names):
-            raise ValueError(f"initial replicas of {', '.join(sorted(set(given) - set(self.model_names)))}: "
-                             f"not models of the run")
-        init = [m.clamp((given.get(m.name) if isinstance(given, Mapping) else given) or m.min_replicas)
-                for m in self.models]
-        over = cfg.capacity.over(usage({m.name: r for m, r in zip(self.models, init)},
-                                       {m.name: demand(m) for m in self.models}))
+            raise ValueError(
+                f"initial replicas of {', '.join(sorted(set(given) - set(self.model_names)))}: not models of the run"
+            )
+        init = [
+            m.clamp((given.get(m.name) if isinstance(given, Mapping) else given) or m.min_replicas) for m in self.models
+        ]
+        over = cfg.capacity.over(
+            usage({m.name: r for m, r in zip(self.models, init)}, {m.name: demand(m) for m in self.models})
+        )
         if over:
             raise ValueError(f"the initial replicas ({sum(init)}) need {'; '.join(over)}")
         procs = list(cfg.processing) if isinstance(cfg.processing, tuple) else cfg.processing
@@ -125,31 +142,47 @@ class _Run:
         self.rates = TickRates()  # the live meters' arrival-rate window (sim/rates.py)
         tick = float(policy.tick_s)
         look_ticks = int(math.ceil(cfg.look_back_s / tick)) + 1
-        self.states = {m.name: (ModelState if i < self.n_single else StageState)(
-            m.name, i, cfg.queue_limit, look_ticks, cfg.replica_hold_s, cfg.client_timeout_s,
-            cfg.cancel_timed_out, None if m.batching is None else m.batching.shape(m.cpus),
-            cfg.queue_per_replica, int(cfg.capacity_cpus // m.cpus) + 1, m.concurrency,
-            0.0 if m.batching is None else m.batching.batch_wait_s, cfg.ray_batching)
-            for i, m in enumerate(self.models)}
+        self.states = {
+            m.name: (ModelState if i < self.n_single else StageState)(
+                m.name,
+                i,
+                cfg.queue_limit,
+                look_ticks,
+                cfg.replica_hold_s,
+                cfg.client_timeout_s,
+                cfg.cancel_timed_out,
+                None if m.batching is None else m.batching.shape(m.cpus),
+                cfg.queue_per_replica,
+                int(cfg.capacity_cpus // m.cpus) + 1,
+                m.concurrency,
+                0.0 if m.batching is None else m.batching.batch_wait_s,
+                cfg.ray_batching,
+            )
+            for i, m in enumerate(self.models)
+        }
         if cfg.ray_batching:  # a user's @serve.batch: its largest batch from the start
             for m in self.models:
                 if m.batching is not None:
                     self.states[m.name].batch = m.batching.max_batch_size
-        self.singles = list(self.states.values())[:self.n_single]
+        self.singles = list(self.states.values())[: self.n_single]
         for s, r in zip(self.states.values(), init):
             s.scale_to(r, 0.0, 0.0)
         # every model's setting in force (autoscaler.contract.setting); models with variants start
         # with the first (the one deployed)
-        self.settings = {m.name: Setting(replicas=r, drop_rate=0.0,
-                                         variant=m.variants[0].name if m.variants else None)
-                         for m, r in zip(self.models, init)}
+        self.settings = {
+            m.name: Setting(replicas=r, drop_rate=0.0, variant=m.variants[0].name if m.variants else None)
+            for m, r in zip(self.models, init)
+        }
         for m in self.models:
             if m.variants:
                 v = m.variants[0]
                 self.states[m.name].switch_variant(
-                    0.0, v.processing_ms / (m.processing_ms or v.processing_ms),
-                    None if v.batching is None else v.batching.shape(m.cpus), 0.0)
-        singles, pipes = self.models[:self.n_single], self.pipelines
+                    0.0,
+                    v.processing_ms / (m.processing_ms or v.processing_ms),
+                    None if v.batching is None else v.batching.shape(m.cpus),
+                    0.0,
+                )
+        singles, pipes = self.models[: self.n_single], self.pipelines
         self.slo_s = np.array([m.slo_ms / 1e3 for m in singles] + [p.slo_ms / 1e3 for p in pipes])
         self.pct = np.array([m.percentile for m in singles] + [p.percentile for p in pipes])
         if warmup_history is None:
@@ -178,11 +211,16 @@ class _Run:
         if self.pipelines:
             base = cfg.processing if isinstance(cfg.processing, TimeDist) else None
             self.pipes = PipelineSet(
-                self.pipelines, {n: self.states[n] for n in self.model_names[self.n_single:]},
-                stage_processing_of(self.pipelines, base, stage_processing), cfg.router_overhead,
-                cfg.seed, cfg.draw, self.work.counts[self.n_single:], warmup_history[self.n_single:])
-            self.stage_meter = StageMeter(self.pipes.stage_names, self.spec, self.n_min,
-                                          cfg.keep_records)
+                self.pipelines,
+                {n: self.states[n] for n in self.model_names[self.n_single :]},
+                stage_processing_of(self.pipelines, base, stage_processing),
+                cfg.router_overhead,
+                cfg.seed,
+                cfg.draw,
+                self.work.counts[self.n_single :],
+                warmup_history[self.n_single :],
+            )
+            self.stage_meter = StageMeter(self.pipes.stage_names, self.spec, self.n_min, cfg.keep_records)
 
     def advance(self, t0: float, t1: float) -> None:
         """Every model's queue and replicas over ``[t0, t1)``; then the pipelines, whose
@@ -199,7 +237,7 @@ class _Run:
         slices = batch.job_slices()
         for s, sl in zip(self.singles, slices):
             s.append(batch.arrival[sl], batch.proc[sl], batch.overhead[sl], batch.u[sl])
-        for k, sl in enumerate(slices[self.n_single:]):
+        for k, sl in enumerate(slices[self.n_single :]):
             self.pipes.load(k, batch.arrival[sl])
         self.m_next += 1
         if self.m_next % 5 == 0:
@@ -222,31 +260,39 @@ class _Run:
             running[n] = self.serving_log[self.k_tick, i] = s.serving(t)
             lat, proc, _ = s.observe(t, self.cfg.look_back_s, self.spec[n].percentile)
             snaps[n] = MeterSnapshot(
-                arrivals_per_min=(with_open_minute(
-                    self.history[i, :self.n_warm + minute_now],
-                    self.open_count[i] if self.open_minute == minute_now else 0.0,
-                    t - 60.0 * minute_now) if i < self.n_single
-                    else self.pipes.stage_history(n, minute_now)),
+                arrivals_per_min=(
+                    with_open_minute(
+                        self.history[i, : self.n_warm + minute_now],
+                        self.open_count[i] if self.open_minute == minute_now else 0.0,
+                        t - 60.0 * minute_now,
+                    )
+                    if i < self.n_single
+                    else self.pipes.stage_history(n, minute_now)
+                ),
                 arrival_rate=self.rates.rate(n, dt, n_arr),
                 latency_ms=None if math.isnan(lat) else lat * 1e3,
                 processing_ms=None if math.isnan(proc) else proc * 1e3,
-                queue_length=float(s.nq), mean_in_flight=area / dt if dt > 0 else 0.0,
+                queue_length=float(s.nq),
+                mean_in_flight=area / dt if dt > 0 else 0.0,
                 # a batching model's front reports how long its queued requests have waited
                 # (Sponge's budgets), as the live meter does (serving/direct.py)
                 queued_ages_s=s.queued_ages(t) if self.spec[n].batching is not None else None,
-                batch_size=s.batch if self.spec[n].batching is not None else None)
-        future = {n: self.work.counts[i, minute_now:minute_now + self.future_minutes].astype(float)
-                  for i, n in enumerate(self.names[:self.n_single])}
+                batch_size=s.batch if self.spec[n].batching is not None else None,
+            )
+        future = {
+            n: self.work.counts[i, minute_now : minute_now + self.future_minutes].astype(float)
+            for i, n in enumerate(self.names[: self.n_single])
+        }
         pobs = None
         if self.pipes is not None:
             future.update(self.pipes.future(minute_now, self.future_minutes))
             pobs = self.pipes.observations(t, dt, minute_now, self.cfg.look_back_s)
-        obs = observe(t, self.cfg.capacity, None, snaps, running, self.settings, future,
-                      slo_s=self.slo_of, pipelines=pobs)
+        obs = observe(
+            t, self.cfg.capacity, None, snaps, running, self.settings, future, slo_s=self.slo_of, pipelines=pobs
+        )
         dec = decide(self.policy, obs)  # its exception carries the time
         if dec is not None:
-            done = apply_decision(dec, self.settings, self.models, self.cfg.capacity,
-                                  policy=self.policy.name, now=t)
+            done = apply_decision(dec, self.settings, self.models, self.cfg.capacity, policy=self.policy.name, now=t)
             for n, r in done.changes:  # decreases first
                 self.states[n].scale_to(r, t, self.cfg.cold_start_s)
             for n, new in done.changed.items():
@@ -276,8 +322,7 @@ class _Run:
         v = m.variant(variant)
         base = m.processing_ms or m.variants[0].processing_ms
         shape = None if v.batching is None else v.batching.shape(m.cpus)
-        st.switch_variant(t, v.processing_ms / base, shape,
-                          self.cfg.cold_start_s if v.load_s is None else v.load_s)
+        st.switch_variant(t, v.processing_ms / base, shape, self.cfg.cold_start_s if v.load_s is None else v.load_s)
 
     def flush(self, final: bool) -> None:
         states = self.singles
@@ -296,11 +341,9 @@ class _Run:
             return
         midx = np.repeat(np.arange(len(sizes)), sizes)
         arr, lat, drp = (np.concatenate([p[k] for p in parts]) for k in range(3))
-        self.table = self.table.merge(minute_table(self.names, midx, arr, lat, drp, self.slo_s,
-                                                   self.n_min, self.pct))
+        self.table = self.table.merge(minute_table(self.names, midx, arr, lat, drp, self.slo_s, self.n_min, self.pct))
         if self.cfg.keep_records:
             self.rec_parts.append((midx, arr, lat, drp))
-
 
     def finish(self) -> SimResult:
         """Drain (no more arrivals; the replicas left serve the queues) and summarise."""
@@ -309,10 +352,22 @@ class _Run:
         records = join_records(self.rec_parts, "model") if self.cfg.keep_records else None
         extra = {}
         if self.pipes is not None:
-            extra = dict(model_names=self.model_names, pipelines=[p.name for p in self.pipelines],
-                         **self.stage_meter.result())
-        return SimResult(policy=self.policy.name, names=self.names, capacity_cpus=self.cfg.capacity_cpus,
-                         seed=self.cfg.seed, table=self.table, summary=summarize(self.table, self.slo_s),
-                         wall_s=time.perf_counter() - self.t_wall, tick_times=self.tick_times,
-                         targets=self.targets_log, serving=self.serving_log, decisions=self.kinds,
-                         records=records, tick_s=float(self.policy.tick_s), **extra)
+            extra = dict(
+                model_names=self.model_names, pipelines=[p.name for p in self.pipelines], **self.stage_meter.result()
+            )
+        return SimResult(
+            policy=self.policy.name,
+            names=self.names,
+            capacity_cpus=self.cfg.capacity_cpus,
+            seed=self.cfg.seed,
+            table=self.table,
+            summary=summarize(self.table, self.slo_s),
+            wall_s=time.perf_counter() - self.t_wall,
+            tick_times=self.tick_times,
+            targets=self.targets_log,
+            serving=self.serving_log,
+            decisions=self.kinds,
+            records=records,
+            tick_s=float(self.policy.tick_s),
+            **extra,
+        )

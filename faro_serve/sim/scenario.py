@@ -82,8 +82,7 @@ class Scenario:
         if not self.processing_ms > 0:
             raise ValueError(f"--processing-ms must be > 0 (got {self.processing_ms:g})")
         if not self.slo_ms > self.processing_ms:
-            raise ValueError(f"--slo-ms ({self.slo_ms:g}) must exceed the processing time "
-                             f"({self.processing_ms:g} ms)")
+            raise ValueError(f"--slo-ms ({self.slo_ms:g}) must exceed the processing time ({self.processing_ms:g} ms)")
         if not 0 < self.percentile < 100:
             raise ValueError(f"--percentile must be in (0, 100) (got {self.percentile:g})")
         if self.cold_start_s < 0:
@@ -98,8 +97,11 @@ class Scenario:
         return self
 
     def distributions(self):
-        proc = parse_dist(self.processing_dist) if self.processing_dist else \
-            PAPER_PROCESSING.scaled_to_mean(self.processing_ms / 1e3)
+        proc = (
+            parse_dist(self.processing_dist)
+            if self.processing_dist
+            else PAPER_PROCESSING.scaled_to_mean(self.processing_ms / 1e3)
+        )
         ovh = parse_dist(self.overhead_dist) if self.overhead_dist else PAPER_ROUTER_OVERHEAD
         return proc, ovh
 
@@ -121,9 +123,10 @@ class Scenario:
         counts = both.counts[:, n_warm:]
         if self.minutes is not None:
             if self.minutes > counts.shape[1]:
-                raise TraceError(f"{self.trace}: --minutes {self.minutes} exceeds the "
-                                 f"{counts.shape[1]} minutes selected")
-            counts = counts[:, :self.minutes]
+                raise TraceError(
+                    f"{self.trace}: --minutes {self.minutes} exceeds the {counts.shape[1]} minutes selected"
+                )
+            counts = counts[:, : self.minutes]
         return both.names, counts, both.counts[:, :n_warm]
 
     def day_minutes(self) -> int:
@@ -135,9 +138,17 @@ class Scenario:
         return default_warmup(self.trace, self.day, self.sample, self.warmup_minutes)
 
     def models(self, names: list[str]) -> list[ModelSLO]:
-        return [ModelSLO(name=n, slo_ms=self.slo_ms, percentile=self.percentile,
-                         processing_ms=self.processing_ms, batching=self.batching,
-                         gpus=self.gpus_per_replica) for n in names]
+        return [
+            ModelSLO(
+                name=n,
+                slo_ms=self.slo_ms,
+                percentile=self.percentile,
+                processing_ms=self.processing_ms,
+                batching=self.batching,
+                gpus=self.gpus_per_replica,
+            )
+            for n in names
+        ]
 
     def cluster(self, capacity: float) -> ClusterSpec:
         """The policies' view: the capacity, every other setting the paper's default."""
@@ -145,15 +156,22 @@ class Scenario:
 
     def sim_config(self, capacity: float, seed: int, keep_records: bool = False) -> SimConfig:
         proc, ovh = self.distributions()
-        return SimConfig(capacity_cpus=capacity, capacity_gpus=self.capacity_gpus,
-                         cold_start_s=self.cold_start_s,
-                         queue_limit=self.queue_limit, processing=proc, router_overhead=ovh,
-                         replica_hold_s=self.replica_hold_ms / 1e3,
-                         seed=seed, keep_records=keep_records)
+        return SimConfig(
+            capacity_cpus=capacity,
+            capacity_gpus=self.capacity_gpus,
+            cold_start_s=self.cold_start_s,
+            queue_limit=self.queue_limit,
+            processing=proc,
+            router_overhead=ovh,
+            replica_hold_s=self.replica_hold_ms / 1e3,
+            seed=seed,
+            keep_records=keep_records,
+        )
 
 
-def run_scenario(sc: Scenario, policy: str, capacity: float, seed: int = 0, forecaster=None,
-                 loaded=None, keep_records: bool = False) -> SimResult:
+def run_scenario(
+    sc: Scenario, policy: str, capacity: float, seed: int = 0, forecaster=None, loaded=None, keep_records: bool = False
+) -> SimResult:
     """Build the policy by name and simulate; ``loaded`` reuses a :meth:`Scenario.load` result."""
     names, counts, warm = loaded if loaded is not None else sc.load()
     models = sc.models(names)

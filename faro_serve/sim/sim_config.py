@@ -81,5 +81,4 @@ class SimConfig:
     @property
     def capacity(self) -> Capacity:
         """Every resource's cap (faro_serve.resources)."""
-        return Capacity.of(self.capacity_cpus, self.capacity_memory_gb, self.capacity_gpus,
-                           self.capacity_resources)
+        return Capacity.of(self.capacity_cpus, self.capacity_memory_gb, self.capacity_gpus, self.capacity_resources)

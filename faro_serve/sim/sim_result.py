@@ -47,10 +47,17 @@ class SimResult:
         return {n: float(self.targets[:, i].sum() * self.tick_s / 60.0) for i, n in enumerate(cols)}
 
     def to_dict(self, per_job: bool = True) -> dict:
-        out = {"policy": self.policy, "capacity": self.capacity_cpus, "seed": self.seed,
-               **self.summary.to_dict(per_job=False), "wall_s": round(self.wall_s, 3),
-               "minutes": self.table.minutes, "requests": int(self.summary.job_requests.sum()),
-               "dropped": int(self.summary.job_dropped.sum()), "decisions": dict(self.decisions)}
+        out = {
+            "policy": self.policy,
+            "capacity": self.capacity_cpus,
+            "seed": self.seed,
+            **self.summary.to_dict(per_job=False),
+            "wall_s": round(self.wall_s, 3),
+            "minutes": self.table.minutes,
+            "requests": int(self.summary.job_requests.sum()),
+            "dropped": int(self.summary.job_dropped.sum()),
+            "decisions": dict(self.decisions),
+        }
         if per_job:
             out["jobs"] = self.summary.to_dict()["jobs"]
         if self.pipelines:
@@ -78,26 +85,28 @@ class StageMeter:
             return
         sidx = np.repeat(np.arange(len(self.names)), sizes)
         arr, lat, drp = (np.concatenate([p[k] for p in parts]) for k in range(3))
-        self.table = self.table.merge(minute_table(self.names, sidx, arr, lat, drp, self.slo_s,
-                                                   self.n_min, self.pct))
+        self.table = self.table.merge(minute_table(self.names, sidx, arr, lat, drp, self.slo_s, self.n_min, self.pct))
         if self.keep:
             self.parts.append((sidx, arr, lat, drp))
 
     def result(self) -> dict:
         """SimResult's stage fields."""
-        return dict(stage_table=self.table, stage_summary=summarize(self.table, self.slo_s),
-                    stage_records=join_records(self.parts, "stage") if self.keep else None)
+        return dict(
+            stage_table=self.table,
+            stage_summary=summarize(self.table, self.slo_s),
+            stage_records=join_records(self.parts, "stage") if self.keep else None,
+        )
 
 
 def join_records(parts, key: str) -> dict[str, np.ndarray]:
     """Record parts ``(index, arrival, latency, dropped)`` as one dict of arrays."""
-    cols = list(zip(*parts)) if parts else [
-        [np.empty(0, int)], [np.empty(0)], [np.empty(0)], [np.empty(0, bool)]]
+    cols = list(zip(*parts)) if parts else [[np.empty(0, int)], [np.empty(0)], [np.empty(0)], [np.empty(0, bool)]]
     return dict(zip((key, "arrival_s", "latency_s", "dropped"), (np.concatenate(c) for c in cols)))
 
 
-def stage_rows(table: MinuteTable | None, summary: Summary | None,
-               replica_minutes: Mapping[str, float]) -> dict[str, dict]:
+def stage_rows(
+    table: MinuteTable | None, summary: Summary | None, replica_minutes: Mapping[str, float]
+) -> dict[str, dict]:
     """Per stage: its summary row, replica-minutes and the median over minutes of its
     SLO-percentile latency at the stage (ms)."""
     if table is None:
@@ -107,6 +116,9 @@ def stage_rows(table: MinuteTable | None, summary: Summary | None,
     for i, n in enumerate(table.names):
         v = table.p_served[i]
         v = v[np.isfinite(v)]
-        out[n] = {**st.get(n, {}), "replica_minutes": round(replica_minutes[n], 3),
-                  "latency_ms_median_minute": round(float(np.median(v)) * 1e3, 3) if v.size else None}
+        out[n] = {
+            **st.get(n, {}),
+            "replica_minutes": round(replica_minutes[n], 3),
+            "latency_ms_median_minute": round(float(np.median(v)) * 1e3, 3) if v.size else None,
+        }
     return out

@@ -52,8 +52,14 @@ def draw_counts(expected_counts: np.ndarray, seed: int = 0):
 class Workload:
     """Realised per-minute counts of a trace and the generator of each minute's requests."""
 
-    def __init__(self, expected_counts: np.ndarray, processing: TimeDist | list[TimeDist],
-                 overhead: TimeDist, seed: int = 0, draw: int = 0):
+    def __init__(
+        self,
+        expected_counts: np.ndarray,
+        processing: TimeDist | list[TimeDist],
+        overhead: TimeDist,
+        seed: int = 0,
+        draw: int = 0,
+    ):
         """``draw`` > 0: the same per-minute counts with another draw of each request's
         arrival offset, processing time and overhead (a sibling of draw 0's stream), for a
         simulator's expected value over the per-request randomness at one realised load."""
@@ -94,7 +100,7 @@ class Workload:
             proc = np.empty(n)
             ends = np.cumsum(counts)
             for j, d in enumerate(self.processing):
-                proc[ends[j] - counts[j]:ends[j]] = d.sample(rng, int(counts[j]))
+                proc[ends[j] - counts[j] : ends[j]] = d.sample(rng, int(counts[j]))
         overhead = self.overhead.sample(rng, n)
         u = rng.uniform(0.0, 1.0, n)
         return MinuteBatch(counts, arrival, proc, overhead, u)

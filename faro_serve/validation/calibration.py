@@ -37,13 +37,26 @@ class Calibration:
 
     def to_dict(self) -> dict:
         x = np.asarray(self.overhead_s)
-        hold = ({"hold_ms": {"n": len(self.hold_s), "p50": round(self.hold_median_s * 1e3, 3),
-                             "p90": round(float(np.percentile(self.hold_s, 90)) * 1e3, 3)}}
-                if self.hold_s else {})
-        return hold | {"overhead_ms": {"n": int(x.size), "mean": round(float(x.mean()) * 1e3, 3),
-                                "p50": round(float(np.median(x)) * 1e3, 3),
-                                "p99": round(float(np.percentile(x, 99)) * 1e3, 3)},
-                "cold_start_s": round(self.cold_start_s, 2)}
+        hold = (
+            {
+                "hold_ms": {
+                    "n": len(self.hold_s),
+                    "p50": round(self.hold_median_s * 1e3, 3),
+                    "p90": round(float(np.percentile(self.hold_s, 90)) * 1e3, 3),
+                }
+            }
+            if self.hold_s
+            else {}
+        )
+        return hold | {
+            "overhead_ms": {
+                "n": int(x.size),
+                "mean": round(float(x.mean()) * 1e3, 3),
+                "p50": round(float(np.median(x)) * 1e3, 3),
+                "p99": round(float(np.percentile(x, 99)) * 1e3, 3),
+            },
+            "cold_start_s": round(self.cold_start_s, 2),
+        }
 
 
 class Cluster(Protocol):
@@ -75,16 +88,19 @@ def calibrate(lc: Cluster, name: str, n: int = 200, burst: int = 30) -> Calibrat
     wait_until(lambda: lc.running().get(name) == 1, 120, f"{name} to scale back to 1", every_s=0.2)
     return Calibration(overhead, cold, hold)
 
+
 async def burst_hold(base: str, name: str, burst: int) -> list[float]:
     """``burst`` requests at once on a single replica serve back to back, so the gap
     between two completions is the next request's processing plus the replica's idle
     hold; the client's return path cancels out in the difference."""
     done: list[tuple[float, float]] = []
     async with httpx.AsyncClient(base_url=base, timeout=120, trust_env=False) as c:
+
         async def one():
             r = await c.post(f"/{name}/predict", content=b"")
             if r.status_code == 200:
                 done.append((time.perf_counter(), r.json()["processing_ms"] / 1e3))
+
         await asyncio.gather(*(one() for _ in range(burst)))
     done.sort()
     # the first completions may overlap the burst's own arrival; skip them

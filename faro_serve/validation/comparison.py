@@ -54,14 +54,18 @@ class Workload:
             raise TraceError(f"--slowdown must be > 0 (got {self.slowdown:g})")
         tr = load_trace(self.trace, days=self.day, sample=self.sample, jobs=list(self.jobs))
         if self.start + self.minutes > tr.minutes:
-            raise TraceError(f"{self.trace}: minutes {self.start}..{self.start + self.minutes} "
-                             f"are beyond the {tr.minutes} minutes selected")
+            raise TraceError(
+                f"{self.trace}: minutes {self.start}..{self.start + self.minutes} "
+                f"are beyond the {tr.minutes} minutes selected"
+            )
         return tr.window(self.start, self.start + self.minutes).scale(self.rate_scale)
 
     def models(self, names: list[str]) -> list[ModelSLO]:
         k = self.slowdown
-        return [ModelSLO(name=n, slo_ms=self.slo_ms * k, percentile=self.percentile,
-                         processing_ms=self.processing_ms * k) for n in names]
+        return [
+            ModelSLO(name=n, slo_ms=self.slo_ms * k, percentile=self.percentile, processing_ms=self.processing_ms * k)
+            for n in names
+        ]
 
     def processing(self) -> TimeDist:
         """The paper's measured ResNet34 lognormal, every time x ``slowdown``.
@@ -108,18 +112,22 @@ def sim_queue(policy: str, queue_limit: int = 50) -> dict:
     if ray is None:
         return {"queue_limit": queue_limit, "queue_per_replica": 0, "cancel_timed_out": True}
     limit = ray["max_queued_requests"]
-    return {"queue_limit": UNBOUNDED_QUEUE if limit < 0 else limit,
-            "queue_per_replica": 0 if limit < 0 else ray["max_ongoing_requests"] - 1,
-            "cancel_timed_out": False}
+    return {
+        "queue_limit": UNBOUNDED_QUEUE if limit < 0 else limit,
+        "queue_per_replica": 0 if limit < 0 else ray["max_ongoing_requests"] - 1,
+        "cancel_timed_out": False,
+    }
 
 
 def ray_settings_line(settings: dict) -> str:
     """Ray Serve's settings as one line: the ``autoscaling_config`` fields, then the
     deployment options."""
-    a = ", ".join(f"{k}: {v:g}" for k, v in settings["autoscaling_config"].items()
-                  if isinstance(v, (int, float)) and not isinstance(v, bool))
-    d = ", ".join(f"{k}: {settings[k]}" for k in ("max_ongoing_requests", "max_queued_requests")
-                  if k in settings)
+    a = ", ".join(
+        f"{k}: {v:g}"
+        for k, v in settings["autoscaling_config"].items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    )
+    d = ", ".join(f"{k}: {settings[k]}" for k in ("max_ongoing_requests", "max_queued_requests") if k in settings)
     return f"autoscaling_config {{{a}}}; {d}"
 
 
@@ -174,26 +182,35 @@ def compare(live: dict, sim: dict) -> dict:
         cu_l = cluster_utility(lv)
         cus = [cluster_utility(d) for d in draws]
         cu_s = float(np.mean(cus))
-        rows.append({
-            "policy": p,
-            "live_cluster_utility": cu_l, "sim_cluster_utility": cu_s,
-            "sim_draws": len(draws), "sim_cluster_utility_min": float(np.min(cus)),
-            "sim_cluster_utility_max": float(np.max(cus)),
-            "utility_rel_diff": relative_difference(cu_l, cu_s),
-            "live_lost_utility": lv.lost_cluster_utility,
-            "sim_lost_utility": float(np.mean([d.lost_cluster_utility for d in draws])),
-            "live_slo_violation_rate": lv.cluster_slo_violation_rate,
-            "sim_slo_violation_rate": float(np.mean([d.cluster_slo_violation_rate for d in draws])),
-            "live_requests": int(lv.job_requests.sum()), "sim_requests": int(draws[0].job_requests.sum()),
-        })
+        rows.append(
+            {
+                "policy": p,
+                "live_cluster_utility": cu_l,
+                "sim_cluster_utility": cu_s,
+                "sim_draws": len(draws),
+                "sim_cluster_utility_min": float(np.min(cus)),
+                "sim_cluster_utility_max": float(np.max(cus)),
+                "utility_rel_diff": relative_difference(cu_l, cu_s),
+                "live_lost_utility": lv.lost_cluster_utility,
+                "sim_lost_utility": float(np.mean([d.lost_cluster_utility for d in draws])),
+                "live_slo_violation_rate": lv.cluster_slo_violation_rate,
+                "sim_slo_violation_rate": float(np.mean([d.cluster_slo_violation_rate for d in draws])),
+                "live_requests": int(lv.job_requests.sum()),
+                "sim_requests": int(draws[0].job_requests.sum()),
+            }
+        )
     lu = [r["live_cluster_utility"] for r in rows]
     su = [r["sim_cluster_utility"] for r in rows]
     diffs = [r["utility_rel_diff"] for r in rows]
-    return {"rows": rows, "mean_utility_rel_diff": float(np.mean(diffs)) if diffs else math.nan,
-            "max_utility_rel_diff": float(np.max(diffs)) if diffs else math.nan,
-            "kendall_distance": kendall_distance(lu, su), "kendall_tau": kendall_tau(lu, su),
-            "live_ranking": [r["policy"] for r in sorted(rows, key=lambda r: -r["live_cluster_utility"])],
-            "sim_ranking": [r["policy"] for r in sorted(rows, key=lambda r: -r["sim_cluster_utility"])]}
+    return {
+        "rows": rows,
+        "mean_utility_rel_diff": float(np.mean(diffs)) if diffs else math.nan,
+        "max_utility_rel_diff": float(np.max(diffs)) if diffs else math.nan,
+        "kendall_distance": kendall_distance(lu, su),
+        "kendall_tau": kendall_tau(lu, su),
+        "live_ranking": [r["policy"] for r in sorted(rows, key=lambda r: -r["live_cluster_utility"])],
+        "sim_ranking": [r["policy"] for r in sorted(rows, key=lambda r: -r["sim_cluster_utility"])],
+    }
 
 
 def markdown(cmp: dict, mean_target: float = 0.05, max_target: float = 0.08) -> str:
@@ -201,25 +218,30 @@ def markdown(cmp: dict, mean_target: float = 0.05, max_target: float = 0.08) -> 
     (mean relative difference of cluster utility at most 5 %, max at most 8 %)."""
     n = max((r.get("sim_draws", 1) for r in cmp["rows"]), default=1)
     sim = f"sim (mean of {n} draws) | range" if n > 1 else "sim"
-    lines = [f"| policy | cluster utility live | {sim} | rel. diff | lost utility live | sim "
-             "| SLO violations live | sim |",
-             "|---|---:|---:|" + ("---:|" if n > 1 else "") + "---:|---:|---:|---:|---:|"]
+    lines = [
+        f"| policy | cluster utility live | {sim} | rel. diff | lost utility live | sim | SLO violations live | sim |",
+        "|---|---:|---:|" + ("---:|" if n > 1 else "") + "---:|---:|---:|---:|---:|",
+    ]
     for r in cmp["rows"]:
-        rng = (f" | {r['sim_cluster_utility_min']:.3f}-{r['sim_cluster_utility_max']:.3f}"
-               if n > 1 else "")
-        lines.append(f"| {r['policy']} | {r['live_cluster_utility']:.3f} | {r['sim_cluster_utility']:.3f}{rng} "
-                     f"| {100 * r['utility_rel_diff']:.1f} % | {r['live_lost_utility']:.3f} "
-                     f"| {r['sim_lost_utility']:.3f} | {100 * r['live_slo_violation_rate']:.2f} % "
-                     f"| {100 * r['sim_slo_violation_rate']:.2f} % |")
+        rng = f" | {r['sim_cluster_utility_min']:.3f}-{r['sim_cluster_utility_max']:.3f}" if n > 1 else ""
+        lines.append(
+            f"| {r['policy']} | {r['live_cluster_utility']:.3f} | {r['sim_cluster_utility']:.3f}{rng} "
+            f"| {100 * r['utility_rel_diff']:.1f} % | {r['live_lost_utility']:.3f} "
+            f"| {r['sim_lost_utility']:.3f} | {100 * r['live_slo_violation_rate']:.2f} % "
+            f"| {100 * r['sim_slo_violation_rate']:.2f} % |"
+        )
     ok_mean = cmp["mean_utility_rel_diff"] <= mean_target
     ok_max = cmp["max_utility_rel_diff"] <= max_target
-    lines += ["", f"Mean relative difference of cluster utility {100 * cmp['mean_utility_rel_diff']:.1f} % "
-              f"(target {100 * mean_target:.0f} %: {'met' if ok_mean else 'missed'}), max "
-              f"{100 * cmp['max_utility_rel_diff']:.1f} % (target {100 * max_target:.0f} %: "
-              f"{'met' if ok_max else 'missed'}).",
-              f"Ranking live: {' > '.join(cmp['live_ranking'])}; simulated: "
-              f"{' > '.join(cmp['sim_ranking'])}; Kendall-tau distance {cmp['kendall_distance']:.3f} "
-              f"(0 = same order), tau-b {cmp['kendall_tau']:.3f}."]
+    lines += [
+        "",
+        f"Mean relative difference of cluster utility {100 * cmp['mean_utility_rel_diff']:.1f} % "
+        f"(target {100 * mean_target:.0f} %: {'met' if ok_mean else 'missed'}), max "
+        f"{100 * cmp['max_utility_rel_diff']:.1f} % (target {100 * max_target:.0f} %: "
+        f"{'met' if ok_max else 'missed'}).",
+        f"Ranking live: {' > '.join(cmp['live_ranking'])}; simulated: "
+        f"{' > '.join(cmp['sim_ranking'])}; Kendall-tau distance {cmp['kendall_distance']:.3f} "
+        f"(0 = same order), tau-b {cmp['kendall_tau']:.3f}.",
+    ]
     return "\n".join(lines)
 
 

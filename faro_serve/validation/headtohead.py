@@ -26,14 +26,28 @@ def contention(wl: Workload, capacity: float) -> dict:
     within the SLO (M/D/c), their sum against the capacity, and the most any one minute needs."""
     tr = wl.load()
     models = wl.models(tr.names)
-    need = np.array([[min_replicas_for_slo(max(c / 60.0, 1e-9), m.processing_ms / 1e3,
-                                           m.slo_ms / 1e3, m.percentile / 100,
-                                           concurrency=m.concurrency)[0]
-                      for c in row] for row, m in zip(tr.counts, models)])
-    return {"peak_need": {n: int(need[i].max()) for i, n in enumerate(tr.names)},
-            "sum_of_peaks": int(need.max(axis=1).sum()),
-            "max_minute_need": int(need.sum(axis=0).max()),
-            "mean_need": round(float(need.sum(axis=0).mean()), 1), "capacity": capacity}
+    need = np.array(
+        [
+            [
+                min_replicas_for_slo(
+                    max(c / 60.0, 1e-9),
+                    m.processing_ms / 1e3,
+                    m.slo_ms / 1e3,
+                    m.percentile / 100,
+                    concurrency=m.concurrency,
+                )[0]
+                for c in row
+            ]
+            for row, m in zip(tr.counts, models)
+        ]
+    )
+    return {
+        "peak_need": {n: int(need[i].max()) for i, n in enumerate(tr.names)},
+        "sum_of_peaks": int(need.max(axis=1).sum()),
+        "max_minute_need": int(need.sum(axis=0).max()),
+        "mean_need": round(float(need.sum(axis=0).mean()), 1),
+        "capacity": capacity,
+    }
 
 
 def live_results(state: dict) -> dict:
@@ -41,9 +55,14 @@ def live_results(state: dict) -> dict:
     out = {}
     for p, (sched, rec) in state["runs"].items():
         models = wl.models(sched.names)
-        out[p] = replay_result(sched, rec, {m.name: m.slo_ms for m in models},
-                               {m.name: m.percentile for m in models}, policy=p,
-                               capacity=state["capacity"])
+        out[p] = replay_result(
+            sched,
+            rec,
+            {m.name: m.slo_ms for m in models},
+            {m.name: m.percentile for m in models},
+            policy=p,
+            capacity=state["capacity"],
+        )
     return out
 
 
@@ -67,18 +86,23 @@ def report(state: dict, doc: dict) -> str:
     live = live_results(state)
     cont = contention(wl, state["capacity"])
     sims = doc["sim"]
-    lines = ["# Live head-to-head: faro-serve against plain Ray Serve", "",
-             f"Workload: {', '.join(wl.jobs)} of `{wl.trace}` day {wl.day} sample {wl.sample}, trace "
-             f"minutes {wl.start}-{wl.start + wl.minutes} (one wall minute each), counts x{wl.rate_scale:g}, "
-             f"processing and SLO x{wl.slowdown:g} (SLO {wl.slo_ms * wl.slowdown:g} ms at "
-             f"p{wl.percentile:g}), seed {wl.seed}; capacity {state['capacity']:g} replicas of 1 CPU; "
-             f"faro-serve's data path: {state.get('data_path', 'front')}.", "",
-             f"Contention: the jobs' busiest minutes need {cont['sum_of_peaks']} replicas together "
-             f"(per job {cont['peak_need']}), the busiest single minute {cont['max_minute_need']}, "
-             f"the mean minute {cont['mean_need']}, against {cont['capacity']:g}.", "",
-             "| run | lost cluster utility | SLO violation rate | simulated as | its lost utility "
-             "| SLO violations | sent | answered (by status) | errors | load avg before / after |",
-             "|---|---:|---:|---|---:|---:|---:|---|---:|---|"]
+    lines = [
+        "# Live head-to-head: faro-serve against plain Ray Serve",
+        "",
+        f"Workload: {', '.join(wl.jobs)} of `{wl.trace}` day {wl.day} sample {wl.sample}, trace "
+        f"minutes {wl.start}-{wl.start + wl.minutes} (one wall minute each), counts x{wl.rate_scale:g}, "
+        f"processing and SLO x{wl.slowdown:g} (SLO {wl.slo_ms * wl.slowdown:g} ms at "
+        f"p{wl.percentile:g}), seed {wl.seed}; capacity {state['capacity']:g} replicas of 1 CPU; "
+        f"faro-serve's data path: {state.get('data_path', 'front')}.",
+        "",
+        f"Contention: the jobs' busiest minutes need {cont['sum_of_peaks']} replicas together "
+        f"(per job {cont['peak_need']}), the busiest single minute {cont['max_minute_need']}, "
+        f"the mean minute {cont['mean_need']}, against {cont['capacity']:g}.",
+        "",
+        "| run | lost cluster utility | SLO violation rate | simulated as | its lost utility "
+        "| SLO violations | sent | answered (by status) | errors | load avg before / after |",
+        "|---|---:|---:|---|---:|---:|---:|---|---:|---|",
+    ]
     for p, res in live.items():
         s = res.summary
         acc = state["runs"][p][1].counts()
@@ -89,11 +113,16 @@ def report(state: dict, doc: dict) -> str:
             f"| {sim_policy(p)} | {sim.get('lost_cluster_utility', math.nan):.3f} "
             f"| {100 * sim.get('cluster_slo_violation_rate', math.nan):.2f} % | {acc['sent']:,} "
             f"| {acc['answered']:,} ({', '.join(f'{k}: {v:,}' for k, v in acc['by_status'].items())}) "
-            f"| {acc['errors']:,} | {load[0]} / {load[1]} |")
+            f"| {acc['errors']:,} | {load[0]} / {load[1]} |"
+        )
     ray_runs = [p for p in live if p in NATIVE]
     if ray_runs:
-        lines += ["", "Ray Serve's settings in force per Ray run (read back from Ray Serve at the "
-                  "run; runs saved before that: as configured):", ""]
+        lines += [
+            "",
+            "Ray Serve's settings in force per Ray run (read back from Ray Serve at the "
+            "run; runs saved before that: as configured):",
+            "",
+        ]
         held = state.get("ray_settings", {})
         lines += [f"- {p}: {ray_settings_line(held.get(p) or RAY_SETTINGS[p])}" for p in ray_runs]
     for b in ray_runs:
@@ -101,21 +130,34 @@ def report(state: dict, doc: dict) -> str:
         for p, res in live.items():
             if p not in NATIVE:
                 ratio = res.summary.lost_cluster_utility / base if base > 0 else math.inf
-                lines += ["", f"{p} loses {ratio:.2f}x the utility {b} loses "
-                          f"({res.summary.lost_cluster_utility:.3f} against {base:.3f}); SLO "
-                          f"violations {100 * res.summary.cluster_slo_violation_rate:.2f} % against "
-                          f"{100 * live[b].summary.cluster_slo_violation_rate:.2f} %."]
-    lines += ["", "Per-minute p99 (ms) against the SLO, live (inf: the minute's percentile fell on "
-              "a failed request):", ""]
+                lines += [
+                    "",
+                    f"{p} loses {ratio:.2f}x the utility {b} loses "
+                    f"({res.summary.lost_cluster_utility:.3f} against {base:.3f}); SLO "
+                    f"violations {100 * res.summary.cluster_slo_violation_rate:.2f} % against "
+                    f"{100 * live[b].summary.cluster_slo_violation_rate:.2f} %.",
+                ]
+    lines += [
+        "",
+        "Per-minute p99 (ms) against the SLO, live (inf: the minute's percentile fell on a failed request):",
+        "",
+    ]
     names = next(iter(live.values())).names
     for n in names:
         slo = wl.slo_ms * wl.slowdown
-        lines.append(f"- {n} (SLO {slo:g} ms): " + "; ".join(
-            f"{p} " + " ".join(_ms(v) for v in res.table.p_all[res.names.index(n)])
-            for p, res in live.items()))
-    lines += ["", "Sent = answered + errors for every run; a request not answered 200 (a 503: "
-              "faro-serve's tail-drop or drop rate, or Ray's max_queued_requests refusing it) or "
-              "not answered within the replay's 60 s timeout counts as dropped.", ""]
+        lines.append(
+            f"- {n} (SLO {slo:g} ms): "
+            + "; ".join(
+                f"{p} " + " ".join(_ms(v) for v in res.table.p_all[res.names.index(n)]) for p, res in live.items()
+            )
+        )
+    lines += [
+        "",
+        "Sent = answered + errors for every run; a request not answered 200 (a 503: "
+        "faro-serve's tail-drop or drop rate, or Ray's max_queued_requests refusing it) or "
+        "not answered within the replay's 60 s timeout counts as dropped.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -146,8 +188,7 @@ def plot(state: dict, path: Path) -> None:
             ax.set_ylabel(f"{n}\nreplicas", fontsize=8)
             p99 = live[p].table.p_all[j] * 1e3
             ax2 = axes[j, 1]
-            ax2.plot(np.arange(p99.size), np.where(np.isinf(p99), np.nan, p99), "o-", ms=3,
-                     color=colour, label=p)
+            ax2.plot(np.arange(p99.size), np.where(np.isinf(p99), np.nan, p99), "o-", ms=3, color=colour, label=p)
             ax2.axhline(wl.slo_ms * wl.slowdown, color="red", lw=0.8)
             ax2.set_yscale("log")
             ax2.set_ylabel("p99 ms", fontsize=8)

@@ -33,7 +33,6 @@ from .comparison import RAY_DEFAULTS, REPLAY_TIMEOUT_S
 log = logging.getLogger("faro_serve.validation")
 
 
-
 class LiveCluster:
     """A local single-node Ray cluster on free loopback ports with ``capacity`` logical CPUs
     (the synthetic replicas sleep, so 1 CPU per replica fits any number on a small machine)."""
@@ -49,8 +48,14 @@ class LiveCluster:
         from ray import serve
 
         dash, http = free_port(), free_port()
-        ray.init(address="local", num_cpus=int(math.ceil(self.capacity)), include_dashboard=True,
-                 dashboard_host="127.0.0.1", dashboard_port=dash, log_to_driver=False)
+        ray.init(
+            address="local",
+            num_cpus=int(math.ceil(self.capacity)),
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            dashboard_port=dash,
+            log_to_driver=False,
+        )
         serve.start(http_options={"host": "127.0.0.1", "port": http})
         self.dashboard = f"http://127.0.0.1:{dash}"
         self.base = f"http://127.0.0.1:{http}"
@@ -83,17 +88,24 @@ class LiveCluster:
         from ray import serve
 
         for i, n in enumerate(names):
-            args = {"name": n, "model": {"kind": "synthetic", "processing": processing, "seed": i},
-                    "cpus": 1.0, "data_path": self.data_path}
-            serve.run(model_app(args), name=n, route_prefix=f"/{n}", external_scaler_enabled=True,
-                      blocking=False)
+            args = {
+                "name": n,
+                "model": {"kind": "synthetic", "processing": processing, "seed": i},
+                "cpus": 1.0,
+                "data_path": self.data_path,
+            }
+            serve.run(model_app(args), name=n, route_prefix=f"/{n}", external_scaler_enabled=True, blocking=False)
         wait_until(lambda: all(self.running().get(n) == 1 for n in names), 180, "the models to serve")
 
     def deploy_autoscaler(self, config: dict) -> None:
         from ray import serve
 
-        serve.run(autoscaler_app({**config, "dashboard_url": self.dashboard}), name=AUTOSCALER_APP,
-                  route_prefix=f"/{AUTOSCALER_APP}", blocking=False)
+        serve.run(
+            autoscaler_app({**config, "dashboard_url": self.dashboard}),
+            name=AUTOSCALER_APP,
+            route_prefix=f"/{AUTOSCALER_APP}",
+            blocking=False,
+        )
         names = [m["name"] for m in config["models"]]
 
         def ready():
@@ -102,14 +114,14 @@ class LiveCluster:
             except Exception:
                 return False
             return st.get("ticks", 0) >= 1 and all(n in (st.get("models") or {}) for n in names)
+
         wait_until(ready, 120, f"the {AUTOSCALER} to run")
 
     def reset_meters(self, names: list[str]) -> None:
         from ray import serve
 
         for n in names:
-            serve.get_deployment_handle(METER, app_name=n).control.remote(
-                reset_stats=True).result(timeout_s=10)
+            serve.get_deployment_handle(METER, app_name=n).control.remote(reset_stats=True).result(timeout_s=10)
 
     def delete_all(self) -> None:
         from ray import serve
@@ -123,8 +135,14 @@ class LiveCluster:
         return calibrate(self, name, n, burst)
 
     # -- ray-native, ray-tuned: plain Ray Serve under Ray's autoscaler -------------------
-    def deploy_native(self, names: list[str], processing: str, max_replicas: int,
-                      autoscaling: dict | None = None, options: dict | None = None) -> None:
+    def deploy_native(
+        self,
+        names: list[str],
+        processing: str,
+        max_replicas: int,
+        autoscaling: dict | None = None,
+        options: dict | None = None,
+    ) -> None:
         """Every model a plain Ray Serve deployment: ``autoscaling`` over Ray's
         ``autoscaling_config`` defaults, ``options`` its deployment options
         (``max_ongoing_requests``, ``max_queued_requests``)."""
@@ -133,20 +151,28 @@ class LiveCluster:
         from ..serving.native import native_app
 
         for i, n in enumerate(names):
-            args = {"name": n, "model": {"kind": "synthetic", "processing": processing, "seed": i},
-                    "cpus": 1.0, **(options or {}),
-                    "autoscaling_config": {"max_replicas": max_replicas, **(autoscaling or {})}}
+            args = {
+                "name": n,
+                "model": {"kind": "synthetic", "processing": processing, "seed": i},
+                "cpus": 1.0,
+                **(options or {}),
+                "autoscaling_config": {"max_replicas": max_replicas, **(autoscaling or {})},
+            }
             serve.run(native_app(args), name=n, route_prefix=f"/{n}", blocking=False)
         wait_until(lambda: all(self.running().get(n) == 1 for n in names), 180, "the models to serve")
 
-    def deploy_ray(self, names: list[str], processing: str, max_replicas: int,
-                   settings: dict | None = None) -> dict:
+    def deploy_ray(self, names: list[str], processing: str, max_replicas: int, settings: dict | None = None) -> dict:
         """The models as a Ray baseline deploys them (``ray-native``, ``ray-tuned``): Ray's
         ``settings`` (``autoscaler.policies.ray_rule.RAY_DEFAULTS`` shape; None: Ray's defaults).
         Returns the settings Ray holds, read back from it."""
         settings = settings or {}
-        self.deploy_native(names, processing, max_replicas, settings.get("autoscaling_config"),
-                           {k: v for k, v in settings.items() if k != "autoscaling_config"})
+        self.deploy_native(
+            names,
+            processing,
+            max_replicas,
+            settings.get("autoscaling_config"),
+            {k: v for k, v in settings.items() if k != "autoscaling_config"},
+        )
         return self.ray_settings(names[0])
 
     def ray_settings(self, name: str) -> dict:
@@ -155,19 +181,21 @@ class LiveCluster:
         defaults included), as ``autoscaler.policies.ray_rule.RAY_DEFAULTS`` names them."""
         from forecasting.rayserve import dashboard_headers
 
-        r = httpx.get(f"{self.dashboard}/api/serve/applications/", timeout=30, trust_env=False,
-                      headers=dashboard_headers())
+        r = httpx.get(
+            f"{self.dashboard}/api/serve/applications/", timeout=30, trust_env=False, headers=dashboard_headers()
+        )
         if r.status_code != 200:
             raise RuntimeError(f"Ray Serve's REST API answered {r.status_code}: {r.text[:200]}")
         doc = r.json()
         try:
             cfg = doc["applications"][name]["deployments"][MODEL]["deployment_config"]
         except KeyError:
-            raise RuntimeError(f"Ray Serve reports no deployment {MODEL!r} of application "
-                               f"{name!r}") from None
+            raise RuntimeError(f"Ray Serve reports no deployment {MODEL!r} of application {name!r}") from None
         auto = cfg.get("autoscaling_config") or {}
-        return {"autoscaling_config": {k: auto.get(k) for k in RAY_DEFAULTS["autoscaling_config"]},
-                **{k: cfg.get(k) for k in ("max_ongoing_requests", "max_queued_requests")}}
+        return {
+            "autoscaling_config": {k: auto.get(k) for k in RAY_DEFAULTS["autoscaling_config"]},
+            **{k: cfg.get(k) for k in ("max_ongoing_requests", "max_queued_requests")},
+        }
 
     def native_replicas(self, names: list[str]) -> dict:
         """What Ray's controller holds per model, as the autoscaler's status reports it:
@@ -180,13 +208,22 @@ class LiveCluster:
             dep = app.deployments.get(MODEL)
             if n in names and dep is not None:
                 states = {str(getattr(k, "value", k)): v for k, v in dep.replica_states.items()}
-                out[n] = {"target": sum(v for k, v in states.items() if k != "STOPPING"),
-                          "replicas": int(states.get("RUNNING", 0))}
+                out[n] = {
+                    "target": sum(v for k, v in states.items() if k != "STOPPING"),
+                    "replicas": int(states.get("RUNNING", 0)),
+                }
         return out
 
-    def run_native(self, schedule: Schedule, models: list[ModelSLO], capacity: float,
-                   processing: str, policy: str = "ray-native", settings: dict | None = None,
-                   on_done=None) -> tuple[object, ReplayRecords, dict]:
+    def run_native(
+        self,
+        schedule: Schedule,
+        models: list[ModelSLO],
+        capacity: float,
+        processing: str,
+        policy: str = "ray-native",
+        settings: dict | None = None,
+        on_done=None,
+    ) -> tuple[object, ReplayRecords, dict]:
         """The replay against plain Ray Serve (``policy``: ``ray-native`` or ``ray-tuned``)
         with Ray's ``settings`` (``autoscaler.policies.ray_rule.RAY_DEFAULTS`` shape; None: Ray's
         defaults): no front, no faro autoscaler; Ray decides. The replica counts are read
@@ -203,51 +240,91 @@ class LiveCluster:
         def poll():
             while not stop.wait(2.0):
                 try:
-                    polls.append((time.time() - t0, {"policy": policy, "capacity_cpus": capacity,
-                                                     "models": self.native_replicas(names)}))
+                    polls.append(
+                        (
+                            time.time() - t0,
+                            {"policy": policy, "capacity_cpus": capacity, "models": self.native_replicas(names)},
+                        )
+                    )
                 except Exception as err:  # the controller is busy: the next poll
                     log.warning("cannot read the replicas: %s", err)
+
         th = threading.Thread(target=poll, daemon=True)
         th.start()
         try:
-            rec = asyncio.run(send_schedule(schedule, self.base, max_in_flight=2000,
-                                            timeout_s=REPLAY_TIMEOUT_S, status_every_s=None, on_done=on_done))
+            rec = asyncio.run(
+                send_schedule(
+                    schedule,
+                    self.base,
+                    max_in_flight=2000,
+                    timeout_s=REPLAY_TIMEOUT_S,
+                    status_every_s=None,
+                    on_done=on_done,
+                )
+            )
         finally:
             stop.set()
             th.join(timeout=10)
         rec.status_polls = polls
-        res = replay_result(schedule, rec, {m.name: m.slo_ms for m in models},
-                            {m.name: m.percentile for m in models}, policy=policy,
-                            capacity=capacity)
+        res = replay_result(
+            schedule,
+            rec,
+            {m.name: m.slo_ms for m in models},
+            {m.name: m.percentile for m in models},
+            policy=policy,
+            capacity=capacity,
+        )
         self.delete_all()
         return res, rec, held
 
     # -- one policy --------------------------------------------------------------------
-    def run_policy(self, policy: str, schedule: Schedule, models: list[ModelSLO], capacity: float,
-                   processing: str, forecaster_dir: str | None, calibrate: bool = False,
-                   on_done=None, cluster: dict | None = None
-                   ) -> tuple[object, ReplayRecords, Calibration | None]:
+    def run_policy(
+        self,
+        policy: str,
+        schedule: Schedule,
+        models: list[ModelSLO],
+        capacity: float,
+        processing: str,
+        forecaster_dir: str | None,
+        calibrate: bool = False,
+        on_done=None,
+        cluster: dict | None = None,
+    ) -> tuple[object, ReplayRecords, Calibration | None]:
         """``cluster``: ClusterSpec fields set over the matched defaults (e.g. ``surge``)."""
         names = [m.name for m in models]
         self.deploy_models(names, processing)
         cal = self.calibrate(names[0]) if calibrate else None
         from .comparison import cluster_spec
 
-        config = {"cluster": cluster_spec(capacity).model_dump() | (cluster or {}),
-                  "models": [m.model_dump() for m in models], "policy": policy,
-                  # 'fallback' or 'shipped' by name, else a trained directory (None: shipped)
-                  **({"forecaster": forecaster_dir} if forecaster_dir in ("fallback", "shipped")
-                     else {"forecaster_dir": forecaster_dir})}
+        config = {
+            "cluster": cluster_spec(capacity).model_dump() | (cluster or {}),
+            "models": [m.model_dump() for m in models],
+            "policy": policy,
+            # 'fallback' or 'shipped' by name, else a trained directory (None: shipped)
+            **(
+                {"forecaster": forecaster_dir}
+                if forecaster_dir in ("fallback", "shipped")
+                else {"forecaster_dir": forecaster_dir}
+            ),
+        }
         # The autoscaler's first decision must not see the calibration's requests (the
         # simulator's first decision sees no history), and the replay's minute bins must
         # start with the replay: measurements restart before and after it starts.
         self.reset_meters(names)
         self.deploy_autoscaler(config)
         self.reset_meters(names)
-        rec = asyncio.run(send_schedule(schedule, self.base, max_in_flight=2000,
-                                        timeout_s=REPLAY_TIMEOUT_S, status_every_s=2.0, on_done=on_done))
-        res = replay_result(schedule, rec, {m.name: m.slo_ms for m in models},
-                            {m.name: m.percentile for m in models}, policy=policy,
-                            capacity=capacity)
+        rec = asyncio.run(
+            send_schedule(
+                schedule, self.base, max_in_flight=2000, timeout_s=REPLAY_TIMEOUT_S, status_every_s=2.0, on_done=on_done
+            )
+        )
+        res = replay_result(
+            schedule,
+            rec,
+            {m.name: m.slo_ms for m in models},
+            {m.name: m.percentile for m in models},
+            policy=policy,
+            capacity=capacity,
+        )
         self.delete_all()
         return res, rec, cal

@@ -40,10 +40,12 @@ class TextClassifier:
         finally:
             self.inside -= 1
         if body.get("stream"):
+
             async def chunks():
                 for i in range(3):
                     yield f"chunk-{i};"
                     await asyncio.sleep(0.01)
+
             return StreamingResponse(chunks(), media_type="text/plain")
         if body.get("text") is None:
             return PlainTextResponse("text missing", status_code=422)

@@ -35,8 +35,7 @@ class MyPolicy(Policy):
     def decide(self, obs: Observation) -> Decision | None:
         self.decisions += 1
         n = target(self.decisions)
-        return Decision({m: n for m in obs.models}, kind="my-policy",
-                        info={"decisions": self.decisions})
+        return Decision({m: n for m in obs.models}, kind="my-policy", info={"decisions": self.decisions})
 
 
 def make_my_policy(models, cluster, forecaster=None) -> MyPolicy:
@@ -61,8 +60,7 @@ class MyForecaster:
 
     def predict(self, history, n_samples: int = 100, seed: int | None = None) -> Forecast:
         names = list(history)
-        return Forecast(names, np.full((len(names), n_samples, self.horizon), self.RATE),
-                        {n: self.name for n in names})
+        return Forecast(names, np.full((len(names), n_samples, self.horizon), self.RATE), {n: self.name for n in names})
 
 
 def shipped_nhits():
