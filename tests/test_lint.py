@@ -1,7 +1,8 @@
-"""``ruff check`` is clean over the repository, and mypy over the Ray-free core (issue 49,
-item 6): ruff's pyflakes, pycodestyle's errors and warnings and import order, as
-``[tool.ruff]`` in pyproject.toml selects; mypy ``--strict`` on the policy contract, the
-config, the engine and the forecasters. Both are dev dependencies pinned in
+"""The linter, the formatter and the type checker over the repository (issue 49, item 6):
+``ruff check`` (pyflakes, pycodestyle's errors and warnings and import order, as
+``[tool.ruff]`` in pyproject.toml selects) and ``ruff format --check`` clean; no module
+over 400 lines; mypy ``--strict`` on the Ray-free core (the policy contract, the config,
+the engine and the forecasters). ruff and mypy are dev dependencies pinned in
 requirements.lock, so ``make test`` and CI run them."""
 
 import shutil
@@ -14,15 +15,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent))
 MYPY = shutil.which("mypy", path=str(Path(sys.executable).parent))
-STRICT = ["faro_serve/config.py", "autoscaler/contract/policy.py", "autoscaler/contract/setting.py", "autoscaler/driving/driver.py"]
+STRICT = ["faro_serve/config.py", "autoscaler/contract", "autoscaler/driving/driver.py"]
 CORE = ["faro_serve/engine", "forecasting"]
 
 
-def _ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def _ruff(*args: str, cwd: Path = ROOT, verb: str = "check") -> subprocess.CompletedProcess:
     if RUFF is None:
         pytest.fail("ruff is not installed beside this Python: `make install` installs the dev extras")
-    return subprocess.run([RUFF, "check", "--no-cache", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([RUFF, verb, "--no-cache", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def test_ruff_check_is_clean():
@@ -38,11 +38,42 @@ def test_the_checker_sees_what_it_is_there_for(tmp_path):
     assert out.returncode == 1 and "F401" in out.stdout and "F821" in out.stdout, out.stdout
 
 
+def test_ruff_format_is_clean():
+    """``ruff format --check``: the tree as the formatter writes it (``[tool.ruff.format]``)."""
+    out = _ruff("--check", ".", verb="format")
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_the_formatter_sees_what_it_is_there_for(tmp_path):
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "loose.py").write_text("x = ( 1,2 )\n")
+    out = _ruff("--check", ".", cwd=tmp_path, verb="format")
+    assert out.returncode == 1 and "loose.py" in out.stdout, out.stdout
+
+
+SKIP_DIRS = {"tests", "runs", "shared", "build", "dist", "node_modules"}
+
+
+def test_no_module_is_over_400_lines():
+    """Small modules named for what they hold: none of the product, bench or examples over
+    400 lines (tests may be longer)."""
+    long = []
+    for f in ROOT.rglob("*.py"):
+        rel = f.relative_to(ROOT)
+        if any(p in SKIP_DIRS or p.startswith(".") or p.endswith(".egg-info") for p in rel.parts[:-1]):
+            continue
+        n = len(f.read_text().splitlines())
+        if n > 400:
+            long.append(f"{rel}: {n} lines")
+    assert not long, long
+
+
 def _mypy(*args: str, cache) -> subprocess.CompletedProcess:
     if MYPY is None:
         pytest.fail("mypy is not installed beside this Python: `make install` installs the dev extras")
-    return subprocess.run([MYPY, "--cache-dir", str(cache), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [MYPY, "--cache-dir", str(cache), *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.mark.parametrize("paths", [STRICT, CORE], ids=["contract", "engine-forecasting"])
