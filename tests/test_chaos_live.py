@@ -318,8 +318,10 @@ def test_a_replica_killed_under_load(run, chaos):
         assert t["sent"] == t["answered"] and t["lost"] == t["hung"] == 0, t
     assert d["5xx"] <= PIPELINE and d["200"] >= d["sent"] - PIPELINE, d
     assert f["5xx"] == 0 and f["200"] >= f["sent"] - 2, f
+    # what the killed replica held (0 when the kill fell between its requests, as in one
+    # fresh-clone run), each sent once more: none of it a 5xx (above), none sent twice over
     retried = run.client.get("/chaos-front/metrics").json()["retried"]
-    assert 1 <= retried <= 4, retried  # the killed replica's requests, each sent once more
+    assert retried <= 4, retried
     chaos(
         f"a replica SIGKILLed (direct path, {len(before['chaos'])} replicas)",
         d["sent"],

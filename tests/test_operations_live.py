@@ -423,7 +423,10 @@ def test_plain_ray_serve_deployments_read_shadowed_then_handed_over(cluster, pro
     auto, fixed = hist.deployments["auto/Auto"], hist.deployments["fixed/Fixed"]
     assert auto.config["autoscaling_config"]["upscale_delay_s"] == 5
     assert not fixed.config.get("autoscaling_config")
-    assert 40 < auto.processing_quantile(0.5) < 100
+    # 50 ms of sleep in the user's code: the median sits in Ray's 50-100 ms bucket on a quiet
+    # machine, and in the next (100-200) where a busy 2-core one stretches the threads (a
+    # fresh-clone run here read 100.0, the minutes' mean 125 ms): behaviour, not speed
+    assert 40 < auto.processing_quantile(0.5) <= 200
     assert {"auto", "fixed"} <= set(hist.latency)
     assert "auto/Auto: appears at minute" in " ".join(hist.notes)
     # whatif on the saved export, as a platform engineer runs it: its check of the settings as
