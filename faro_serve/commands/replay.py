@@ -150,8 +150,9 @@ def run(args) -> int:
         f"minute(s) in {sched.duration_s:.0f} s to {url}",
         file=sys.stderr,
     )
-    if args.no_progress:
-        rec = asyncio.run(
+
+    def send(on_done=None):
+        return asyncio.run(
             send_schedule(
                 sched,
                 url,
@@ -160,8 +161,12 @@ def run(args) -> int:
                 body=body,
                 path=args.path,
                 content_type=content_type,
+                on_done=on_done,
             )
         )
+
+    if args.no_progress:
+        rec = send()
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -169,18 +174,7 @@ def run(args) -> int:
             TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True
         ) as bar:
             task = bar.add_task("replay", total=sched.size)
-            rec = asyncio.run(
-                send_schedule(
-                    sched,
-                    url,
-                    max_in_flight=args.max_in_flight,
-                    timeout_s=args.timeout,
-                    body=body,
-                    path=args.path,
-                    content_type=content_type,
-                    on_done=lambda k: bar.advance(task, k),
-                )
-            )
+            rec = send(lambda k: bar.advance(task, k))
 
     policy = (st or {}).get("policy") or "live"
     for _, s in rec.status_polls:
