@@ -223,8 +223,9 @@ def test_profile_command_measures_on_ray_serve_fits_and_saves(tmp_path, capsys):
     assert len(doc["rows"]) == 12 and prof.points == 4 and doc["machine"]["cores"] >= 1
     # the saved profile is the fit of what was measured (the per-point medians of the saved
     # rows, fitted again here), and a batch of 8 costs more than 1 (eight times the
-    # arithmetic). How well the fit predicts is not asserted: on a busy 2-core machine the
-    # 2-thread points are noise (a fit of R^2 0.1 once came out of a run beside a profiler)
+    # arithmetic). How well the fit predicts is not asserted here: on a busy 2-core machine
+    # the 2-thread points are noise (a fit of R^2 0.1 once came out of a run beside a
+    # profiler); the fit's accuracy on known curves is test_the_fit_recovers_known_parameters
     med = {
         (b, c): np.median([r["latency_s"] for r in doc["rows"] if (r["batch"], r["threads"]) == (b, c)])
         for b in (1, 8)
