@@ -52,8 +52,15 @@ run: install
 serve: install
 	$(BIN)/faro-serve run serve_config.yaml
 
+# The offline tests (pure code, no Ray: CPU-bound) on two pytest-xdist workers, then the
+# live ones (`slow`: a real Ray cluster, mostly waiting on real time) one at a time, alone
+# on the machine: live tests time real requests, so nothing else may compete with them.
+# Both phases always run; the exit status is the first failing phase's.
 test: install
-	$(BIN)/python -m pytest
+	@st=0; \
+	$(BIN)/python -m pytest -m "not slow" -n 2 || st=$$?; \
+	$(BIN)/python -m pytest -m slow || { [ $$st -ne 0 ] || st=$$?; }; \
+	exit $$st
 
 bench: install
 	$(BIN)/python -m bench.solver_bench

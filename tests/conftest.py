@@ -22,12 +22,20 @@ def with_batching(models):
 
 
 _REPORT: list[str] = []
+_FIGURE = "faro-figure"
 
 
 @pytest.fixture
-def report():
-    """``report("...")`` prints a line in pytest's terminal summary (figures tests measure)."""
-    return _REPORT.append
+def report(request):
+    """``report("...")`` prints a line in pytest's terminal summary (figures tests measure).
+    The line rides on the test's report (``user_properties``), so it reaches the summary
+    from pytest-xdist's workers too (``make test`` runs the offline tests on two)."""
+    return lambda line: request.node.user_properties.append((_FIGURE, line))
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        _REPORT.extend(v for k, v in report.user_properties if k == _FIGURE)
 
 
 _CHAOS: list[dict] = []

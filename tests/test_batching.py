@@ -240,6 +240,7 @@ def test_profile_command_measures_on_ray_serve_fits_and_saves(tmp_path, capsys):
     assert main(["profile", "--batches", "1"]) == 2  # one batch size cannot be fitted
 
 
+@pytest.mark.slow  # a local Ray cluster
 def test_profile_of_a_users_batching_deployment_times_its_batches(tmp_path, capsys, monkeypatch):
     """``faro-serve profile --deployment``: a user's @serve.batch deployment by import path,
     deployed under Faro, each batch size set through the meter and timed by Faro's timer

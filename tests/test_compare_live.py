@@ -90,7 +90,18 @@ def test_compare_short_slice_reports_both_runs_with_their_accounting(cli, tmp_pa
     text = (out / "compare.md").read_text()
     assert (out / "compare.png").exists() and (out / "validation.md").exists()
     doc = json.loads((out / "validation.json").read_text())
-    assert [r["policy"] for r in doc["comparison"]["rows"]] == ["faro-fairsum", "ray-tuned"]
+    rows = doc["comparison"]["rows"]
+    assert [r["policy"] for r in rows] == ["faro-fairsum", "ray-tuned"]
+    # validate's checks on the direct path (tests/test_validation_live.py runs the front):
+    # one seed, so the live and simulated runs see the same counts; the calibration that
+    # precedes the first run measures the overhead, the replica hold and the cold start
+    assert doc["data_path"] == "direct"
+    assert all(r["live_requests"] == r["sim_requests"] > 200 for r in rows), rows
+    cal = doc["calibration"]
+    assert cal["cold_start_s"] > 0 and cal["overhead_ms"]["n"] == 200
+    assert cal["hold_ms"]["n"] == 27 and 0 < cal["hold_ms"]["p50"] < 1000
+    assert doc["simulator"]["replica_hold_s"] == pytest.approx(cal["hold_ms"]["p50"] / 1e3, abs=1e-6)
+    assert (out / "validation.png").exists()
     assert doc["sim"]["ray-tuned"]["policy"] == "ray-serve-tuned"  # simulated as Ray's rule
     # the settings Ray held, read back at the Ray run, are printed
     from autoscaler.policies.ray_rule import RAY_TUNED

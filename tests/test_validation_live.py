@@ -12,7 +12,9 @@ from live_helpers import day_trace
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("data_path", ["front", "direct"])
+# The front path only: the direct path (the default) is validated by the compare test
+# (tests/test_compare_live.py), whose first run is this command's run plus its checks.
+@pytest.mark.parametrize("data_path", ["front"])
 def test_validate_one_policy_live_and_simulated(cli, tmp_path, report, data_path):
     trace = day_trace(tmp_path / "t.csv", {"a": [240] * 3, "b": [60] * 3})
     out = tmp_path / "val"
