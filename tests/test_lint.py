@@ -2,7 +2,7 @@
 ``ruff check`` (pyflakes, pycodestyle's errors and warnings and import order, as
 ``[tool.ruff]`` in pyproject.toml selects) and ``ruff format --check`` clean; no module
 over 400 lines; mypy ``--strict`` on the Ray-free core (the policy contract, the config,
-the engine and the forecasters). ruff and mypy are dev dependencies pinned in
+the policies, Faro's parts, the engine and the forecasters). ruff and mypy are dev dependencies pinned in
 requirements.lock, so ``make test`` and CI run them."""
 
 import shutil
@@ -15,7 +15,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent))
 MYPY = shutil.which("mypy", path=str(Path(sys.executable).parent))
-STRICT = ["faro_serve/config.py", "autoscaler/contract", "autoscaler/driving/driver.py"]
+STRICT = [
+    "faro_serve/config.py",
+    "autoscaler/contract",
+    "autoscaler/driving/driver.py",
+    "autoscaler/policies",
+    "autoscaler/faro",
+]
 CORE = ["faro_serve/engine", "forecasting"]
 
 

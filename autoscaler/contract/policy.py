@@ -82,7 +82,8 @@ class Observation:
     # True per-minute arrivals of the next window; only the simulator gives these, and only
     # the clairvoyant oracle reads them.
     future_arrivals_per_min: dict[str, np.ndarray] | None = None
-    capacity: Capacity | None = None
+    # None only as given: __post_init__ builds it from the two scalars, so a policy reads a Capacity
+    capacity: Capacity = None  # type: ignore[assignment]
     # each pipeline's end-to-end view (its stages are in ``models``); the oracle's future
     # counts for a pipeline are under its name in future_arrivals_per_min
     pipelines: dict[str, PipelineObservation] = field(default_factory=dict)

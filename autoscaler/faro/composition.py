@@ -65,7 +65,7 @@ def short_term(p: FaroParts, obs: Observation) -> Decision | None:
     p.watch_pipelines(obs)
     due = [
         n
-        for n in sorted(p.violating.since, key=p.violating.since.get)
+        for n in sorted(p.violating.since, key=p.violating.since.__getitem__)
         if p.violating.held(n, obs.now, p.cluster.reactive_trigger_s)
     ]
     for n in due:  # restart the timer: the next step needs another full trigger period

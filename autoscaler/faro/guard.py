@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from autoscaler.contract.policy import Decision, Observation
+from autoscaler.contract.policy import Decision, ModelObservation, Observation
 from autoscaler.policies.service import Service, service_of
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.resources import demand, usage
@@ -30,7 +30,7 @@ from faro_serve.resources import demand, usage
 FAIR = ("fair", "fair_sum", "penalty_fair_sum")
 
 
-def _rate_and_service(o, m: ModelSLO) -> tuple[float, Service]:
+def _rate_and_service(o: ModelObservation, m: ModelSLO) -> tuple[float, Service]:
     """The model's observed rate (the last tick's or the last minute's, the larger) and how
     its replicas serve (``service.py``)."""
     last = float(o.arrivals_per_min[-1]) / 60.0 if len(o.arrivals_per_min) else 0.0

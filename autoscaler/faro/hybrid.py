@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,7 @@ from autoscaler.faro.surge import SurgeAware
 from autoscaler.policies.common import Timers, fallback_for, faro_policy_name, forecast_or_fallback
 from autoscaler.policies.service import Service, service_of
 from faro_serve.config import ClusterSpec, ModelSLO
-from faro_serve.engine import plan
+from faro_serve.engine import Allocation, plan
 from faro_serve.resources import CPU, fits_in, resource_names, usage
 from forecasting.base import Forecast, Forecaster
 
@@ -90,8 +91,8 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         self.violating = Timers()  # models over their SLO since (the reactive trigger)
         self.surge_hold: dict[str, float] = {}  # model -> until when its reactive step waits
         self.decisions = 0
-        self.band: dict[str, tuple] = {}  # model -> the last plan's forecast p10, p50, p90 (req/s)
-        self.recent: dict[str, list] = {}  # model -> the last ticks' arrival rates (req/s)
+        self.band: dict[str, tuple[float, float, float]] = {}  # model -> the last plan's forecast p10, p50, p90 (req/s)
+        self.recent: dict[str, list[float]] = {}  # model -> the last ticks' arrival rates (req/s)
         self.last_replan = -math.inf
         self.moved: dict[str, str] = {}  # model -> "in" / "out": moved since the last plan
         self.planned_blind = False  # the last long-term plan had no model's history
@@ -126,7 +127,7 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         """The batching models' batch curves as the plan weighs them."""
         return {n: s.shape for n, s in self.services(obs).items() if s.shape is not None}
 
-    def _plan(self, obs: Observation, samples: dict, predictor: dict, kind: str) -> Decision:
+    def _plan(self, obs: Observation, samples: dict[str, np.ndarray], predictor: dict[str, str], kind: str) -> Decision:
         """Plan every model at once for the window from ``samples`` (req/s, samples x steps)."""
         svcs = self.services(obs)
         procs = {n: s.processing_ms for n, s in svcs.items()}
@@ -183,7 +184,7 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         }
         return Decision(alloc.replicas, alloc.drop_rates, kind, info, plan_, batch_sizes=batches)
 
-    def _binding(self, alloc, obs: Observation) -> dict:
+    def _binding(self, alloc: Allocation, obs: Observation) -> dict[str, Any]:
         """Which constraint held the plan back: the capacity (models short of utility 1 and
         no room for one more of their replicas) or a model's ``max_replicas``."""
         short = [d for d in alloc.decisions if d.utility < 1 - 1e-9]
@@ -220,7 +221,7 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
                 d = d or Decision({}, {}, "reactive", {})
                 d.set(n, batch_size=svc.bmax)
                 raised.append(n)
-        if raised:
+        if raised and d is not None:  # d is set wherever a batch was raised
             d.info["batch_raised"] = raised
         return d
 
@@ -325,7 +326,7 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
 class OraclePolicy(FaroPolicy):
     """Faro planning with the true arrivals of the next window (simulator only)."""
 
-    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, **kw):
+    def __init__(self, models: Sequence[ModelSLO], cluster: ClusterSpec, **kw: Any):
         kw.setdefault("name", "oracle")
         super().__init__(models, cluster, **kw)
 

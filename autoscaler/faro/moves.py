@@ -12,6 +12,7 @@ and its forecast p90 (:func:`donor_ok`); no replica moves back before the next p
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from autoscaler.policies.service import Service
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine import make_problem
 from faro_serve.resources import resource_names, usage
+
+if TYPE_CHECKING:
+    from faro_serve.engine.problem import Problem
 
 
 def with_moves(p: FaroParts, obs: Observation, due: list[str], d: Decision | None) -> Decision | None:
@@ -74,7 +78,7 @@ def with_moves(p: FaroParts, obs: Observation, due: list[str], d: Decision | Non
         gm, rm = dem[g], dem[r]
         return all(gm.get(k, 0.0) + f >= rm.get(k, 0.0) - 1e-9 for k, f in free.items())
 
-    moves = []
+    moves: list[dict[str, Any]] = []
     for r in starving:
         best = best_move(prob, names, after, r, [g for g in donors if fits(g, r)], c.move_min_gain)
         if best is None:
@@ -127,8 +131,8 @@ def move_problem(
     rates: Mapping[str, np.ndarray],
     processing_ms: Mapping[str, float],
     window_s: float,
-    batch_shapes: Mapping | None = None,
-):
+    batch_shapes: Mapping[str, np.ndarray] | None = None,
+) -> Problem:
     """The engine's problem that scores moves: the cluster objective over window utilities
     (a replica added now serves after the cold start) over ``window_s``, each model's rate
     ``rates[name]`` (samples x steps, requests/s)."""
@@ -139,7 +143,12 @@ def move_problem(
 
 
 def best_move(
-    prob, names: Sequence[str], replicas: Mapping[str, int], recipient: str, donors: Sequence[str], min_gain: float
+    prob: Problem,
+    names: Sequence[str],
+    replicas: Mapping[str, int],
+    recipient: str,
+    donors: Sequence[str],
+    min_gain: float,
 ) -> tuple[str, float] | None:
     """The donor whose replica, moved to ``recipient``, raises ``prob``'s objective most
     (from ``replicas``), with the gain; None when no move gains more than ``min_gain``."""

@@ -25,7 +25,7 @@ class FaroParts(Protocol):
     last_long_term: float  # when the last long-term plan was made
     violating: Timers  # models over their SLO since (the reactive trigger)
     surge_hold: dict[str, float]  # model -> until when its reactive step waits
-    band: dict[str, tuple]  # model -> the last plan's forecast p10, p50, p90 (req/s)
+    band: dict[str, tuple[float, float, float]]  # model -> the last plan's forecast p10, p50, p90 (req/s)
     moved: dict[str, str]  # model -> "in" / "out": moved since the last plan
 
     @property

@@ -19,18 +19,34 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autoscaler.contract.policy import ModelObservation, Observation
+from autoscaler.contract.policy import ModelObservation, Observation, Policy
+from autoscaler.policies.common import Timers
 from faro_serve.engine.latency import ESTIMATORS, latency
 from faro_serve.engine.pipeline_latency import path_matrix, shares
+from forecasting.base import Forecast
+
+if TYPE_CHECKING:
+    from faro_serve.engine import Allocation
+    from faro_serve.pipelines import PipelineSLO
 
 PIPE = "pipeline:"  # a pipeline's key in the violation timers (model names have no colon)
 
 
-class PipelineAware:
-    """FaroPolicy's pipeline side (module docstring); a mixin over a Faro policy."""
+class PipelineAware(Policy):
+    """FaroPolicy's pipeline side (module docstring); a mixin over a Faro policy, whose parts
+    it uses are declared below for the type checker."""
+
+    if TYPE_CHECKING:  # FaroPolicy's (hybrid.py), which imports this module
+        violating: Timers
+        surge_hold: dict[str, float]
+
+        def forecast(self, obs: Observation, seed: int | None = None) -> Forecast: ...
+        def _procs(self, obs: Observation) -> dict[str, float]: ...
 
     def staged(self) -> set[str]:
         return {n for p in self.pipelines for n in p.stage_names}
@@ -55,7 +71,9 @@ class PipelineAware:
             )
         return dataclasses.replace(obs, models=models)
 
-    def forecast_samples(self, obs: Observation, seed: int | None = None) -> tuple[dict, dict]:
+    def forecast_samples(
+        self, obs: Observation, seed: int | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """``(samples, predictor)`` by model, stages included (entry x fraction)."""
         fc = self.forecast(self.forecast_view(obs), seed)
         samples, predictor = fc.by_model(), dict(fc.predictor)
@@ -67,7 +85,7 @@ class PipelineAware:
                 predictor[s.name] = f"{via} (pipeline {p.name})"
         return samples, predictor
 
-    def judged(self, obs: Observation):
+    def judged(self, obs: Observation) -> Iterable[tuple[str, ModelObservation]]:
         """The models the reactive step judges by their own target: every one, stages
         included (a stage by its ``slo_ms``, the equal split unless given): a stage that
         falls behind its share is helped at once, as faro-split would, while its pipeline
@@ -82,7 +100,7 @@ class PipelineAware:
             hold = max(self.surge_hold.get(n, -math.inf) for n in p.stage_names)
             self.violating.update(PIPE + p.name, over and obs.now >= hold, obs.now)
 
-    def stage_latencies(self, obs: Observation, p) -> np.ndarray:
+    def stage_latencies(self, obs: Observation, p: PipelineSLO) -> np.ndarray:
         """Each stage's estimated percentile latency (s) at its rate now (the entry's x its
         fraction, or the stage's own when larger) and its target replicas."""
         procs = self._procs(obs)
@@ -98,7 +116,7 @@ class PipelineAware:
             out.append(latency(c, lam, procs[s.name] / 1e3, p.percentile / 100, self.cluster.rho_max, est))
         return np.array(out)
 
-    def bottleneck(self, obs: Observation, p) -> str:
+    def bottleneck(self, obs: Observation, p: PipelineSLO) -> str:
         """The stage with the largest share of the pipeline's end-to-end estimate."""
         local = {n: k for k, n in enumerate(p.stage_names)}
         paths = path_matrix([[local[n] for n in path] for path in p.paths()], len(local))
@@ -121,7 +139,7 @@ class PipelineAware:
                 out.append(n)
         return out
 
-    def pipeline_info(self, alloc) -> dict:
+    def pipeline_info(self, alloc: Allocation) -> dict[str, dict[str, Any]]:
         """The plan's view of each pipeline (decision info): end-to-end estimate, utility
         and the split (each stage's latency and share)."""
         out = {}

@@ -31,7 +31,8 @@ Z_POISSON = 3.0  # standard deviations of a Poisson count that are not a surpris
 def band_of(samples: np.ndarray) -> tuple[float, float, float]:
     """p10, p50 and p90 (requests/s) of a model's forecast samples (samples x steps)."""
     qs = np.quantile(np.asarray(samples, float), (0.1, 0.5, 0.9))  # one sort for the three
-    return tuple(round(float(q), 4) for q in qs)
+    p10, p50, p90 = (round(float(q), 4) for q in qs)
+    return p10, p50, p90
 
 
 def surprise(rate: float, band: Sequence[float], margin: float, seconds: float) -> str | None:
@@ -69,7 +70,7 @@ def prune_changes(
     keep: set[str],
     min_gain: float,
     capacity: Capacity | None = None,
-    batch_shapes: Mapping | None = None,
+    batch_shapes: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, int], float]:
     """``planned`` with every change that is not worth ``min_gain`` undone, and its gain.
 

@@ -9,9 +9,14 @@ pipeline end to end (Faro with pipelines attached) is measured against.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from autoscaler.faro.hybrid import FaroPolicy
 from faro_serve.pipelines import PipelineSLO
+
+if TYPE_CHECKING:
+    from faro_serve.config import ClusterSpec, ModelSLO
+    from forecasting.base import Forecaster
 
 
 class FaroSplitPolicy(FaroPolicy):
@@ -22,5 +27,5 @@ class FaroSplitPolicy(FaroPolicy):
         self.pipelines = ()
 
 
-def build(models, cluster, forecaster=None) -> FaroSplitPolicy:
+def build(models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster: Forecaster | None = None) -> FaroSplitPolicy:
     return FaroSplitPolicy(models, cluster.model_copy(update={"objective": "fair_sum"}), forecaster, name="faro-split")

@@ -21,28 +21,50 @@ A mixin of :class:`~autoscaler.faro.hybrid.FaroPolicy`: the same code live and i
 
 from __future__ import annotations
 
-from autoscaler.contract.policy import STARTUP_MINUTES, Decision, Observation, grant_in_order
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from autoscaler.contract.policy import STARTUP_MINUTES, Decision, ModelObservation, Observation, Policy, grant_in_order
 from autoscaler.faro.guard import heavy_overload
 from autoscaler.faro.replan import relevel
+from autoscaler.policies.common import Timers
 from autoscaler.policies.service import service_of
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SURGE_PLAN_SEED = 2_000_003  # surge plans' forecasts draw from seeds of their own
 
 
-def is_new(o) -> bool:
+def is_new(o: ModelObservation) -> bool:
     """A new deployment: its history is at most the start's (``driver.with_open_minute``:
     fewer than two minutes, the open one extrapolated), about its first 70 s. Its last
     "minute" is then the rate now, so the surge rule cannot compare with it."""
     return len(o.arrivals_per_min) < STARTUP_MINUTES
 
 
-class SurgeAware:
-    """The surge rule and the surge plan; needs ``slo``, ``cluster``, ``tick_s``, ``models``,
-    ``violating``, ``surge_hold``, ``last_long_term``, ``last_replan``, ``planned_blind``,
-    ``forecast_samples``, ``_plan`` and ``_keep_saturated`` (FaroPolicy)."""
+class SurgeAware(Policy):
+    """The surge rule and the surge plan: a mixin of FaroPolicy, whose parts it uses are
+    declared below for the type checker (a policy's ``slo``, ``cluster``, ``tick_s``,
+    ``models`` and ``pipelines`` come from Policy)."""
+
+    if TYPE_CHECKING:  # FaroPolicy's (hybrid.py), which imports this module
+        violating: Timers
+        surge_hold: dict[str, float]
+        last_long_term: float
+        last_replan: float
+        planned_blind: bool
+
+        def forecast_samples(
+            self, obs: Observation, seed: int | None = None
+        ) -> tuple[dict[str, np.ndarray], dict[str, str]]: ...
+        def _plan(
+            self, obs: Observation, samples: dict[str, np.ndarray], predictor: dict[str, str], kind: str
+        ) -> Decision: ...
+        def _keep_saturated(self, d: Decision, obs: Observation) -> list[str]: ...
 
     @staticmethod
-    def rate_now(o) -> float:
+    def rate_now(o: ModelObservation) -> float:
         """A model's arrival rate now (req/s): the last tick's; for a new model at least its
         open minute's so far (``with_open_minute``), which live counts from the meter's start
         while the first tick's 10 s window may hold only the seconds since the load began."""
@@ -50,7 +72,7 @@ class SurgeAware:
             return max(o.arrival_rate, float(o.arrivals_per_min[-1]) / 60.0)
         return o.arrival_rate
 
-    def surge_rate(self, o) -> float:
+    def surge_rate(self, o: ModelObservation) -> float:
         """The rate a surging model needs served (req/s): its arrivals now and its queue
         drained within one more tick."""
         return self.rate_now(o) + o.queue_length / self.tick_s
@@ -114,7 +136,7 @@ class SurgeAware:
             decision.kind = "surge"
         return decision
 
-    def _hold(self, obs: Observation, models) -> None:
+    def _hold(self, obs: Observation, models: Iterable[str]) -> None:
         for n in models:
             # the 30 s look-back still holds the surge's slow requests once the new replicas
             # serve: the reactive trigger waits for them to age out before it counts again

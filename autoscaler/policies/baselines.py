@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from autoscaler.contract.policy import Decision, Observation, Policy
+from autoscaler.contract.policy import Decision, ModelObservation, Observation, Policy
 from autoscaler.policies.common import (
     Timers,
     fallback_for,
@@ -90,10 +90,10 @@ class TriggeredPolicy(Policy):
         self.over = Timers()
         self.under = Timers()
 
-    def up_target(self, m: ModelSLO, o) -> int:
+    def up_target(self, m: ModelSLO, o: ModelObservation) -> int:
         raise NotImplementedError
 
-    def down_target(self, m: ModelSLO, o) -> int:
+    def down_target(self, m: ModelSLO, o: ModelObservation) -> int:
         raise NotImplementedError
 
     def decide(self, obs: Observation) -> Decision | None:
@@ -130,15 +130,15 @@ class OneshotPolicy(TriggeredPolicy):
 
     name = "oneshot"
 
-    def _proportional(self, m: ModelSLO, o) -> int:
+    def _proportional(self, m: ModelSLO, o: ModelObservation) -> int:
         if o.latency_ms is None:
             return m.min_replicas
         return m.clamp(math.ceil(max(o.replicas, 1) * o.latency_ms / m.slo_ms - 1e-9))
 
-    def up_target(self, m, o):
+    def up_target(self, m: ModelSLO, o: ModelObservation) -> int:
         return self._proportional(m, o)
 
-    def down_target(self, m, o):
+    def down_target(self, m: ModelSLO, o: ModelObservation) -> int:
         return self._proportional(m, o)
 
 
@@ -147,10 +147,10 @@ class AIADPolicy(TriggeredPolicy):
 
     name = "aiad"
 
-    def up_target(self, m, o):
+    def up_target(self, m: ModelSLO, o: ModelObservation) -> int:
         return m.clamp(o.target_replicas + 1)
 
-    def down_target(self, m, o):
+    def down_target(self, m: ModelSLO, o: ModelObservation) -> int:
         return m.clamp(o.target_replicas - 1)
 
 
@@ -228,7 +228,7 @@ class MArkPolicy(Policy):
             self.over.update(n, o.latency_ms is not None and o.latency_ms > self.slo[n].slo_ms, obs.now)
         due = [
             n
-            for n in sorted(self.over.since, key=self.over.since.get)
+            for n in sorted(self.over.since, key=self.over.since.__getitem__)
             if self.over.held(n, obs.now, self.cluster.reactive_trigger_s)
         ]
         if not due:

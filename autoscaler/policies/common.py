@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +69,7 @@ class Timers:
 
     state_fields = ("since",)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.since: dict[str, float] = {}
 
     def update(self, name: str, condition: bool, now: float) -> None:
@@ -92,7 +93,7 @@ def fcfs_decision(
     wanted: dict[str, int],
     order: list[str],
     kind: str,
-    info: dict | None = None,
+    info: dict[str, Any] | None = None,
     interleave: bool = False,
 ) -> Decision | None:
     """Grant ``wanted`` (decreases at once, increases in ``order`` while capacity lasts,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -122,13 +123,13 @@ class InferLineTunerPolicy(Policy):
         self.seed = seed
         self.last_plan = -math.inf
         self.provisional = True
-        self.started = None
+        self.started: float | None = None
         self.last_change: dict[str, float] = {}
-        self.ticks: dict[str, deque] = {m.name: deque() for m in self.models}
+        self.ticks: dict[str, deque[tuple[float, float]]] = {m.name: deque() for m in self.models}
         self.rho: dict[str, float] = {}
         self.sample_env: dict[str, list[float]] = {}
-        self.pticks: dict[str, deque] = {}  # per pipeline: (t, queries in the tick)
-        self.pstate: dict[str, dict] = {}  # per pipeline: its plan (see _plan_pipeline)
+        self.pticks: dict[str, deque[tuple[float, float]]] = {}  # per pipeline: (t, queries in the tick)
+        self.pstate: dict[str, dict[str, Any]] = {}  # per pipeline: its plan (see _plan_pipeline)
         self.batch: dict[str, int] = {}  # a batching single model: the largest batch planned
 
     def attach_pipelines(self, pipelines: Sequence[PipelineSLO]) -> None:
@@ -193,7 +194,7 @@ class InferLineTunerPolicy(Policy):
             out[m.name] = n
         return out
 
-    def _tune_single(self, obs: Observation, wanted: dict, up: list) -> None:
+    def _tune_single(self, obs: Observation, wanted: dict[str, int], up: list[str]) -> None:
         now = obs.now
         for m in self.singles:
             o = obs.models[m.name]
@@ -233,7 +234,7 @@ class InferLineTunerPolicy(Policy):
         wanted: dict[str, int] = {}
         order: list[str] = []
         batches: dict[str, int] = {}
-        info: dict = {}
+        info: dict[str, Any] = {}
         if due:
             self.last_plan = now
             self.provisional = not full

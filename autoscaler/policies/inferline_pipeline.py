@@ -5,6 +5,8 @@ path (the traffic envelope, the sample's arrival times)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -14,8 +16,11 @@ from faro_serve.config import ModelSLO
 from faro_serve.engine.inferline_plan import plan as plan_pipeline
 from faro_serve.engine.inferline_plan import profiles as stage_profiles
 
+if TYPE_CHECKING:
+    from autoscaler.policies.inferline import InferLineTunerPolicy
 
-def envelope_of(ticks, since: float, windows: list[int], tick_s: float) -> list[float]:
+
+def envelope_of(ticks: Iterable[tuple[float, float]], since: float, windows: list[int], tick_s: float) -> list[float]:
     """Peak rate per window of ``windows`` ticks over the ``(t, count)`` ticks after ``since``
     (windows longer than the data are left out): the traffic envelope, section 5."""
     counts = np.array([c for t, c in ticks if t > since])
@@ -27,7 +32,7 @@ def envelope_of(ticks, since: float, windows: list[int], tick_s: float) -> list[
     return rates
 
 
-def sample_arrivals(per_min: np.ndarray, seed) -> np.ndarray:
+def sample_arrivals(per_min: np.ndarray, seed: int | Sequence[int] | None) -> np.ndarray:
     """Arrival times (s) of a per-minute count series, Poisson within each minute (each
     minute's arrivals uniform at random: a Poisson process given its count), seeded."""
     rng = np.random.default_rng(seed)
@@ -51,7 +56,15 @@ def stage_mu(m: ModelSLO, o: ModelObservation, batch: int) -> float:
     return b / (svc.p_s * float(svc.shape[b]))
 
 
-def plan_pipelines(pol, obs: Observation, due: bool, wanted: dict, order: list, batches: dict, info: dict) -> set[str]:
+def plan_pipelines(
+    pol: InferLineTunerPolicy,
+    obs: Observation,
+    due: bool,
+    wanted: dict[str, int],
+    order: list[str],
+    batches: dict[str, int],
+    info: dict[str, Any],
+) -> set[str]:
     """Run the planner for every pipeline that is due (or has no plan yet and now has
     history); fill ``wanted``/``order``/``batches``/``info`` and ``pol.pstate``. Returns
     the names of the pipelines planned."""
@@ -84,7 +97,7 @@ def plan_pipelines(pol, obs: Observation, due: bool, wanted: dict, order: list, 
         # the sample's envelope from its ticks; before 15 minutes of them (the start), no
         # lower than the peak minute's rate at any window (single models: that peak alone)
         env = envelope_of(pol.pticks[p.name], now - 60.0 * h, pol.windows(), pol.tick_s)
-        if now - pol.started < 60.0 * h - 1e-9:
+        if now - cast(float, pol.started) < 60.0 * h - 1e-9:  # decide set it before planning
             peak = float(hist.max()) / 60.0
             env = [max(peak, env[i]) if i < len(env) else peak for i in range(len(pol.windows()))]
         pol.pstate[p.name] = {
@@ -107,7 +120,14 @@ def plan_pipelines(pol, obs: Observation, due: bool, wanted: dict, order: list, 
     return done
 
 
-def tune_pipelines(pol, obs: Observation, planned: set[str], wanted: dict, up: list, info: dict) -> None:
+def tune_pipelines(
+    pol: InferLineTunerPolicy,
+    obs: Observation,
+    planned: set[str],
+    wanted: dict[str, int],
+    up: list[str],
+    info: dict[str, Any],
+) -> None:
     """Algorithms 3 and 4 per pipeline on the envelope of its entry arrivals."""
     now = obs.now
     for p in pol.pipelines:

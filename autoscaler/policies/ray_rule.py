@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from autoscaler.contract.policy import Decision, Observation, Policy, grant_in_order
 from faro_serve.config import ClusterSpec, ModelSLO
+
+if TYPE_CHECKING:
+    from forecasting.base import Forecaster
 
 # Ray Serve's settings for a plain deployment, as Ray 2.60 names them: the fields of its
 # ``autoscaling_config`` and the deployment options beside it. One source for the live
@@ -19,7 +23,7 @@ from faro_serve.config import ClusterSpec, ModelSLO
 # the compare report. ``RAY_DEFAULTS``: what a user gets out of the box (``ray-native``).
 # ``RAY_TUNED``: what Ray's advanced-autoscaling guide advises latency-sensitive users
 # (``ray-tuned``, docs/compare.md). ``max_queued_requests`` -1: no limit.
-RAY_DEFAULTS = {
+RAY_DEFAULTS: dict[str, Any] = {
     "autoscaling_config": {
         "target_ongoing_requests": 2,
         "upscale_delay_s": 30,
@@ -30,7 +34,7 @@ RAY_DEFAULTS = {
     "max_ongoing_requests": 5,
     "max_queued_requests": -1,
 }
-RAY_TUNED = {
+RAY_TUNED: dict[str, Any] = {
     "autoscaling_config": {
         "target_ongoing_requests": 1,
         "upscale_delay_s": 3,
@@ -43,7 +47,7 @@ RAY_TUNED = {
 }
 
 
-def RAY_TUNED_BATCH(max_batch_size: int) -> dict:
+def RAY_TUNED_BATCH(max_batch_size: int) -> dict[str, Any]:
     """``RAY_TUNED`` for a deployment that batches with ``@serve.batch(max_batch_size=B)``
     (issue 47): a replica's steady state is one batch at a time, so the target is ``B``
     ongoing requests (the guide: set it from the latency objective; a batch is what a
@@ -57,11 +61,11 @@ def RAY_TUNED_BATCH(max_batch_size: int) -> dict:
     }
 
 
-def ray_serve_policy(settings: dict, name: str):
+def ray_serve_policy(settings: dict[str, Any], name: str) -> Callable[..., RayServePolicy]:
     """A factory of :class:`RayServePolicy` with Ray's ``autoscaling_config`` ``settings``."""
     a = settings["autoscaling_config"]
 
-    def build(models, cluster, forecaster=None):
+    def build(models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster: Forecaster | None = None) -> RayServePolicy:
         return RayServePolicy(
             models,
             cluster,
@@ -141,7 +145,7 @@ class RayServePolicy(Policy):
         downscaling_factor: float = 1.0,
         metrics_interval_s: float | None = None,
         name: str | None = None,
-        per_model: Mapping[str, Mapping] | None = None,
+        per_model: Mapping[str, Mapping[str, Any]] | None = None,
     ):
         super().__init__(models, cluster)
         if name is not None:
@@ -171,10 +175,10 @@ class RayServePolicy(Policy):
         self.ray_target: dict[str, int] = {}
         self.counter: dict[str, int] = {}
         self.stamp: dict[str, float | None] = {}
-        self.samples: dict[str, deque] = {m.name: deque() for m in self.models}
+        self.samples: dict[str, deque[tuple[float, float]]] = {m.name: deque() for m in self.models}
         self.pending_since: dict[str, float] = {}
 
-    def _rules(self, per_model: Mapping[str, Mapping], base: _Rule) -> dict[str, _Rule]:
+    def _rules(self, per_model: Mapping[str, Mapping[str, Any]], base: _Rule) -> dict[str, _Rule]:
         """Every model's rule: ``base`` with the model's own fields (checked) over it."""
         unknown = sorted(set(per_model) - set(self.slo))
         if unknown:
@@ -256,7 +260,7 @@ class RayServePolicy(Policy):
         current = {n: o.target_replicas for n, o in obs.models.items()}
         if all(self.ray_target[n] == current[n] for n in self.ray_target):
             return None  # nothing pending, nothing to change: what the grants below would say
-        waiting = sorted((n for n, t in self.pending_since.items() if t < now), key=self.pending_since.get)
+        waiting = sorted((n for n, t in self.pending_since.items() if t < now), key=self.pending_since.__getitem__)
         fresh = [n for n in self.pending_since if self.pending_since[n] >= now]
         granted = grant_in_order(
             dict(self.ray_target), current, self.models, obs.capacity, order=waiting, interleave=True

@@ -18,11 +18,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from autoscaler.contract.policy import Decision, Observation, Policy
+from autoscaler.contract.policy import Decision, ModelObservation, Observation, Policy
 from autoscaler.policies.common import fcfs_decision, processing_s, saturation_rate
 from autoscaler.policies.common import replicas_for_slo as _replicas_for
 from autoscaler.policies.inferline import InferLineTunerPolicy
 from faro_serve.config import ClusterSpec, ModelSLO
+from faro_serve.engine.variants import Option
 from faro_serve.engine.variants import options as variant_options
 from faro_serve.engine.variants import scale_down as variant_scale_down
 from faro_serve.engine.variants import scale_up as variant_scale_up
@@ -70,8 +71,8 @@ class SwayamPolicy(Policy):
         self.average_s = average_s
         self.t_setup = cluster.cold_start_s if t_setup_s is None else t_setup_s
         self.hold_s = regulation_s + idle_gc_s
-        self.rates: dict[str, deque] = {m.name: deque() for m in self.models}
-        self.wishes: dict[str, deque] = {m.name: deque() for m in self.models}
+        self.rates: dict[str, deque[tuple[float, float]]] = {m.name: deque() for m in self.models}
+        self.wishes: dict[str, deque[tuple[float, int]]] = {m.name: deque() for m in self.models}
         self.rising_since: dict[str, float] = {}
 
     def predict(self, name: str, now: float) -> float:
@@ -115,7 +116,7 @@ class SwayamPolicy(Policy):
             info[m.name] = n_b
         if not wanted:
             return None
-        order = sorted((n for n in wanted if n in self.rising_since), key=self.rising_since.get)
+        order = sorted((n for n in wanted if n in self.rising_since), key=self.rising_since.__getitem__)
         return fcfs_decision(self.models, obs, wanted, order, "reactive", {"n_B": info})
 
 
@@ -156,18 +157,19 @@ class INFaaSPolicy(Policy):
         self.fits_since: dict[str, float] = {}
         self.short_since: dict[str, float] = {}
         self.options = {m.name: variant_options(m, cluster.cold_start_s) for m in models if m.variants}
-        self.option: dict[str, list] = {}  # model -> [variant, batch] in force (variants only)
+        self.option: dict[str, list[str | int]] = {}  # model -> [variant, batch] in force (variants only)
 
     def decide(self, obs: Observation) -> Decision | None:
         now = obs.now
-        wanted, chosen = {}, {}
+        wanted: dict[str, int] = {}
+        chosen: dict[str, Option] = {}
         for m in self.models:
             o = obs.models[m.name]
             if m.name in self.options:
                 self._variant_step(m, o, now, wanted, chosen)
             else:
                 self._step(m, o, now, wanted)
-        order = sorted(self.short_since, key=self.short_since.get)
+        order = sorted(self.short_since, key=self.short_since.__getitem__)
         dec = fcfs_decision(self.models, obs, wanted, order, "reactive") if wanted else None
         if chosen:
             dec = dec or Decision({}, {}, "reactive")
@@ -182,11 +184,13 @@ class INFaaSPolicy(Policy):
     def _batches(m: ModelSLO) -> bool:
         return any(v.batching for v in m.variants or ())
 
-    def _step(self, m: ModelSLO, o, now: float, wanted: dict) -> None:
+    def _step(self, m: ModelSLO, o: ModelObservation, now: float, wanted: dict[str, int]) -> None:
         q_sat = saturation_rate(m, o.processing_ms)
         self._scale(m, o.arrival_rate, o.target_replicas, q_sat, now, wanted, self.t_v)
 
-    def _scale(self, m, load, n, q_sat, now, wanted, t_v) -> None:
+    def _scale(
+        self, m: ModelSLO, load: float, n: int, q_sat: float, now: float, wanted: dict[str, int], t_v: float
+    ) -> None:
         """Replicate on a shortfall; one instance fewer after ``t_v`` of surplus."""
         if load > 0 and n * q_sat / load < self.slack:
             wanted[m.name] = m.clamp(math.ceil(self.slack * load / q_sat - 1e-9))
@@ -203,7 +207,9 @@ class INFaaSPolicy(Policy):
             wanted[m.name] = n - 1
             self.fits_since[m.name] = now
 
-    def _variant_step(self, m: ModelSLO, o, now: float, wanted: dict, chosen: dict) -> None:
+    def _variant_step(
+        self, m: ModelSLO, o: ModelObservation, now: float, wanted: dict[str, int], chosen: dict[str, Option]
+    ) -> None:
         opts = self.options[m.name]
         if m.name not in self.option:  # nothing chosen yet: INFaaS's selection
             first = variant_select(opts)

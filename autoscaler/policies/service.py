@@ -25,6 +25,7 @@ so that batches form and are measured.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -32,6 +33,11 @@ from faro_serve.batch_curve import fit_hinge
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.engine.batched_latency import curve_at, latency_batched, max_rate_batched
 from faro_serve.engine.latency import ESTIMATORS, latency, max_rate_for_slo, min_replicas_for_slo
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from autoscaler.contract.policy import ModelObservation
 
 # Processing time assumed for a model with neither a measurement nor a prior yet.
 MIN_BATCHES = 20  # batches of one size before its median counts toward a measured curve
@@ -123,7 +129,7 @@ class Service:
         return hi
 
 
-def measured_shape(batch_times, bmax: int) -> np.ndarray | None:
+def measured_shape(batch_times: npt.ArrayLike | None, bmax: int) -> np.ndarray | None:
     """The shape of the hinge fitted to live batch times (rows of batch size, batches,
     median seconds), up to ``bmax``; None with fewer than two sizes of
     :data:`MIN_BATCHES` batches."""
@@ -138,7 +144,7 @@ def measured_shape(batch_times, bmax: int) -> np.ndarray | None:
     return np.round(fit_hinge(rows[:, 0], rows[:, 2]).shape(bmax), 2)
 
 
-def service_of(model: ModelSLO, o=None) -> Service:
+def service_of(model: ModelSLO, o: ModelObservation | None = None) -> Service:
     """``model``'s :class:`Service` from what its replicas reported (``o``: its
     :class:`~autoscaler.contract.policy.ModelObservation`, or None: its config alone)."""
     measured_ms = o.processing_ms if o is not None else None
@@ -159,5 +165,5 @@ def service_of(model: ModelSLO, o=None) -> Service:
             n = rows[:, 1] * rows[:, 0]  # requests behind each size's median
             p_ms = 1e3 * float(np.sum(n * rows[:, 2]) / np.sum(n * f))
         elif getattr(o, "mean_batch", 1.0) > 1:
-            p_ms = measured_ms / curve_at(shape, float(o.mean_batch))
+            p_ms = measured_ms / curve_at(shape, float(cast("ModelObservation", o).mean_batch))  # o: given here
     return Service(model, p_ms / 1e3, shape, known)

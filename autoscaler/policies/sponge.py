@@ -20,10 +20,16 @@ batch with the highest throughput (seed-notes: "use c_max").
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from autoscaler.contract.policy import Decision, Observation, Policy
 from faro_serve.config import ClusterSpec, ModelSLO
-from faro_serve.engine.batching import B_MAX, C_MAX, BatchProfile, CurveProfile, sponge_choice
+from faro_serve.engine.batching import B_MAX, C_MAX, BatchProfile, CurveProfile, SpongeProfile, sponge_choice
+
+if TYPE_CHECKING:
+    from forecasting.base import Forecaster
 
 
 class SpongePolicy(Policy):
@@ -33,7 +39,7 @@ class SpongePolicy(Policy):
         self,
         models: Sequence[ModelSLO],
         cluster: ClusterSpec,
-        profiles: dict[str, BatchProfile] | None = None,
+        profiles: dict[str, SpongeProfile] | None = None,
         c_min: int = 1,
         c_max: int = C_MAX,
         b_max: int = B_MAX,
@@ -56,7 +62,7 @@ class SpongePolicy(Policy):
         for n, m in obs.models.items():
             if n not in self.profiles:
                 continue
-            budgets = m.queued_budgets_s if m.queued_budgets_s is not None else []
+            budgets: np.ndarray | list[float] = m.queued_budgets_s if m.queued_budgets_s is not None else []
             ch = sponge_choice(
                 self.profiles[n], budgets, m.arrival_rate, c_max=self.c_max, b_max=self.b_max, c_min=self.c_min
             )
@@ -74,7 +80,7 @@ class SpongePolicy(Policy):
         return Decision(replicas={}, threads=threads, batch_sizes=batches, kind="vertical", info=info)
 
 
-def from_config(models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster=None) -> SpongePolicy:
+def from_config(models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster: Forecaster | None = None) -> SpongePolicy:
     """Sponge for models whose config declares ``batching`` (their saved profile and largest
     batch); the cores go up to each replica's whole CPUs (threads within them, live)."""
     missing = [m.name for m in models if m.batching is None or m.batching.measured]
@@ -86,17 +92,22 @@ def from_config(models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster=Non
         )
     profiles = {m.name: _profile(m) for m in models}
     c_max = max(1, min(int(m.cpus) for m in models))
-    b_max = min(m.batching.max_batch_size for m in models)
+    b_max = min(m.batching.max_batch_size for m in models if m.batching is not None)  # all: checked above
     return SpongePolicy(models, cluster, profiles, c_max=c_max, b_max=b_max)
 
 
-def _profile(m: ModelSLO):
+def _profile(m: ModelSLO) -> SpongeProfile:
     """Sponge's l(b, c): its own four parameters, or a batch curve with no cores in it (a
     GPU's: Sponge's cores then change nothing, and it chooses the batch alone)."""
     b = m.batching
+    if b is None:
+        raise ValueError(f"sponge: {m.name} declares no batching")
     if b.gamma is not None or b.eps is not None:
-        return BatchProfile(*(v or 0.0 for v in (b.gamma, b.eps, b.delta, b.eta)))
-    return CurveProfile(b.curve(m.cpus))
+        return BatchProfile(b.gamma or 0.0, b.eps or 0.0, b.delta or 0.0, b.eta or 0.0)
+    curve = b.curve(m.cpus)
+    if curve is None:  # from_config refuses a curve to be measured live
+        raise ValueError(f"sponge: {m.name}'s batch curve is to be measured live; Sponge needs a profile")
+    return CurveProfile(curve)
 
 
 # This module's built-in policies as data, (name, factory, summary, needs_batching,
@@ -115,7 +126,7 @@ POLICIES = (
 
 
 def static(
-    cores: int, models: Sequence[ModelSLO], cluster: ClusterSpec, profiles: dict[str, BatchProfile], b_max: int = B_MAX
+    cores: int, models: Sequence[ModelSLO], cluster: ClusterSpec, profiles: dict[str, SpongeProfile], b_max: int = B_MAX
 ) -> SpongePolicy:
     """A fixed ``cores`` per model (the paper's static 8- and 16-core instances), the batch
     still chosen each second by Sponge's rule at those cores."""

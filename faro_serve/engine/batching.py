@@ -103,6 +103,10 @@ class CurveProfile:
         return np.asarray(b, dtype=float) / self.latency(b, c)
 
 
+# What Sponge's choice reads of a profile: l(b, c) and h(b, c), fitted or from a curve
+SpongeProfile = BatchProfile | CurveProfile
+
+
 def fit_profile(batch: npt.ArrayLike, cores: npt.ArrayLike, latency_s: npt.ArrayLike) -> BatchProfile:
     """Fit ``l(b, c)`` to measured latencies (seconds) at (batch, cores) points.
 
@@ -135,7 +139,7 @@ def edf_order(deadlines: npt.ArrayLike) -> npt.NDArray[np.intp]:
     return np.argsort(np.asarray(deadlines, dtype=float), kind="stable")
 
 
-def meets_budgets(profile: BatchProfile, b: int, c: float, budgets_s: npt.ArrayLike) -> bool:
+def meets_budgets(profile: SpongeProfile, b: int, c: float, budgets_s: npt.ArrayLike) -> bool:
     """Whether every queued request, served EDF in batches of ``b`` on ``c`` cores, ends
     within its remaining budget: the ``k``-th (from 1) ends after ``ceil(k / b) l(b, c)``."""
     return _fits(float(profile.latency(b, c)), b, np.sort(np.asarray(budgets_s, dtype=float)))
@@ -154,7 +158,12 @@ class SpongeChoice:
 
 
 def sponge_choice(
-    profile: BatchProfile, budgets_s: npt.ArrayLike, rate: float, c_max: int = C_MAX, b_max: int = B_MAX, c_min: int = 1
+    profile: SpongeProfile,
+    budgets_s: npt.ArrayLike,
+    rate: float,
+    c_max: int = C_MAX,
+    b_max: int = B_MAX,
+    c_min: int = 1,
 ) -> SpongeChoice:
     """Sponge's adaptation step: the fewest cores (from ``c_min``), then the smallest batch,
     that meet every queued budget (EDF) and the arrival ``rate``; else ``c_max`` with its
