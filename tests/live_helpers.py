@@ -43,11 +43,13 @@ def wait_for(cond, timeout: float, every: float = 1.0):
     return cond()
 
 
-def fire(base: str, path: str, n: int, concurrency: int, rate: float | None = None, body: bytes = b"x") -> list[tuple]:
+def fire(
+    base: str, path: str, n: int, concurrency: int, rate: float | None = None, body: bytes = b"x", stop=None
+) -> list[tuple]:
     """``n`` POSTs, at most ``concurrency`` in flight, open-loop at ``rate``/s if given:
     one (status or error name, seconds, 503 reason or "ray" for Ray's text errors) each
-    (faro_serve.replay.client.post_burst)."""
-    return asyncio.run(post_burst(base + path, n, concurrency, rate, body))
+    (faro_serve.replay.client.post_burst); ``stop`` (a threading.Event) ends the sending early."""
+    return asyncio.run(post_burst(base + path, n, concurrency, rate, body, stop=stop))
 
 
 def check_drop_share(res: list[tuple], n: int, share: float = 0.5, tol: float = 0.1) -> int:

@@ -578,6 +578,7 @@ def test_post_burst_records_every_answer_with_its_reason():
     from faro_serve.replay.client import post_burst
 
     lock, seen = threading.Lock(), {"n": 0, "open": 0, "max_open": 0}
+    stop = threading.Event()  # set by the server at its 40th request (the second burst's 10th)
 
     class Server(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
@@ -585,6 +586,8 @@ def test_post_burst_records_every_answer_with_its_reason():
             with lock:
                 seen["n"] += 1
                 k = seen["n"]
+                if k == 40:
+                    stop.set()
                 seen["open"] += 1
                 seen["max_open"] = max(seen["max_open"], seen["open"])
             time.sleep(0.02)
@@ -610,9 +613,12 @@ def test_post_burst_records_every_answer_with_its_reason():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         res = asyncio.run(post_burst(f"http://127.0.0.1:{server.server_port}/m", 30, 4))
+        assert len(res) == 30 and seen["n"] == 30 and seen["max_open"] <= 4
+        # stopped from another thread: no request starts after, every one started is answered
+        early = asyncio.run(post_burst(f"http://127.0.0.1:{server.server_port}/m", 2000, 4, rate=200.0, stop=stop))
     finally:
         server.shutdown()
-    assert len(res) == 30 and seen["n"] == 30 and seen["max_open"] <= 4
+    assert 10 <= len(early) == seen["n"] - 30 < 2000 and all(isinstance(r[0], int) for r in early)
     by_code = {c: [r for r in res if r[0] == c] for c in (200, 503, 500)}
     assert [len(v) for v in by_code.values()] == [10, 10, 10]
     assert {r[2] for r in by_code[200]} == {None} and {r[2] for r in by_code[503]} == {"queue_full"}

@@ -160,13 +160,18 @@ def test_load_moves_replicas_to_the_busy_model_within_capacity(live):
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    load = threading.Thread(target=fire, args=(live["base"], "/synth-a/predict", 1400, 200, 14.0), daemon=True)
+    # 14/s for up to 100 s; the sending stops once the replicas have moved (those sent are answered)
+    enough = threading.Event()
+    load = threading.Thread(
+        target=fire, args=(live["base"], "/synth-a/predict", 1400, 200, 14.0), kwargs={"stop": enough}, daemon=True
+    )
     load.start()
     moved = wait_for(
         lambda: (lambda r: r.get("synth-a", 0) >= 3 and r.get("synth-b") == 1)(running()), timeout=110, every=2
     )
-    stop.set()
+    enough.set()
     load.join(timeout=150)
+    stop.set()
     assert moved, f"replicas did not move: {running()}"
     assert max(t for _, t in totals) <= CAPACITY + 1e-9, totals
     st = live["client"].get("/faro/status").json()

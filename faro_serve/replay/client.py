@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -247,13 +248,21 @@ async def send_schedule(
 
 
 async def post_burst(
-    url: str, n: int, concurrency: int, rate: float | None = None, body: bytes = b"x", seed: int = 0
+    url: str,
+    n: int,
+    concurrency: int,
+    rate: float | None = None,
+    body: bytes = b"x",
+    seed: int = 0,
+    stop: threading.Event | None = None,
 ) -> list[tuple]:
     """``n`` POSTs to ``url`` with at most ``concurrency`` open: as fast as answers come back
     (a flood), or started at Poisson instants of ``rate``/s. One (status or the error's
     name, seconds, reason) per request; the reason of a non-200 is faro-serve's JSON
     ``reason``, or "ray" for Ray's own text errors. The floods of the tests and of
-    ``bench.flood`` send through here, with aiohttp for the reason in the module docstring."""
+    ``bench.flood`` send through here, with aiohttp for the reason in the module docstring.
+    ``stop`` (set from another thread): start no more requests; those started are answered
+    and returned."""
     import aiohttp
 
     out, sem = [], asyncio.Semaphore(concurrency)
@@ -277,6 +286,8 @@ async def post_burst(
 
         tasks = []
         for k in range(n):
+            if stop is not None and stop.is_set():
+                break
             tasks.append(asyncio.create_task(one()))
             if gaps is not None:
                 await asyncio.sleep(gaps[k])
