@@ -120,7 +120,11 @@ def test_compare_short_slice_reports_both_runs_with_their_accounting(cli, tmp_pa
     assert len(polls) >= 20 and all(set(st["models"]) == {"a", "b"} for _, st in polls)
     assert all(1 <= m["replicas"] <= 4 for _, st in polls for m in st["models"].values())
     verdict = next(line for line in text.splitlines() if line.startswith("faro-fairsum loses"))
-    assert "x the utility ray-tuned loses" in verdict
+    # the ratio where Ray's run lost any utility (a one-minute slice can lose none)
+    assert any(
+        w in verdict for w in ("x the utility ray-tuned loses", "where ray-tuned loses none", "nor does ray-tuned")
+    )
+    assert "infx" not in verdict
     assert "Contention:" in text and "Per-minute p99" in text
     report(f"compare (1 min, 2 jobs, capacity 4): {verdict}")
 

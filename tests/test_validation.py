@@ -284,6 +284,19 @@ def test_head_to_head_report_against_ray_native(trace_csv, tmp_path):
     n = native[1].counts()["sent"]
     assert f"| ray-native | {3 - 3 * 0.72 / 2.0:.3f} |" in text  # U = SLO / latency per job-minute
     assert "faro-fairsum loses 0.00x the utility ray-native loses" in text
+    # where the Ray run lost nothing there is no ratio, and the line says so
+    from dataclasses import replace
+
+    from faro_serve.validation.headtohead import live_results, loss_verdict
+
+    s = live_results(state)["ray-native"].summary  # 2 s a request: it loses utility
+    assert s.lost_cluster_utility > 0
+    none = replace(s, lost_cluster_utility=0.0)
+    assert loss_verdict("f", s, "r", none).startswith(
+        f"f loses {s.lost_cluster_utility:.3f} of utility where r loses none"
+    )
+    assert loss_verdict("f", none, "r", none).startswith("f loses no utility, nor does r; SLO violations")
+    assert "inf" not in loss_verdict("f", s, "r", none)
     assert f"| {n:,} |" in text and "0.5 / 1.2" in text
     c = contention(wl, 9)
     assert c["sum_of_peaks"] == sum(c["peak_need"].values()) and c["max_minute_need"] <= c["sum_of_peaks"]

@@ -17,8 +17,25 @@ from pathlib import Path
 import numpy as np
 
 from ..engine import min_replicas_for_slo
+from ..metrics import Summary
 from ..replay.replay_report import replay_result
 from .comparison import NATIVE, RAY_SETTINGS, Workload, ray_settings_line, sim_policy
+
+
+def loss_verdict(p: str, ours: Summary, b: str, theirs: Summary) -> str:
+    """One line: the utility ``p`` loses against what Ray's run ``b`` loses (their ratio,
+    the paper's measure, where ``b`` lost any), and both runs' SLO violation rates."""
+    lost, base = ours.lost_cluster_utility, theirs.lost_cluster_utility
+    if base > 0:
+        head = f"{p} loses {lost / base:.2f}x the utility {b} loses ({lost:.3f} against {base:.3f})"
+    elif lost > 0:
+        head = f"{p} loses {lost:.3f} of utility where {b} loses none (no ratio)"
+    else:
+        head = f"{p} loses no utility, nor does {b}"
+    return (
+        f"{head}; SLO violations {100 * ours.cluster_slo_violation_rate:.2f} % against "
+        f"{100 * theirs.cluster_slo_violation_rate:.2f} %."
+    )
 
 
 def contention(wl: Workload, capacity: float) -> dict:
@@ -126,17 +143,9 @@ def report(state: dict, doc: dict) -> str:
         held = state.get("ray_settings", {})
         lines += [f"- {p}: {ray_settings_line(held.get(p) or RAY_SETTINGS[p])}" for p in ray_runs]
     for b in ray_runs:
-        base = live[b].summary.lost_cluster_utility
         for p, res in live.items():
             if p not in NATIVE:
-                ratio = res.summary.lost_cluster_utility / base if base > 0 else math.inf
-                lines += [
-                    "",
-                    f"{p} loses {ratio:.2f}x the utility {b} loses "
-                    f"({res.summary.lost_cluster_utility:.3f} against {base:.3f}); SLO "
-                    f"violations {100 * res.summary.cluster_slo_violation_rate:.2f} % against "
-                    f"{100 * live[b].summary.cluster_slo_violation_rate:.2f} %.",
-                ]
+                lines += ["", loss_verdict(p, res.summary, b, live[b].summary)]
     lines += [
         "",
         "Per-minute p99 (ms) against the SLO, live (inf: the minute's percentile fell on a failed request):",
