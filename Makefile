@@ -55,11 +55,11 @@ serve: install
 # The offline tests (pure code, no Ray: CPU-bound) on two pytest-xdist workers, then the
 # live ones (`slow`: a real Ray cluster, mostly waiting on real time) one at a time, alone
 # on the machine: live tests time real requests, so nothing else may compete with them.
-# Both phases always run; the exit status is the first failing phase's.
+# Both phases always run; make fails if either fails.
 test: install
 	@st=0; \
 	$(BIN)/python -m pytest -m "not slow" -n 2 || st=$$?; \
-	$(BIN)/python -m pytest -m slow || { [ $$st -ne 0 ] || st=$$?; }; \
+	$(BIN)/python -m pytest -m slow || { rc=$$?; [ $$st -ne 0 ] || st=$$rc; }; \
 	exit $$st
 
 bench: install
