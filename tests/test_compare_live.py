@@ -99,8 +99,12 @@ def test_compare_short_slice_reports_both_runs_with_their_accounting(cli, tmp_pa
     assert all(r["live_requests"] == r["sim_requests"] > 200 for r in rows), rows
     cal = doc["calibration"]
     assert cal["cold_start_s"] > 0 and cal["overhead_ms"]["n"] == 200
-    assert cal["hold_ms"]["n"] == 27 and 0 < cal["hold_ms"]["p50"] < 1000
-    assert doc["simulator"]["replica_hold_s"] == pytest.approx(cal["hold_ms"]["p50"] / 1e3, abs=1e-6)
+    # the direct path hands a replica its next request at once: the hold is near 0 and its
+    # measured median can come out below 0 (-0.045 ms in a fresh-clone run), which the
+    # simulator takes as 0
+    assert cal["hold_ms"]["n"] == 27 and cal["hold_ms"]["p50"] < 1000
+    hold_s = max(0.0, cal["hold_ms"]["p50"] / 1e3)
+    assert doc["simulator"]["replica_hold_s"] == pytest.approx(hold_s, abs=1e-6)
     assert (out / "validation.png").exists()
     assert doc["sim"]["ray-tuned"]["policy"] == "ray-serve-tuned"  # simulated as Ray's rule
     # the settings Ray held, read back at the Ray run, are printed
