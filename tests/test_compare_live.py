@@ -92,7 +92,7 @@ def test_compare_short_slice_reports_both_runs_with_their_accounting(cli, tmp_pa
     doc = json.loads((out / "validation.json").read_text())
     rows = doc["comparison"]["rows"]
     assert [r["policy"] for r in rows] == ["faro-fairsum", "ray-tuned"]
-    # validate's checks on the direct path (tests/test_validation_live.py runs the front):
+    # validate's checks (the commands share their live runs, faro_serve/commands/_live.py):
     # one seed, so the live and simulated runs see the same counts; the calibration that
     # precedes the first run measures the overhead, the replica hold and the cold start
     assert doc["data_path"] == "direct"
@@ -131,6 +131,17 @@ def test_compare_short_slice_reports_both_runs_with_their_accounting(cli, tmp_pa
     assert "infx" not in verdict
     assert "Contention:" in text and "Per-minute p99" in text
     report(f"compare (1 min, 2 jobs, capacity 4): {verdict}")
+    # validate runs the same live runs (both commands are run_validation): here it compares
+    # the saved runs again with more simulations, as a user changing the simulator would
+    code, stdout, err = cli(
+        "validate", "--resimulate", "--out", str(out), "--forecaster", "fallback", "--sim-draws", "2"
+    )
+    assert code == 0, err
+    again = json.loads((out / "validation.json").read_text())
+    assert [r["policy"] for r in again["comparison"]["rows"]] == ["faro-fairsum", "ray-tuned"]
+    assert [r["live_requests"] for r in again["comparison"]["rows"]] == [r["live_requests"] for r in rows]
+    assert again["calibration"] == doc["calibration"] and again["sim_draws"] == 2
+    assert "| faro-fairsum |" in stdout and "| ray-tuned |" in stdout and "validation.md" in stdout
 
 
 def test_ray_tuned_deploys_its_settings_scales_in_seconds_and_refuses_past_its_queue(report):

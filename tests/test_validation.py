@@ -1,6 +1,6 @@
 """Matched validation (paper 6.5): the comparison maths, the calibration fits, the whole
 re-simulation pipeline on saved runs, and the command's input errors. The live side is
-exercised by tests/test_validation_live.py."""
+exercised by tests/test_compare_live.py (compare and validate share their live runs)."""
 
 from __future__ import annotations
 
