@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -15,9 +15,27 @@ from autoscaler.policies.service import service_of
 from faro_serve.config import ModelSLO
 from faro_serve.engine.inferline_plan import plan as plan_pipeline
 from faro_serve.engine.inferline_plan import profiles as stage_profiles
+from faro_serve.pipelines import PipelineSLO
 
-if TYPE_CHECKING:
-    from autoscaler.policies.inferline import InferLineTunerPolicy
+
+class PipelineTuner(Protocol):
+    """What the pipeline planner and tuner read and keep of the policy that runs them
+    (``autoscaler.policies.inferline.InferLineTunerPolicy``): named by shape, so that this
+    module need not import the policy that imports it."""
+
+    slo: dict[str, ModelSLO]
+    pipelines: tuple[PipelineSLO, ...]
+    seed: int
+    started: float | None
+    plan_history_min: int
+    down_guard_s: float
+    tick_s: float
+    envelope_s: float
+    down_window_s: float
+    pticks: dict[str, Any]  # per pipeline: its (t, queries in the tick) of the recent ticks
+    pstate: dict[str, dict[str, Any]]  # per pipeline: its last plan
+
+    def windows(self) -> list[int]: ...
 
 
 def envelope_of(ticks: Iterable[tuple[float, float]], since: float, windows: list[int], tick_s: float) -> list[float]:
@@ -57,7 +75,7 @@ def stage_mu(m: ModelSLO, o: ModelObservation, batch: int) -> float:
 
 
 def plan_pipelines(
-    pol: InferLineTunerPolicy,
+    pol: PipelineTuner,
     obs: Observation,
     due: bool,
     wanted: dict[str, int],
@@ -121,12 +139,7 @@ def plan_pipelines(
 
 
 def tune_pipelines(
-    pol: InferLineTunerPolicy,
-    obs: Observation,
-    planned: set[str],
-    wanted: dict[str, int],
-    up: list[str],
-    info: dict[str, Any],
+    pol: PipelineTuner, obs: Observation, planned: set[str], wanted: dict[str, int], up: list[str], info: dict[str, Any]
 ) -> None:
     """Algorithms 3 and 4 per pipeline on the envelope of its entry arrivals."""
     now = obs.now
