@@ -77,7 +77,7 @@ def run(args) -> int:
 def print_allocation(alloc, cluster) -> None:
     from rich.table import Table
 
-    from ._console import console
+    from ..console import console
 
     table = Table(title=f"Faro plan: objective {alloc.objective}")
     for col in ("model", "SLO ms", "rate/s", "proc ms", "replicas", "drop", "pred. ms", "utility"):

@@ -66,7 +66,7 @@ def run(args) -> int:
         return 1
     from rich.table import Table
 
-    from ._console import console
+    from ..console import console
 
     loaded = st.get("forecaster")
     table = Table(

@@ -192,7 +192,7 @@ def run(args) -> int:
 def print_summary(f: dict) -> None:
     from rich.table import Table
 
-    from ._console import console
+    from ..console import console
 
     t = Table(
         title=f"whatif: {f['minutes']:,} minutes from {f['start']}, capacity {f['capacity_cpus']:g} "

@@ -178,7 +178,7 @@ async def _replay(
 ) -> tuple[ReplayRecords, bool]:
     from rich.live import Live
 
-    from ..commands._console import console as make_console
+    from ..console import console as make_console
 
     console = make_console()
     loop = asyncio.get_running_loop()

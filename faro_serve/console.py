@@ -1,4 +1,5 @@
-"""A rich console that keeps tables readable when output is piped (no terminal width)."""
+"""A rich console that keeps tables readable when output is piped (no terminal width): the
+commands' and the demo's."""
 
 from rich.console import Console
 
