@@ -176,7 +176,9 @@ def simulate_batched(setting: BatchedSetting, policy: Policy, name: str | None =
                     "simulator runs a fixed number (its cores and batches change)"
                 )
             in_force = done.settings
-            cores, batch = float(in_force[name].threads), int(in_force[name].batch_size)
+            now_in_force = in_force[name]  # a setting without a batch or threads keeps those in force
+            cores = cores if now_in_force.threads is None else float(now_in_force.threads)
+            batch = batch if now_in_force.batch_size is None else int(now_in_force.batch_size)
 
     decide(0.0, setting.rate)  # the monitor knows the rate from before: no cold first second
     for k in range(ticks):

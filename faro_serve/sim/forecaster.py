@@ -45,7 +45,7 @@ def _days(day_list: list[int] | None) -> str:
     return "all" if day_list is None else str(day_list)
 
 
-def cache_key(path: str | Path, days: list[int], sample: int | None, config) -> str:
+def cache_key(path: str | Path, days: list[int] | None, sample: int | None, config) -> str:
     h = hashlib.sha256(Path(path).read_bytes())
     h.update(
         json.dumps({"days": days, "sample": sample, "config": asdict(config)}, sort_keys=True, default=str).encode()

@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -45,6 +46,7 @@ DEFAULT_POLICY = faro_policy_name(ClusterSpec.model_fields["objective"].default)
 AS_RUN = "ray-serve (as run)"
 UNBOUNDED_QUEUE = 10**6  # max_queued_requests -1 (no limit), as compare's simulation
 PARALLEL_FROM = 50_000  # deployment-minutes (a process's start, a few seconds, then pays)
+V = TypeVar("V")  # what a by-name mapping (--slo) holds per deployment
 
 
 @dataclass
@@ -98,10 +100,10 @@ def model_names(keys: list[str]) -> dict[str, str]:
     return out
 
 
-def resolve(names: Mapping[str, object], hist: ServeHistory, what: str) -> dict[str, object]:
+def resolve(names: Mapping[str, V], hist: ServeHistory, what: str) -> dict[str, V]:
     """A mapping by ``app/deployment`` or unique deployment name -> by key; an unknown or
     ambiguous name raises, listing the deployments."""
-    out = {}
+    out: dict[str, V] = {}
     for n, v in names.items():
         hits = [k for k, d in hist.deployments.items() if n in (k, d.deployment)]
         if len(hits) != 1:
@@ -154,7 +156,7 @@ def build(
         if gpus > 0 and capacity_gpus is None:
             raise ValueError(f"{k} takes {gpus:g} GPU(s) per replica: give --capacity-gpus")
         holds = math.floor(capacity_cpus / cpus + 1e-9)
-        if gpus > 0:
+        if gpus > 0 and capacity_gpus is not None:  # (None raised above)
             holds = min(holds, math.floor(capacity_gpus / gpus + 1e-9))
         if holds < 1:
             raise ValueError(f"--capacity holds no replica of {k} ({cpus:g} CPUs, {gpus:g} GPUs each)")

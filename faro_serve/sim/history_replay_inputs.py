@@ -42,13 +42,14 @@ def fit_lognormal(le, counts, mean_ms: float) -> TimeDist | None:
     if not c.size or not c[-1] > 0 or not keep.any():
         return None
     x, frac = np.log(edges[keep]), c[keep] / c[-1]
-    best = None
-    for grid in (np.linspace(0.01, 3.0, 300), None):
-        if grid is None:  # refine around the best of the coarse grid
-            grid = np.linspace(max(0.001, best - 0.01), best + 0.01, 81)
+
+    def best_of(grid: np.ndarray) -> float:  # the shape whose CDF errs least at the edges
         mu = math.log(mean_ms) - grid**2 / 2
         err = ((ndtr((x[None, :] - mu[:, None]) / grid[:, None]) - frac[None, :]) ** 2).sum(axis=1)
-        best = float(grid[int(np.argmin(err))])
+        return float(grid[int(np.argmin(err))])
+
+    best = best_of(np.linspace(0.01, 3.0, 300))
+    best = best_of(np.linspace(max(0.001, best - 0.01), best + 0.01, 81))  # refined around it
     return TimeDist("lognorm", (best, 0.0, math.exp(math.log(mean_ms) - best**2 / 2) / 1e3))
 
 
@@ -90,11 +91,11 @@ def processing_of(d, notes: list[str]) -> tuple[TimeDist, float]:
 def derived_slo(hist: ServeHistory, d, proc_ms: float, notes: list[str]) -> SLO:
     """The p99 the deployment's application measured end to end over the range."""
     lat = hist.latency.get(d.application)
-    n = 0.0
+    tot = np.zeros(0)
     if lat is not None and lat.counts:
         tot = np.nansum(np.asarray(lat.counts, float), axis=0)
-        n = float(tot[-1]) if tot.size else 0.0
-    if n <= 0:
+    p99 = None if lat is None else bucket_quantile(lat.le, tot, 0.99)  # None where nothing was counted
+    if lat is None or p99 is None:
         if sum(d.arrivals) <= 0:
             notes.append(
                 f"{d.key}: no requests in the range; SLO {NO_TRAFFIC_SLO_MS:g} ms assumed (it does not matter)"
@@ -104,7 +105,6 @@ def derived_slo(hist: ServeHistory, d, proc_ms: float, notes: list[str]) -> SLO:
             f"{d.key}: its application {d.application!r} has no end-to-end latency "
             f"recorded to derive an SLO from; give --slo {d.key}=MS"
         )
-    p99 = bucket_quantile(lat.le, tot, 0.99)
     finite = [x for x in lat.le if math.isfinite(x)]
     if finite and p99 >= finite[-1]:
         notes.append(

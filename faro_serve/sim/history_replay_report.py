@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,8 @@ def _when(start: float, minute: int) -> str:
 def figures(w: WhatIf) -> dict:
     """Every figure of the report, JSON-ready."""
     hist, deps = w.hist, w.deployments
-    per, runs = {}, {"as_run": [], "faro": []}
+    per: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {"as_run": [], "faro": []}
     for i, d in enumerate(deps):
         dh = hist.deployments[d.key]
         rec = np.asarray(dh.replicas, float)
@@ -82,7 +84,7 @@ def figures(w: WhatIf) -> dict:
         rec_h = float(np.nansum(rec) / 60.0)
         lat = hist.latency.get(dh.application)
         n, slow = lat.over(d.slo.ms) if lat is not None else (0.0, 0.0)
-        row = {
+        row: dict[str, Any] = {
             "model": d.name,
             "mode": d.mode,
             "as_run_replicas": [d.min_replicas, d.max_replicas],
@@ -142,7 +144,7 @@ def figures(w: WhatIf) -> dict:
     top = [
         {
             "minute": int(m),
-            "time": _when(hist.start, m),
+            "time": _when(hist.start, int(m)),
             "requests": int(per_minute["requests"][m]),
             "as_run_violating": int(ray_v[m]),
             "faro_violating": int(faro_v[m]),

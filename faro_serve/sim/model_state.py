@@ -60,7 +60,7 @@ class ModelState:
         # a model with variants (INFaaS): the variant in force scales every processing time;
         # a switch to another variant waits for its loading latency (``pending``)
         self.scale = 1.0
-        self.pending: tuple[float, float, float] | None = None  # (from when, scale, share)
+        self.pending: tuple[float, float, np.ndarray] | None = None  # (from when, scale, batch shape)
         self.hold = float(hold_s)  # replica busy after each request (kernels.advance)
         self.patience = float(patience_s)  # the client's timeout (kernels.advance)
         self.cancel = bool(cancel)  # the server drops what its client gave up on

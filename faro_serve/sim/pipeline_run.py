@@ -200,7 +200,7 @@ class PipelineRun:
         never reached."""
         drop = self.dropped[lo:]
         open_ = self.want[lo:] & ~self.sdone[lo:] & (self.fed[lo:] | ~drop[:, None])
-        return ~open_.any(axis=1)
+        return np.asarray(~open_.any(axis=1))
 
     def completion(self, rows: np.ndarray) -> np.ndarray:
         """When each query was done (its latest stage), for settled rows."""

@@ -168,12 +168,12 @@ def run_suite(
             except Exception as err:
                 raise stop(err) from err
         return rows, timelines
-    started = multiprocessing.SimpleQueue()
+    started: multiprocessing.SimpleQueue[object] = multiprocessing.SimpleQueue()  # the workers' pids
     with ProcessPoolExecutor(
         max_workers=workers, initializer=_init_worker, initargs=(scenario, forecaster_dir, forecaster, started)
     ) as pool:
         futures = {pool.submit(_run, t): t for t in tasks}
-        failure = None
+        failure: Exception | None = None
         for fut in as_completed(futures):
             try:
                 finished(futures[fut], fut.result())
@@ -306,6 +306,6 @@ def write_outputs(
     )
     plot_lost_utility(agg, paths["lost_png"], title)
     caps = sorted({a["capacity"] for a in agg})
-    cap = timeline_capacity if timeline_capacity in caps else caps[len(caps) // 2]
+    cap = timeline_capacity if timeline_capacity is not None and timeline_capacity in caps else caps[len(caps) // 2]
     plot_timeline(timelines, cap, paths["timeline_png"])
     return paths

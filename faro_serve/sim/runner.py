@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -207,12 +208,12 @@ class _Run:
         self.open_count = np.zeros(len(self.models))
         self.k_tick = 0
         self.m_next = 0
-        self.pipes = None
+        self.pipes: PipelineSet | None = None
         if self.pipelines:
             base = cfg.processing if isinstance(cfg.processing, TimeDist) else None
             self.pipes = PipelineSet(
                 self.pipelines,
-                {n: self.states[n] for n in self.model_names[self.n_single :]},
+                {n: cast(StageState, self.states[n]) for n in self.model_names[self.n_single :]},
                 stage_processing_of(self.pipelines, base, stage_processing),
                 cfg.router_overhead,
                 cfg.seed,
@@ -237,8 +238,9 @@ class _Run:
         slices = batch.job_slices()
         for s, sl in zip(self.singles, slices):
             s.append(batch.arrival[sl], batch.proc[sl], batch.overhead[sl], batch.u[sl])
-        for k, sl in enumerate(slices[self.n_single :]):
-            self.pipes.load(k, batch.arrival[sl])
+        if self.pipes is not None:  # the stages' rows follow the single models'
+            for k, sl in enumerate(slices[self.n_single :]):
+                self.pipes.load(k, batch.arrival[sl])
         self.m_next += 1
         if self.m_next % 5 == 0:
             self.flush(False)
@@ -266,7 +268,7 @@ class _Run:
                         self.open_count[i] if self.open_minute == minute_now else 0.0,
                         t - 60.0 * minute_now,
                     )
-                    if i < self.n_single
+                    if self.pipes is None or i < self.n_single
                     else self.pipes.stage_history(n, minute_now)
                 ),
                 arrival_rate=self.rates.rate(n, dt, n_arr),
