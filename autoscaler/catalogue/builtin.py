@@ -9,16 +9,24 @@ and no policy module imports the registry to register itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
+from autoscaler.contract.policy import Policy
 from autoscaler.faro import split as faro_split
 from autoscaler.faro.hybrid import FaroPolicy, OraclePolicy
 from autoscaler.policies import baselines, seeds, sponge
 from autoscaler.policies.common import faro_policy_name
+from faro_serve.config import ClusterSpec, ModelSLO
+from forecasting.base import Forecaster
+
+#: (name, factory(models, cluster, forecaster=None), summary, needs_batching, forecasts)
+Row = tuple[str, Callable[..., Policy], str, bool, bool]
 
 FARO_OBJECTIVES = {faro_policy_name(o): o for o in ("sum", "fair", "fair_sum", "penalty_sum", "penalty_fair_sum")}
 
 
-def _faro(objective: str, policy_name: str):
-    def build(models, cluster, forecaster=None):
+def _faro(objective: str, policy_name: str) -> Callable[..., FaroPolicy]:
+    def build(models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster: Forecaster | None = None) -> FaroPolicy:
         return FaroPolicy(models, cluster.model_copy(update={"objective": objective}), forecaster, name=policy_name)
 
     return build
@@ -36,7 +44,7 @@ _OBJECTIVE_SUMMARY = {
     "penalty_fair_sum": "the fair total utility minus drop penalties",
 }
 
-FARO = tuple(
+FARO: tuple[Row, ...] = tuple(
     (name, _faro(obj, name), _FARO + _OBJECTIVE_SUMMARY[obj], False, True) for name, obj in FARO_OBJECTIVES.items()
 ) + (
     (
@@ -57,4 +65,4 @@ FARO = tuple(
 )
 
 #: every built-in policy; the registry keeps them in this order
-BUILTIN = FARO + baselines.POLICIES + seeds.POLICIES + sponge.POLICIES
+BUILTIN: tuple[Row, ...] = FARO + baselines.POLICIES + seeds.POLICIES + sponge.POLICIES

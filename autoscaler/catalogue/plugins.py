@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import metadata
+from typing import Any
 
 import numpy as np
 
 from autoscaler.contract.policy import Policy
-from forecasting.base import Forecast
+from faro_serve.config import ClusterSpec, ModelSLO
+from forecasting.base import Forecast, Forecaster
 
 POLICY_GROUP = "faro_serve.policies"
 FORECASTER_GROUP = "faro_serve.forecasters"
@@ -34,7 +36,7 @@ def is_import_path(spec: str) -> bool:
     return ":" in spec or "." in spec
 
 
-def load_object(path: str, what: str):
+def load_object(path: str, what: str) -> Any:
     """The object at ``module:attr`` (or ``module.attr``); ``what`` starts each error."""
     module, sep, attr = path.partition(":")
     if not sep:
@@ -74,7 +76,7 @@ def entry_source(ep: metadata.EntryPoint) -> str:
 Factory = Callable[..., Policy]
 
 
-def _accepts(func, param: str) -> bool:
+def _accepts(func: Callable[..., object], param: str) -> bool:
     try:
         params = inspect.signature(func).parameters.values()
     except (TypeError, ValueError):
@@ -82,7 +84,7 @@ def _accepts(func, param: str) -> bool:
     return any(p.name == param or p.kind is p.VAR_KEYWORD for p in params)
 
 
-def policy_factory(obj, what: str, name: str) -> Factory:
+def policy_factory(obj: Any, what: str, name: str) -> Factory:
     """``factory(models, cluster, forecaster=None)`` for a :class:`Policy` subclass (built
     as ``cls(models, cluster)``, with ``forecaster=`` when its ``__init__`` takes it) or for
     a factory function; checks what can be checked before anything is built. A policy that
@@ -98,9 +100,10 @@ def policy_factory(obj, what: str, name: str) -> Factory:
                 f"{what}: {obj.__qualname__} does not implement {', '.join(sorted(obj.__abstractmethods__))}"
             )
         takes_forecaster = _accepts(obj, "forecaster")
+        cls: Callable[..., Policy] = obj  # a subclass: its __init__ may take forecaster=
 
-        def make(models, cluster, forecaster=None):
-            return obj(models, cluster, forecaster=forecaster) if takes_forecaster else obj(models, cluster)
+        def make(models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster: Forecaster | None = None) -> Policy:
+            return cls(models, cluster, forecaster=forecaster) if takes_forecaster else cls(models, cluster)
     elif callable(obj):
         try:
             inspect.signature(obj).bind(None, None, forecaster=None)
@@ -115,7 +118,7 @@ def policy_factory(obj, what: str, name: str) -> Factory:
     else:
         raise PluginError(f"{what}: a {type(obj).__name__} object is not a Policy subclass or a factory")
 
-    def build(models, cluster, forecaster=None) -> Policy:
+    def build(models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster: Forecaster | None = None) -> Policy:
         pol = make(models, cluster, forecaster=forecaster)
         if not isinstance(pol, Policy):
             raise PluginError(
@@ -129,7 +132,7 @@ def policy_factory(obj, what: str, name: str) -> Factory:
 
 
 # -- forecasters --------------------------------------------------------------------------
-def _forecaster_object(spec: str):
+def _forecaster_object(spec: str) -> tuple[Any, str]:
     """(object, what) for a forecaster plug-in name or import path."""
     eps = entry_points(FORECASTER_GROUP)
     if spec in eps:
@@ -152,10 +155,11 @@ def check_forecaster_spec(spec: str) -> None:
         raise PluginError(f"{what}: a {type(obj).__name__} object is not a forecaster class, factory or instance")
 
 
-def make_forecaster(spec: str):
+def make_forecaster(spec: str) -> Forecaster:
     """The forecaster of ``spec`` (plug-in name or import path of a class or factory called
     with no arguments, or of a ready instance), checked against forecasting.base.Forecaster."""
     obj, what = _forecaster_object(spec)
+    fc: Forecaster  # once check_forecaster has passed it
     if inspect.isclass(obj) or (callable(obj) and not hasattr(obj, "predict")):
         try:
             fc = obj()
@@ -167,7 +171,7 @@ def make_forecaster(spec: str):
     return fc
 
 
-def check_forecaster(fc, what: str) -> None:
+def check_forecaster(fc: Any, what: str) -> None:
     """``fc`` has the interface of forecasting.base.Forecaster and answers a tiny forecast
     with a Forecast of the right shape: a broken one fails at start, not as silent fallback
     forecasts in every plan (the policies fall back when a forecast raises)."""

@@ -15,12 +15,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
 
 from autoscaler.catalogue import plugins
 from autoscaler.catalogue.builtin import BUILTIN
 from autoscaler.contract.policy import Policy
 from faro_serve.config import ClusterSpec, ModelSLO
 from faro_serve.pipelines import PipelineSLO
+from forecasting.base import Forecaster
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ def register(name: str, factory: Factory, summary: str = "", needs_batching: boo
     _REGISTRY[name] = Entry(factory, summary, needs_batching, "registered")
 
 
-def _plugins() -> dict:
+def _plugins() -> dict[str, metadata.EntryPoint]:
     """Installed policy plug-ins by name, without those that clash with a known policy."""
     eps = plugins.entry_points(plugins.POLICY_GROUP)
     for name in sorted(set(eps) & set(_REGISTRY)):
@@ -87,7 +90,7 @@ def policy_summaries() -> dict[str, str]:
     }
 
 
-def policy_catalog() -> list[dict]:
+def policy_catalog() -> list[dict[str, Any]]:
     """Every policy by name with its kind (built-in, registered, plug-in) and source."""
     eps = _plugins()
     rows = []
@@ -131,7 +134,11 @@ def policy_factory(name: str) -> Factory:
 
 
 def make_policy(
-    name: str, models: Sequence[ModelSLO], cluster: ClusterSpec, forecaster=None, pipelines: Sequence[PipelineSLO] = ()
+    name: str,
+    models: Sequence[ModelSLO],
+    cluster: ClusterSpec,
+    forecaster: Forecaster | None = None,
+    pipelines: Sequence[PipelineSLO] = (),
 ) -> Policy:
     """Build the policy called ``name`` (a name or an import path) over ``models`` (stages
     included) and tell it the ``pipelines``; ValueError otherwise."""

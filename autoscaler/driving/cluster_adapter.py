@@ -6,7 +6,7 @@ stays Ray-free and runs under a fake clock."""
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Any, Protocol
 
 from autoscaler.contract.setting import Setting
 from faro_serve.config import ClusterSpec
@@ -21,7 +21,7 @@ class ClusterAdapter(Protocol):
     def running_replicas(self) -> dict[str, int]:
         """Serving replicas per deployed model (models not deployed are absent)."""
 
-    def meter_reports(self, names: list[str]) -> dict[str, dict]:
+    def meter_reports(self, names: list[str]) -> dict[str, dict[str, Any]]:
         """Meter snapshots per model (models that did not answer are absent)."""
 
     def scale(self, name: str, replicas: int) -> None: ...
@@ -31,7 +31,7 @@ class ClusterAdapter(Protocol):
         size, threads or variant only where a policy set them) and the SLO percentile."""
 
 
-def capped_capacity(spec: ClusterSpec, reported) -> Capacity:
+def capped_capacity(spec: ClusterSpec, reported: Capacity | tuple[float, float | None]) -> Capacity:
     """What the policy plans with: each resource at the smaller of the config's cap (where
     it gives one) and what the cluster reports. Memory binds only where the config caps it:
     Ray reserves no memory for a replica, so Ray's figure alone would bind nothing real."""
@@ -44,6 +44,6 @@ def capped_capacity(spec: ClusterSpec, reported) -> Capacity:
 class StateStore(Protocol):
     """Where the loop keeps its state between restarts (live: a named Ray actor)."""
 
-    def load(self) -> dict | None: ...
+    def load(self) -> dict[str, Any] | None: ...
 
-    def save(self, state: dict) -> None: ...
+    def save(self, state: dict[str, Any]) -> None: ...

@@ -20,12 +20,14 @@ from autoscaler.driving.pipeline_meters import pipeline_records
 from faro_serve.config import ModelSLO
 from faro_serve.metrics import utility_from_latency
 
+Doc = dict[str, Any]  # a JSON object: a decision record, the loop's state or status
 
-def decision_record(decision: Decision) -> dict:
+
+def decision_record(decision: Decision) -> Doc:
     """A decision as the log and the status show it: its kind, replicas and drop rates per
     model (always), each other field a policy set (``batch_sizes``, ``threads``,
     ``variants``, and any later one by its field name), and its details."""
-    out = {
+    out: Doc = {
         "kind": decision.kind,
         "replicas": dict(decision.replicas),
         "drop_rates": dict(decision.field("drop_rate")),
@@ -45,10 +47,10 @@ def observed_utility(latency_ms: float | None, slo_ms: float) -> float | None:
     None when nothing completed in the look-back."""
     if latency_ms is None:
         return None
-    return round(float(utility_from_latency(latency_ms, slo_ms)), 4)
+    return round(float(utility_from_latency(np.asarray(latency_ms), slo_ms)), 4)
 
 
-def json_default(o):
+def json_default(o: object) -> int | float | str | None:
     """numpy numbers as JSON (a non-finite float as null); anything else as its text."""
     if isinstance(o, (np.integer,)):
         return int(o)
@@ -57,7 +59,7 @@ def json_default(o):
     return str(o)
 
 
-def write_record(record: dict, path: str | None) -> str:
+def write_record(record: Doc, path: str | None) -> str:
     """``record`` as one JSON line, appended to the decision log at ``path`` (if any)."""
     line = json.dumps(record, default=json_default)
     if path:
@@ -94,7 +96,7 @@ def tick_record(
     obs: Observation,
     decision: Decision | None,
     meters: Mapping[str, MeterSnapshot] | None = None,
-) -> dict:
+) -> Doc:
     """One tick as the log and the status show it: per model what was observed, the setting
     in force (in shadow mode also the advice), what the last plan predicted; the decision."""
     models = {}

@@ -8,8 +8,10 @@ status --explain`` and the demo's report print these lines."""
 
 from __future__ import annotations
 
+from typing import Any
 
-def explain(records: list[dict]) -> list[str]:
+
+def explain(records: list[dict[str, Any]]) -> list[str]:
     """Plain-text reasons for decision records (``GET /faro/decisions``), newest last."""
     out = []
     if not records:

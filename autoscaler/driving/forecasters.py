@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from autoscaler.catalogue.plugins import make_forecaster
+from forecasting.base import Forecaster
 from forecasting.daily import DailyContext, check_daily
 from forecasting.recurrence import check_share
 from forecasting.shipped import BUILTIN_NAMES, FALLBACK, SHIPPED, default_forecaster
+
+if TYPE_CHECKING:
+    from autoscaler.driving.loop_config import AutoscalerConfig
+    from forecasting.base import FallbackForecaster
+    from forecasting.nhits import NHitsForecaster
 
 log = logging.getLogger("faro_serve.autoscaler")
 
@@ -51,7 +58,7 @@ def is_builtin(spec: str | None) -> bool:
     return spec in BUILTIN_NAMES
 
 
-def set_daily(forecaster, daily: tuple[int, float] | None) -> None:
+def set_daily(forecaster: Any, daily: tuple[int, float] | None) -> None:
     """Give an N-HiTS forecaster the daily context ``(period, weight)`` (forecasting/daily.py):
     the args' live, a replayed trace's day in the simulator. A plug-in forecaster is the
     user's and keeps what it does; one wrapped in ``DailyContext`` is told the period only."""
@@ -64,7 +71,7 @@ def set_daily(forecaster, daily: tuple[int, float] | None) -> None:
         forecaster.period = int(daily[0])
 
 
-def set_recurrence(forecaster, share: float | None) -> None:
+def set_recurrence(forecaster: object, share: float | None) -> None:
     """Give an N-HiTS forecaster its recurring peaks' ``share`` (forecasting/recurrence.py);
     a plug-in forecaster is the user's and keeps what it does."""
     if share is None:
@@ -80,7 +87,7 @@ def choose_forecaster(
     short_history: str | None = None,
     daily: tuple[int, float] | None = None,
     recurrence: float | None = None,
-):
+) -> tuple[Forecaster, str]:
     """``(forecaster, why)``: the forecaster of a name / import path (``spec``) or of a trained
     ``directory`` (not both), else the shipped one; ``why`` says which and why, e.g.
     ``nhits-normal (shipped)``, ``fallback: chosen``, ``nhits-normal (runs/fc)``, or a
@@ -89,6 +96,7 @@ def choose_forecaster(
     share of its samples that gain a model's recurring peak (default 0.25)."""
     if spec and directory:
         raise ValueError("give a forecaster (a name or an import path) or a trained forecaster directory, not both")
+    fc: NHitsForecaster | FallbackForecaster
     if directory:
         from forecasting.io import load_forecaster
 
@@ -106,7 +114,7 @@ def choose_forecaster(
     return make_forecaster(spec), spec
 
 
-def forecaster_of(cfg) -> tuple[object | None, str]:
+def forecaster_of(cfg: AutoscalerConfig) -> tuple[Forecaster | None, str]:
     """``(forecaster, why)`` of the live autoscaler's args (``autoscaler.driving.loop_config.AutoscalerConfig``):
     the forecaster of ``forecaster`` (``fallback``, ``shipped``, a plug-in name or an import
     path) or of ``forecaster_dir``; else what the retrainer saved under ``history_dir`` (what
@@ -121,7 +129,8 @@ def forecaster_of(cfg) -> tuple[object | None, str]:
     if retrained is not None:
         try:
             fc, why = choose_forecaster(None, str(retrained), cfg.short_history, cfg.daily)
-            why = f"{fc.name} (retrained on this cluster's traffic: {retrained})"
+            # a trained directory: load_forecaster's N-HiTS
+            why = f"{cast('NHitsForecaster', fc).name} (retrained on this cluster's traffic: {retrained})"
             log.info("forecaster: %s", why)
             return fc, why
         except Exception as err:
@@ -131,12 +140,13 @@ def forecaster_of(cfg) -> tuple[object | None, str]:
     return fc, why
 
 
-def retrained_dir(cfg) -> Path | None:
+def retrained_dir(cfg: AutoscalerConfig) -> Path | None:
     """The forecaster the retrainer saved under ``history_dir`` (``autoscaler.driving.retrainer``),
     when the args name no other (``forecaster`` or ``forecaster_dir``) and one was saved."""
     from autoscaler.driving.retrainer import RETRAINED_DIR, retraining_on
 
     if not retraining_on(cfg):
         return None
+    assert cfg.history_dir is not None  # retraining_on: there is one
     d = Path(cfg.history_dir).expanduser() / RETRAINED_DIR
     return d if (d / "meta.json").is_file() else None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +47,7 @@ def fill_short_gaps(values: np.ndarray, max_gap: int, next_value: float | None =
     first = int(np.argmax(ok))  # a leading NaN run (cut by the window): left out
     tail, ok = tail[first:], ok[first:]
     idx = np.arange(tail.size)
-    filled = np.interp(idx, idx[ok], tail[ok])
+    filled: np.ndarray = np.interp(idx, idx[ok], tail[ok])
     return filled[:-1] if next_value is not None or np.isnan(ext[-1]) else filled[: v.size - start - first]
 
 
@@ -82,7 +83,7 @@ class HistoryKeeper:
         return previous
 
     def observe_safely(
-        self, now: float, raw: Mapping[str, Mapping], meters: Mapping[str, MeterSnapshot]
+        self, now: float, raw: Mapping[str, Mapping[str, Any]], meters: Mapping[str, MeterSnapshot]
     ) -> dict[str, MeterSnapshot]:
         """:meth:`observe`; a failure is logged and the meters' history used as it is: the
         store must never stop the autoscaler."""
@@ -102,7 +103,7 @@ class HistoryKeeper:
         return int(round((t_end - grid[0]) / 60.0)) + grid[1]
 
     def observe(
-        self, now: float, raw: Mapping[str, Mapping], meters: Mapping[str, MeterSnapshot]
+        self, now: float, raw: Mapping[str, Mapping[str, Any]], meters: Mapping[str, MeterSnapshot]
     ) -> dict[str, MeterSnapshot]:
         """``meters`` (the decoded snapshots of the reports ``raw``, read at ``now``) with each
         model's history joined to the store's; its new completed minutes written. The two
@@ -153,6 +154,6 @@ class HistoryKeeper:
         nxt = float(snap.arrivals_per_min[0]) if snap.arrivals_per_min.size else None
         return fill_short_gaps(stored, self.max_gap_minutes, nxt)
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """For the loop's status: where the store is, what it refused, what was joined."""
         return {"file": str(self.store.path), "refused": list(self.store.refused), "joined_minutes": dict(self.joined)}

@@ -28,13 +28,15 @@ from autoscaler.catalogue.registry import make_policy
 from autoscaler.contract.policy import Decision, Observation, Policy
 from autoscaler.contract.setting import Setting, field_map
 from autoscaler.driving.cluster_adapter import ClusterAdapter, StateStore, capped_capacity
-from autoscaler.driving.decision_log import tick_record, write_record
+from autoscaler.driving.decision_log import Doc, tick_record, write_record
 from autoscaler.driving.driver import MeterSnapshot, apply_decision, decide, observe
 from autoscaler.driving.forecasters import set_daily, set_recurrence
 from autoscaler.driving.history import HistoryKeeper
 from autoscaler.driving.loop_config import AutoscalerConfig
 from autoscaler.driving.pipeline_meters import observe_pipelines, sync_pipeline_meters
-from autoscaler.driving.retrainer import Retrainer, retraining_on
+from autoscaler.driving.retrainer import Retrainer, loop_retrainer, swap_in
+from forecasting.base import Forecaster
+from forecasting.store import HistorySource
 
 log = logging.getLogger("faro_serve.autoscaler")
 # a model named in the config but not running (yet, or by a typo in its app/deployment) holds
@@ -61,12 +63,12 @@ class AutoscalerLoop:
         self,
         cfg: AutoscalerConfig,
         cluster: ClusterAdapter,
-        forecaster=None,
+        forecaster: Forecaster | None = None,
         clock: Callable[[], float] = time.time,
         previous: "AutoscalerLoop | None" = None,
         store: StateStore | None = None,
-        history=None,
-    ):
+        history: HistorySource | None = None,
+    ) -> None:
         self.cfg = cfg
         self.cluster = cluster
         self.clock = clock
@@ -76,31 +78,40 @@ class AutoscalerLoop:
         set_recurrence(forecaster, cfg.recurrence_share)  # as the args say
         self.policy = make_policy(cfg.policy_name(), self.models, cfg.cluster, forecaster, pipelines=cfg.pipelines)
         self.slo = {m.name: m for m in self.models}
-        self.start = previous.start if previous else clock()
+        self.start: float = previous.start if previous else clock()
         # every model's setting in force: its target replicas (starting ones included), drop
         # rate, and what a policy set of batch size, threads and variant (autoscaler.contract.setting)
         self.settings: dict[str, Setting] = (
             {n: s for n, s in previous.settings.items() if n in self.slo} if previous else {}
         )
-        self.history: deque = deque(previous.history if previous else (), maxlen=history_length(len(self.models)))
-        self.last: dict = {}
+        self.history: deque[Doc] = deque(previous.history if previous else (), maxlen=history_length(len(self.models)))
+        self.last: Doc = {}
         # shadow mode (issue 48): the setting the loop would have in force after its last
         # decision, from what ran when it decided; nothing of it reaches the cluster
         self.shadow = cfg.mode == "shadow"
         self.advice: dict[str, Setting] = (
             {n: s for n, s in previous.advice.items() if n in self.slo} if previous else {}
         )
-        self.last_plan: dict = previous.last_plan if previous else {}
+        self.last_plan: dict[str, Doc] = previous.last_plan if previous else {}
         self.ticks = 0
-        self.keeper = HistoryKeeper.carry_on(history, previous.keeper if previous else None, cfg.history_minutes())
-        self.retrainer = self._retrainer(previous)
+        self.keeper: HistoryKeeper | None = HistoryKeeper.carry_on(
+            history, previous.keeper if previous else None, cfg.history_minutes()
+        )
+        self.retrainer: Retrainer | None = loop_retrainer(
+            cfg,
+            self.keeper,
+            self.policy,
+            [m.name for m in self.models],
+            previous.retrainer if previous else None,
+            clock,
+        )
         self.restored_settings: dict[str, Setting] = {}  # saved before a restart, by model
         self.meter_errors: dict[str, str] = {}  # models whose report was refused this tick
         self._partial: tuple[list[str], Policy] | None = None  # _policy_for's last
         self.not_running: dict[str, str] = {}  # models of the config not running: why
         self._deployed_at: dict[str, float | None] = {}  # model -> when its app was deployed (last look)
         self.pipeline_meters: dict[str, MeterSnapshot] = {}  # each pipeline's ingress meter
-        self.restored: dict | None = None  # where the state came from, for the status
+        self.restored: Doc | None = None  # where the state came from, for the status
         if previous is not None:
             self._resume(previous.state(), "the previous configuration")
         elif store is not None:
@@ -112,49 +123,12 @@ class AutoscalerLoop:
             if saved:
                 self._resume(saved, "the state saved before a restart", restart=True)
 
-    def _retrainer(self, previous: "AutoscalerLoop | None") -> Retrainer | None:
-        """With an arrival store, a forecasting policy and ``retrain_every_h``: the
-        retrainer (the previous loop's over the same store and models carries on); off for a
-        forecaster the user named in the args (``retrainer.retraining_on``)."""
-        cfg = self.cfg
-        if self.keeper is None or not retraining_on(cfg) or not hasattr(self.policy, "forecaster"):
-            return None
-        old = previous.retrainer if previous is not None else None
-        names = [m.name for m in self.models]
-        holdout = max(1, round(cfg.retrain_holdout_h * 60))
-        if (
-            old is not None
-            and old.store is self.keeper.store
-            and old.models == names
-            and old.every_s == cfg.retrain_every_h * 3600
-            and old.holdout == holdout
-        ):
-            return old
-        return Retrainer(
-            self.keeper.store,
-            names,
-            cfg.retrain_every_h * 3600,
-            holdout,
-            keep=self.keeper.store.keep_minutes,
-            save_dir=cfg.history_dir,
-            clock=self.clock,
-        )
-
-    def _maybe_swap_forecaster(self) -> None:
-        """A retrained forecaster that won its held-back hours serves from this tick on."""
-        new = self.retrainer.poll(self.policy.forecaster)
-        if new is not None:
-            new.short_history = self.cfg.short_history
-            set_daily(new, self.cfg.daily)
-            set_recurrence(new, self.cfg.recurrence_share)
-            self.policy.forecaster = new
-
     @property
     def max_state_age_s(self) -> float:
         """Older saved state is stale (its timers describe another load): start afresh."""
         return max(2 * self.cfg.cluster.long_term_interval_s, 600.0)
 
-    def state(self) -> dict:
+    def state(self) -> Doc:
         """Everything a restarted loop needs to carry on, JSON-able."""
         return {
             "version": STATE_VERSION,
@@ -168,7 +142,7 @@ class AutoscalerLoop:
             "policy": self.policy.get_state(),
         }
 
-    def _resume(self, saved: dict, source: str, restart: bool = False) -> None:
+    def _resume(self, saved: Doc, source: str, restart: bool = False) -> None:
         age = self.clock() - float(saved.get("saved_at", -math.inf))
         if restart and not age <= self.max_state_age_s:
             log.info("saved autoscaler state is %.0f s old: starting afresh", age)
@@ -188,7 +162,7 @@ class AutoscalerLoop:
         self.restored = {"from": source, "saved_at": saved.get("saved_at"), "age_s": round(age, 3)}
         log.info("resumed %s from %s (%.1f s old)", self.policy.name, source, age)
 
-    def _saved_settings(self, saved: dict) -> dict[str, Setting]:
+    def _saved_settings(self, saved: Doc) -> dict[str, Setting]:
         """The saved settings (replicas aside) of the models this config still runs, each
         clamped to the model's config as it is now; a field the model no longer takes (a
         batch size after its batching was removed) is left out."""
@@ -259,11 +233,11 @@ class AutoscalerLoop:
         obs.pipelines = piped
         return obs, meters
 
-    def step(self) -> dict:
+    def step(self) -> Doc:
         """One tick: observe, decide, apply, log. Returns the tick's record."""
         now = self.clock()
         if self.retrainer is not None:
-            self._maybe_swap_forecaster()
+            swap_in(self.retrainer, self.policy, self.cfg)
         obs, meters = self._observe(now)
         self.ticks += 1
         decision = None
@@ -302,10 +276,10 @@ class AutoscalerLoop:
         model's application was last deployed (``deployed_at``; a simulated one does not)."""
         deployed = getattr(self.cluster, "deployed_at", {})
         for n in names:
-            at, seen = deployed.get(n), self._deployed_at.get(n)
-            if at is not None and seen is not None and at != seen and self.settings[n].replicas:
-                log.info("%s was redeployed: scaling it back to %d replicas", n, self.settings[n].replicas)
-                self.cluster.scale(n, self.settings[n].replicas)
+            at, seen, r = deployed.get(n), self._deployed_at.get(n), self.settings[n].replicas
+            if at is not None and seen is not None and at != seen and r:
+                log.info("%s was redeployed: scaling it back to %d replicas", n, r)
+                self.cluster.scale(n, r)
             self._deployed_at[n] = at
 
     def _enforce_bounds(self, names: list[str]) -> None:
@@ -370,13 +344,13 @@ class AutoscalerLoop:
 
     def _record(
         self, now: float, obs: Observation, decision: Decision | None, meters: dict[str, MeterSnapshot] | None = None
-    ) -> dict:
+    ) -> Doc:
         return tick_record(self, now, obs, decision, meters)
 
-    def _log(self, record: dict) -> None:
+    def _log(self, record: Doc) -> None:
         log.info("decision %s", write_record(record, self.cfg.decision_log))
 
-    def status(self) -> dict:
+    def status(self) -> Doc:
         return {
             "policy": self.policy.name,
             "objective": self.cfg.cluster.objective,

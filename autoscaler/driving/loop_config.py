@@ -113,19 +113,19 @@ class AutoscalerConfig(FaroConfig):
     )
 
     @model_validator(mode="after")
-    def _one_forecaster(self):
+    def _one_forecaster(self) -> AutoscalerConfig:
         if self.forecaster and self.forecaster_dir:
             raise ValueError("give forecaster (an import path) or forecaster_dir (a trained directory), not both")
         return self
 
     @model_validator(mode="after")
-    def _prometheus_named(self):
+    def _prometheus_named(self) -> AutoscalerConfig:
         if self.observe == "prometheus" and not self.prometheus_url:
             raise ValueError("observe: prometheus needs prometheus_url (the Prometheus that scrapes this Ray cluster)")
         return self
 
     @model_validator(mode="after")
-    def _known_short_rule(self):
+    def _known_short_rule(self) -> AutoscalerConfig:
         if self.short_history not in SHORT_RULES:
             raise ValueError(f"short_history {self.short_history!r} is unknown; choose one of {', '.join(SHORT_RULES)}")
         return self
@@ -146,7 +146,7 @@ class AutoscalerConfig(FaroConfig):
         return max(HISTORY_MINUTES, self.daily_period_minutes + 60)
 
 
-def parse_autoscaler_config(data, source: str = "faro application args") -> AutoscalerConfig:
+def parse_autoscaler_config(data: object, source: str = "faro application args") -> AutoscalerConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"invalid configuration in {source}: expected a mapping with 'cluster' and 'models'")
     try:

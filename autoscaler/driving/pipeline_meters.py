@@ -10,10 +10,12 @@ pipeline has is its entry traffic and end-to-end latency, measured where its que
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from autoscaler.contract.policy import PipelineObservation
 from autoscaler.contract.setting import Setting
+from autoscaler.driving.cluster_adapter import ClusterAdapter
 from autoscaler.driving.driver import MeterSnapshot
 from faro_serve.pipelines import PipelineSLO
 
@@ -21,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def observe_pipelines(
-    cluster, pipelines: Sequence[PipelineSLO], running: Mapping[str, int]
+    cluster: ClusterAdapter, pipelines: Sequence[PipelineSLO], running: Mapping[str, int]
 ) -> tuple[dict[str, PipelineObservation], dict[str, MeterSnapshot], dict[str, str]]:
     """Each measured pipeline's observation, its ingress meter's snapshot, and the error of
     each whose report was refused (a malformed report leaves that pipeline out, as a model's)."""
@@ -42,7 +44,9 @@ def observe_pipelines(
     return obs, snaps, errors
 
 
-def sync_pipeline_meters(cluster, pipelines: Sequence[PipelineSLO], snaps: Mapping[str, MeterSnapshot]) -> None:
+def sync_pipeline_meters(
+    cluster: ClusterAdapter, pipelines: Sequence[PipelineSLO], snaps: Mapping[str, MeterSnapshot]
+) -> None:
     """Tell each ingress meter the pipeline's SLO percentile, where it measures another."""
     for p in pipelines:
         s = snaps.get(p.name)
@@ -54,7 +58,11 @@ def sync_pipeline_meters(cluster, pipelines: Sequence[PipelineSLO], snaps: Mappi
             log.warning("cannot reach the ingress meter of pipeline %s: %s", p.name, err)
 
 
-def pipeline_records(pipelines: Sequence[PipelineSLO], observed: Mapping[str, PipelineObservation], utility) -> dict:
+def pipeline_records(
+    pipelines: Sequence[PipelineSLO],
+    observed: Mapping[str, PipelineObservation],
+    utility: Callable[[float | None, float], float | None],
+) -> dict[str, dict[str, Any]]:
     """What the status and the decision log show per pipeline: its SLO, stages, entry rate
     and measured end-to-end latency (None: not measured: no ingress meter, or no query
     completed in the look-back) with the utility of that latency (``utility(ms, slo_ms)``)."""

@@ -19,31 +19,47 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
-from autoscaler.driving.history import fill_short_gaps
+from autoscaler.contract.policy import Policy
+from autoscaler.driving.forecasters import set_daily, set_recurrence
+from autoscaler.driving.history import HistoryKeeper, fill_short_gaps
 from forecasting.base import Forecaster
+from forecasting.store import HistorySource
+
+if TYPE_CHECKING:
+    from autoscaler.driving.loop_config import AutoscalerConfig
+    from forecasting.nhits import NHitsForecaster
+    from forecasting.train import TrainConfig
 
 log = logging.getLogger("faro_serve.autoscaler")
 RETRAINED_DIR = "forecaster-retrained"
 
 
-def retraining_on(cfg) -> bool:
+def retraining_on(cfg: AutoscalerConfig) -> bool:
     """The one rule for both the loop (retrain) and the deployment (load what was retrained):
     a ``history_dir``, ``retrain_every_h`` > 0, and no forecaster named in the args
     (``forecaster`` or ``forecaster_dir``: the user's choice is kept)."""
     return bool(cfg.history_dir and cfg.retrain_every_h and not cfg.forecaster and not cfg.forecaster_dir)
 
 
+class ListedSource(HistorySource, Protocol):
+    """A history source that lists its models (``forecasting.store.ArrivalStore``)."""
+
+    def models(self) -> list[str]: ...
+
+
 def recent_history(
-    store, models: Sequence[str] | None = None, keep: int | None = None, max_gap_minutes: int = 5
+    store: HistorySource, models: Sequence[str] | None = None, keep: int | None = None, max_gap_minutes: int = 5
 ) -> dict[str, np.ndarray]:
     """Each model's (default: every stored model's) most recent ``keep`` (default: all the
     store keeps) stored minutes after its last gap longer than ``max_gap_minutes``, shorter
     gaps interpolated: the contiguous history a forecaster trains on."""
     out = {}
-    for n in store.models() if models is None else models:
+    # without ``models``, a store that lists its own (the retrainer always names them)
+    for n in cast(ListedSource, store).models() if models is None else models:
         h = fill_short_gaps(store.load(n, keep or store.keep_minutes), max_gap_minutes)
         if h.size:
             out[n] = h
@@ -60,16 +76,16 @@ class Retrainer:
 
     def __init__(
         self,
-        store,
+        store: HistorySource,
         models: Sequence[str],
         every_s: float,
         holdout: int = 120,
         keep: int = 7 * 1440,
         save_dir: str | Path | None = None,
-        config=None,
+        config: TrainConfig | None = None,
         clock: Callable[[], float] = time.time,
         max_gap_minutes: int = 5,
-    ):
+    ) -> None:
         if every_s <= 0:
             raise ValueError(f"the retrain period must be > 0 s (got {every_s})")
         self.store, self.models = store, list(models)
@@ -78,17 +94,17 @@ class Retrainer:
         self.config, self.clock, self.max_gap = config, clock, max_gap_minutes
         self.next_at = clock() + self.every_s
         self.runs = 0
-        self.swaps: list[dict] = []  # {"at", "verdict", "saved_to"}
-        self.last: dict | None = None  # the last verdict, or {"error": ...}
+        self.swaps: list[dict[str, Any]] = []  # {"at", "verdict", "saved_to"}
+        self.last: dict[str, Any] | None = None  # the last verdict, or {"error": ...}
         self._thread: threading.Thread | None = None
-        self._ready: tuple[Forecaster, dict] | None = None
+        self._ready: tuple[Forecaster, dict[str, Any]] | None = None
         self._lock = threading.Lock()
 
     def history(self) -> dict[str, np.ndarray]:
         """Every model's recent stored minutes after its last gap longer than ``max_gap``."""
         return recent_history(self.store, self.models, self.keep, self.max_gap)
 
-    def run_once(self, current: Forecaster) -> tuple[Forecaster | None, dict]:
+    def run_once(self, current: Forecaster) -> tuple[Forecaster | None, dict[str, Any]]:
         """One retrain now, in this thread: (the candidate if it should serve, the verdict)."""
         from forecasting.retrain import candidate_config, retrain
 
@@ -127,13 +143,14 @@ class Retrainer:
             self._thread.start()
         return None
 
-    def _swap(self, candidate: Forecaster, doc: dict) -> Forecaster:
+    def _swap(self, candidate: Forecaster, doc: dict[str, Any]) -> Forecaster:
         saved = None
         if self.save_dir is not None:
             try:
                 from forecasting.io import save_forecaster
 
-                saved = str(save_forecaster(candidate, self.save_dir / RETRAINED_DIR))
+                # an N-HiTS: retrain() trains with forecasting.train.train_forecaster
+                saved = str(save_forecaster(cast("NHitsForecaster", candidate), self.save_dir / RETRAINED_DIR))
             except Exception as err:  # it serves anyway; a restart goes back to the previous
                 log.warning("cannot save the retrained forecaster in %s: %s", self.save_dir, err)
         self.swaps.append({"at": doc["at"], "verdict": doc, "saved_to": saved})
@@ -145,7 +162,7 @@ class Retrainer:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         with self._lock:
             return {
                 "every_s": self.every_s,
@@ -156,3 +173,48 @@ class Retrainer:
                 "last": self.last,
                 "swaps": list(self.swaps[-5:]),
             }
+
+
+def loop_retrainer(
+    cfg: AutoscalerConfig,
+    keeper: HistoryKeeper | None,
+    policy: Policy,
+    names: list[str],
+    old: Retrainer | None,
+    clock: Callable[[], float],
+) -> Retrainer | None:
+    """The control loop's retrainer: with an arrival store, a forecasting policy and
+    ``retrain_every_h`` (off for a forecaster the user named in the args:
+    :func:`retraining_on`); ``old``, a previous loop's over the same store, models and
+    periods, carries on."""
+    if keeper is None or not retraining_on(cfg) or not hasattr(policy, "forecaster"):
+        return None
+    holdout = max(1, round(cfg.retrain_holdout_h * 60))
+    if (
+        old is not None
+        and old.store is keeper.store
+        and old.models == names
+        and old.every_s == cfg.retrain_every_h * 3600
+        and old.holdout == holdout
+    ):
+        return old
+    return Retrainer(
+        keeper.store,
+        names,
+        cfg.retrain_every_h * 3600,
+        holdout,
+        keep=keeper.store.keep_minutes,
+        save_dir=cfg.history_dir,
+        clock=clock,
+    )
+
+
+def swap_in(retrainer: Retrainer, policy: Policy, cfg: AutoscalerConfig) -> None:
+    """A retrained forecaster that won its held-back hours serves the policy from this tick
+    on, with the loop's forecasting args (the policy has a ``forecaster``: :func:`loop_retrainer`)."""
+    new = retrainer.poll(getattr(policy, "forecaster", None))
+    if new is not None:
+        setattr(new, "short_history", cfg.short_history)  # an N-HiTS's, not the Forecaster protocol's
+        set_daily(new, cfg.daily)
+        set_recurrence(new, cfg.recurrence_share)
+        setattr(policy, "forecaster", new)  # not in the Policy contract

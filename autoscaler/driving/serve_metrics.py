@@ -23,13 +23,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from faro_serve.meter_report import MeterReport, Processing
 from forecasting.prometheus import PrometheusError, contiguous_tail
-from forecasting.rayserve import HEALTHY, HTTP_LATENCY, ONGOING, PROCESSING, QUEUED, REQUESTS, query_range
-from forecasting.serve_counters import counter_minutes, export_lag_s, query
+from forecasting.rayserve import HEALTHY, HTTP_LATENCY, ONGOING, PROCESSING, QUEUED, REQUESTS
+from forecasting.serve_counters import counter_minutes, export_lag_s, query, query_range
 from forecasting.serve_history import service_time_ms
 
 # rates and latency over this window: longer than the meters' 30 s look-back, so that a
@@ -56,10 +57,10 @@ class ServeMetricsObserver:
         self._service: dict[tuple[str, str], float] = {}
         self.lag_s: float | None = None  # read from Prometheus at the first report
 
-    def _q(self, q: str, t: float) -> list:
+    def _q(self, q: str, t: float) -> list[dict[str, Any]]:
         return query(self.url, q, t, self.timeout_s)
 
-    def _by(self, result: list, label: str = "deployment") -> dict:
+    def _by(self, result: list[dict[str, Any]], label: str = "deployment") -> dict[tuple[str, str], float]:
         out = {}
         for s in result:
             m = s.get("metric", {})
@@ -92,7 +93,7 @@ class ServeMetricsObserver:
         taken out of Ray's processing time, as ``whatif`` does)."""
         by = "application, deployment"
         first = minute_start - 60.0 * (QUIET_MINUTES - 1)
-        grids = {}
+        grids: dict[tuple[str, str], dict[str, np.ndarray]] = {}
         for name, q in (
             ("n", f"sum by ({by}) (increase({PROCESSING}_count[1m]))"),
             ("ms", f"sum by ({by}) (increase({PROCESSING}_sum[1m]))"),
@@ -116,7 +117,7 @@ class ServeMetricsObserver:
 
     def reports(
         self, where: Mapping[str, tuple[str, str]], running: Mapping[str, int], percentile: Mapping[str, float]
-    ) -> dict[str, dict]:
+    ) -> dict[str, dict[str, Any]]:
         """``{model: MeterReport JSON}`` of the models in ``where`` (model -> (application,
         deployment)) that Prometheus has; raises :class:`PrometheusError` when it cannot be
         read (the tick then fails, and says so in the status)."""
@@ -129,7 +130,7 @@ class ServeMetricsObserver:
         proc = self._service
         queued = self._by(self._q(f"sum by ({by}) ({QUEUED})", now))
         ongoing = self._by(self._q(f"sum by ({by}) ({ONGOING})", now))
-        latency: dict[float, dict] = {}
+        latency: dict[float, dict[str, float]] = {}
         for pct in sorted(set(percentile.values())) + [50.0]:
             latency[pct] = {
                 k[0]: v

@@ -10,16 +10,18 @@ the next tick that does."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 
 class TickFailures:
-    def __init__(self, clock=time.time):
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self.in_a_row = 0  # consecutive failed ticks (the health check's count)
         self.failed = 0  # failed ticks since a decision was last applied
-        self.last: dict | None = None  # the newest failure: when, and the error
+        self.last: dict[str, Any] | None = None  # the newest failure: when, and the error
 
-    def ok(self, record: dict) -> None:
+    def ok(self, record: dict[str, Any]) -> None:
         """A tick that ran; one that applied a decision (``record["decision"]``) ends the
         failures."""
         self.in_a_row = 0
@@ -31,6 +33,6 @@ class TickFailures:
         self.failed += 1
         self.last = {"at": self.clock(), "error": f"{type(err).__name__}: {err}"[:500]}
 
-    def status(self) -> dict | None:
+    def status(self) -> dict[str, Any] | None:
         """``{at, error, failed, in_a_row}`` while failures are not over, else ``None``."""
         return None if self.last is None else {**self.last, "failed": self.failed, "in_a_row": self.in_a_row}
