@@ -210,3 +210,29 @@ def test_the_reactive_step_raises_a_flat_curves_batch_when_the_model_breaks_its_
     assert flat.field("batch_size") == {"m": 64} and flat.info["batch_raised"] == ["m"]
     lin = run(LINEAR)
     assert "m" not in lin.field("batch_size") and "batch_raised" not in lin.info
+
+
+def test_the_surge_gives_a_flat_curves_model_its_largest_batch_with_its_replicas():
+    """The surge rule sizes a batching model's replicas at its largest batch (service_of);
+    one serving smaller batches on a flat curve gets that batch with them, as the reactive
+    step gives it (a surge at batch 1 left it serving one at a time: the held-out day 10 of
+    docs/batching.md); a linear curve's model keeps its batch."""
+    from autoscaler import make_policy
+    from autoscaler.contract.policy import Observation
+
+    def run(batching, rate):
+        m = ModelSLO(name="m", slo_ms=100, processing_ms=10, batching=batching, max_replicas=8)
+        pol = make_policy("faro-fairsum", [m], ClusterSpec(cpus=8, replan=False))
+        quiet = np.full(20, 60.0)  # 1 req/s for the last 20 minutes
+        d = None
+        for t, lam in ((0, 1.0), (10, rate)):  # the plan at 0, then the rate jumps
+            o = _obs("m", arrival_rate=lam, arrivals_per_min=quiet, batch_size=1, processing_ms=10.0)
+            d = pol.decide(Observation(now=float(t), capacity_cpus=8, capacity_memory_gb=None, models={"m": o}))
+        return d
+
+    flat = run(FLAT, 20_000.0)
+    assert flat is not None and flat.kind == "surge" and flat.field("replicas")["m"] > 1, flat
+    assert flat.field("batch_size") == {"m": 64} and flat.info["batch_raised"] == ["m"]
+    lin = run(LINEAR, 2_000.0)
+    assert lin is not None and lin.kind == "surge" and lin.field("replicas")["m"] > 1, lin
+    assert "m" not in lin.field("batch_size") and "batch_raised" not in lin.info

@@ -76,6 +76,7 @@ TINY = {
     "daily_context",
     "ensemble_seeds",
     "forecast_bench",
+    "gpu_slices",
     "inferline_paper",
     "oracle_bounds",
     "pipeline_composition",
@@ -285,6 +286,14 @@ def test_sponge_setting(capsys):
     run("sponge_setting", "--seeds", 1, "--seconds", 10)
     out = capsys.readouterr().out
     assert "| sponge |" in out and "| static-16 |" in out
+
+
+@needs_shared
+def test_gpu_slices(tmp_path):
+    out = tmp_path / "slices.md"
+    run("gpu_slices", "--jobs", "job7", "--slices", "90-93", "--slos", "800:0.1", "--out", out)
+    row = next(line for line in out.read_text().splitlines() if line.startswith("| job7 |"))
+    assert row.startswith("| job7 | 90-93 | 800 |") and " % |" in row
 
 
 def test_inferline_paper(trace, capsys):

@@ -31,6 +31,8 @@ Every tick :meth:`FaroPolicy.decide <autoscaler.faro.hybrid.FaroPolicy.decide>` 
    ``ClusterSpec.surge``): a model whose rate jumped past what its replicas serve gets what
    it needs at once, or, when the surging models do not all fit, the **surge plan** plans
    the cluster at the rates seen now; a plan never cuts a surging model below its need.
+   The surge sizes a batching model at its largest batch, so a flat curve's model serving
+   smaller ones gets its largest with the replicas, as in 3e (issue 47).
 
 The oracle (``hybrid.OraclePolicy``) composes the same way with its re-plans and surge
 plans switched off. Everything here runs live and in the simulator alike.

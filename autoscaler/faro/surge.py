@@ -62,6 +62,7 @@ class SurgeAware(Policy):
             self, obs: Observation, samples: dict[str, np.ndarray], predictor: dict[str, str], kind: str
         ) -> Decision: ...
         def _keep_saturated(self, d: Decision, obs: Observation) -> list[str]: ...
+        def with_larger_batches(self, obs: Observation, due: list[str], d: Decision | None) -> Decision | None: ...
 
     @staticmethod
     def rate_now(o: ModelObservation) -> float:
@@ -128,13 +129,18 @@ class SurgeAware(Policy):
             for n in added
         }
         if decision is None:
-            return Decision(added, {}, "surge", {"surge": info})
-        for n, r in added.items():
-            decision.set(n, replicas=r)
-        decision.info["surge"] = info
-        if decision.kind == "reactive":
-            decision.kind = "surge"
-        return decision
+            decision = Decision(added, {}, "surge", {"surge": info})
+        else:
+            for n, r in added.items():
+                decision.set(n, replicas=r)
+            decision.info["surge"] = info
+            if decision.kind == "reactive":
+                decision.kind = "surge"
+        # the replicas were sized at the largest batch (service_of): a flat curve's model
+        # serving smaller batches gets its largest at once, as the reactive step gives it,
+        # unless this decision sets its batch already (issue 47)
+        unset = [n for n in added if decision.settings[n].batch_size is None]
+        return self.with_larger_batches(obs, unset, decision)
 
     def _hold(self, obs: Observation, models: Iterable[str]) -> None:
         for n in models:
