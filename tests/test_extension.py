@@ -185,7 +185,7 @@ def test_a_forecaster_by_import_path_reaches_the_faro_plan():
 
 
 def test_the_live_autoscaler_loads_the_forecaster_of_its_args():
-    from autoscaler.driving.forecasters import forecaster_of
+    from autoscaler.driving.loop_retraining import forecaster_of
 
     cfg = parse_autoscaler_config(faro_args(forecaster=f"{USER}:MyForecaster"))
     assert isinstance(forecaster_of(cfg)[0], my_policies.MyForecaster)

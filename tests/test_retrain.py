@@ -276,7 +276,7 @@ def test_a_read_only_store_reads_what_the_autoscaler_wrote_and_writes_nothing(tm
 
 
 def test_a_restarted_autoscaler_loads_what_it_retrained_unless_told_otherwise(tmp_path, trained):
-    from autoscaler.driving.forecasters import forecaster_of
+    from autoscaler.driving.loop_retraining import forecaster_of
 
     save_forecaster(trained[0], tmp_path / RETRAINED_DIR)
 

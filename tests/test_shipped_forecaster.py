@@ -152,7 +152,7 @@ def test_a_shipped_forecaster_that_cannot_load_leaves_the_fallback_and_says_why(
 
 
 def test_the_live_autoscaler_chooses_from_its_args():
-    from autoscaler.driving.forecasters import forecaster_of as live_choice
+    from autoscaler.driving.loop_retraining import forecaster_of as live_choice
 
     def args(**extra):
         return parse_autoscaler_config({"cluster": {"cpus": 2}, "models": [m.model_dump() for m in MODELS], **extra})

@@ -15,8 +15,7 @@ Ray-free, like every module of the policy layer.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from autoscaler.catalogue.plugins import make_forecaster
 from forecasting.base import Forecaster
@@ -25,7 +24,6 @@ from forecasting.recurrence import check_share
 from forecasting.shipped import BUILTIN_NAMES, FALLBACK, SHIPPED, default_forecaster
 
 if TYPE_CHECKING:
-    from autoscaler.driving.loop_config import AutoscalerConfig
     from forecasting.base import FallbackForecaster
     from forecasting.nhits import NHitsForecaster
 
@@ -36,7 +34,6 @@ __all__ = [
     "FALLBACK",
     "SHIPPED",
     "choose_forecaster",
-    "forecaster_of",
     "is_builtin",
     "policy_forecasts",
     "set_daily",
@@ -112,41 +109,3 @@ def choose_forecaster(
         set_recurrence(fc, recurrence)
         return fc, why
     return make_forecaster(spec), spec
-
-
-def forecaster_of(cfg: AutoscalerConfig) -> tuple[Forecaster | None, str]:
-    """``(forecaster, why)`` of the live autoscaler's args (``autoscaler.driving.loop_config.AutoscalerConfig``):
-    the forecaster of ``forecaster`` (``fallback``, ``shipped``, a plug-in name or an import
-    path) or of ``forecaster_dir``; else what the retrainer saved under ``history_dir`` (what
-    the autoscaler learnt before a restart, issue 32); else the N-HiTS shipped with faro-serve;
-    none for a built-in policy that does not forecast. One that fails to load by default
-    leaves the fallback predictor, and ``why`` (also in the status) says so."""
-    if not (cfg.forecaster or cfg.forecaster_dir or policy_forecasts(cfg.policy_name())):
-        why = f"none: {cfg.policy_name()} does not forecast"
-        log.info("forecaster: %s", why)
-        return None, why
-    retrained = retrained_dir(cfg)
-    if retrained is not None:
-        try:
-            fc, why = choose_forecaster(None, str(retrained), cfg.short_history, cfg.daily)
-            # a trained directory: load_forecaster's N-HiTS
-            why = f"{cast('NHitsForecaster', fc).name} (retrained on this cluster's traffic: {retrained})"
-            log.info("forecaster: %s", why)
-            return fc, why
-        except Exception as err:
-            log.warning("cannot load the retrained forecaster in %s: %s; using the default", retrained, err)
-    fc, why = choose_forecaster(cfg.forecaster, cfg.forecaster_dir, cfg.short_history, cfg.daily)
-    log.info("forecaster: %s", why)
-    return fc, why
-
-
-def retrained_dir(cfg: AutoscalerConfig) -> Path | None:
-    """The forecaster the retrainer saved under ``history_dir`` (``autoscaler.driving.retrainer``),
-    when the args name no other (``forecaster`` or ``forecaster_dir``) and one was saved."""
-    from autoscaler.driving.retrainer import RETRAINED_DIR, retraining_on
-
-    if not retraining_on(cfg):
-        return None
-    assert cfg.history_dir is not None  # retraining_on: there is one
-    d = Path(cfg.history_dir).expanduser() / RETRAINED_DIR
-    return d if (d / "meta.json").is_file() else None

@@ -33,8 +33,9 @@ from autoscaler.driving.driver import MeterSnapshot, apply_decision, decide, obs
 from autoscaler.driving.forecasters import set_daily, set_recurrence
 from autoscaler.driving.history import HistoryKeeper
 from autoscaler.driving.loop_config import AutoscalerConfig
+from autoscaler.driving.loop_retraining import loop_retrainer, swap_in
 from autoscaler.driving.pipeline_meters import observe_pipelines, sync_pipeline_meters
-from autoscaler.driving.retrainer import Retrainer, loop_retrainer, swap_in
+from autoscaler.driving.retrainer import Retrainer
 from forecasting.base import Forecaster
 from forecasting.store import HistorySource
 

@@ -23,9 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
-from autoscaler.contract.policy import Policy
-from autoscaler.driving.forecasters import set_daily, set_recurrence
-from autoscaler.driving.history import HistoryKeeper, fill_short_gaps
+from autoscaler.driving.history import fill_short_gaps
 from forecasting.base import Forecaster
 from forecasting.store import HistorySource
 
@@ -173,48 +171,3 @@ class Retrainer:
                 "last": self.last,
                 "swaps": list(self.swaps[-5:]),
             }
-
-
-def loop_retrainer(
-    cfg: AutoscalerConfig,
-    keeper: HistoryKeeper | None,
-    policy: Policy,
-    names: list[str],
-    old: Retrainer | None,
-    clock: Callable[[], float],
-) -> Retrainer | None:
-    """The control loop's retrainer: with an arrival store, a forecasting policy and
-    ``retrain_every_h`` (off for a forecaster the user named in the args:
-    :func:`retraining_on`); ``old``, a previous loop's over the same store, models and
-    periods, carries on."""
-    if keeper is None or not retraining_on(cfg) or not hasattr(policy, "forecaster"):
-        return None
-    holdout = max(1, round(cfg.retrain_holdout_h * 60))
-    if (
-        old is not None
-        and old.store is keeper.store
-        and old.models == names
-        and old.every_s == cfg.retrain_every_h * 3600
-        and old.holdout == holdout
-    ):
-        return old
-    return Retrainer(
-        keeper.store,
-        names,
-        cfg.retrain_every_h * 3600,
-        holdout,
-        keep=keeper.store.keep_minutes,
-        save_dir=cfg.history_dir,
-        clock=clock,
-    )
-
-
-def swap_in(retrainer: Retrainer, policy: Policy, cfg: AutoscalerConfig) -> None:
-    """A retrained forecaster that won its held-back hours serves the policy from this tick
-    on, with the loop's forecasting args (the policy has a ``forecaster``: :func:`loop_retrainer`)."""
-    new = retrainer.poll(getattr(policy, "forecaster", None))
-    if new is not None:
-        setattr(new, "short_history", cfg.short_history)  # an N-HiTS's, not the Forecaster protocol's
-        set_daily(new, cfg.daily)
-        set_recurrence(new, cfg.recurrence_share)
-        setattr(policy, "forecaster", new)  # not in the Policy contract

@@ -20,9 +20,9 @@ from fastapi.responses import HTMLResponse
 from ray import serve
 
 from autoscaler.contract.setting import Setting
-from autoscaler.driving.forecasters import forecaster_of
 from autoscaler.driving.loop import AutoscalerLoop
 from autoscaler.driving.loop_config import AutoscalerConfig, parse_autoscaler_config
+from autoscaler.driving.loop_retraining import forecaster_of
 from autoscaler.driving.tick_failures import TickFailures
 from faro_serve.resources import Capacity
 from forecasting.rayserve import dashboard_headers
