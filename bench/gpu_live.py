@@ -186,40 +186,48 @@ def live(args) -> dict:
     return out
 
 
-def simulate_both(args, tr, overhead: dict) -> dict:
-    """The simulator on the same arrivals, each policy as it ran live."""
+def sim_setup(args, run: str, overhead_ms: float):
+    """``(slo, policy, SimConfig)`` the simulator runs ``run`` with ("faro", or
+    "ray-tuned-b16": Ray tuned with ``@serve.batch(16)``), as it ran live; the proxy's
+    overhead a constant ``overhead_ms``. Also bench.gpu_slices'."""
     from autoscaler import make_policy
     from autoscaler.driving.forecasters import choose_forecaster
     from autoscaler.policies.ray_rule import RAY_TUNED_BATCH, ray_serve_policy
     from faro_serve.distributions import TimeDist
-    from faro_serve.sim.runner import SimConfig, simulate
+    from faro_serve.sim.runner import SimConfig
 
     slo, cluster = slo_and_cluster(args)
-    counts = tr.counts * args.rate_scale
+    ray = run != "faro"
+    if ray:
+        pol = ray_serve_policy(RAY_TUNED_BATCH(16), run)([slo], cluster)
+    else:
+        fc, _ = choose_forecaster(args.forecaster)
+        pol = make_policy("faro-fairsum", [slo], cluster, fc)
+    cfg = SimConfig(
+        capacity_cpus=2,
+        capacity_gpus=args.gpus,
+        cold_start_s=args.cold_start,
+        queue_limit=50,
+        queue_per_replica=RAY_TUNED_BATCH(16)["max_ongoing_requests"] if ray else 0,
+        processing=TimeDist("lognorm", (0.05, 0.0, slo.processing_ms / 1e3)),
+        router_overhead=TimeDist("const", (overhead_ms / 1e3,)),
+        client_timeout_s=60.0,
+        cancel_timed_out=not ray,
+        seed=args.seed,
+        ray_batching=ray,
+        keep_records=True,
+    )
+    return slo, pol, cfg
+
+
+def simulate_both(args, tr, overhead: dict) -> dict:
+    """The simulator on the same arrivals, each policy as it ran live."""
+    from faro_serve.sim.runner import simulate
+
     res = {}
     for run in ("faro", "ray-tuned-b16"):
-        ray = run != "faro"
-        if ray:
-            s = RAY_TUNED_BATCH(16)
-            pol = ray_serve_policy(s, run)([slo], cluster)
-        else:
-            fc, _ = choose_forecaster(args.forecaster)
-            pol = make_policy("faro-fairsum", [slo], cluster, fc)
-        cfg = SimConfig(
-            capacity_cpus=2,
-            capacity_gpus=args.gpus,
-            cold_start_s=args.cold_start,
-            queue_limit=50,
-            queue_per_replica=RAY_TUNED_BATCH(16)["max_ongoing_requests"] if ray else 0,
-            processing=TimeDist("lognorm", (0.05, 0.0, slo.processing_ms / 1e3)),
-            router_overhead=TimeDist("const", (overhead[run] / 1e3,)),
-            client_timeout_s=60.0,
-            cancel_timed_out=not ray,
-            seed=args.seed,
-            ray_batching=ray,
-            keep_records=True,
-        )
-        res[run] = simulate(counts, [slo], pol, cfg)
+        slo, pol, cfg = sim_setup(args, run, overhead[run])
+        res[run] = simulate(tr.counts * args.rate_scale, [slo], pol, cfg)
     return res
 
 

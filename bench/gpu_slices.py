@@ -4,7 +4,7 @@
 ``bench.gpu_live`` replays one fifteen-minute slice live; the simulator alone runs the same
 model (a batch of ``b`` takes 100 x the H200's ResNet50 ``l(b)``, largest batch 16, one GPU a
 replica, 4 GPUs) on the slices given, with the policy and settings of the live bench, from
-one replica at batch 1 as a fresh deployment starts. Per slice and SLO: the share of
+one replica at batch 1 as a fresh deployment starts (``gpu_live.sim_setup``). Per slice and SLO: the share of
 requests late or dropped, the lost utility, the requests dropped, and whether a surge set
 the batch. Writes a markdown table to ``--out``.
 """
@@ -21,10 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(slo_ms: float, batch_wait: float, rate: float, day: int, job: str, minutes: str, seed: int = 0) -> dict:
-    from autoscaler import make_policy
-    from autoscaler.driving.forecasters import choose_forecaster
-    from faro_serve.distributions import TimeDist
-    from faro_serve.sim.runner import SimConfig, simulate
+    from faro_serve.sim.runner import simulate
 
     args = argparse.Namespace(
         day=day,
@@ -36,12 +33,12 @@ def run(slo_ms: float, batch_wait: float, rate: float, day: int, job: str, minut
         gpus=4,
         plan_every=60.0,
         cold_start=10.0,
+        forecaster="fallback",
         seed=seed,
     )
     tr, _ = gpu_live.schedule(args)
-    slo, cluster = gpu_live.slo_and_cluster(args)
-    fc, _ = choose_forecaster("fallback")
-    pol = make_policy("faro-fairsum", [slo], cluster, fc)
+    # Faro as bench.gpu_live simulates it, the proxy's overhead that bench's measured 13 ms
+    slo, pol, cfg = gpu_live.sim_setup(args, "faro", 13.0)
     surges: list[int | None] = []
     decide = pol.decide
 
@@ -52,17 +49,6 @@ def run(slo_ms: float, batch_wait: float, rate: float, day: int, job: str, minut
         return d
 
     pol.decide = logged  # type: ignore[method-assign]
-    cfg = SimConfig(
-        capacity_cpus=2,
-        capacity_gpus=4,
-        cold_start_s=10.0,
-        queue_limit=50,
-        processing=TimeDist("lognorm", (0.05, 0.0, slo.processing_ms / 1e3)),
-        router_overhead=TimeDist("const", (0.013,)),  # the live bench's measured lone-request overhead
-        client_timeout_s=60.0,
-        cancel_timed_out=True,
-        seed=seed,
-    )
     s = simulate(tr.counts * rate, [slo], pol, cfg).summary
     return {
         "violations": float(s.cluster_slo_violation_rate),
