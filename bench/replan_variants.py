@@ -28,3 +28,6 @@ plain = _variant("faro-fairsum-plain", replan=False, moves=False)
 replan = _variant("faro-fairsum-replan", replan=True, moves=False)
 moves = _variant("faro-fairsum-moves", replan=False, moves=True)
 both = _variant("faro-fairsum-both", replan=True, moves=True)
+# issue 48: a re-plan of the triggering models' groups (the default) against the whole cluster
+groups = _variant("faro-fairsum-replan-groups", replan_scope="groups")
+cluster = _variant("faro-fairsum-replan-cluster", replan_scope="cluster")

@@ -86,14 +86,17 @@ def detect_period(history: np.ndarray, rc: Recurrence) -> int | None:
 
 
 def _strongest_peak(acf: np.ndarray, max_lag: int, rc: Recurrence) -> int | None:
-    best, best_acf = None, rc.min_acf
-    for lag in range(rc.min_lag, max_lag + 1):
-        a = acf[lag]
-        if a < best_acf or a < acf[lag - 1] or a < acf[lag + 1]:
-            continue
-        if a - acf[1:lag].min() >= rc.dip:
-            best, best_acf = lag, a
-    return best
+    """The lag in ``min_lag..max_lag`` of the highest local peak of ``acf`` that reaches
+    ``min_acf`` and rises ``dip`` above every shorter lag's; of equal peaks the longest lag.
+    (Array-wise: it runs for every model at every plan, 180 lags each.)"""
+    lags = np.arange(rc.min_lag, max_lag + 1)
+    a = acf[lags]
+    below = np.minimum.accumulate(acf[1 : max_lag + 1])  # below[j]: min(acf[1 : j + 2])
+    ok = (a >= rc.min_acf) & (a >= acf[lags - 1]) & (a >= acf[lags + 1]) & (a - below[lags - 2] >= rc.dip)
+    if not ok.any():
+        return None
+    peaks = a[ok]
+    return int(lags[ok][np.flatnonzero(peaks == peaks.max())[-1]])
 
 
 def recurring_path(history: np.ndarray, period: int, horizon: int, jitter: int) -> np.ndarray:

@@ -62,7 +62,8 @@ def fit_capacity(
     """Give replicas back until ``decision`` fits every resource (CPUs, memory, GPUs, custom):
     the largest increase first, then, with none left, the deepest cut goes one further
     (never a model in ``keep``)."""
-    tgt = {n: decision.replicas.get(n, o.target_replicas) for n, o in obs.models.items()}
+    planned = decision.replicas  # (a fresh mapping per read: read once)
+    tgt = {n: planned.get(n, o.target_replicas) for n, o in obs.models.items()}
     dem = {n: demand(slo[n]) for n in tgt}
     while not obs.capacity.fits(usage(tgt, dem)):
         ups = [(tgt[n] - obs.models[n].target_replicas, n) for n in tgt if tgt[n] > obs.models[n].target_replicas]

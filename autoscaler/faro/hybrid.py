@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,7 @@ from autoscaler.contract.policy import Decision, ModelPlan, Observation, Policy
 from autoscaler.faro import composition
 from autoscaler.faro.guard import heavy_overload, keep_saturated
 from autoscaler.faro.pipeline_aware import PipelineAware
-from autoscaler.faro.replan import band_of, prune_changes, relevel, surprise
+from autoscaler.faro.replan import band_of, bands_of, prune_changes, relevel, replan_scope, scoped_capacity, surprise
 from autoscaler.faro.surge import SurgeAware
 from autoscaler.policies.common import Timers, fallback_for, faro_policy_name, forecast_or_fallback
 from autoscaler.policies.service import Service, service_of
@@ -127,22 +128,33 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         """The batching models' batch curves as the plan weighs them."""
         return {n: s.shape for n, s in self.services(obs).items() if s.shape is not None}
 
-    def _plan(self, obs: Observation, samples: dict[str, np.ndarray], predictor: dict[str, str], kind: str) -> Decision:
-        """Plan every model at once for the window from ``samples`` (req/s, samples x steps)."""
-        svcs = self.services(obs)
+    def _plan(
+        self,
+        obs: Observation,
+        samples: dict[str, np.ndarray],
+        predictor: dict[str, str],
+        kind: str,
+        models: Sequence[ModelSLO] | None = None,
+        cluster: ClusterSpec | None = None,
+    ) -> Decision:
+        """Plan every model at once for the window from ``samples`` (req/s, samples x steps);
+        ``models``: only these (a re-plan's scope, ``obs`` its own, ``cluster`` its spec),
+        the others' bands kept."""
+        models = self.models if models is None else list(models)
+        svcs = {m.name: service_of(m, obs.models[m.name]) for m in models}
         procs = {n: s.processing_ms for n, s in svcs.items()}
         current = {n: o.target_replicas for n, o in obs.models.items()}
         alloc = plan(
-            self.models,
+            models,
             samples,
             current,
-            self.cluster,
+            self.cluster if cluster is None else cluster,
             processing_ms=procs,
             capacity=obs.capacity,
             pipelines=self.pipelines,
             batch_shapes={n: s.shape for n, s in svcs.items() if s.shape is not None},
         )
-        self.band = {n: band_of(samples[n]) for n in samples}
+        self.band = bands_of(samples) if len(models) == len(self.models) else {**self.band, **bands_of(samples)}
         info = {
             "objective": alloc.objective,
             "objective_value": round(alloc.objective_value, 6),
@@ -276,6 +288,20 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
         if not why:
             return None
         band_before = dict(self.band)
+        scoped = None if self.pipelines else replan_scope(self.models, c, set(why))
+        scope, spec = (None, None) if scoped is None else scoped
+        models = self.models if scope is None else [self.slo[n] for n in scope]
+        full = obs
+        if scope is not None:  # only the triggering models' groups, in what they hold and what is free
+            current = {n: o.target_replicas for n, o in obs.models.items()}
+            cap = scoped_capacity(self.models, c, obs.capacity, current, set(scope))
+            obs = replace(
+                obs,
+                models={n: obs.models[n] for n in scope},
+                capacity=cap,
+                capacity_cpus=cap.cpus,
+                capacity_memory_gb=cap.memory_gb,
+            )
         # a seed of its own: the long-term plans draw the same samples with re-plans or not
         samples, predictor = self.forecast_samples(obs, seed=REPLAN_SEED + int(obs.now))
         for n, w in why.items():
@@ -286,20 +312,21 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
                 rate = max(rate + obs.models[n].queue_length / 60.0, float(np.median(samples[n])))
             samples[n] = relevel(samples[n], rate)
             predictor[n] = f"{predictor.get(n, '?')} (re-levelled to {rate:.3f} req/s)"
-        d = self._plan(obs, samples, predictor, "replan")
-        saturated = self._keep_saturated(d, obs)
+        d = self._plan(obs, samples, predictor, "replan", models, spec)
+        saturated = self._keep_saturated(d, full)
         current = {n: o.target_replicas for n, o in obs.models.items()}
+        svcs = {m.name: service_of(m, obs.models[m.name]) for m in models}
         kept, gain = prune_changes(
-            self.models,
+            models,
             c,
             samples,
             current,
             d.replicas,
-            self._procs(obs),
+            {n: s.processing_ms for n, s in svcs.items()},
             set(why),
             c.replan_min_gain,
             obs.capacity,
-            self._shapes(obs),
+            {n: s.shape for n, s in svcs.items() if s.shape is not None},
         )
         if kept == current or gain < c.replan_min_gain:
             # nothing worth doing at these rates: they become the triggering models' band (a
@@ -307,19 +334,23 @@ class FaroPolicy(SurgeAware, PipelineAware, Policy):
             self.band = {**band_before, **{n: band_of(samples[n]) for n in why}}
             return None
         self.last_replan = obs.now
-        undone = sorted(n for n in kept if kept[n] != d.replicas[n])
+        planned = d.replicas  # (a fresh mapping per read: read once)
+        undone = sorted(n for n in kept if kept[n] != planned[n])
         for n in undone:
             d.set(n, replicas=kept[n])
             d.info["models"][n]["replicas"] = kept[n]
         d.info["replan"] = {"trigger": why, "gain": round(gain, 4), "undone": undone, "kept_saturated": saturated}
+        if scope is not None:
+            d.info["replan"]["scope"] = {"models": len(scope), "of": len(self.models)}
         self.violating.since.clear()
         return d
 
     def _keep_saturated(self, d: Decision, obs: Observation) -> list[str]:
         """:func:`guard.keep_saturated` on a re-plan or surge plan, its log kept in step."""
         kept = keep_saturated(d, obs, self.slo)
+        planned = d.replicas
         for n in d.info.get("models", {}):
-            d.info["models"][n]["replicas"] = d.replicas.get(n, obs.models[n].target_replicas)
+            d.info["models"][n]["replicas"] = planned.get(n, obs.models[n].target_replicas)
         return kept
 
 

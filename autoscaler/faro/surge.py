@@ -21,7 +21,7 @@ A mixin of :class:`~autoscaler.faro.hybrid.FaroPolicy`: the same code live and i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from autoscaler.contract.policy import STARTUP_MINUTES, Decision, ModelObservation, Observation, Policy, grant_in_order
@@ -32,6 +32,8 @@ from autoscaler.policies.service import service_of
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from faro_serve.config import ClusterSpec, ModelSLO
 
 SURGE_PLAN_SEED = 2_000_003  # surge plans' forecasts draw from seeds of their own
 
@@ -59,7 +61,13 @@ class SurgeAware(Policy):
             self, obs: Observation, seed: int | None = None
         ) -> tuple[dict[str, np.ndarray], dict[str, str]]: ...
         def _plan(
-            self, obs: Observation, samples: dict[str, np.ndarray], predictor: dict[str, str], kind: str
+            self,
+            obs: Observation,
+            samples: dict[str, np.ndarray],
+            predictor: dict[str, str],
+            kind: str,
+            models: Sequence[ModelSLO] | None = None,
+            cluster: ClusterSpec | None = None,
         ) -> Decision: ...
         def _keep_saturated(self, d: Decision, obs: Observation) -> list[str]: ...
         def with_larger_batches(self, obs: Observation, due: list[str], d: Decision | None) -> Decision | None: ...
@@ -88,14 +96,17 @@ class SurgeAware(Policy):
             rate = self.rate_now(o)
             if rate <= 0:
                 continue
-            svc = service_of(m, o)  # one at a time, k at once or in batches (service.py)
-            target = o.target_replicas if targets is None else targets.get(n, o.target_replicas)
-            served = svc.max_rate(max(target, 1), self.cluster)
             # a surge is a change: a model the plan keeps short on purpose in an overloaded
             # cluster is not surging (its rate was already there a minute ago); a new model
             # has no minute before, so any excess over what it has is one
             before = float(o.arrivals_per_min[-1]) / 60.0 if len(o.arrivals_per_min) else 0.0
-            if is_new(o) and self.cluster.surge_new:
+            new = is_new(o) and self.cluster.surge_new
+            if not new and rate < self.cluster.surge_factor * before:
+                continue  # no surge whatever its replicas serve (most models, most ticks)
+            svc = service_of(m, o)  # one at a time, k at once or in batches (service.py)
+            target = o.target_replicas if targets is None else targets.get(n, o.target_replicas)
+            served = svc.max_rate(max(target, 1), self.cluster)
+            if new:
                 if rate <= served:
                     continue
             elif rate < self.cluster.surge_factor * max(served, before):
@@ -183,13 +194,9 @@ class SurgeAware(Policy):
         self.last_replan = obs.now
         current = {n: o.target_replicas for n, o in obs.models.items()}
         self._hold(obs, [n for n, r in d.replicas.items() if r > current.get(n, r)])
+        planned = d.replicas
         d.info["surge"] = {
-            n: {
-                "rate_rps": round(levels[n], 3),
-                "need": need[n],
-                "from": current[n],
-                "to": d.replicas.get(n, current[n]),
-            }
+            n: {"rate_rps": round(levels[n], 3), "need": need[n], "from": current[n], "to": planned.get(n, current[n])}
             for n in need
         }
         d.info["surge_plan"] = {

@@ -156,6 +156,23 @@ def group_budgets(top: Problem, gx: np.ndarray) -> np.ndarray:
     return cast(np.ndarray, mins + np.maximum(top.caps - mins.sum(axis=0), 0.0)[None, :] * share[:, None])
 
 
+def random_groups(n: int, n_groups: int, rng: np.random.Generator) -> list[list[int]]:
+    """The paper's random groups (section 3.4) of jobs ``0..n-1``: ``n_groups`` of them,
+    sizes within one, each sorted. :func:`model_groups` gives a cluster's own."""
+    order = rng.permutation(n)
+    return [sorted(order[k::n_groups].tolist()) for k in range(n_groups)]
+
+
+def model_groups(n: int, cluster: ClusterSpec) -> list[list[int]]:
+    """The top-level groups the planner solves ``n`` models (jobs) in, in model order:
+    what :func:`solve_grouped` draws first (one group below ``ClusterSpec.groups``' 50).
+    A re-plan that plans only some groups (``ClusterSpec.replan_scope``) reads them here."""
+    g = cluster.resolved_groups(n)
+    if g <= 1:
+        return [list(range(n))]
+    return random_groups(n, g, np.random.default_rng(cluster.seed))
+
+
 def solve_grouped(
     full: Problem,
     n_groups: int,
@@ -187,8 +204,7 @@ def solve_grouped(
         groups = full.unit_groups(n_groups, rng)
         n_groups = len(groups)
     else:
-        order = rng.permutation(n)
-        groups = [sorted(order[k::n_groups].tolist()) for k in range(n_groups)]
+        groups = random_groups(n, n_groups, rng)
     gamma = float(n_groups) if cluster.gamma is None else cluster.gamma
     top = make([group_job([jobs[i] for i in g], k) for k, g in enumerate(groups)], cluster, cap, gamma)
     gx, _, evals = deadline.solve(top, cluster.solver)
