@@ -33,7 +33,9 @@ def demand(model) -> dict[str, float]:
     out = {CPU: float(model.cpus), MEMORY: float(model.memory_gb)}
     if getattr(model, "gpus", 0):
         out[GPU] = float(model.gpus)
-    out.update({k: float(v) for k, v in (getattr(model, "resources", None) or {}).items() if v})
+    resources = getattr(model, "resources", None)
+    if resources:  # most models name none (this runs per model at every grant)
+        out.update({k: float(v) for k, v in resources.items() if v})
     return out
 
 

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -107,6 +107,37 @@ class MeterSnapshot:
     told: Setting | None = None  # the setting the meter was told and enforces (live only)
 
     @classmethod
+    def quick(
+        cls,
+        arrivals_per_min: np.ndarray,
+        arrival_rate: float = 0.0,
+        latency_ms: float | None = None,
+        processing_ms: float | None = None,
+        queue_length: float = 0.0,
+        mean_in_flight: float = 0.0,
+        queued_ages_s: np.ndarray | None = None,
+        batch_size: int | None = None,
+    ) -> "MeterSnapshot":
+        """``MeterSnapshot(...)`` of the fields a simulated meter reports (the others at their
+        defaults): the same snapshot, its fields in the same order, in a fraction of the
+        time. The simulator builds one per model per tick, and a frozen dataclass's
+        ``__init__`` sets its fields one ``object.__setattr__`` at a time."""
+        snap = object.__new__(cls)
+        own = {
+            **_SNAPSHOT_DEFAULTS,
+            "arrivals_per_min": arrivals_per_min,
+            "arrival_rate": arrival_rate,
+            "latency_ms": latency_ms,
+            "processing_ms": processing_ms,
+            "queue_length": queue_length,
+            "mean_in_flight": mean_in_flight,
+            "queued_ages_s": queued_ages_s,
+            "batch_size": batch_size,
+        }
+        object.__setattr__(snap, "__dict__", own)
+        return snap
+
+    @classmethod
     def from_meter(
         cls,
         meter: Mapping[str, Any],
@@ -171,6 +202,30 @@ class MeterSnapshot:
         return self.percentile == percentile and all(getattr(told, f) == v for f, v in want.set_fields().items())
 
 
+# the fields of a ModelObservation in the order observe() passes them (checked below)
+_OBSERVATION_FIELDS = (
+    "name",
+    "replicas",
+    "target_replicas",
+    "arrivals_per_min",
+    "arrival_rate",
+    "latency_ms",
+    "processing_ms",
+    "queue_length",
+    "ongoing_per_replica",
+    "drop_rate",
+    "queued_budgets_s",
+    "threads",
+    "batch_size",
+    "mean_batch",
+    "batch_times",
+)
+if tuple(f.name for f in fields(ModelObservation)) != _OBSERVATION_FIELDS:  # a field added or moved
+    raise ImportError("autoscaler.driving.driver.observe passes ModelObservation's fields out of order")
+# every field of a snapshot at its default, in their order (MeterSnapshot.quick)
+_SNAPSHOT_DEFAULTS = {f.name: None if f.default is MISSING else f.default for f in fields(MeterSnapshot)}
+
+
 def observe(
     now: float,
     capacity_cpus: float | Capacity,
@@ -196,23 +251,25 @@ def observe(
         budgets = None
         if s.queued_ages_s is not None and slo_s is not None and n in slo_s:
             budgets = np.sort(float(slo_s[n]) - s.queued_ages_s)
-        held = settings[n]
+        held, r = settings[n], int(running[n])
+        # positional, in the order of _OBSERVATION_FIELDS: a third of the time of keywords
+        # (the simulator builds one per model per tick)
         models[n] = ModelObservation(
-            name=n,
-            replicas=int(running[n]),
-            target_replicas=_held(held, n),
-            arrivals_per_min=s.arrivals_per_min,
-            arrival_rate=s.arrival_rate,
-            latency_ms=s.latency_ms,
-            processing_ms=s.processing_ms,
-            queue_length=s.queue_length,
-            ongoing_per_replica=s.mean_in_flight / max(int(running[n]), 1),
-            drop_rate=float(held.drop_rate or 0.0),
-            queued_budgets_s=budgets,
-            threads=int(s.threads or 1),
-            batch_size=int(s.batch_size or 1),
-            mean_batch=s.mean_batch,
-            batch_times=s.batch_times,
+            n,
+            r,
+            _held(held, n),
+            s.arrivals_per_min,
+            s.arrival_rate,
+            s.latency_ms,
+            s.processing_ms,
+            s.queue_length,
+            s.mean_in_flight / max(r, 1),  # ongoing_per_replica
+            float(held.drop_rate or 0.0),
+            budgets,
+            int(s.threads or 1),
+            int(s.batch_size or 1),
+            s.mean_batch,
+            s.batch_times,
         )
     cap = as_capacity(capacity_cpus, capacity_memory_gb)
     return Observation(

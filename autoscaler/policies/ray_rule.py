@@ -9,6 +9,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from autoscaler.contract.policy import Decision, Observation, Policy, grant_in_order
@@ -198,18 +199,17 @@ class RayServePolicy(Policy):
             self.tick_s = min([float(self.tick_s), *own_intervals])
         return rules
 
-    def _scaled(self, n: str, desired: float, running: int) -> int:
+    def _scaled(self, rule: _Rule, desired: float, running: int) -> int:
         if running == 0:
             return math.ceil(desired)
         delta = desired - running
-        rule = self.rules[n]
         factor = rule.upscaling_factor if delta > 0 else rule.downscaling_factor
         scaled = math.ceil(running + factor * delta)
         if math.ceil(desired) < running and scaled == running:
             scaled -= 1
         return scaled
 
-    def _delay(self, n: str, desired: int, now: float) -> int:
+    def _delay(self, n: str, rule: _Rule, desired: int, now: float) -> int:
         """Ray's ``_apply_delay_logic``: counter sign = direction, timestamp = first wish."""
         cur = self.ray_target[n]
         decision = cur
@@ -219,7 +219,7 @@ class RayServePolicy(Policy):
                 counter, stamp = 0, None
             counter += 1
             stamp = now if stamp is None else stamp
-            if now - stamp + 1e-6 >= self.rules[n].upscale_delay_s:
+            if now - stamp + 1e-6 >= rule.upscale_delay_s:
                 counter, stamp, decision = 0, None, desired
         elif desired < cur:
             if counter > 0:
@@ -227,7 +227,7 @@ class RayServePolicy(Policy):
             counter -= 1
             desired = max(1, desired)
             stamp = now if stamp is None else stamp
-            if now - stamp + 1e-6 >= self.rules[n].downscale_delay_s:
+            if now - stamp + 1e-6 >= rule.downscale_delay_s:
                 counter, stamp, decision = 0, None, desired
         else:
             counter, stamp = 0, None
@@ -236,24 +236,34 @@ class RayServePolicy(Policy):
 
     def decide(self, obs: Observation) -> Decision | None:
         now = obs.now
+        # this loop runs per model per tick: names looked up once
+        seen, rules, samples, ray_target, value = obs.models, self.rules, self.samples, self.ray_target, itemgetter(1)
+        pending, counter, stamp = self.pending_since, self.counter, self.stamp
         for m in self.models:
-            o, rule = obs.models[m.name], self.rules[m.name]
-            self.ray_target.setdefault(m.name, o.target_replicas)
-            q = self.samples[m.name]
-            if not q or rule.metrics_interval_s is None or now - q[-1][0] + 1e-6 >= rule.metrics_interval_s:
+            n = m.name
+            o, rule = seen[n], rules[n]
+            cur = ray_target.setdefault(n, o.target_replicas)
+            q = samples[n]
+            every = rule.metrics_interval_s
+            if not q or every is None or now - q[-1][0] + 1e-6 >= every:
                 q.append((now, o.ongoing_per_replica * o.replicas))
-            while len(q) > 1 and q[0][0] <= now - rule.look_back_period_s:
+            oldest = now - rule.look_back_period_s
+            while len(q) > 1 and q[0][0] <= oldest:
                 q.popleft()
-            total = sum(v for _, v in q) / len(q)
+            total = sum(map(value, q)) / len(q)  # the samples' values in order, as a generator would
             running = o.replicas
-            desired = self.ray_target[m.name] if running == 0 else total / rule.target_ongoing_requests
-            final = self._delay(m.name, max(0, self._scaled(m.name, desired, running)), now)
-            self.ray_target[m.name] = m.clamp(final)
-        for m in self.models:  # Ray's target above what runs = pending replicas
-            if self.ray_target[m.name] > obs.models[m.name].target_replicas:
-                self.pending_since.setdefault(m.name, now)
+            desired = cur if running == 0 else total / rule.target_ongoing_requests
+            wish = max(0, self._scaled(rule, desired, running))
+            if wish == cur:  # no change wished: what _delay does then, without the call
+                counter[n], stamp[n] = 0, None
+                final = wish
             else:
-                self.pending_since.pop(m.name, None)
+                final = self._delay(n, rule, wish, now)
+            ray_target[n] = target = m.clamp(final)
+            if target > o.target_replicas:  # Ray's target above what runs = pending replicas
+                pending.setdefault(n, now)
+            else:
+                pending.pop(n, None)
         # Replicas already pending when CPUs free up take them in turn; a new wish takes
         # what is free at once, first come first served (Ray starts a replica as soon as its
         # request finds room). Both as seen live (docs/compare.md).

@@ -86,6 +86,11 @@ class ModelState:
         self.ready_at = np.zeros(1)
         self.busy_until = np.full(self.k, -np.inf)
         self.free_at = np.zeros(self.k)
+        # caches of the replica arrays, kept by scale_to and run (both run per model per tick):
+        # when the last replica is ready (from then on every replica serves) and the end of the
+        # last request in service (None: not known since the kernel last started requests)
+        self.all_ready_at = 0.0
+        self.busy_end: float | None = -np.inf
         self.drop_rate = 0.0
         # global index of the queue head at each of the last ticks (look-back range)
         self.heads: deque[int] = deque([0], maxlen=look_back_ticks + 2)
@@ -99,6 +104,8 @@ class ModelState:
         return int(self.ready_at.size)
 
     def serving(self, now: float) -> int:
+        if now >= self.all_ready_at:  # every replica is past its cold start
+            return int(self.ready_at.size)
         return int(np.count_nonzero(self.ready_at <= now))
 
     def scale_to(self, n: int, now: float, cold_start_s: float) -> None:
@@ -122,6 +129,8 @@ class ModelState:
             self.ready_at = self.ready_at[keep]
             self.busy_until = self.busy_until[slots]
             self.free_at = self.free_at[slots]
+        self.all_ready_at = float(self.ready_at.max()) if self.ready_at.size else -np.inf
+        self.busy_end = None
 
     def switch_variant(self, now: float, scale: float, shape: np.ndarray | None, load_s: float) -> None:
         """Serve another variant (its processing time ``scale`` x the drawn one, its batch
@@ -160,6 +169,14 @@ class ModelState:
         return self.base + int(pos)
 
     def run(self, t0: float, t1: float) -> None:
+        if self.nq == 0 and (self.nxt >= self.arr.size or self.arr[self.nxt] >= t1):
+            # nothing waits and nothing arrives before t1: the kernel would only add the time
+            # the requests in service still take, which is none once the last has ended
+            if self.busy_end is None:
+                self.busy_end = float(self.busy_until.max()) if self.busy_until.size else -np.inf
+            if self.busy_end <= t0:
+                return
+        self.busy_end = None  # the kernel may start requests
         # the waiting room at t0: the router's limit plus what the serving replicas hold
         limit = self.limit + self.per_replica * self.serving(t0) if self.per_replica else self.limit
         out = advance(

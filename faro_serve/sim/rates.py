@@ -12,6 +12,9 @@ unchanged.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
 
 from ..measures import ARRIVAL_RATE_S
 
@@ -23,18 +26,56 @@ class TickRates:
 
     def __init__(self, window_s: float = ARRIVAL_RATE_S):
         self.window_s = float(window_s)
-        self._ticks: dict[str, deque] = {}
+        # per key, the ticks' lengths and their counts, oldest first: two deques that the
+        # builtin sum adds in the same order as a sum over (length, count) pairs would, but
+        # at C speed (this runs per model per tick)
+        self._ticks: dict[str, tuple[deque, deque]] = {}
+        self._groups: dict[str, tuple[deque, deque]] = {}  # rates(): lengths, count vectors
 
     def rate(self, key: str, dt: float, n: float) -> float:
         """Add a tick of ``dt`` seconds with ``n`` arrivals; the rate it makes."""
         if dt <= 0:
             return 0.0
         if dt >= self.window_s - 1e-9:
-            self._ticks[key] = deque([(dt, n)])
+            self._ticks[key] = (deque([dt]), deque([n]))
             return n / dt
-        ticks = self._ticks.setdefault(key, deque())
-        ticks.append((dt, n))
-        span = sum(d for d, _ in ticks)
-        while span - ticks[0][0] >= self.window_s - 1e-9:
-            span -= ticks.popleft()[0]
-        return sum(c for _, c in ticks) / max(span, self.window_s)
+        ticks = self._ticks.get(key)
+        if ticks is None:
+            ticks = self._ticks[key] = (deque(), deque())
+        lengths, counts = ticks
+        lengths.append(dt)
+        counts.append(n)
+        span = sum(lengths)
+        edge = self.window_s - 1e-9
+        while span - lengths[0] >= edge:
+            span -= lengths.popleft()
+            counts.popleft()
+        return sum(counts) / max(span, self.window_s)
+
+    def rates(self, group: str, dt: float, counts: Sequence[int]) -> list[float]:
+        """``rate(key, dt, n)`` of every key of a ``group`` that always ticks together (a
+        run's models), in one pass: the group's tick lengths once, and per tick the vector
+        of its counts. The very same floats, as counts are whole numbers, whose sums are
+        exact in any order (and a whole number over a float divides as in Python)."""
+        c = np.asarray(counts)
+        if c.size == 0:
+            c = c.astype(np.int64)
+        if c.dtype.kind not in "iu":
+            raise TypeError(f"counts must be whole numbers (got {c.dtype})")
+        if dt <= 0:
+            return [0.0] * c.size
+        if dt >= self.window_s - 1e-9:
+            self._groups[group] = (deque([dt]), deque([c]))
+            return (c / dt).tolist()
+        ticks = self._groups.get(group)
+        if ticks is None:
+            ticks = self._groups[group] = (deque(), deque())
+        lengths, vectors = ticks
+        lengths.append(dt)
+        vectors.append(c)
+        span = sum(lengths)
+        edge = self.window_s - 1e-9
+        while span - lengths[0] >= edge:
+            span -= lengths.popleft()
+            vectors.popleft()
+        return (sum(vectors) / max(span, self.window_s)).tolist()

@@ -77,7 +77,8 @@ def simulate(
     minute_starts = 60.0 * np.arange(run.n_min)
     extra = [] if cfg.max_step_s is None else [np.arange(0.0, run.end, cfg.max_step_s)]
     t_prev = 0.0
-    for t in np.unique(np.concatenate([minute_starts, run.tick_times, [run.end], *extra])):
+    # (as Python floats: the kernels take them faster than numpy's)
+    for t in np.unique(np.concatenate([minute_starts, run.tick_times, [run.end], *extra])).tolist():
         if t > t_prev:
             run.advance(t_prev, t)
             t_prev = t
@@ -166,6 +167,11 @@ class _Run:
                 if m.batching is not None:
                     self.states[m.name].batch = m.batching.max_batch_size
         self.singles = list(self.states.values())[: self.n_single]
+        # what tick() reads of each model, looked up once: (name, state, whether it batches,
+        # its SLO percentile)
+        self.per_model = [
+            (n, s, self.spec[n].batching is not None, self.spec[n].percentile) for n, s in self.states.items()
+        ]
         for s, r in zip(self.states.values(), init):
             s.scale_to(r, 0.0, 0.0)
         # every model's setting in force (autoscaler.contract.setting); models with variants start
@@ -199,13 +205,14 @@ class _Run:
         self.end = 60.0 * self.n_min
         self.tick_times = np.arange(int(math.ceil(self.end / tick))) * tick
         self.targets_log = np.zeros((len(self.tick_times), len(self.models)), dtype=np.int32)
+        self.targets_now = [s.target for s in self.states.values()]  # changed only by tick()'s decisions
         self.serving_log = np.zeros_like(self.targets_log)
         self.kinds: dict[str, int] = {}
         self.table = MinuteTable.empty(self.names, self.n_min)
         self.rec_parts: list[tuple] = []
         self.last_tick_t = 0.0
         self.open_minute = 0  # the minute whose arrivals open_count holds (with_open_minute)
-        self.open_count = np.zeros(len(self.models))
+        self.open_count = [0.0] * len(self.models)
         self.k_tick = 0
         self.m_next = 0
         self.pipes: PipelineSet | None = None
@@ -254,37 +261,43 @@ class _Run:
         # middle lies in; ticks divide minutes)
         tick_minute = int((t - dt / 2) // 60.0)
         if tick_minute != self.open_minute:
-            self.open_minute, self.open_count[:] = tick_minute, 0.0
-        for i, (n, s) in enumerate(self.states.items()):
-            s.loaded(t)
+            self.open_minute, self.open_count = tick_minute, [0.0] * len(self.models)
+        # the loop below runs per model per tick: what it reads of self is looked up once
+        look_back, completed = self.cfg.look_back_s, self.history[:, : self.n_warm + minute_now]
+        open_count, open_now, elapsed = self.open_count, self.open_minute == minute_now, t - 60.0 * minute_now
+        pipes, n_single = self.pipes, self.n_single
+        # every model's arrival rate at once (they tick together), before end_tick clears
+        # the tick's arrivals
+        rates = self.rates.rates("models", dt, [s.tick_arrivals for _, s, _, _ in self.per_model])
+        serving = []
+        for i, (n, s, batches, percentile) in enumerate(self.per_model):
+            if s.pending is not None:  # a variant loading: it may take over now
+                s.loaded(t)
             n_arr, _, area = s.end_tick()
-            self.open_count[i] += n_arr
-            running[n] = self.serving_log[self.k_tick, i] = s.serving(t)
-            lat, proc, _ = s.observe(t, self.cfg.look_back_s, self.spec[n].percentile)
-            snaps[n] = MeterSnapshot(
+            open_count[i] += n_arr
+            running[n] = r = s.serving(t)
+            serving.append(r)
+            lat, proc, _ = s.observe(t, look_back, percentile)
+            snaps[n] = MeterSnapshot.quick(
                 arrivals_per_min=(
-                    with_open_minute(
-                        self.history[i, : self.n_warm + minute_now],
-                        self.open_count[i] if self.open_minute == minute_now else 0.0,
-                        t - 60.0 * minute_now,
-                    )
-                    if self.pipes is None or i < self.n_single
-                    else self.pipes.stage_history(n, minute_now)
+                    with_open_minute(completed[i], open_count[i] if open_now else 0.0, elapsed)
+                    if pipes is None or i < n_single
+                    else pipes.stage_history(n, minute_now)
                 ),
-                arrival_rate=self.rates.rate(n, dt, n_arr),
+                arrival_rate=rates[i],
                 latency_ms=None if math.isnan(lat) else lat * 1e3,
                 processing_ms=None if math.isnan(proc) else proc * 1e3,
                 queue_length=float(s.nq),
                 mean_in_flight=area / dt if dt > 0 else 0.0,
                 # a batching model's front reports how long its queued requests have waited
                 # (Sponge's budgets), as the live meter does (serving/direct.py)
-                queued_ages_s=s.queued_ages(t) if self.spec[n].batching is not None else None,
-                batch_size=s.batch if self.spec[n].batching is not None else None,
+                queued_ages_s=s.queued_ages(t) if batches else None,
+                batch_size=s.batch if batches else None,
             )
-        future = {
-            n: self.work.counts[i, minute_now : minute_now + self.future_minutes].astype(float)
-            for i, n in enumerate(self.names[: self.n_single])
-        }
+        self.serving_log[self.k_tick] = serving
+        # the oracle's coming minutes: one copy of the block, a row per model
+        block = self.work.counts[: self.n_single, minute_now : minute_now + self.future_minutes].astype(float)
+        future = dict(zip(self.names[: self.n_single], block))
         pobs = None
         if self.pipes is not None:
             future.update(self.pipes.future(minute_now, self.future_minutes))
@@ -301,7 +314,8 @@ class _Run:
                 self._carry_out(n, new, t)
             self.settings = done.settings
             self.kinds[dec.kind] = self.kinds.get(dec.kind, 0) + 1
-        self.targets_log[self.k_tick] = [s.target for s in self.states.values()]
+            self.targets_now = [s.target for s in self.states.values()]
+        self.targets_log[self.k_tick] = self.targets_now
         self.last_tick_t = t
         self.k_tick += 1
 
