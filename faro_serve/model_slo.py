@@ -281,7 +281,9 @@ class ModelSLO(BaseModel):
 
     def clamp(self, replicas: float) -> int:
         """``replicas`` as a whole count within this model's bounds."""
-        return int(min(max(int(replicas), self.min_replicas), self.max_replicas))
+        # min(max(r, lo), hi) without the calls (this runs per model per tick); lo <= hi is validated
+        r, lo, hi = int(replicas), self.min_replicas, self.max_replicas
+        return lo if r < lo else hi if r > hi else r
 
     def variant(self, name: str) -> Variant:
         """The variant called ``name``; ValueError when the model has no such variant."""

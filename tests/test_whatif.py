@@ -504,3 +504,8 @@ def test_the_scale_bench_runs_on_a_tiny_cluster(tmp_path):
     row = json.loads((tmp_path / "whatif_scale.json").read_text())["row"]
     assert row["deployments"] == 4 and row["minutes"] == 90 and row["requests"] > 0
     assert row["read_and_simulate_s"] <= row["target_s"] and (tmp_path / "whatif_scale_report" / "report.md").exists()
+    # the Faro replay's time and, of it, the time Faro's own decisions took (issue 48)
+    assert (
+        0.0 < row["faro_policy_s"] <= row["faro_s"] + 0.05 and 0.0 <= row["as_run_policy_s"] <= row["as_run_s"] + 0.05
+    )
+    assert "own decisions" in (tmp_path / "whatif_scale.md").read_text()

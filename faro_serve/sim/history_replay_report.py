@@ -172,7 +172,12 @@ def figures(w: WhatIf) -> dict:
         "per_minute": per_minute,
         "notes": list(w.notes),
         "decisions": {"as_run": dict(w.as_run.decisions), "faro": dict(w.faro.decisions)},
-        "wall_s": {"as_run": round(w.as_run.wall_s, 2), "faro": round(w.faro.wall_s, 2)},
+        "wall_s": {  # each replay's, and of it the time inside its policy (its own decisions)
+            "as_run": round(w.as_run.wall_s, 2),
+            "faro": round(w.faro.wall_s, 2),
+            "as_run_policy": round(w.as_run.policy_s, 2),
+            "faro_policy": round(w.faro.policy_s, 2),
+        },
     }
 
 

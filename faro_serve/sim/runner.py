@@ -107,6 +107,7 @@ class _Run:
         stage_processing=None,
     ):
         self.t_wall = time.perf_counter()
+        self.policy_s = 0.0  # time inside the policy's decide (SimResult.policy_s)
         self.pipelines = list(pipelines)
         self.n_single = len(models)
         # every model the policy scales (single models, then stages) and the jobs measured
@@ -305,7 +306,9 @@ class _Run:
         obs = observe(
             t, self.cfg.capacity, None, snaps, running, self.settings, future, slo_s=self.slo_of, pipelines=pobs
         )
+        t_dec = time.perf_counter()
         dec = decide(self.policy, obs)  # its exception carries the time
+        self.policy_s += time.perf_counter() - t_dec
         if dec is not None:
             done = apply_decision(dec, self.settings, self.models, self.cfg.capacity, policy=self.policy.name, now=t)
             for n, r in done.changes:  # decreases first
@@ -379,6 +382,7 @@ class _Run:
             table=self.table,
             summary=summarize(self.table, self.slo_s),
             wall_s=time.perf_counter() - self.t_wall,
+            policy_s=self.policy_s,
             tick_times=self.tick_times,
             targets=self.targets_log,
             serving=self.serving_log,

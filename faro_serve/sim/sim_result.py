@@ -40,6 +40,9 @@ class SimResult:
     stage_summary: Summary | None = None
     stage_records: dict[str, np.ndarray] | None = None  # stage, arrival_s, latency_s, dropped
     tick_s: float = 10.0
+    # of wall_s, the seconds inside the policy's decide(): its own decisions, which the
+    # live autoscaler spends too (the rest is the simulator's; whatif reports both)
+    policy_s: float = 0.0
 
     def replica_minutes(self) -> dict[str, float]:
         """Target replicas (starting ones included) x minutes, per model and stage."""
