@@ -110,6 +110,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from autoscaler.driving.forecasters import choose_forecaster
+    from faro_serve.commands.whatif import ReplayProgress
     from faro_serve.sim.history_replay import DEFAULT_POLICY, run_whatif
     from faro_serve.sim.history_replay_report import write_report
     from forecasting.serve_history import ServeHistory
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
     hist = ServeHistory.load(export)
     read_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    w = run_whatif(hist, cpus, gpus, policy=policy, forecaster=fc)
+    w = run_whatif(hist, cpus, gpus, policy=policy, forecaster=fc, progress=ReplayProgress())  # stderr
     sim_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     f = write_report(w, out / "whatif_scale_report", {"forecaster": kind}, plots=args.plots)

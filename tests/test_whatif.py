@@ -320,6 +320,7 @@ def test_deployments_selects_and_the_summary_names_the_report(cli, export, tmp_p
     f = json.loads((tmp_path / "r" / "whatif.json").read_text())
     assert list(f["deployments"]) == ["search/Embed", "shop/Ranker"] and f["plots"] == []
     assert "shop/Ranker" in out and "shop/Ingress" not in out and f"report: {tmp_path / 'r'}/report.md" in out
+    assert f"whatif: replaying {MINUTES} minutes of 2 deployments, as run and under faro-fairsum;" in err
 
 
 def _fake_prometheus(monkeypatch, series: list):
@@ -473,7 +474,7 @@ def test_the_as_run_replay_in_a_process_of_its_own_gives_the_same_figures():
     from faro_serve.sim.history_replay import run_whatif
     from faro_serve.sim.history_replay_report import figures
 
-    def run(parallel):
+    def run(parallel, progress=None):
         w = run_whatif(
             serve_history(),
             16,
@@ -481,10 +482,37 @@ def test_the_as_run_replay_in_a_process_of_its_own_gives_the_same_figures():
             {"Ranker": (500, 99)},
             forecaster=choose_forecaster("fallback")[0],
             parallel=parallel,
+            progress=progress,
         )
         return {k: v for k, v in figures(w).items() if k != "wall_s"}
 
-    assert run(True) == run(False)
+    calls: dict[bool, list] = {True: [], False: []}
+    assert run(True, lambda *a: calls[True].append(a)) == run(False, lambda *a: calls[False].append(a)) == run(True)
+    # each replay reports each minute as it starts; beside the other process, only Faro's
+    faro = [("faro-fairsum", m, MINUTES) for m in range(1, MINUTES + 1)]
+    assert calls[False] == [("as run", m, MINUTES) for m in range(1, MINUTES + 1)] + faro
+    assert calls[True] == faro
+
+
+def test_a_long_replay_says_how_far_it_is_and_how_long_is_left():
+    import io
+
+    from faro_serve.commands.whatif import ReplayProgress
+
+    now = [0.0]
+    out = io.StringIO()
+    p = ReplayProgress("whatif: replaying", out, clock=lambda: now[0])
+    for m in range(1, 201):  # 0.2 s a minute: quiet for its first 10 s (50 minutes)
+        p("faro-fairsum", m, 200)
+        now[0] += 0.2
+    for m in range(1, 11):  # another replay, done in 1 s: nothing to say
+        p("as run", m, 10)
+        now[0] += 0.1
+    head, *lines = out.getvalue().splitlines()
+    assert head == "whatif: replaying"
+    assert lines[0] == "whatif: faro-fairsum: 60 of 200 minutes (30 %) in 12 s, about 28 s left"
+    assert lines[1] == "whatif: faro-fairsum: 80 of 200 minutes (40 %) in 16 s, about 24 s left"
+    assert lines[-1] == "whatif: faro-fairsum: 200 of 200 minutes (100 %) in 40 s" and len(lines) == 8
 
 
 def test_the_scale_bench_runs_on_a_tiny_cluster(tmp_path):

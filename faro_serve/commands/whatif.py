@@ -171,6 +171,10 @@ def run(args) -> int:
         from autoscaler.driving.forecasters import choose_forecaster
 
         fc, kind = choose_forecaster(args.forecaster)
+    header = (
+        f"whatif: replaying {hist.minutes:,} minutes of {len(hist.deployments)} deployments, as run and under "
+        f"{args.policy}; a line every tenth of a replay once it has run {ReplayProgress.QUIET_S:g} s"
+    )
     with policy_failures(args.policy):
         w = run_whatif(
             hist,
@@ -182,11 +186,61 @@ def run(args) -> int:
             args.seed,
             args.cold_start_s,
             service_scale=args.service_scale,
+            progress=ReplayProgress(header),
         )
     f = write_report(w, args.out, {"forecaster": kind}, plots=not args.no_plots)
     print_summary(f)
     print(f"report: {args.out}/report.md (whatif.json, {len(f['plots'])} plots)")
     return 0
+
+
+class ReplayProgress:
+    """A replay's progress on stderr: a line at each tenth of its minutes, once it has run
+    :attr:`QUIET_S` seconds (a short replay says nothing), with the time it has taken and
+    what is left at that pace. A week of 100 deployments runs for many minutes
+    (docs/whatif.md, Scale); this says how many, early. ``header``: said as the first
+    replay starts (its inputs checked)."""
+
+    QUIET_S = 10.0
+
+    def __init__(self, header: str | None = None, out=None, clock=None) -> None:
+        import time
+
+        self.header = header
+        self.out = out
+        self.clock = clock or time.monotonic
+        self.started: dict[str, float] = {}
+        self.tenths: dict[str, int] = {}
+
+    def __call__(self, replay: str, done: int, total: int) -> None:
+        if self.header:
+            print(self.header, file=self.out or sys.stderr, flush=True)
+            self.header = None
+        now = self.clock()
+        t0 = self.started.setdefault(replay, now)
+        tenth = 10 * done // max(total, 1)
+        if tenth <= self.tenths.get(replay, 0):
+            return
+        self.tenths[replay] = tenth
+        took = now - t0
+        if took < self.QUIET_S or done <= 0:
+            return
+        left = took * (total - done) / done
+        print(
+            f"whatif: {replay}: {done:,} of {total:,} minutes ({100 * done // max(total, 1)} %) in "
+            f"{_duration(took)}" + (f", about {_duration(left)} left" if done < total else ""),
+            file=self.out or sys.stderr,
+            flush=True,
+        )
+
+
+def _duration(s: float) -> str:
+    s = round(s)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
 
 
 def print_summary(f: dict) -> None:

@@ -25,7 +25,7 @@ import multiprocessing
 import os
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -270,10 +270,20 @@ def faro_models(deps: list[Deployment]) -> list[ModelSLO]:
 
 
 def simulate_as_run(
-    counts: np.ndarray, models: list[ModelSLO], rules: dict, cfg: SimConfig, cluster: ClusterSpec
+    counts: np.ndarray,
+    models: list[ModelSLO],
+    rules: dict,
+    cfg: SimConfig,
+    cluster: ClusterSpec,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SimResult:
     """The as-run replay: Ray's rule with each model's own ``autoscaling_config`` (``rules``)."""
-    return simulate(counts, models, RayServePolicy(models, cluster, name=AS_RUN, per_model=rules), cfg)
+    policy = RayServePolicy(models, cluster, name=AS_RUN, per_model=rules)
+    return simulate(counts, models, policy, cfg, progress=progress)
+
+
+def _reporter(progress: Callable[[str, int, int], None] | None, replay: str) -> Callable[[int, int], None] | None:
+    return None if progress is None else lambda done, total: progress(replay, done, total)
 
 
 def run_whatif(
@@ -287,13 +297,16 @@ def run_whatif(
     cold_start_s: float = 60.0,
     parallel: bool | None = None,
     service_scale: float = 1.0,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> WhatIf:
     """Replay ``hist`` as it ran and under ``policy`` (module docstring); ``slos``: by
     deployment (``app/deployment`` or a unique deployment name), ``(ms, percentile)``.
     ``parallel``: the as-run replay in a process of its own while this one runs Faro's, the
     same results in about the time of the longer (None: when the history has over
     :data:`PARALLEL_FROM` deployment-minutes and the machine two cores). ``service_scale``:
-    every deployment's service time times this (:func:`build`)."""
+    every deployment's service time times this (:func:`build`). ``progress(replay, minutes
+    started, minutes)``: as each minute of a replay starts, ``replay`` "as run" or the policy's
+    name; in parallel only Faro's replay reports (the longer one: its planning)."""
     if not (math.isfinite(capacity_cpus) and capacity_cpus > 0):
         raise ValueError(f"--capacity must be a finite number > 0 (got {capacity_cpus:g})")
     deps, notes = build(hist, capacity_cpus, capacity_gpus, slos, service_scale)
@@ -319,9 +332,9 @@ def run_whatif(
         ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold torch
         with ProcessPoolExecutor(1, mp_context=ctx) as pool:
             job = pool.submit(simulate_as_run, *ray_args)
-            faro = simulate(counts, fm, faro_policy, cfg)
+            faro = simulate(counts, fm, faro_policy, cfg, progress=_reporter(progress, policy))
             as_run = job.result()
     else:
-        as_run = simulate_as_run(*ray_args)
-        faro = simulate(counts, fm, faro_policy, cfg)
+        as_run = simulate_as_run(*ray_args, progress=_reporter(progress, "as run"))
+        faro = simulate(counts, fm, faro_policy, cfg, progress=_reporter(progress, policy))
     return WhatIf(hist, deps, as_run, faro, cfg, policy, capacity_cpus, capacity_gpus, q, list(hist.notes) + notes)

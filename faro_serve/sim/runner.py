@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 import numpy as np
@@ -61,6 +61,7 @@ def simulate(
     future_minutes: int | None = None,
     pipelines: Sequence[PipelineSLO] = (),
     stage_processing: dict[str, TimeDist] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SimResult:
     """Run ``policy`` on per-minute ``counts`` (jobs x minutes: ``models`` in order, then
     one row per pipeline, its queries at the entry).
@@ -71,6 +72,8 @@ def simulate(
     over ``models`` and the stages, ``make_policy(..., pipelines=...)``); queries move as
     ``faro_serve.sim.pipeline_sim`` says. ``stage_processing``: a stage's simulated processing
     time (default: ``cfg.processing`` scaled to the stage's ``processing_ms``).
+    ``progress(minutes started, minutes)``: called as each minute starts (a long replay's
+    progress line, ``faro-serve whatif``).
     """
     run = _Run(counts, models, policy, cfg, warmup_history, future_minutes, pipelines, stage_processing)
     # Event instants: minute starts (load the minute) and ticks (observe + decide).
@@ -86,6 +89,8 @@ def simulate(
             break
         if run.m_next < run.n_min and t >= minute_starts[run.m_next]:
             run.load_minute()
+            if progress is not None:
+                progress(run.m_next, run.n_min)
         if run.k_tick < len(run.tick_times) and t >= run.tick_times[run.k_tick]:
             run.tick(float(t))
     return run.finish()
