@@ -224,6 +224,7 @@ def test_forecast_train_from_a_history_store_saves_only_a_better_network(tmp_pat
     [
         (["--from", "NOPE"], "no arrival store there"),
         (["--from", "http://127.0.0.1:9"], "cannot read Prometheus (ConnectError"),
+        (["--from", "http://127.0.0.1:9", "--prometheus-minutes", "11000"], "--prometheus-minutes 11000: give 1 to"),
         (["--trace", "x.csv", "--force"], "--force goes with --from"),
         (["--from", "HIST", "--days", "1"], "--days and --sample go with --trace"),
     ],

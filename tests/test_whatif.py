@@ -428,6 +428,13 @@ def test_bad_sources_are_one_clear_line_and_exit_2(cli, monkeypatch, tmp_path):
             "--end 'yesterday': give an ISO time",
         )
     )
+    for n in ("20000", "0"):  # Prometheus answers at most 11,000 points a series: said before asking it
+        cases.append(
+            (
+                cli("whatif", "--prometheus", "http://127.0.0.1:1", "--minutes", n, "--capacity", "4"),
+                f"--minutes {n}: give 1 to 10,999 (Prometheus answers at most 11,000 points a series)",
+            )
+        )
     _fake_prometheus(monkeypatch, [])  # Prometheus answers, with no Ray Serve series
     cases.append(
         (

@@ -36,9 +36,14 @@ def train_from_store(args, cfg, out: Path) -> int:
         raise UsageError("--days and --sample go with --trace, not --from")
     mine = None  # where a live autoscaler saved what it retrained (a history_dir only)
     if args.from_store.startswith(("http://", "https://")):
-        from forecasting.prometheus import PrometheusError, prometheus_history
+        from forecasting.prometheus import MAX_POINTS, PrometheusError, prometheus_history
 
         file = args.from_store
+        if not 1 <= args.prometheus_minutes < MAX_POINTS:
+            raise UsageError(
+                f"--prometheus-minutes {args.prometheus_minutes}: give 1 to {MAX_POINTS - 1:,} (Prometheus "
+                f"answers at most {MAX_POINTS:,} points a series)"
+            )
         try:
             history = prometheus_history(file, args.prometheus_minutes)
         except PrometheusError as err:

@@ -58,7 +58,7 @@ def register(sub) -> None:
         "--prometheus-minutes",
         type=int,
         default=7 * 1440,
-        help="with --from a Prometheus URL: minutes of history to read (default a week)",
+        help="with --from a Prometheus URL: minutes of history to read (default a week; at most 10,999)",
     )
     t.add_argument(
         "--holdout-minutes",

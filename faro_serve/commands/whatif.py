@@ -35,7 +35,9 @@ def register(sub) -> None:
         help="Ray's dashboard, for each deployment's Serve "
         "config (without it a deployment stays at its median recorded replicas)",
     )
-    p.add_argument("--minutes", type=int, help="with --prometheus: the minutes to read, up to --end (1440)")
+    p.add_argument(
+        "--minutes", type=int, help="with --prometheus: the minutes to read, up to --end (1440; at most 10,999)"
+    )
     p.add_argument(
         "--end",
         help="with --prometheus: the range's end, ISO time (UTC unless it says) or epoch seconds (default: now)",
@@ -107,7 +109,7 @@ def parse_end(text: str | None) -> float | None:
 
 def read_history(args):
     """The ServeHistory of --export or --prometheus; every reading error as a UsageError."""
-    from forecasting.prometheus import PrometheusError
+    from forecasting.prometheus import MAX_POINTS, PrometheusError
     from forecasting.rayserve import read_serve_history
     from forecasting.serve_history import ServeHistory, ServeHistoryError
 
@@ -122,9 +124,13 @@ def read_history(args):
                 if v is not None:
                     raise UsageError(f"{flag} is taken with --prometheus, not with --export")
             return ServeHistory.load(args.export)
-        hist = read_serve_history(
-            args.prometheus, 1440 if args.minutes is None else args.minutes, parse_end(args.end), args.dashboard
-        )
+        minutes = 1440 if args.minutes is None else args.minutes
+        if not 1 <= minutes < MAX_POINTS:
+            raise UsageError(
+                f"--minutes {minutes}: give 1 to {MAX_POINTS - 1:,} (Prometheus answers at most {MAX_POINTS:,} "
+                f"points a series); replay a longer range in parts, each ending at its --end"
+            )
+        hist = read_serve_history(args.prometheus, minutes, parse_end(args.end), args.dashboard)
         if args.save:
             hist.save(args.save)
             print(f"saved the history to {args.save}", file=sys.stderr)
