@@ -544,3 +544,63 @@ def test_the_scale_bench_runs_on_a_tiny_cluster(tmp_path):
         0.0 < row["faro_policy_s"] <= row["faro_s"] + 0.05 and 0.0 <= row["as_run_policy_s"] <= row["as_run_s"] + 0.05
     )
     assert "own decisions" in (tmp_path / "whatif_scale.md").read_text()
+
+
+def _session(sid: int) -> dict[int, str]:
+    """{pid: command line} of the processes in session ``sid`` (Linux /proc)."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[3]) == sid:
+                    out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the processes from Linux's /proc")
+def test_ctrl_c_during_a_replay_stops_it_at_once_with_one_line_and_nothing_left(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group: whatif, the as-run replay's
+    process and the solver's child. One line says so, no child's traceback, none left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from bench.whatif_scale import synthetic_history
+
+    hist, cpus, gpus = synthetic_history(20, 3000)  # 60,000 deployment-minutes: two processes
+    export = hist.save(tmp_path / "export.json")
+    argv = [sys.executable, "-m", "faro_serve", "whatif", "--export", str(export), "--capacity", str(cpus)]
+    argv += ["--capacity-gpus", str(gpus), "--forecaster", "fallback", "--no-plots", "--out", str(tmp_path / "r")]
+    p = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group, as a terminal's foreground job
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not any("sandbox_child" in c for c in _session(p.pid).values()):  # Faro is planning
+            assert p.poll() is None and time.monotonic() < deadline, "no solver child came up"
+            time.sleep(0.2)
+        time.sleep(3)  # Faro plans: its child solves most of the time
+        group = _session(p.pid)
+        assert any("multiprocessing" in c for c in group.values()), group  # the as-run replay's process
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "faro-serve: interrupted" and "Traceback" not in err, err
+    assert not (tmp_path / "r").exists()
+    deadline = time.monotonic() + 10
+    while _session(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _session(p.pid), _session(p.pid)

@@ -6,6 +6,7 @@ one module for each direction, so the two do not import each other."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from .sandbox import _read, _write
@@ -14,6 +15,9 @@ from .solver import solve_relaxed
 
 def _serve() -> None:
     """The child: answer (problem, rhobeg, maxeval, maxtime) with NLopt's relaxed solution."""
+    # a terminal's Ctrl-C reaches the whole process group: the parent handles it (and kills
+    # this child, or this child reads the end of its pipe), so here it is no traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # the channel is a private copy of fd 1; fd 1 itself (Python's and any C library's
     # stdout) goes to stderr, so nothing else can write into the channel
     out = os.fdopen(os.dup(1), "wb")
