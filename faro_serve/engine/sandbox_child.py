@@ -16,7 +16,7 @@ from .solver import solve_relaxed
 def _serve() -> None:
     """The child: answer (problem, rhobeg, maxeval, maxtime) with NLopt's relaxed solution."""
     # a terminal's Ctrl-C reaches the whole process group: the parent handles it (and kills
-    # this child, or this child reads the end of its pipe), so here it is no traceback
+    # this child, or this child reads the end of its pipe), so the child prints no traceback
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # the channel is a private copy of fd 1; fd 1 itself (Python's and any C library's
     # stdout) goes to stderr, so nothing else can write into the channel
