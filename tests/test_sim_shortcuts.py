@@ -12,7 +12,6 @@ import pytest
 from numba import njit
 
 from autoscaler.driving.driver import MeterSnapshot
-from faro_serve.sim.kernels import advance
 from faro_serve.sim.model_state import ModelState
 from faro_serve.sim.order_stats import percentile_in_place
 from faro_serve.sim.rates import TickRates
@@ -70,31 +69,7 @@ class _AlwaysKernel(ModelState):
         return int(np.count_nonzero(self.ready_at <= now))
 
     def run(self, t0: float, t1: float) -> None:
-        limit = self.limit + self.per_replica * self.serving(t0) if self.per_replica else self.limit
-        out = advance(
-            t0,
-            t1,
-            self.arr,
-            self.proc,
-            self.ovh,
-            self.u,
-            self.start,
-            self.lat,
-            self.status,
-            self.nxt,
-            self.arr.size,
-            self.qbuf,
-            self.qh,
-            self.nq,
-            self.free_at,
-            self.busy_until,
-            self.drop_rate,
-            min(limit, self.qbuf.size),
-        )
-        self.nxt, self.qh, self.nq, n_arr, n_drop, area = out
-        self.tick_arrivals += n_arr
-        self.tick_dropped += n_drop
-        self.tick_area += area
+        self._kernel(t0, t1)
 
 
 @pytest.mark.parametrize("k", [1, 3])

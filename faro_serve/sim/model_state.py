@@ -177,6 +177,10 @@ class ModelState:
             if self.busy_end <= t0:
                 return
         self.busy_end = None  # the kernel may start requests
+        self._kernel(t0, t1)
+
+    def _kernel(self, t0: float, t1: float) -> None:
+        """The queue and replicas over ``[t0, t1)`` (kernels.advance)."""
         # the waiting room at t0: the router's limit plus what the serving replicas hold
         limit = self.limit + self.per_replica * self.serving(t0) if self.per_replica else self.limit
         out = advance(

@@ -39,17 +39,7 @@ class TickRates:
         if dt >= self.window_s - 1e-9:
             self._ticks[key] = (deque([dt]), deque([n]))
             return n / dt
-        ticks = self._ticks.get(key)
-        if ticks is None:
-            ticks = self._ticks[key] = (deque(), deque())
-        lengths, counts = ticks
-        lengths.append(dt)
-        counts.append(n)
-        span = sum(lengths)
-        edge = self.window_s - 1e-9
-        while span - lengths[0] >= edge:
-            span -= lengths.popleft()
-            counts.popleft()
+        counts, span = self._push(self._ticks, key, dt, n)
         return sum(counts) / max(span, self.window_s)
 
     def rates(self, group: str, dt: float, counts: Sequence[int]) -> list[float]:
@@ -67,15 +57,21 @@ class TickRates:
         if dt >= self.window_s - 1e-9:
             self._groups[group] = (deque([dt]), deque([c]))
             return (c / dt).tolist()
-        ticks = self._groups.get(group)
+        vectors, span = self._push(self._groups, group, dt, c)
+        return (sum(vectors) / max(span, self.window_s)).tolist()
+
+    def _push(self, store: dict[str, tuple[deque, deque]], key: str, dt: float, count) -> tuple[deque, float]:
+        """Add a tick of ``dt`` seconds with ``count`` (a number or a vector) to ``key``'s
+        window, drop the ticks that fell out of it; the counts kept and the seconds they span."""
+        ticks = store.get(key)
         if ticks is None:
-            ticks = self._groups[group] = (deque(), deque())
-        lengths, vectors = ticks
+            ticks = store[key] = (deque(), deque())
+        lengths, counts = ticks
         lengths.append(dt)
-        vectors.append(c)
+        counts.append(count)
         span = sum(lengths)
         edge = self.window_s - 1e-9
         while span - lengths[0] >= edge:
             span -= lengths.popleft()
-            vectors.popleft()
-        return (sum(vectors) / max(span, self.window_s)).tolist()
+            counts.popleft()
+        return counts, span
